@@ -1,0 +1,1 @@
+"""Benchmark specs, runner, tables, plots and the report (console script ``defense-suite``)."""

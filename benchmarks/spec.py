@@ -1,0 +1,215 @@
+"""Benchmark specs: TOML files that say what to run.
+
+A *game* spec pits attacks against defenses on a scenario::
+
+    title = "Reference: membership inference on digits"
+    claim = "Rounding and label-only outputs lower membership AUC."
+    scenario = "digits-membership"
+    attacks = ["loss-mia", "label-only-mia"]
+    defenses = ["none", "rounding", "label-only"]      # "none" = undefended arm
+    seeds = [0, 1, 2]
+
+    [params.scenario]
+    members = 0.1
+
+    [params.defense.rounding]
+    decimals = [0, 1, 2]                               # a list is a sweep
+
+    [report]
+    columns = ["utility.accuracy", "success.auc"]
+    x = "utility.accuracy"
+    y = "success.auc"
+
+A *measurement* spec runs a registered benchmark function instead::
+
+    title = "SSD water-filling speed"
+    benchmark = "ssd-speed"
+    seeds = [0]
+    [params.benchmark]
+    K = [10, 100, 1000]
+
+A list-valued parameter is a sweep over its values (Cartesian product across
+parameters); to pass a list as a single value, nest it: ``hidden = [[64, 64]]``.
+Unknown keys and wrong types are errors that name the key.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TOP_KEYS = {
+    "title",
+    "claim",
+    "scenario",
+    "attacks",
+    "defenses",
+    "seeds",
+    "benchmark",
+    "params",
+    "report",
+}
+PARAM_KEYS = {"scenario", "attack", "defense", "benchmark"}
+REPORT_KEYS = {"columns", "x", "y", "delta", "notes"}
+
+
+class SpecError(ValueError):
+    """A benchmark spec is malformed."""
+
+
+def _expect(where: str, value: Any, kind: type | tuple[type, ...], what: str) -> None:
+    if not isinstance(value, kind) or isinstance(value, bool) and bool not in (
+        kind if isinstance(kind, tuple) else (kind,)
+    ):
+        raise SpecError(f"{where} must be {what}, got {value!r}")
+
+
+def _str_list(where: str, value: Any) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    _expect(where, value, list, "a list of strings")
+    for item in value:
+        _expect(where, item, str, "a list of strings")
+    return list(value)
+
+
+def sweep(params: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """Expand list-valued parameters into the Cartesian product of settings."""
+    keys = list(params)
+    values = [v if isinstance(v, list) else [v] for v in params.values()]
+    for combo in itertools.product(*values):
+        yield dict(zip(keys, combo, strict=True))
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """How the report shows a spec's results."""
+
+    columns: list[str] = field(default_factory=list)
+    x: str | None = None
+    y: str | None = None
+    delta: bool = True
+    notes: str = ""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A parsed, validated benchmark spec."""
+
+    name: str
+    title: str
+    claim: str
+    seeds: list[int]
+    scenario: str | None = None
+    attacks: list[str] = field(default_factory=list)
+    defenses: list[str] = field(default_factory=list)
+    benchmark: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    report: ReportSettings = field(default_factory=ReportSettings)
+
+    @property
+    def package(self) -> str:
+        """The package a spec belongs to: its name up to the first '-' or '_'."""
+        return self.name.split("-")[0].split("_")[0]
+
+    def scenario_settings(self) -> Iterator[dict[str, Any]]:
+        """Every scenario parameter setting of the sweep."""
+        return sweep(self.params.get("scenario", {}))
+
+    def component_settings(self, role: str, name: str) -> Iterator[dict[str, Any]]:
+        """Every parameter setting of the attack or defense ``name``."""
+        return sweep(self.params.get(role, {}).get(name, {}))
+
+    def benchmark_settings(self) -> Iterator[dict[str, Any]]:
+        """Every parameter setting of the measurement benchmark."""
+        return sweep(self.params.get("benchmark", {}))
+
+
+def parse(data: Mapping[str, Any], name: str) -> Spec:
+    """Validate a spec's TOML data."""
+    unknown = sorted(set(data) - TOP_KEYS)
+    if unknown:
+        raise SpecError(f"spec {name!r}: unknown key(s) {unknown}; allowed: {sorted(TOP_KEYS)}")
+    title = data.get("title", name)
+    _expect(f"spec {name!r}: title", title, str, "a string")
+    claim = data.get("claim", "")
+    _expect(f"spec {name!r}: claim", claim, str, "a string")
+    seeds = data.get("seeds", [0])
+    _expect(f"spec {name!r}: seeds", seeds, list, "a non-empty list of integers >= 0")
+    if not seeds or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in seeds):
+        raise SpecError(f"spec {name!r}: seeds must be a non-empty list of integers >= 0, got {seeds!r}")
+    scenario = data.get("scenario")
+    benchmark = data.get("benchmark")
+    if (scenario is None) == (benchmark is None):
+        raise SpecError(f"spec {name!r}: give exactly one of 'scenario' (a game) or 'benchmark' (a measurement)")
+    attacks: list[str] = []
+    defenses: list[str] = []
+    if scenario is not None:
+        _expect(f"spec {name!r}: scenario", scenario, str, "a string")
+        attacks = _str_list(f"spec {name!r}: attacks", data.get("attacks", []))
+        if not attacks:
+            raise SpecError(f"spec {name!r}: a game spec needs at least one attack")
+        defenses = _str_list(f"spec {name!r}: defenses", data.get("defenses", ["none"]))
+    else:
+        _expect(f"spec {name!r}: benchmark", benchmark, str, "a string")
+        for key in ("attacks", "defenses"):
+            if key in data:
+                raise SpecError(f"spec {name!r}: '{key}' belongs to game specs, not to a benchmark spec")
+    params = data.get("params", {})
+    _expect(f"spec {name!r}: params", params, dict, "a table")
+    bad = sorted(set(params) - PARAM_KEYS)
+    if bad:
+        raise SpecError(f"spec {name!r}: unknown params section(s) {bad}; allowed: {sorted(PARAM_KEYS)}")
+    for role, names in (("attack", attacks), ("defense", defenses)):
+        section = params.get(role, {})
+        _expect(f"spec {name!r}: params.{role}", section, dict, "a table of tables")
+        extra = sorted(set(section) - set(names))
+        if extra:
+            raise SpecError(f"spec {name!r}: params.{role} names {extra}, which the spec does not run ({names})")
+        for key, value in section.items():
+            _expect(f"spec {name!r}: params.{role}.{key}", value, dict, "a table")
+    for role in ("scenario", "benchmark"):
+        _expect(f"spec {name!r}: params.{role}", params.get(role, {}), dict, "a table")
+    raw_report = data.get("report", {})
+    _expect(f"spec {name!r}: report", raw_report, dict, "a table")
+    bad = sorted(set(raw_report) - REPORT_KEYS)
+    if bad:
+        raise SpecError(f"spec {name!r}: unknown report key(s) {bad}; allowed: {sorted(REPORT_KEYS)}")
+    report = ReportSettings(
+        columns=_str_list(f"spec {name!r}: report.columns", raw_report.get("columns", [])),
+        x=raw_report.get("x"),
+        y=raw_report.get("y"),
+        delta=bool(raw_report.get("delta", True)),
+        notes=str(raw_report.get("notes", "")),
+    )
+    for key in ("x", "y"):
+        value = getattr(report, key)
+        if value is not None:
+            _expect(f"spec {name!r}: report.{key}", value, str, "a metric path like 'success.auc'")
+    return Spec(
+        name=name,
+        title=title,
+        claim=claim,
+        seeds=list(seeds),
+        scenario=scenario,
+        attacks=attacks,
+        defenses=defenses,
+        benchmark=benchmark,
+        params=dict(params),
+        report=report,
+    )
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and validate a spec file; its name is the file's stem."""
+    p = Path(path)
+    try:
+        with p.open("rb") as handle:
+            data = tomllib.load(handle)
+    except tomllib.TOMLDecodeError as error:
+        raise SpecError(f"{p}: not valid TOML: {error}") from error
+    return parse(data, p.stem)

@@ -1,0 +1,216 @@
+"""Offline data sets and deterministic splits.
+
+Nothing here downloads: the real data are scikit-learn's bundled sets (digits, breast
+cancer, wine) and the rest is generated from a :class:`numpy.random.Generator`:
+
+* :func:`make_identities` - K "identities" (classes), each a Gaussian blob around a
+  private prototype in dimension d: a stand-in for face identities in model-inversion
+  experiments, where the secret is the prototype;
+* :func:`make_coarse_to_fine` - superclasses each holding close fine classes (a fine
+  class's mean is its superclass's mean plus a small offset).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from sklearn import datasets as _sk
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Features ``X`` (n, d), integer labels ``y`` (n,) in [0, n_classes)."""
+
+    X: FloatArray
+    y: IntArray
+    name: str
+    n_classes: int
+    image_shape: tuple[int, ...] | None = None
+    coarse: IntArray | None = None
+
+    def __post_init__(self) -> None:
+        if self.X.ndim != 2 or self.y.shape != (self.X.shape[0],):
+            raise ValueError(
+                f"Dataset needs X of shape (n, d) and y of shape (n,), got "
+                f"{self.X.shape} and {self.y.shape}"
+            )
+        if self.X.shape[0] == 0:
+            raise ValueError("Dataset is empty")
+        if not np.all(np.isfinite(self.X)):
+            raise ValueError(f"Dataset {self.name!r} has NaN or inf features")
+        if self.y.min() < 0 or self.y.max() >= self.n_classes:
+            raise ValueError(
+                f"labels must lie in [0, {self.n_classes}), got "
+                f"[{self.y.min()}, {self.y.max()}]"
+            )
+
+    def subset(self, index: npt.ArrayLike) -> Dataset:
+        """Return the rows at ``index``."""
+        i = np.asarray(index)
+        return Dataset(
+            self.X[i],
+            self.y[i],
+            self.name,
+            self.n_classes,
+            self.image_shape,
+            None if self.coarse is None else self.coarse[i],
+        )
+
+    def __len__(self) -> int:
+        return int(self.X.shape[0])
+
+
+def _bundled(loader: Callable[[], object], name: str, scale: float | None) -> Dataset:
+    bunch = loader()
+    X = np.asarray(bunch.data, dtype=np.float64)  # type: ignore[attr-defined]
+    y = np.asarray(bunch.target, dtype=np.int64)  # type: ignore[attr-defined]
+    if scale is not None:
+        X = X / scale
+    else:
+        X = (X - X.mean(axis=0)) / np.where(X.std(axis=0) > 0, X.std(axis=0), 1.0)
+    return Dataset(X, y, name, int(y.max()) + 1)
+
+
+def load_digits() -> Dataset:
+    """The 1,797 8x8 handwritten digits, pixel values scaled to [0, 1]."""
+    data = _bundled(_sk.load_digits, "digits", 16.0)
+    return Dataset(data.X, data.y, data.name, 10, image_shape=(8, 8))
+
+
+def load_breast_cancer() -> Dataset:
+    """The 569 Wisconsin breast-cancer cases (2 classes), standardized features."""
+    return _bundled(_sk.load_breast_cancer, "breast_cancer", None)
+
+
+def load_wine() -> Dataset:
+    """The 178 wines (3 classes), standardized features."""
+    return _bundled(_sk.load_wine, "wine", None)
+
+
+LOADERS: dict[str, Callable[[], Dataset]] = {
+    "digits": load_digits,
+    "breast_cancer": load_breast_cancer,
+    "wine": load_wine,
+}
+
+
+def load(name: str) -> Dataset:
+    """Load a bundled data set by name."""
+    if name not in LOADERS:
+        raise ValueError(f"unknown data set {name!r}; available: {sorted(LOADERS)}")
+    return LOADERS[name]()
+
+
+def _positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def make_identities(
+    rng: np.random.Generator,
+    n_classes: int = 50,
+    dim: int = 32,
+    per_class: int = 40,
+    spread: float = 0.6,
+) -> tuple[Dataset, FloatArray]:
+    r"""Draw K identities and samples around them.
+
+    Prototype :math:`\mu_k \sim \mathcal N(0, I_d)`; sample
+    :math:`x = \mu_k + \text{spread}\cdot z`, :math:`z \sim \mathcal N(0, I_d)`.
+
+    Returns
+    -------
+    (Dataset, ndarray of shape (n_classes, dim))
+        The samples (shuffled) and the private prototypes.
+    """
+    _positive("n_classes", n_classes)
+    _positive("dim", dim)
+    _positive("per_class", per_class)
+    if not spread > 0:
+        raise ValueError(f"spread must be > 0, got {spread!r}")
+    prototypes = rng.standard_normal((n_classes, dim))
+    y = np.repeat(np.arange(n_classes, dtype=np.int64), per_class)
+    X = prototypes[y] + spread * rng.standard_normal((y.size, dim))
+    order = rng.permutation(y.size)
+    return Dataset(X[order], y[order], "identities", n_classes), prototypes
+
+
+def make_coarse_to_fine(
+    rng: np.random.Generator,
+    n_coarse: int = 4,
+    fine_per_coarse: int = 3,
+    dim: int = 16,
+    per_class: int = 60,
+    coarse_spread: float = 3.0,
+    fine_spread: float = 1.0,
+    noise: float = 1.0,
+) -> Dataset:
+    r"""Draw superclasses holding close fine classes.
+
+    Superclass mean :math:`m_c \sim \mathcal N(0, \text{coarse\_spread}^2 I)`, fine
+    mean :math:`m_{c,f} = m_c + \mathcal N(0, \text{fine\_spread}^2 I)`, sample
+    :math:`x = m_{c,f} + \text{noise}\cdot z`. Labels are the fine classes; the
+    superclass of each sample is in ``coarse``.
+    """
+    for name, value in (
+        ("n_coarse", n_coarse),
+        ("fine_per_coarse", fine_per_coarse),
+        ("dim", dim),
+        ("per_class", per_class),
+    ):
+        _positive(name, value)
+    for name, spread in (
+        ("coarse_spread", coarse_spread),
+        ("fine_spread", fine_spread),
+        ("noise", noise),
+    ):
+        if not spread > 0:
+            raise ValueError(f"{name} must be > 0, got {spread!r}")
+    coarse_means = coarse_spread * rng.standard_normal((n_coarse, dim))
+    fine_of = np.repeat(np.arange(n_coarse), fine_per_coarse)
+    fine_means = coarse_means[fine_of] + fine_spread * rng.standard_normal(
+        (fine_of.size, dim)
+    )
+    y = np.repeat(np.arange(fine_of.size, dtype=np.int64), per_class)
+    X = fine_means[y] + noise * rng.standard_normal((y.size, dim))
+    order = rng.permutation(y.size)
+    return Dataset(
+        X[order],
+        y[order],
+        "coarse_to_fine",
+        int(fine_of.size),
+        coarse=fine_of[y[order]].astype(np.int64),
+    )
+
+
+def stratified_split(
+    y: npt.ArrayLike, fractions: Sequence[float], rng: np.random.Generator
+) -> list[IntArray]:
+    """Split indices into parts of the given fractions, stratified by label.
+
+    ``fractions`` must be positive and sum to 1. Within each class, indices are
+    shuffled by ``rng`` and cut at the cumulative fractions (rounded), so every part
+    holds about its share of every class. Each part's indices are sorted.
+    """
+    labels = np.asarray(y)
+    if labels.ndim != 1 or labels.size == 0:
+        raise ValueError(f"y must be a non-empty 1-D array, got shape {labels.shape}")
+    f = np.asarray(fractions, dtype=np.float64)
+    if f.ndim != 1 or f.size == 0 or np.any(f <= 0) or not np.isclose(f.sum(), 1.0):
+        raise ValueError(
+            f"fractions must be positive and sum to 1, got {list(fractions)}"
+        )
+    parts: list[list[int]] = [[] for _ in f]
+    cuts = np.cumsum(f)[:-1]
+    for label in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        bounds = np.round(cuts * members.size).astype(int)
+        for part, chunk in zip(parts, np.split(members, bounds), strict=True):
+            part.extend(chunk.tolist())
+    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]

@@ -1,0 +1,217 @@
+"""Run an attack against the undefended and the defended system, seed by seed.
+
+Every arm of one :func:`evaluate` call shares its seeds: the seed is split with
+:class:`numpy.random.SeedSequence` into independent streams for the scenario's
+set-up (data split, secrets), the learner's fit (initialisation) and the attack, so
+the undefended and defended arms see the same split and initialisation (common random
+numbers) and changing the attack never changes the trained model. Tables then report
+paired deltas (defended minus undefended, same seed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import logging
+import platform
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from importlib import metadata
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from defenses.api import Certifiable, Scenario
+from defenses.cost import phase, recording
+from defenses.results import UNDEFENDED, Result
+from defenses.threat import Stage
+
+logger = logging.getLogger(__name__)
+
+_VERSIONED = ("numpy", "scipy", "torch", "scikit-learn", "opacus", "flwr", "tenseal")
+
+
+def versions() -> dict[str, str]:
+    """Python and installed library versions, for ``Result.meta``."""
+    found = {"python": platform.python_version()}
+    for name in _VERSIONED:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    try:
+        json.dumps(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+def params_of(component: object | None) -> dict[str, Any]:
+    """The init fields of a dataclass component, JSON-ready; {} otherwise."""
+    if component is None or not dataclasses.is_dataclass(component):
+        return {}
+    return {
+        f.name: _jsonable(getattr(component, f.name))
+        for f in dataclasses.fields(component)
+        if f.init
+    }
+
+
+def label(component: object | None) -> str:
+    """``name(field=value, ...)`` listing the fields that differ from their defaults."""
+    if component is None:
+        return UNDEFENDED
+    name = str(getattr(component, "name", type(component).__name__))
+    if not dataclasses.is_dataclass(component):
+        return name
+    changed = []
+    for f in dataclasses.fields(component):
+        if not f.init:
+            continue
+        value = getattr(component, f.name)
+        if f.default is not dataclasses.MISSING and value == f.default:
+            continue
+        if f.default_factory is not dataclasses.MISSING and value == f.default_factory():
+            continue
+        changed.append(f"{f.name}={_jsonable(value)}")
+    return f"{name}({', '.join(changed)})" if changed else name
+
+
+def _metrics(values: Mapping[str, Any], where: str) -> dict[str, float]:
+    out = {}
+    for key, value in values.items():
+        number = float(value)
+        if not np.isfinite(number):
+            raise ValueError(f"{where}[{key!r}] is {number}; metrics must be finite")
+        out[str(key)] = number
+    return out
+
+
+def run_once(
+    scenario: Scenario[Any, Any, Any, Any],
+    attack: Any,
+    defense: Any | None,
+    seed: int,
+    meta: Mapping[str, Any] | None = None,
+) -> Result:
+    """Play one game: set up, (poison,) fit, measure, (attack,) judge, certify.
+
+    Raises
+    ------
+    ThreatModelViolation
+        If ``attack.requires`` holds a capability the scenario's threat model does
+        not grant.
+    """
+    threat = scenario.threat
+    threat.require(attack.requires, f"attack {attack.name!r}")
+    r_setup, r_fit, r_attack = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
+    )
+    with recording() as costs:
+        with phase("setup"):
+            task = scenario.setup(r_setup)
+        if threat.stage is Stage.TRAINING:
+            with phase("attack"):
+                task = attack.poison(task, r_attack)
+        learner = scenario.learner()
+        if defense is not None:
+            learner = defense.wrap(learner)
+        with phase("fit"):
+            system = learner.fit(task, r_fit)
+        with phase("utility"):
+            utility = _metrics(scenario.utility(system, task), "utility")
+        guess = None
+        if threat.stage is Stage.DEPLOYMENT:
+            known = defense if threat.adaptive else None
+            view = scenario.expose(system, task, known)
+            with phase("attack"):
+                guess = attack.run(view, r_attack)
+        with phase("judge"):
+            success = _metrics(scenario.judge(system, task, guess), "success")
+        certificate: dict[str, float] = {}
+        if defense is not None and isinstance(defense, Certifiable):
+            with phase("certify"):
+                certificate = _metrics(defense.certify(system, task), "certificate")
+    return Result(
+        scenario=scenario.name,
+        attack=label(attack),
+        defense=label(defense),
+        seed=int(seed),
+        threat=threat.to_dict(),
+        utility=utility,
+        success=success,
+        cost=dict(costs),
+        certificate=certificate,
+        params={
+            "scenario": params_of(scenario),
+            "attack": params_of(attack),
+            "defense": params_of(defense),
+        },
+        meta={**versions(), **(meta or {})},
+    )
+
+
+def evaluate(
+    scenario: Scenario[Any, Any, Any, Any],
+    attack: Any,
+    defenses: Iterable[Any | None],
+    seeds: Sequence[int] = (0,),
+    meta: Mapping[str, Any] | None = None,
+    progress: bool = True,
+) -> Iterator[Result]:
+    """Run every (seed, arm) pair; ``None`` in ``defenses`` is the undefended arm.
+
+    The capability check runs once up front, so a refused pairing fails before any
+    training.
+    """
+    scenario.threat.require(attack.requires, f"attack {attack.name!r}")
+    arms = list(defenses)
+    jobs = [(seed, arm) for seed in seeds for arm in arms]
+    bar = tqdm(jobs, disable=None if progress else True, desc=scenario.name, leave=False)
+    for seed, arm in bar:
+        bar.set_postfix_str(f"seed={seed} {label(arm)}")
+        logger.info("run %s / %s / %s seed=%s", scenario.name, label(attack), label(arm), seed)
+        yield run_once(scenario, attack, arm, seed, meta)
+
+
+def measurement(
+    benchmark: str,
+    variant: str,
+    seed: int,
+    *,
+    utility: Mapping[str, float] | None = None,
+    success: Mapping[str, float] | None = None,
+    cost: Mapping[str, float] | None = None,
+    certificate: Mapping[str, float] | None = None,
+    params: Mapping[str, Any] | None = None,
+) -> Result:
+    """A :class:`Result` for a measurement that is not an attack game.
+
+    ``variant`` plays the role of the defense column (e.g. ``"water_filling"`` or
+    ``"cvxpy"``); ``"none"`` marks the reference variant that paired deltas compare
+    against.
+    """
+    return Result(
+        scenario=benchmark,
+        attack="-",
+        defense=variant,
+        seed=int(seed),
+        threat={},
+        utility=_metrics(utility or {}, "utility"),
+        success=_metrics(success or {}, "success"),
+        cost=_metrics(cost or {}, "cost"),
+        certificate=_metrics(certificate or {}, "certificate"),
+        params={"benchmark": _jsonable(dict(params or {}))},
+        meta=versions(),
+    )

@@ -1,0 +1,190 @@
+"""Metrics shared by every package.
+
+Membership-style games: a tie-safe ROC (tied scores are one threshold, so a quantising
+defense cannot fake a low-FPR operating point by the order of candidates), AUC as the
+Mann-Whitney statistic, TPR at a fixed FPR (Carlini et al., 2022, "Membership
+inference attacks from first principles"), attacker advantage max(TPR - FPR) (Yeom et
+al., 2018), and an empirical epsilon lower bound from (TPR, FPR, delta) with
+Clopper-Pearson intervals (Jagielski et al., 2020; Nasr et al., 2021). Classification
+and conformal prediction: accuracy, coverage, mean set size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+from scipy import stats
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+def _scores_and_truth(
+    scores: npt.ArrayLike, truth: npt.ArrayLike
+) -> tuple[FloatArray, BoolArray]:
+    s = np.asarray(scores, dtype=np.float64)
+    t = np.asarray(truth)
+    if s.ndim != 1 or t.ndim != 1:
+        raise ValueError(
+            f"scores and truth must be 1-D, got shapes {s.shape} and {t.shape}"
+        )
+    if s.shape != t.shape:
+        raise ValueError(
+            f"scores and truth must have the same length, got {s.size} and {t.size}"
+        )
+    if not np.all(np.isfinite(s)):
+        raise ValueError("scores must be finite (found NaN or inf)")
+    if t.dtype != np.bool_:
+        if not np.all(np.isin(t, (0, 1))):
+            raise ValueError("truth must be boolean or 0/1")
+        t = t.astype(bool)
+    if t.all() or not t.any():
+        raise ValueError(
+            "truth must contain both positives and negatives, "
+            f"got {int(t.sum())} positives out of {t.size}"
+        )
+    return s, t
+
+
+def roc(scores: npt.ArrayLike, truth: npt.ArrayLike) -> tuple[FloatArray, FloatArray]:
+    """Return (FPR, TPR) at every distinct threshold, from the highest score down.
+
+    Tied scores form one threshold. The curve starts at (0, 0) and ends at (1, 1).
+    """
+    s, t = _scores_and_truth(scores, truth)
+    order = np.argsort(-s, kind="stable")
+    s, t = s[order], t[order]
+    last = np.r_[np.flatnonzero(np.diff(s)), s.size - 1]
+    tp = np.r_[0, np.cumsum(t)[last]]
+    fp = np.r_[0, np.cumsum(~t)[last]]
+    return fp / fp[-1], tp / tp[-1]
+
+
+def auc(scores: npt.ArrayLike, truth: npt.ArrayLike) -> float:
+    """Area under the ROC curve (ties count one half): P(s+ > s-) + P(s+ = s-)/2."""
+    s, t = _scores_and_truth(scores, truth)
+    ranks = stats.rankdata(s)
+    n_pos = int(t.sum())
+    n_neg = t.size - n_pos
+    u = ranks[t].sum() - n_pos * (n_pos + 1) / 2
+    return float(u / (n_pos * n_neg))
+
+
+def tpr_at_fpr(scores: npt.ArrayLike, truth: npt.ArrayLike, fpr: float) -> float:
+    """Highest TPR over thresholds whose FPR is at most ``fpr``."""
+    if not 0 <= fpr <= 1:
+        raise ValueError(f"fpr must lie in [0, 1], got {fpr}")
+    fprs, tprs = roc(scores, truth)
+    return float(tprs[fprs <= fpr + 1e-12].max())
+
+
+def advantage(scores: npt.ArrayLike, truth: npt.ArrayLike) -> float:
+    """Attacker advantage: max over thresholds of TPR - FPR."""
+    fprs, tprs = roc(scores, truth)
+    return float(np.max(tprs - fprs))
+
+
+def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Two-sided Clopper-Pearson interval for a binomial proportion."""
+    if trials <= 0:
+        raise ValueError(f"trials must be > 0, got {trials}")
+    if not 0 <= successes <= trials:
+        raise ValueError(f"successes must lie in [0, trials={trials}], got {successes}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    a = 1 - confidence
+    low = 0.0 if successes == 0 else float(stats.beta.ppf(a / 2, successes, trials - successes + 1))
+    high = 1.0 if successes == trials else float(stats.beta.ppf(1 - a / 2, successes + 1, trials - successes))
+    return low, high
+
+
+def epsilon_lower_bound(
+    tpr: float,
+    fpr: float,
+    delta: float,
+    n_pos: int | None = None,
+    n_neg: int | None = None,
+    confidence: float = 0.95,
+) -> float:
+    r"""Lower bound on epsilon implied by an attack's operating point.
+
+    An (epsilon, delta)-DP mechanism forces, for every test,
+
+    .. math::
+
+        \mathrm{TPR} \le e^{\varepsilon}\,\mathrm{FPR} + \delta, \qquad
+        1 - \mathrm{FPR} \le e^{\varepsilon}\,(1 - \mathrm{TPR}) + \delta,
+
+    so :math:`\varepsilon \ge \max\{\log\frac{TPR-\delta}{FPR},
+    \log\frac{1-\delta-FPR}{1-TPR}\}`. With counts ``n_pos`` and ``n_neg`` the rates
+    are replaced by their one-sided Clopper-Pearson bounds (TPR low, FPR high), so the
+    bound holds with the given confidence.
+    """
+    for name, value in (("tpr", tpr), ("fpr", fpr)):
+        if not 0 <= value <= 1:
+            raise ValueError(f"{name} must lie in [0, 1], got {value}")
+    if not 0 <= delta < 1:
+        raise ValueError(f"delta must lie in [0, 1), got {delta}")
+    if (n_pos is None) != (n_neg is None):
+        raise ValueError("give both n_pos and n_neg, or neither")
+    if n_pos is not None and n_neg is not None:
+        two_sided = 2 * confidence - 1
+        tpr = clopper_pearson(round(tpr * n_pos), n_pos, two_sided)[0]
+        fpr = clopper_pearson(round(fpr * n_neg), n_neg, two_sided)[1]
+    bounds = [0.0]
+    if tpr - delta > 0:
+        bounds.append(math.inf if fpr == 0 else math.log((tpr - delta) / fpr))
+    if 1 - delta - fpr > 0:
+        bounds.append(math.inf if tpr == 1 else math.log((1 - delta - fpr) / (1 - tpr)))
+    return max(bounds)
+
+
+def membership_metrics(scores: npt.ArrayLike, truth: npt.ArrayLike) -> dict[str, float]:
+    """AUC, advantage and TPR at 1% and 0.1% FPR of a membership-style guess."""
+    return {
+        "auc": auc(scores, truth),
+        "advantage": advantage(scores, truth),
+        "tpr@1%fpr": tpr_at_fpr(scores, truth, 0.01),
+        "tpr@0.1%fpr": tpr_at_fpr(scores, truth, 0.001),
+    }
+
+
+def accuracy(predicted: npt.ArrayLike, labels: npt.ArrayLike) -> float:
+    """Fraction of predictions equal to the labels."""
+    p, y = np.asarray(predicted), np.asarray(labels)
+    if p.shape != y.shape or p.ndim != 1:
+        raise ValueError(f"predicted and labels must be 1-D of one length, got {p.shape} and {y.shape}")
+    if p.size == 0:
+        raise ValueError("accuracy of an empty set is undefined")
+    return float(np.mean(p == y))
+
+
+def _sets_and_labels(sets: npt.ArrayLike, labels: npt.ArrayLike | None = None) -> tuple[BoolArray, npt.NDArray[np.int64] | None]:
+    s = np.asarray(sets)
+    if s.dtype != np.bool_ or s.ndim != 2:
+        raise ValueError(f"prediction sets must be a boolean (n, K) array, got {s.dtype} {s.shape}")
+    if s.shape[0] == 0:
+        raise ValueError("prediction sets are empty (n = 0)")
+    if labels is None:
+        return s, None
+    y = np.asarray(labels)
+    if y.shape != (s.shape[0],):
+        raise ValueError(f"labels must have shape ({s.shape[0]},), got {y.shape}")
+    if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= s.shape[1]:
+        raise ValueError(f"labels must be integers in [0, {s.shape[1]}), got range [{y.min()}, {y.max()}]")
+    return s, y.astype(np.int64)
+
+
+def coverage(sets: npt.ArrayLike, labels: npt.ArrayLike) -> float:
+    """Fraction of points whose prediction set contains the true label."""
+    s, y = _sets_and_labels(sets, labels)
+    assert y is not None
+    return float(np.mean(s[np.arange(s.shape[0]), y]))
+
+
+def mean_set_size(sets: npt.ArrayLike) -> float:
+    """Average number of labels in a prediction set."""
+    s, _ = _sets_and_labels(sets)
+    return float(s.sum(axis=1).mean())

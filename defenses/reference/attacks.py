@@ -1,0 +1,70 @@
+"""Membership-inference attacks of the reference pair.
+
+* Loss threshold (Yeom et al., 2018), on the logit scale of Carlini et al. (2022):
+  members have lower loss; the score is
+  :math:`\\log p_\\theta(y \\mid x) - \\log(1 - p_\\theta(y \\mid x))`.
+* Label only (gap attack, Choquette-Choo et al., 2021): the score is 1 when the
+  predicted label is right.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from defenses.oracle import QueryOracle
+from defenses.threat import Capability
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class MembershipView:
+    """What a membership adversary gets: an oracle and labelled candidates."""
+
+    oracle: QueryOracle
+    candidates: FloatArray
+    labels: npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class LossThresholdAttack:
+    """Score each candidate by the logit of its true-class probability.
+
+    Parameters
+    ----------
+    floor : float
+        Probabilities are clipped to [floor, 1 - floor] before the logit, in (0, 0.5).
+    """
+
+    name: ClassVar[str] = "loss-mia"
+    requires: ClassVar[frozenset[Capability]] = frozenset({Capability.QUERY_SCORES})
+    floor: float = 1e-15
+
+    def __post_init__(self) -> None:
+        if not 0 < self.floor < 0.5:
+            raise ValueError(f"LossThresholdAttack.floor must lie in (0, 0.5), got {self.floor!r}")
+
+    def run(self, view: MembershipView, rng: np.random.Generator) -> FloatArray:
+        """Membership scores (higher means more likely a member)."""
+        scores = np.asarray(view.oracle(view.candidates), dtype=np.float64)
+        p_true = scores[np.arange(scores.shape[0]), view.labels]
+        p = np.clip(p_true, self.floor, 1.0 - self.floor)
+        return np.log(p) - np.log1p(-p)
+
+
+@dataclass(frozen=True)
+class LabelOnlyAttack:
+    """Score 1 when the target labels the candidate correctly, else 0."""
+
+    name: ClassVar[str] = "label-only-mia"
+    requires: ClassVar[frozenset[Capability]] = frozenset({Capability.QUERY_LABEL})
+
+    def run(self, view: MembershipView, rng: np.random.Generator) -> FloatArray:
+        """Membership scores in {0, 1}."""
+        answers = np.asarray(view.oracle(view.candidates))
+        predicted = answers if answers.ndim == 1 else np.argmax(answers, axis=1)
+        return (predicted == view.labels).astype(np.float64)

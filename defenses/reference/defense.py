@@ -1,0 +1,101 @@
+"""Output post-processing defenses of the reference pair: rounding and label-only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from defenses.api import DefenseKind, Learner
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class ProbabilisticClassifier(Protocol):
+    """A fitted classifier that answers class probabilities."""
+
+    def predict_proba(self, X: FloatArray) -> FloatArray:
+        """Return probabilities of shape (n, K)."""
+        ...
+
+
+def round_scores(scores: FloatArray, decimals: int) -> FloatArray:
+    """Round each score to ``decimals`` places (ties of the rounding stay ties)."""
+    return np.round(np.asarray(scores, dtype=np.float64), decimals)
+
+
+def one_hot_argmax(scores: FloatArray) -> FloatArray:
+    """Replace each score vector by the one-hot vector of its arg-max."""
+    s = np.asarray(scores, dtype=np.float64)
+    out = np.zeros_like(s)
+    out[np.arange(s.shape[0]), np.argmax(s, axis=1)] = 1.0
+    return out
+
+
+@dataclass(frozen=True)
+class PostProcessed:
+    """A fitted classifier whose outputs pass through a post-processor."""
+
+    inner: ProbabilisticClassifier
+    defense: Rounding | LabelOnly
+
+    def predict_proba(self, X: FloatArray) -> FloatArray:
+        """Post-processed probabilities."""
+        return self.defense(self.inner.predict_proba(X))
+
+
+@dataclass(frozen=True)
+class PostProcessedLearner:
+    """Fit the inner learner, then post-process the fitted system's outputs."""
+
+    inner: Learner[Any, ProbabilisticClassifier]
+    defense: Rounding | LabelOnly
+
+    def fit(self, task: Any, rng: np.random.Generator) -> PostProcessed:
+        """Fit the inner learner and wrap the result."""
+        return PostProcessed(self.inner.fit(task, rng), self.defense)
+
+
+@dataclass(frozen=True)
+class Rounding:
+    """Round the output scores to ``decimals`` places.
+
+    Parameters
+    ----------
+    decimals : int
+        Decimal places kept, >= 0.
+    """
+
+    name: ClassVar[str] = "rounding"
+    kind: ClassVar[DefenseKind] = DefenseKind.POSTPROCESSOR
+    decimals: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.decimals, bool) or not isinstance(self.decimals, int) or self.decimals < 0:
+            raise ValueError(f"Rounding.decimals must be an int >= 0, got {self.decimals!r}")
+
+    def __call__(self, scores: FloatArray) -> FloatArray:
+        """Rounded scores."""
+        return round_scores(scores, self.decimals)
+
+    def wrap(self, learner: Learner[Any, ProbabilisticClassifier]) -> PostProcessedLearner:
+        """Return a learner whose fitted system rounds its outputs."""
+        return PostProcessedLearner(learner, self)
+
+
+@dataclass(frozen=True)
+class LabelOnly:
+    """Answer only the predicted label, as a one-hot score vector."""
+
+    name: ClassVar[str] = "label-only"
+    kind: ClassVar[DefenseKind] = DefenseKind.POSTPROCESSOR
+
+    def __call__(self, scores: FloatArray) -> FloatArray:
+        """One-hot arg-max scores."""
+        return one_hot_argmax(scores)
+
+    def wrap(self, learner: Learner[Any, ProbabilisticClassifier]) -> PostProcessedLearner:
+        """Return a learner whose fitted system answers labels only."""
+        return PostProcessedLearner(learner, self)

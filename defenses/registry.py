@@ -1,0 +1,109 @@
+"""Registry of scenarios, attacks, defenses and measurement benchmarks.
+
+Components register themselves with :func:`register`. The registry finds the built-in
+packages by importing each package's ``scenario`` module (``defenses.<pkg>.scenario``,
+``federated.scenario``, ``crypto.scenario``), which registers, or imports the modules
+that register, everything the package offers; third-party packages add a module to the
+``defense_suite.plugins`` entry-point group.
+
+A *benchmark* is a measurement that is not an attack-versus-defense game (a timing
+side by side, a coverage study): a callable ``(params, seeds) -> Iterable[Result]``. A *figure* is a package's own plot
+for the report, registered under the package name (the spec name before
+``-quick``/``-full``): a callable ``(results, out_dir) -> list[(caption, png_path)]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import pkgutil
+from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
+from typing import Any, Literal, TypeVar
+
+Kind = Literal["scenarios", "attacks", "defenses", "benchmarks", "figures"]
+KINDS: tuple[Kind, ...] = ("scenarios", "attacks", "defenses", "benchmarks", "figures")
+BUILTIN_ROOTS = ("defenses", "federated", "crypto")
+PLUGIN_GROUP = "defense_suite.plugins"
+
+_registry: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
+_discovered = False
+
+C = TypeVar("C")
+
+
+def register(kind: Kind, name: str) -> Callable[[C], C]:
+    """Class (or function) decorator: make the object known under ``name``."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown registry kind {kind!r}; kinds are {KINDS}")
+
+    def decorate(obj: C) -> C:
+        known = _registry[kind].get(name)
+        if known is not None and known is not obj:
+            raise ValueError(f"{kind[:-1]} name {name!r} is already taken by {known!r}")
+        _registry[kind][name] = obj
+        return obj
+
+    return decorate
+
+
+def _builtin_modules() -> list[str]:
+    modules = []
+    for root in BUILTIN_ROOTS:
+        spec = importlib.util.find_spec(root)
+        if spec is None:
+            continue
+        if importlib.util.find_spec(f"{root}.scenario") is not None:
+            modules.append(f"{root}.scenario")
+        for info in pkgutil.iter_modules(spec.submodule_search_locations or []):
+            name = f"{root}.{info.name}.scenario"
+            if info.ispkg and importlib.util.find_spec(name) is not None:
+                modules.append(name)
+    return modules
+
+
+def discover() -> None:
+    """Import every built-in package's ``scenario`` module and every plugin, once."""
+    global _discovered
+    if _discovered:
+        return
+    for module in _builtin_modules():
+        importlib.import_module(module)
+    for entry in entry_points(group=PLUGIN_GROUP):
+        importlib.import_module(entry.value)
+    _discovered = True
+
+
+def available(kind: Kind) -> list[str]:
+    """Sorted names registered under ``kind``."""
+    discover()
+    return sorted(_registry[kind])
+
+
+def load(kind: Kind, name: str) -> Any:
+    """Return the object registered as ``name``."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown registry kind {kind!r}; kinds are {KINDS}")
+    discover()
+    if name not in _registry[kind]:
+        raise KeyError(f"no {kind[:-1]} named {name!r}; known: {sorted(_registry[kind])}")
+    return _registry[kind][name]
+
+
+def create(kind: Kind, name: str, params: Mapping[str, Any] | None = None) -> Any:
+    """Instantiate the registered class ``name`` with ``params``.
+
+    An unknown parameter is an error that names it and lists the accepted ones.
+    """
+    cls = load(kind, name)
+    params = dict(params or {})
+    if dataclasses.is_dataclass(cls):
+        accepted = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(params) - accepted)
+        if unknown:
+            raise ValueError(
+                f"{kind[:-1]} {name!r} has no parameter(s) {unknown}; "
+                f"accepted: {sorted(accepted)}"
+            )
+    return cls(**params)
