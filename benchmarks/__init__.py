@@ -1,1 +1,1 @@
-"""Benchmark specs, runner, tables, plots and the report (console script ``defense-suite``)."""
+"""Benchmark specs, runner, tables, plots and report (the ``defense-suite`` CLI)."""

@@ -7,11 +7,10 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from benchmarks.spec import Spec
 from defenses.harness import evaluate
 from defenses.registry import create, load
 from defenses.results import UNDEFENDED, Result
-
-from benchmarks.spec import Spec
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +21,10 @@ def _defense_arms(spec: Spec) -> list[Any | None]:
         if name == UNDEFENDED:
             arms.append(None)
             continue
-        arms.extend(create("defenses", name, s) for s in spec.component_settings("defense", name))
+        arms.extend(
+            create("defenses", name, s)
+            for s in spec.component_settings("defense", name)
+        )
     return arms
 
 

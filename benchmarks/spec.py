@@ -62,8 +62,9 @@ class SpecError(ValueError):
 
 
 def _expect(where: str, value: Any, kind: type | tuple[type, ...], what: str) -> None:
-    if not isinstance(value, kind) or isinstance(value, bool) and bool not in (
-        kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kind) or (
+        isinstance(value, bool)
+        and bool not in (kind if isinstance(kind, tuple) else (kind,))
     ):
         raise SpecError(f"{where} must be {what}, got {value!r}")
 
@@ -133,19 +134,29 @@ def parse(data: Mapping[str, Any], name: str) -> Spec:
     """Validate a spec's TOML data."""
     unknown = sorted(set(data) - TOP_KEYS)
     if unknown:
-        raise SpecError(f"spec {name!r}: unknown key(s) {unknown}; allowed: {sorted(TOP_KEYS)}")
+        raise SpecError(
+            f"spec {name!r}: unknown key(s) {unknown}; allowed: {sorted(TOP_KEYS)}"
+        )
     title = data.get("title", name)
     _expect(f"spec {name!r}: title", title, str, "a string")
     claim = data.get("claim", "")
     _expect(f"spec {name!r}: claim", claim, str, "a string")
     seeds = data.get("seeds", [0])
     _expect(f"spec {name!r}: seeds", seeds, list, "a non-empty list of integers >= 0")
-    if not seeds or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in seeds):
-        raise SpecError(f"spec {name!r}: seeds must be a non-empty list of integers >= 0, got {seeds!r}")
+    if not seeds or any(
+        not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in seeds
+    ):
+        raise SpecError(
+            f"spec {name!r}: seeds must be a non-empty list of integers >= 0, "
+            f"got {seeds!r}"
+        )
     scenario = data.get("scenario")
     benchmark = data.get("benchmark")
     if (scenario is None) == (benchmark is None):
-        raise SpecError(f"spec {name!r}: give exactly one of 'scenario' (a game) or 'benchmark' (a measurement)")
+        raise SpecError(
+            f"spec {name!r}: give exactly one of 'scenario' (a game) or "
+            "'benchmark' (a measurement)"
+        )
     attacks: list[str] = []
     defenses: list[str] = []
     if scenario is not None:
@@ -158,18 +169,27 @@ def parse(data: Mapping[str, Any], name: str) -> Spec:
         _expect(f"spec {name!r}: benchmark", benchmark, str, "a string")
         for key in ("attacks", "defenses"):
             if key in data:
-                raise SpecError(f"spec {name!r}: '{key}' belongs to game specs, not to a benchmark spec")
+                raise SpecError(
+                    f"spec {name!r}: '{key}' belongs to game specs, "
+                    "not to a benchmark spec"
+                )
     params = data.get("params", {})
     _expect(f"spec {name!r}: params", params, dict, "a table")
     bad = sorted(set(params) - PARAM_KEYS)
     if bad:
-        raise SpecError(f"spec {name!r}: unknown params section(s) {bad}; allowed: {sorted(PARAM_KEYS)}")
+        raise SpecError(
+            f"spec {name!r}: unknown params section(s) {bad}; "
+            f"allowed: {sorted(PARAM_KEYS)}"
+        )
     for role, names in (("attack", attacks), ("defense", defenses)):
         section = params.get(role, {})
         _expect(f"spec {name!r}: params.{role}", section, dict, "a table of tables")
         extra = sorted(set(section) - set(names))
         if extra:
-            raise SpecError(f"spec {name!r}: params.{role} names {extra}, which the spec does not run ({names})")
+            raise SpecError(
+                f"spec {name!r}: params.{role} names {extra}, "
+                f"which the spec does not run ({names})"
+            )
         for key, value in section.items():
             _expect(f"spec {name!r}: params.{role}.{key}", value, dict, "a table")
     for role in ("scenario", "benchmark"):
@@ -178,9 +198,14 @@ def parse(data: Mapping[str, Any], name: str) -> Spec:
     _expect(f"spec {name!r}: report", raw_report, dict, "a table")
     bad = sorted(set(raw_report) - REPORT_KEYS)
     if bad:
-        raise SpecError(f"spec {name!r}: unknown report key(s) {bad}; allowed: {sorted(REPORT_KEYS)}")
+        raise SpecError(
+            f"spec {name!r}: unknown report key(s) {bad}; "
+            f"allowed: {sorted(REPORT_KEYS)}"
+        )
     report = ReportSettings(
-        columns=_str_list(f"spec {name!r}: report.columns", raw_report.get("columns", [])),
+        columns=_str_list(
+            f"spec {name!r}: report.columns", raw_report.get("columns", [])
+        ),
         x=raw_report.get("x"),
         y=raw_report.get("y"),
         delta=bool(raw_report.get("delta", True)),
@@ -189,7 +214,12 @@ def parse(data: Mapping[str, Any], name: str) -> Spec:
     for key in ("x", "y"):
         value = getattr(report, key)
         if value is not None:
-            _expect(f"spec {name!r}: report.{key}", value, str, "a metric path like 'success.auc'")
+            _expect(
+                f"spec {name!r}: report.{key}",
+                value,
+                str,
+                "a metric path like 'success.auc'",
+            )
     return Spec(
         name=name,
         title=title,

@@ -30,7 +30,7 @@ S_contra = TypeVar("S_contra", contravariant=True)
 V_co = TypeVar("V_co", covariant=True)
 V_contra = TypeVar("V_contra", contravariant=True)
 G_co = TypeVar("G_co", covariant=True)
-G_contra = TypeVar("G_contra", contravariant=True)
+G = TypeVar("G")
 
 
 class DefenseKind(enum.StrEnum):
@@ -104,7 +104,7 @@ class PoisoningAttack(Protocol[T]):
         ...
 
 
-class Scenario(Protocol[T, S, V_co, G_contra]):
+class Scenario(Protocol[T, S, V_co, G]):
     """The challenger of a security game.
 
     Attributes
@@ -143,10 +143,10 @@ class Scenario(Protocol[T, S, V_co, G_contra]):
         """Return the adversary's view; ``known_defense`` is set for adaptive runs."""
         ...
 
-    def judge(self, system: S, task: T, guess: G_contra | None) -> Metrics:
+    def judge(self, system: S, task: T, guess: G | None) -> Metrics:
         """Score the attack (higher means a stronger attack)."""
         ...
 
-    def random_guess(self, task: T, rng: np.random.Generator) -> G_contra | None:
+    def random_guess(self, task: T, rng: np.random.Generator) -> G | None:
         """Return a guess made without looking at the system, or None if none fits."""
         ...

@@ -69,23 +69,14 @@ def params_of(component: object | None) -> dict[str, Any]:
 
 
 def label(component: object | None) -> str:
-    """``name(field=value, ...)`` listing the fields that differ from their defaults."""
+    """``name(field=value, ...)`` over the init fields; ``"none"`` for None."""
     if component is None:
         return UNDEFENDED
     name = str(getattr(component, "name", type(component).__name__))
-    if not dataclasses.is_dataclass(component):
+    fields = params_of(component)
+    if not fields:
         return name
-    changed = []
-    for f in dataclasses.fields(component):
-        if not f.init:
-            continue
-        value = getattr(component, f.name)
-        if f.default is not dataclasses.MISSING and value == f.default:
-            continue
-        if f.default_factory is not dataclasses.MISSING and value == f.default_factory():
-            continue
-        changed.append(f"{f.name}={_jsonable(value)}")
-    return f"{name}({', '.join(changed)})" if changed else name
+    return f"{name}({', '.join(f'{k}={v}' for k, v in fields.items())})"
 
 
 def _metrics(values: Mapping[str, Any], where: str) -> dict[str, float]:
@@ -178,10 +169,14 @@ def evaluate(
     scenario.threat.require(attack.requires, f"attack {attack.name!r}")
     arms = list(defenses)
     jobs = [(seed, arm) for seed in seeds for arm in arms]
-    bar = tqdm(jobs, disable=None if progress else True, desc=scenario.name, leave=False)
+    bar = tqdm(
+        jobs, disable=None if progress else True, desc=scenario.name, leave=False
+    )
     for seed, arm in bar:
         bar.set_postfix_str(f"seed={seed} {label(arm)}")
-        logger.info("run %s / %s / %s seed=%s", scenario.name, label(attack), label(arm), seed)
+        logger.info(
+            "run %s / %s / %s seed=%s", scenario.name, label(attack), label(arm), seed
+        )
         yield run_once(scenario, attack, arm, seed, meta)
 
 

@@ -86,7 +86,9 @@ def advantage(scores: npt.ArrayLike, truth: npt.ArrayLike) -> float:
     return float(np.max(tprs - fprs))
 
 
-def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
+def clopper_pearson(
+    successes: int, trials: int, confidence: float = 0.95
+) -> tuple[float, float]:
     """Two-sided Clopper-Pearson interval for a binomial proportion."""
     if trials <= 0:
         raise ValueError(f"trials must be > 0, got {trials}")
@@ -95,8 +97,16 @@ def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tu
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
     a = 1 - confidence
-    low = 0.0 if successes == 0 else float(stats.beta.ppf(a / 2, successes, trials - successes + 1))
-    high = 1.0 if successes == trials else float(stats.beta.ppf(1 - a / 2, successes + 1, trials - successes))
+    low = (
+        0.0
+        if successes == 0
+        else float(stats.beta.ppf(a / 2, successes, trials - successes + 1))
+    )
+    high = (
+        1.0
+        if successes == trials
+        else float(stats.beta.ppf(1 - a / 2, successes + 1, trials - successes))
+    )
     return low, high
 
 
@@ -155,16 +165,23 @@ def accuracy(predicted: npt.ArrayLike, labels: npt.ArrayLike) -> float:
     """Fraction of predictions equal to the labels."""
     p, y = np.asarray(predicted), np.asarray(labels)
     if p.shape != y.shape or p.ndim != 1:
-        raise ValueError(f"predicted and labels must be 1-D of one length, got {p.shape} and {y.shape}")
+        raise ValueError(
+            "predicted and labels must be 1-D of one length, "
+            f"got {p.shape} and {y.shape}"
+        )
     if p.size == 0:
         raise ValueError("accuracy of an empty set is undefined")
     return float(np.mean(p == y))
 
 
-def _sets_and_labels(sets: npt.ArrayLike, labels: npt.ArrayLike | None = None) -> tuple[BoolArray, npt.NDArray[np.int64] | None]:
+def _sets_and_labels(
+    sets: npt.ArrayLike, labels: npt.ArrayLike | None = None
+) -> tuple[BoolArray, npt.NDArray[np.int64] | None]:
     s = np.asarray(sets)
     if s.dtype != np.bool_ or s.ndim != 2:
-        raise ValueError(f"prediction sets must be a boolean (n, K) array, got {s.dtype} {s.shape}")
+        raise ValueError(
+            f"prediction sets must be a boolean (n, K) array, got {s.dtype} {s.shape}"
+        )
     if s.shape[0] == 0:
         raise ValueError("prediction sets are empty (n = 0)")
     if labels is None:
@@ -173,7 +190,10 @@ def _sets_and_labels(sets: npt.ArrayLike, labels: npt.ArrayLike | None = None) -
     if y.shape != (s.shape[0],):
         raise ValueError(f"labels must have shape ({s.shape[0]},), got {y.shape}")
     if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= s.shape[1]:
-        raise ValueError(f"labels must be integers in [0, {s.shape[1]}), got range [{y.min()}, {y.max()}]")
+        raise ValueError(
+            f"labels must be integers in [0, {s.shape[1]}), "
+            f"got range [{y.min()}, {y.max()}]"
+        )
     return s, y.astype(np.int64)
 
 

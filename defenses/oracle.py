@@ -71,7 +71,8 @@ class QueryOracle:
         batch = np.asarray(x, dtype=np.float64)
         if batch.ndim < 1 or batch.shape[0] == 0:
             raise ValueError(
-                f"queries must be a non-empty batch of shape (n, ...), got {batch.shape}"
+                "queries must be a non-empty batch of shape (n, ...), "
+                f"got {batch.shape}"
             )
         if not np.all(np.isfinite(batch)):
             raise ValueError("queries must be finite (found NaN or inf)")
@@ -90,5 +91,5 @@ class QueryOracle:
                 "expected (n, K)"
             )
         if self.labels_only:
-            return np.argmax(scores, axis=1)
+            return np.asarray(np.argmax(scores, axis=1), dtype=np.int64)
         return scores

@@ -7,9 +7,10 @@ that register, everything the package offers; third-party packages add a module 
 ``defense_suite.plugins`` entry-point group.
 
 A *benchmark* is a measurement that is not an attack-versus-defense game (a timing
-side by side, a coverage study): a callable ``(params, seeds) -> Iterable[Result]``. A *figure* is a package's own plot
-for the report, registered under the package name (the spec name before
-``-quick``/``-full``): a callable ``(results, out_dir) -> list[(caption, png_path)]``.
+side by side, a coverage study): a callable ``(params, seeds) -> Iterable[Result]``.
+A *figure* is a package's own plot for the report, registered under the package name
+(the spec name up to its first '-' or '_'): a callable
+``(results, out_dir) -> list[(caption, png_path)]``.
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ def load(kind: Kind, name: str) -> Any:
         raise ValueError(f"unknown registry kind {kind!r}; kinds are {KINDS}")
     discover()
     if name not in _registry[kind]:
-        raise KeyError(f"no {kind[:-1]} named {name!r}; known: {sorted(_registry[kind])}")
+        raise KeyError(
+            f"no {kind[:-1]} named {name!r}; known: {sorted(_registry[kind])}"
+        )
     return _registry[kind][name]
 
 

@@ -58,7 +58,9 @@ class Result:
             )
         values: Mapping[str, float] = getattr(self, section)
         if key not in values:
-            raise KeyError(f"{path!r} not in this result; {section} has {sorted(values)}")
+            raise KeyError(
+                f"{path!r} not in this result; {section} has {sorted(values)}"
+            )
         return float(values[key])
 
     @property
@@ -104,7 +106,9 @@ def read_jsonl(*paths: str | Path) -> list[Result]:
                 try:
                     results.append(Result.from_dict(json.loads(line)))
                 except (json.JSONDecodeError, TypeError) as error:
-                    raise ValueError(f"{path}:{number}: not a result record: {error}") from error
+                    raise ValueError(
+                        f"{path}:{number}: not a result record: {error}"
+                    ) from error
     return results
 
 
@@ -128,7 +132,9 @@ def describe(values: Sequence[float]) -> Summary:
     return Summary(statistics.fmean(values), std, len(values))
 
 
-def group_by_arm(results: Iterable[Result]) -> dict[tuple[str, str, str, str], list[Result]]:
+def group_by_arm(
+    results: Iterable[Result],
+) -> dict[tuple[str, str, str, str], list[Result]]:
     """Group results by arm, keeping first-seen order."""
     groups: dict[tuple[str, str, str, str], list[Result]] = defaultdict(list)
     for result in results:
@@ -161,7 +167,12 @@ def _has(result: Result, path: str) -> bool:
 def _baseline_key(result: Result) -> tuple[str, str, str, int]:
     scenario_params = json.dumps(result.params.get("scenario", {}), sort_keys=True)
     attack_params = json.dumps(result.params.get("attack", {}), sort_keys=True)
-    return (result.scenario, result.attack, scenario_params + attack_params, result.seed)
+    return (
+        result.scenario,
+        result.attack,
+        scenario_params + attack_params,
+        result.seed,
+    )
 
 
 def paired_deltas(
@@ -174,12 +185,16 @@ def paired_deltas(
     out.
     """
     materialized = list(results)
-    baseline = {
-        _baseline_key(r): r for r in materialized if r.defense == UNDEFENDED
-    }
+    baseline = {_baseline_key(r): r for r in materialized if r.defense == UNDEFENDED}
     rows = []
-    for runs in group_by_arm(r for r in materialized if r.defense != UNDEFENDED).values():
-        pairs = [(r, baseline[_baseline_key(r)]) for r in runs if _baseline_key(r) in baseline]
+    for runs in group_by_arm(
+        r for r in materialized if r.defense != UNDEFENDED
+    ).values():
+        pairs = [
+            (r, baseline[_baseline_key(r)])
+            for r in runs
+            if _baseline_key(r) in baseline
+        ]
         if not pairs:
             continue
         cells: dict[str, Summary | None] = {}

@@ -1,5 +1,6 @@
-"""Contract checks every package runs on itself (in the spirit of scikit-learn's
-``check_estimator``).
+"""Contract checks every package runs on itself.
+
+In the spirit of scikit-learn's ``check_estimator``.
 
 :func:`check_pair` plays the game a few times and asserts what every scenario, attack
 and defense must satisfy, whatever the package.
@@ -20,7 +21,18 @@ from defenses.harness import run_once
 from defenses.results import Result
 from defenses.threat import Stage
 
-RATE_PREFIXES = ("auc", "advantage", "tpr", "fpr", "accuracy", "acc", "coverage", "rate", "fraction", "top")
+RATE_PREFIXES = (
+    "auc",
+    "advantage",
+    "tpr",
+    "fpr",
+    "accuracy",
+    "acc",
+    "coverage",
+    "rate",
+    "fraction",
+    "top",
+)
 
 
 class ContractError(AssertionError):
@@ -32,7 +44,9 @@ def _fail(message: str) -> None:
 
 
 def _is_rate(name: str) -> bool:
-    return name.split("@")[0].split("_")[0].lower() in RATE_PREFIXES or name.endswith("_rate")
+    return name.split("@")[0].split("_")[0].lower() in RATE_PREFIXES or name.endswith(
+        "_rate"
+    )
 
 
 def check_result(result: Result) -> None:
@@ -72,7 +86,11 @@ def check_pair(
 
     Returns the undefended and defended results.
     """
-    for role, component in (("scenario", scenario), ("attack", attack), ("defense", defense)):
+    for role, component in (
+        ("scenario", scenario),
+        ("attack", attack),
+        ("defense", defense),
+    ):
         if not dataclasses.is_dataclass(component):
             _fail(f"{role} {component!r} must be a dataclass")
 
@@ -86,12 +104,15 @@ def check_pair(
     undefended = run_once(scenario, attack, None, seed)
     defended = run_once(scenario, attack, defense, seed)
     for arm, first in (("undefended", undefended), ("defended", defended)):
-        again = run_once(scenario, attack, None if arm == "undefended" else defense, seed)
+        again = run_once(
+            scenario, attack, None if arm == "undefended" else defense, seed
+        )
         for section in ("utility", "success"):
             if getattr(again, section) != getattr(first, section):
                 _fail(
                     f"{arm} arm is not reproducible at seed {seed}: {section} "
-                    f"{dict(getattr(first, section))} then {dict(getattr(again, section))}"
+                    f"{dict(getattr(first, section))} then "
+                    f"{dict(getattr(again, section))}"
                 )
 
     for section in ("utility", "success"):
@@ -108,7 +129,9 @@ def check_pair(
     _, success_metric = scenario.headline
     chance = scenario.chance.get(success_metric)
     if chance is None:
-        _fail(f"scenario.chance has no entry for the headline metric {success_metric!r}")
+        _fail(
+            f"scenario.chance has no entry for the headline metric {success_metric!r}"
+        )
     assert chance is not None
     if scenario.threat.stage is Stage.DEPLOYMENT:
         rng = np.random.default_rng(seed)

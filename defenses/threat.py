@@ -96,13 +96,16 @@ class Budget:
         if self.queries is not None and (
             isinstance(self.queries, bool) or not isinstance(self.queries, int)
         ):
-            raise TypeError(f"Budget.queries must be an int or None, got {self.queries!r}")
+            raise TypeError(
+                f"Budget.queries must be an int or None, got {self.queries!r}"
+            )
         _check_nonnegative("queries", self.queries)
         _check_nonnegative("poison_fraction", self.poison_fraction)
         _check_nonnegative("radius", self.radius)
         if self.poison_fraction is not None and self.poison_fraction > 1:
             raise ValueError(
-                f"Budget.poison_fraction must lie in [0, 1], got {self.poison_fraction!r}"
+                "Budget.poison_fraction must lie in [0, 1], "
+                f"got {self.poison_fraction!r}"
             )
         if self.norm is not None and self.norm not in NORMS:
             raise ValueError(f"Budget.norm must be one of {NORMS}, got {self.norm!r}")

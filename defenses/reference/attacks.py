@@ -1,8 +1,8 @@
-"""Membership-inference attacks of the reference pair.
+r"""Membership-inference attacks of the reference pair.
 
 * Loss threshold (Yeom et al., 2018), on the logit scale of Carlini et al. (2022):
   members have lower loss; the score is
-  :math:`\\log p_\\theta(y \\mid x) - \\log(1 - p_\\theta(y \\mid x))`.
+  :math:`\log p_\theta(y \mid x) - \log(1 - p_\theta(y \mid x))`.
 * Label only (gap attack, Choquette-Choo et al., 2021): the score is 1 when the
   predicted label is right.
 """
@@ -46,7 +46,9 @@ class LossThresholdAttack:
 
     def __post_init__(self) -> None:
         if not 0 < self.floor < 0.5:
-            raise ValueError(f"LossThresholdAttack.floor must lie in (0, 0.5), got {self.floor!r}")
+            raise ValueError(
+                f"LossThresholdAttack.floor must lie in (0, 0.5), got {self.floor!r}"
+            )
 
     def run(self, view: MembershipView, rng: np.random.Generator) -> FloatArray:
         """Membership scores (higher means more likely a member)."""
@@ -67,4 +69,4 @@ class LabelOnlyAttack:
         """Membership scores in {0, 1}."""
         answers = np.asarray(view.oracle(view.candidates))
         predicted = answers if answers.ndim == 1 else np.argmax(answers, axis=1)
-        return (predicted == view.labels).astype(np.float64)
+        return np.asarray(predicted == view.labels, dtype=np.float64)

@@ -23,7 +23,7 @@ class ProbabilisticClassifier(Protocol):
 
 def round_scores(scores: FloatArray, decimals: int) -> FloatArray:
     """Round each score to ``decimals`` places (ties of the rounding stay ties)."""
-    return np.round(np.asarray(scores, dtype=np.float64), decimals)
+    return np.asarray(np.round(scores, decimals), dtype=np.float64)
 
 
 def one_hot_argmax(scores: FloatArray) -> FloatArray:
@@ -73,14 +73,22 @@ class Rounding:
     decimals: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.decimals, bool) or not isinstance(self.decimals, int) or self.decimals < 0:
-            raise ValueError(f"Rounding.decimals must be an int >= 0, got {self.decimals!r}")
+        if (
+            isinstance(self.decimals, bool)
+            or not isinstance(self.decimals, int)
+            or self.decimals < 0
+        ):
+            raise ValueError(
+                f"Rounding.decimals must be an int >= 0, got {self.decimals!r}"
+            )
 
     def __call__(self, scores: FloatArray) -> FloatArray:
         """Rounded scores."""
         return round_scores(scores, self.decimals)
 
-    def wrap(self, learner: Learner[Any, ProbabilisticClassifier]) -> PostProcessedLearner:
+    def wrap(
+        self, learner: Learner[Any, ProbabilisticClassifier]
+    ) -> PostProcessedLearner:
         """Return a learner whose fitted system rounds its outputs."""
         return PostProcessedLearner(learner, self)
 
@@ -96,6 +104,8 @@ class LabelOnly:
         """One-hot arg-max scores."""
         return one_hot_argmax(scores)
 
-    def wrap(self, learner: Learner[Any, ProbabilisticClassifier]) -> PostProcessedLearner:
+    def wrap(
+        self, learner: Learner[Any, ProbabilisticClassifier]
+    ) -> PostProcessedLearner:
         """Return a learner whose fitted system answers labels only."""
         return PostProcessedLearner(learner, self)

@@ -15,7 +15,11 @@ from sklearn.neural_network import MLPClassifier
 from defenses.data import Dataset, load_digits, stratified_split
 from defenses.metrics import accuracy, membership_metrics
 from defenses.oracle import QueryOracle
-from defenses.reference.attacks import LabelOnlyAttack, LossThresholdAttack, MembershipView
+from defenses.reference.attacks import (
+    LabelOnlyAttack,
+    LossThresholdAttack,
+    MembershipView,
+)
 from defenses.reference.defense import LabelOnly, ProbabilisticClassifier, Rounding
 from defenses.registry import register
 from defenses.threat import Budget, Capability, Goal, Knowledge, Stage, ThreatModel
@@ -47,7 +51,9 @@ class MLPLearner:
     max_iter: int = 500
     alpha: float = 0.0
 
-    def fit(self, task: MembershipTask, rng: np.random.Generator) -> ProbabilisticClassifier:
+    def fit(
+        self, task: MembershipTask, rng: np.random.Generator
+    ) -> ProbabilisticClassifier:
         """Train on ``task.train`` with a seed drawn from ``rng``."""
         model = MLPClassifier(
             hidden_layer_sizes=(self.hidden,),
@@ -87,7 +93,10 @@ class DigitsMembership:
 
     def __post_init__(self) -> None:
         if not 0.05 <= self.members <= 0.45:
-            raise ValueError(f"DigitsMembership.members must lie in [0.05, 0.45], got {self.members!r}")
+            raise ValueError(
+                "DigitsMembership.members must lie in [0.05, 0.45], "
+                f"got {self.members!r}"
+            )
 
     @property
     def threat(self) -> ThreatModel:
@@ -104,9 +113,13 @@ class DigitsMembership:
         """Split digits into members, non-members and test; shuffle the candidates."""
         data = load_digits()
         rest = 1.0 - 2 * self.members
-        train_i, out_i, test_i = stratified_split(data.y, [self.members, self.members, rest], rng)
+        train_i, out_i, test_i = stratified_split(
+            data.y, [self.members, self.members, rest], rng
+        )
         cand = np.concatenate([train_i, out_i])
-        is_member = np.concatenate([np.ones(train_i.size, bool), np.zeros(out_i.size, bool)])
+        is_member = np.concatenate(
+            [np.ones(train_i.size, bool), np.zeros(out_i.size, bool)]
+        )
         order = rng.permutation(cand.size)
         return MembershipTask(
             train=data.subset(train_i),
@@ -120,26 +133,36 @@ class DigitsMembership:
         """The undefended target: a small MLP."""
         return MLPLearner()
 
-    def utility(self, system: ProbabilisticClassifier, task: MembershipTask) -> dict[str, float]:
+    def utility(
+        self, system: ProbabilisticClassifier, task: MembershipTask
+    ) -> dict[str, float]:
         """Test accuracy of the deployed (possibly post-processed) outputs."""
         predicted = np.argmax(system.predict_proba(task.test.X), axis=1)
         return {"accuracy": accuracy(predicted, task.test.y)}
 
     def expose(
-        self, system: ProbabilisticClassifier, task: MembershipTask, known_defense: object | None
+        self,
+        system: ProbabilisticClassifier,
+        task: MembershipTask,
+        known_defense: object | None,
     ) -> MembershipView:
         """A query oracle on the deployed model and the labelled candidates."""
         oracle = QueryOracle.granted_by(system.predict_proba, self.threat)
         return MembershipView(oracle, task.candidates, task.labels)
 
     def judge(
-        self, system: ProbabilisticClassifier, task: MembershipTask, guess: FloatArray | None
+        self,
+        system: ProbabilisticClassifier,
+        task: MembershipTask,
+        guess: FloatArray | None,
     ) -> dict[str, float]:
         """AUC, advantage and TPR at low FPR of the membership scores."""
         if guess is None:
             raise ValueError("the membership game needs a guess")
         return membership_metrics(guess, task.is_member)
 
-    def random_guess(self, task: MembershipTask, rng: np.random.Generator) -> FloatArray:
+    def random_guess(
+        self, task: MembershipTask, rng: np.random.Generator
+    ) -> FloatArray:
         """Uniform random membership scores."""
         return rng.random(task.is_member.size)

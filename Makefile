@@ -1,0 +1,51 @@
+# defense-suite: the README's two commands are `make bench` and `make test`.
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+# opacus's wheel ships its own top-level `benchmarks` package, which would shadow
+# ours; remove that stray folder (only if the files are opacus's).
+define UNSHADOW
+import importlib.metadata as m, pathlib, shutil
+files = m.distribution("opacus").files or []
+if any(str(f).startswith("benchmarks/") for f in files):
+    stray = pathlib.Path(m.distribution("opacus").locate_file("benchmarks"))
+    if (stray / "benchmark_layer.py").exists():
+        shutil.rmtree(stray)
+endef
+export UNSHADOW
+
+.PHONY: setup bench bench-full test lint typecheck unit clean
+
+setup: $(STAMP)
+
+# torch first, pinned to the CPU build on disk, so nothing pulls a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e ".[all,dev]"
+	$(BIN)/python -c "$$UNSHADOW"
+	touch $(STAMP)
+
+bench: $(STAMP)
+	$(BIN)/defense-suite bench --profile quick
+
+bench-full: $(STAMP)
+	$(BIN)/defense-suite bench --profile full
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -q -p no:cacheprovider
+
+test: lint typecheck unit
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,173 @@
+"""The benchmark report: ``results/REPORT.md`` with tables and PNG plots.
+
+Results are grouped by the spec that produced them (``Result.meta["spec"]``); each
+spec's TOML file supplies the section's title, the paper's claim, the columns and the
+plot axes. Packages add their own figures through the ``figures`` registry.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks.plots import tradeoff_plot
+from benchmarks.spec import Spec, load_spec
+from benchmarks.tables import default_columns, markdown_deltas, markdown_table
+from defenses.registry import available, load
+from defenses.results import Result, read_jsonl
+
+logger = logging.getLogger(__name__)
+
+README_START = "<!-- results:start -->"
+README_END = "<!-- results:end -->"
+
+
+def _specs_by_name(spec_dir: Path) -> dict[str, Spec]:
+    return {p.stem: load_spec(p) for p in sorted(spec_dir.glob("*.toml"))}
+
+
+def _group(results: Sequence[Result]) -> dict[str, list[Result]]:
+    groups: dict[str, list[Result]] = defaultdict(list)
+    for result in results:
+        groups[str(result.meta.get("spec", "unspecified"))].append(result)
+    return dict(groups)
+
+
+def _columns(spec: Spec | None, results: Sequence[Result]) -> list[str]:
+    if spec is not None and spec.report.columns:
+        return spec.report.columns
+    return default_columns(results)
+
+
+def _section(
+    name: str, spec: Spec | None, results: Sequence[Result], plot_dir: Path, root: Path
+) -> list[str]:
+    title = spec.title if spec else name
+    lines = [f"## {title}", "", f"Spec `{name}`, {len(results)} runs."]
+    if spec and spec.claim:
+        lines += ["", f"**Paper's claim:** {spec.claim}"]
+    if spec and spec.report.notes:
+        lines += ["", spec.report.notes]
+    columns = _columns(spec, results)
+    lines += [
+        "",
+        "Mean ± standard deviation over seeds:",
+        "",
+        markdown_table(results, columns),
+    ]
+    if spec is None or spec.report.delta:
+        deltas = markdown_deltas(results, columns)
+        if deltas:
+            lines += [
+                "",
+                "Paired deltas (defended minus undefended, same seed), mean ± std:",
+                "",
+                deltas,
+            ]
+    if spec and spec.report.x and spec.report.y:
+        path = tradeoff_plot(
+            results, spec.report.x, spec.report.y, plot_dir / f"{name}.png", title
+        )
+        lines += ["", f"![{title}]({path.relative_to(root).as_posix()})"]
+    return [*lines, ""]
+
+
+def _figures(
+    package: str, results: list[Result], plot_dir: Path, root: Path
+) -> list[str]:
+    if package not in available("figures"):
+        return []
+    lines = []
+    for caption, path in load("figures", package)(results, plot_dir):
+        lines += [
+            f"![{caption}]({Path(path).relative_to(root).as_posix()})",
+            "",
+            f"*{caption}*",
+            "",
+        ]
+    return lines
+
+
+def readme_table(groups: dict[str, list[Result]], specs: dict[str, Spec]) -> str:
+    """A compact results table for the README: first two columns of each spec."""
+    lines = [
+        "| benchmark | attack | defense | metric 1 | metric 2 |",
+        "|---|---|---|---|---|",
+    ]
+    for name, results in groups.items():
+        spec = specs.get(name)
+        columns = _columns(spec, results)[:2]
+        if len(columns) < 2:
+            continue
+        from defenses.results import summarize
+
+        for first, cells in summarize(results, columns):
+            values = [f"{c}: {cells[c]}" if cells[c] else f"{c}: –" for c in columns]
+            lines.append(
+                f"| {name} | {first.attack} | {first.defense} | "
+                f"{values[0]} | {values[1]} |"
+            )
+    return "\n".join(lines)
+
+
+def update_readme(readme: Path, table: str) -> bool:
+    """Replace the README's results block (between the markers); False if absent."""
+    if not readme.exists():
+        return False
+    text = readme.read_text(encoding="utf-8")
+    pattern = re.compile(re.escape(README_START) + ".*?" + re.escape(README_END), re.S)
+    if not pattern.search(text):
+        return False
+    block = f"{README_START}\n{table}\n{README_END}"
+    readme.write_text(pattern.sub(lambda _: block, text), encoding="utf-8")
+    return True
+
+
+def write_report(
+    result_files: Sequence[Path],
+    spec_dir: Path,
+    out: Path,
+    readme: Path | None = None,
+) -> Path:
+    """Write the Markdown report (and its plots beside it); return its path."""
+    results = read_jsonl(*result_files)
+    if not results:
+        raise ValueError(f"no results in {[str(p) for p in result_files]}")
+    specs = _specs_by_name(spec_dir)
+    groups = _group(results)
+    root = out.parent
+    plot_dir = root / "plots"
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# defense-suite benchmark report",
+        "",
+        f"Generated {stamp} from {len(results)} runs in {len(groups)} benchmarks.",
+        "Every number below was measured in this run; claims that do not reproduce "
+        "are shown as measured.",
+        "",
+        "| benchmark | title | runs |",
+        "|---|---|---|",
+    ]
+    for name, group in groups.items():
+        spec = specs.get(name)
+        lines.append(f"| `{name}` | {spec.title if spec else name} | {len(group)} |")
+    lines.append("")
+    by_package: dict[str, list[Result]] = defaultdict(list)
+    for name, group in groups.items():
+        logger.info("report section %s", name)
+        lines += _section(name, specs.get(name), group, plot_dir, root)
+        package = specs[name].package if name in specs else name
+        by_package[package].extend(group)
+    for package, group in by_package.items():
+        figures = _figures(package, group, plot_dir, root)
+        if figures:
+            lines += [f"## Figures: {package}", "", *figures]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines), encoding="utf-8")
+    if readme is not None:
+        update_readme(readme, readme_table(groups, specs))
+    return out

@@ -1,0 +1,52 @@
+"""Markdown tables of results: per-arm means over seeds and paired deltas."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from defenses.results import Result, Summary, paired_deltas, summarize
+
+HEAD = ("scenario", "attack", "defense", "seeds")
+
+
+def default_columns(results: Sequence[Result]) -> list[str]:
+    """Every utility and success metric that the results report, in first-seen order."""
+    seen: dict[str, None] = {}
+    for result in results:
+        for section in ("utility", "success"):
+            for key in getattr(result, section):
+                seen.setdefault(f"{section}.{key}", None)
+    return list(seen)
+
+
+def _cell(summary: Summary | None) -> str:
+    return "–" if summary is None else str(summary)
+
+
+def _render(
+    rows: list[tuple[Result, dict[str, Summary | None]]], columns: Sequence[str]
+) -> str:
+    lines = [
+        "| " + " | ".join((*HEAD, *columns)) + " |",
+        "|" + "---|" * (len(HEAD) + len(columns)),
+    ]
+    for first, cells in rows:
+        n = max((c.n for c in cells.values() if c is not None), default=0)
+        head = (first.scenario, first.attack, first.defense, str(n))
+        lines.append(
+            "| " + " | ".join((*head, *(_cell(cells[c]) for c in columns))) + " |"
+        )
+    return "\n".join(lines)
+
+
+def markdown_table(results: Iterable[Result], columns: Sequence[str]) -> str:
+    """Mean ± sample std over seeds of each column, one row per arm."""
+    return _render(summarize(results, columns), columns)
+
+
+def markdown_deltas(results: Iterable[Result], columns: Sequence[str]) -> str:
+    """Paired deltas (defended minus undefended, same seed), a row per defended arm."""
+    rows = paired_deltas(results, columns)
+    if not rows:
+        return ""
+    return _render(rows, columns)

@@ -1,0 +1,51 @@
+import numpy as np
+import pytest
+
+from defenses.reference.attacks import LabelOnlyAttack, LossThresholdAttack
+from defenses.reference.defense import LabelOnly, Rounding, one_hot_argmax, round_scores
+from defenses.reference.scenario import DigitsMembership
+from defenses.testing import check_pair
+
+
+@pytest.mark.parametrize("defense", [Rounding(1), LabelOnly()])
+def test_loss_attack_contract(defense):
+    undefended, defended = check_pair(
+        DigitsMembership(), LossThresholdAttack(), defense
+    )
+    assert undefended.success["auc"] > 0.55
+    assert defended.utility["accuracy"] == pytest.approx(
+        undefended.utility["accuracy"], abs=0.01
+    )
+
+
+@pytest.mark.parametrize("defense", [Rounding(1), LabelOnly()])
+def test_label_only_attack_contract(defense):
+    # The gap attack is weak on digits (AUC ~0.525: 1 - test error / 2), so the
+    # contract's strength margin is lowered for it.
+    undefended, defended = check_pair(
+        DigitsMembership(), LabelOnlyAttack(), defense, min_gap=0.01
+    )
+    assert defended.success["auc"] == pytest.approx(undefended.success["auc"], abs=0.01)
+
+
+def test_label_only_output_defeats_the_loss_attack_down_to_the_gap_attack():
+    from defenses.harness import run_once
+
+    loss = run_once(DigitsMembership(), LossThresholdAttack(), LabelOnly(), 0)
+    gap = run_once(DigitsMembership(), LabelOnlyAttack(), None, 0)
+    assert loss.success["auc"] == pytest.approx(gap.success["auc"])
+
+
+def test_post_processors():
+    scores = np.array([[0.123, 0.877], [0.5, 0.5]])
+    np.testing.assert_allclose(round_scores(scores, 1), [[0.1, 0.9], [0.5, 0.5]])
+    np.testing.assert_array_equal(one_hot_argmax(scores), [[0, 1], [1, 0]])
+
+
+def test_bad_parameters():
+    with pytest.raises(ValueError, match="decimals must be an int >= 0"):
+        Rounding(-1)
+    with pytest.raises(ValueError, match="members must lie"):
+        DigitsMembership(members=0.9)
+    with pytest.raises(ValueError, match="floor must lie"):
+        LossThresholdAttack(floor=0.7)

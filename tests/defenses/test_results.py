@@ -1,0 +1,58 @@
+import pytest
+
+from defenses.results import Result, describe, read_jsonl, summarize, write_jsonl
+
+
+def make(defense="none", seed=0, auc=0.7, acc=0.9):
+    return Result(
+        scenario="s",
+        attack="a",
+        defense=defense,
+        seed=seed,
+        threat={},
+        utility={"accuracy": acc},
+        success={"auc": auc},
+        cost={"fit_s": 0.1},
+    )
+
+
+def test_jsonl_round_trip(tmp_path):
+    path = tmp_path / "r.jsonl"
+    results = [make(seed=s) for s in range(3)]
+    assert write_jsonl(results, path) == 3
+    assert read_jsonl(path) == results
+
+
+def test_corrupt_lines_are_reported_with_their_position(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"scenario": 1}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        read_jsonl(path)
+
+
+def test_nan_metrics_are_refused():
+    with pytest.raises(ValueError, match="NaN"):
+        make(auc=float("nan"))
+    with pytest.raises(TypeError, match="must be a number"):
+        make(auc="high")
+
+
+def test_summarize_means_and_std():
+    results = [make(seed=s, auc=v) for s, v in enumerate([0.6, 0.7, 0.8])]
+    ((_, cells),) = summarize(results, ["success.auc", "success.missing"])
+    assert cells["success.auc"].mean == pytest.approx(0.7)
+    assert cells["success.auc"].std == pytest.approx(0.1)
+    assert cells["success.missing"] is None
+
+
+def test_get_names_bad_paths():
+    with pytest.raises(KeyError, match="section"):
+        make().get("auc")
+    with pytest.raises(KeyError, match="success has"):
+        make().get("success.tpr")
+
+
+def test_describe_needs_values():
+    with pytest.raises(ValueError, match="empty"):
+        describe([])
+    assert describe([1.0]).std == 0.0
