@@ -11,7 +11,7 @@ from .toy import Blur, MutatingDefense, NeedsWeights, ReadScores, ToyScenario
 
 
 def test_refuses_an_attack_the_threat_model_does_not_grant():
-    with pytest.raises(ThreatModelViolation, match="needs-weights.*read-parameters"):
+    with pytest.raises(ThreatModelViolation, match=r"needs-weights.*read-parameters"):
         run_once(ToyScenario(), NeedsWeights(), None, 0)
     with pytest.raises(ThreatModelViolation, match="read-parameters"):
         next(evaluate(ToyScenario(), NeedsWeights(), [None], [0]))
@@ -91,5 +91,5 @@ def test_check_pair_catches_a_broken_judge():
 
 
 def test_check_pair_catches_a_weak_attack():
-    with pytest.raises(ContractError, match="not .*clearly above chance"):
+    with pytest.raises(ContractError, match=r"not .*clearly above chance"):
         check_pair(ToyScenario(), ReadScores(), Blur(), min_gap=0.6)

@@ -26,7 +26,7 @@ def test_jsonl_round_trip(tmp_path):
 def test_corrupt_lines_are_reported_with_their_position(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"scenario": 1}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:1"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1"):
         read_jsonl(path)
 
 
