@@ -16,6 +16,7 @@ from pathlib import Path
 
 from benchmarks.plots import tradeoff_plot
 from benchmarks.spec import Spec, load_spec
+from benchmarks.summary import SummaryRow, markdown_summary, summary_row
 from benchmarks.tables import default_columns, markdown_deltas, markdown_table
 from defenses.registry import available, load
 from defenses.results import Result, read_jsonl
@@ -92,6 +93,19 @@ def _figures(
     return lines
 
 
+def summary_table(groups: dict[str, list[Result]], specs: dict[str, Spec]) -> str:
+    """The summary table over every spec that declares a ``[report.summary]``."""
+    rows: list[SummaryRow] = []
+    metrics: list[str] = []
+    for name, results in groups.items():
+        spec = specs.get(name)
+        row = summary_row(spec, results) if spec else None
+        if row is not None and spec is not None and spec.report.summary is not None:
+            rows.append(row)
+            metrics.append(spec.report.summary.metric)
+    return markdown_summary(rows, metrics) if rows else ""
+
+
 def readme_table(groups: dict[str, list[Result]], specs: dict[str, Spec]) -> str:
     """A compact results table for the README: first two columns of each spec."""
     lines = [
@@ -149,6 +163,20 @@ def write_report(
         "Every number below was measured in this run; claims that do not reproduce "
         "are shown as measured.",
         "",
+    ]
+    summary = summary_table(groups, specs)
+    if summary:
+        lines += [
+            "## Summary",
+            "",
+            "Mean ± standard deviation over seeds; the paired Δ is defended minus "
+            "undefended at the same seed. The verdict compares the measured change "
+            "with the direction and size the paper claims.",
+            "",
+            summary,
+            "",
+        ]
+    lines += [
         "| benchmark | title | runs |",
         "|---|---|---|",
     ]
@@ -169,5 +197,5 @@ def write_report(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines), encoding="utf-8")
     if readme is not None:
-        update_readme(readme, readme_table(groups, specs))
+        update_readme(readme, summary or readme_table(groups, specs))
     return out

@@ -54,7 +54,18 @@ TOP_KEYS = {
     "report",
 }
 PARAM_KEYS = {"scenario", "attack", "defense", "benchmark"}
-REPORT_KEYS = {"columns", "x", "y", "delta", "notes"}
+REPORT_KEYS = {"columns", "x", "y", "delta", "notes", "summary"}
+SUMMARY_KEYS = {
+    "threat",
+    "attack",
+    "defense",
+    "metric",
+    "paper",
+    "direction",
+    "relative_change",
+    "peers",
+    "guarantee",
+}
 
 
 class SpecError(ValueError):
@@ -87,6 +98,41 @@ def sweep(params: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 @dataclass(frozen=True)
+class SummarySettings:
+    """One row of the report's summary table: the headline claim and its verdict.
+
+    The row compares the arm whose defense label starts with ``defense`` against the
+    undefended arm (``"none"``) on ``metric``, for the attack whose label starts with
+    ``attack``. The verdict is *reproduced* when the defended mean moved in
+    ``direction`` ("lower" or "higher") by at least ``relative_change`` of the
+    undefended mean, *partly* when it moved that way by less, *not reproduced*
+    otherwise.
+    """
+
+    threat: str
+    metric: str
+    defense: str
+    attack: str = ""
+    paper: str = ""
+    direction: str = "lower"
+    relative_change: float = 0.0
+    peers: list[str] = field(default_factory=list)
+    guarantee: str = ""
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("lower", "higher"):
+            raise SpecError(
+                f"report.summary.direction must be 'lower' or 'higher', "
+                f"got {self.direction!r}"
+            )
+        if not self.relative_change >= 0:
+            raise SpecError(
+                f"report.summary.relative_change must be >= 0, "
+                f"got {self.relative_change!r}"
+            )
+
+
+@dataclass(frozen=True)
 class ReportSettings:
     """How the report shows a spec's results."""
 
@@ -95,6 +141,7 @@ class ReportSettings:
     y: str | None = None
     delta: bool = True
     notes: str = ""
+    summary: SummarySettings | None = None
 
 
 @dataclass(frozen=True)
@@ -203,6 +250,7 @@ def parse(data: Mapping[str, Any], name: str) -> Spec:
             f"allowed: {sorted(REPORT_KEYS)}"
         )
     report = ReportSettings(
+        summary=_summary(name, raw_report.get("summary")),
         columns=_str_list(
             f"spec {name!r}: report.columns", raw_report.get("columns", [])
         ),
@@ -232,6 +280,38 @@ def parse(data: Mapping[str, Any], name: str) -> Spec:
         params=dict(params),
         report=report,
     )
+
+
+def _summary(name: str, raw: Any) -> SummarySettings | None:
+    if raw is None:
+        return None
+    where = f"spec {name!r}: report.summary"
+    _expect(where, raw, dict, "a table")
+    bad = sorted(set(raw) - SUMMARY_KEYS)
+    if bad:
+        raise SpecError(
+            f"{where}: unknown key(s) {bad}; allowed: {sorted(SUMMARY_KEYS)}"
+        )
+    for key in ("threat", "metric", "defense"):
+        if key not in raw:
+            raise SpecError(f"{where}: '{key}' is required")
+    for key in (
+        "threat",
+        "metric",
+        "defense",
+        "attack",
+        "paper",
+        "direction",
+        "guarantee",
+    ):
+        if key in raw:
+            _expect(f"{where}.{key}", raw[key], str, "a string")
+    if "relative_change" in raw:
+        _expect(
+            f"{where}.relative_change", raw["relative_change"], (int, float), "a number"
+        )
+    peers = _str_list(f"{where}.peers", raw.get("peers", []))
+    return SummarySettings(**{**raw, "peers": peers})
 
 
 def load_spec(path: str | Path) -> Spec:

@@ -15,6 +15,14 @@ seeds = [0, 1]
 columns = ["utility.accuracy", "success.auc"]
 x = "utility.accuracy"
 y = "success.auc"
+
+[report.summary]
+threat = "membership"
+attack = "loss-mia"
+defense = "label-only"
+metric = "success.auc"
+paper = "AUC falls"
+relative_change = 0.01
 """
 
 
@@ -71,9 +79,11 @@ def test_run_table_plot_report_end_to_end(tmp_path, capsys):
     report = (results / "REPORT.md").read_text()
     assert "**Paper's claim:** rounding lowers AUC" in report
     assert "Paired deltas" in report
+    assert "## Summary" in report
+    assert "| membership | loss-mia | AUC falls | success.auc |" in report
     assert (results / "plots" / "mini-quick.png").exists()
     assert "old" not in readme.read_text()
-    assert "| mini-quick | loss-mia | label-only |" in readme.read_text()
+    assert "AUC falls" in readme.read_text()
 
 
 def test_errors_are_reported_not_raised(tmp_path, capsys):

@@ -1,0 +1,117 @@
+"""The report's summary table: each package's headline claim, our number, a verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from benchmarks.spec import Spec, SummarySettings
+from defenses.results import UNDEFENDED, Result, Summary, describe, paired_deltas
+
+REPRODUCED = "reproduced"
+PARTLY = "partly"
+NOT_REPRODUCED = "not reproduced"
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    """One defense's line in the summary table."""
+
+    spec: str
+    title: str
+    threat: str
+    attack: str
+    paper: str
+    defended: Summary
+    undefended: Summary
+    delta: Summary
+    peers: list[tuple[str, Summary]]
+    guarantee: tuple[str, Summary] | None
+    verdict: str
+
+
+def _values(results: Sequence[Result], metric: str) -> list[float]:
+    section, _, key = metric.partition(".")
+    return [r.get(metric) for r in results if key in getattr(r, section, {})]
+
+
+def _arm(results: Sequence[Result], attack: str, defense: str) -> list[Result]:
+    """Runs of the first arm (in run order) whose labels start with the prefixes."""
+    matching = [
+        r
+        for r in results
+        if r.attack.startswith(attack) and r.defense.startswith(defense)
+    ]
+    if not matching:
+        return []
+    first = matching[0].arm
+    return [r for r in matching if r.arm == first]
+
+
+def verdict(settings: SummarySettings, defended: float, undefended: float) -> str:
+    """Compare the relative change with the claimed direction and size."""
+    change = (defended - undefended) / max(abs(undefended), 1e-12)
+    if settings.direction == "higher":
+        change = -change
+    if change <= -settings.relative_change and change < 0:
+        return REPRODUCED
+    if change < 0:
+        return PARTLY
+    return NOT_REPRODUCED
+
+
+def summary_row(spec: Spec, results: Sequence[Result]) -> SummaryRow | None:
+    """The summary row of ``spec``, or None if it has none or its arms did not run."""
+    settings = spec.report.summary
+    if settings is None:
+        return None
+    defended = _arm(results, settings.attack, settings.defense)
+    undefended = _arm(results, settings.attack, UNDEFENDED)
+    d_values = _values(defended, settings.metric)
+    u_values = _values(undefended, settings.metric)
+    if not d_values or not u_values:
+        return None
+    deltas = paired_deltas([*undefended, *defended], [settings.metric])
+    delta = deltas[0][1][settings.metric] if deltas else None
+    d, u = describe(d_values), describe(u_values)
+    peers = []
+    for prefix in settings.peers:
+        values = _values(_arm(results, settings.attack, prefix), settings.metric)
+        if values:
+            peers.append((prefix, describe(values)))
+    guarantee = None
+    if settings.guarantee:
+        values = _values(defended, settings.guarantee)
+        if values:
+            guarantee = (settings.guarantee.partition(".")[2], describe(values))
+    return SummaryRow(
+        spec=spec.name,
+        title=spec.title,
+        threat=settings.threat,
+        attack=defended[0].attack,
+        paper=settings.paper or spec.claim,
+        defended=d,
+        undefended=u,
+        delta=delta if delta is not None else describe([d.mean - u.mean]),
+        peers=peers,
+        guarantee=guarantee,
+        verdict=verdict(settings, d.mean, u.mean),
+    )
+
+
+def markdown_summary(rows: Sequence[SummaryRow], metric_names: Sequence[str]) -> str:
+    """The summary table in Markdown."""
+    lines = [
+        "| defense (spec) | threat | attack | paper's claim | metric | ours: defended "
+        "| undefended | paired Δ | peers | guarantee | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row, metric in zip(rows, metric_names, strict=True):
+        peers = "; ".join(f"{name}: {s}" for name, s in row.peers) or "–"
+        guarantee = f"{row.guarantee[0]} = {row.guarantee[1]}" if row.guarantee else "–"
+        lines.append(
+            f"| {row.title} (`{row.spec}`) | {row.threat} | {row.attack} | {row.paper} "
+            f"| {metric} | {row.defended} | {row.undefended} | {row.delta} | {peers} "
+            f"| {guarantee} | **{row.verdict}** |"
+        )
+    return "\n".join(lines)

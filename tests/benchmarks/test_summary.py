@@ -1,0 +1,103 @@
+import pytest
+
+from benchmarks.spec import SpecError, SummarySettings, parse
+from benchmarks.summary import NOT_REPRODUCED, PARTLY, REPRODUCED, summary_row, verdict
+from defenses.results import Result
+
+
+def run(defense, seed, value, cert=None):
+    return Result(
+        scenario="s",
+        attack="atk(x=1)",
+        defense=defense,
+        seed=seed,
+        threat={},
+        utility={"accuracy": 0.9},
+        success={"attack_acc": value},
+        cost={},
+        certificate=cert or {},
+    )
+
+
+def settings(**kw):
+    return SummarySettings(threat="t", metric="success.attack_acc", defense="ssd", **kw)
+
+
+@pytest.mark.parametrize(
+    ("direction", "change", "defended", "expected"),
+    [
+        ("lower", 0.5, 0.4, REPRODUCED),
+        ("lower", 0.5, 0.6, PARTLY),
+        ("lower", 0.5, 1.1, NOT_REPRODUCED),
+        ("lower", 0.0, 1.0, NOT_REPRODUCED),
+        ("higher", 0.1, 1.2, REPRODUCED),
+        ("higher", 0.1, 0.9, NOT_REPRODUCED),
+    ],
+)
+def test_verdict(direction, change, defended, expected):
+    assert (
+        verdict(settings(direction=direction, relative_change=change), defended, 1.0)
+        == expected
+    )
+
+
+def test_summary_row_pairs_seeds_and_reads_peers_and_guarantee():
+    results = [
+        run("none", 0, 0.30),
+        run("none", 1, 0.20),
+        run("ssd(epsilon=1)", 0, 0.02, {"bound": 0.1}),
+        run("ssd(epsilon=1)", 1, 0.04, {"bound": 0.3}),
+        run("ssd(epsilon=2)", 0, 0.5),
+        run("gauss", 0, 0.25),
+    ]
+    spec = parse(
+        {
+            "scenario": "s",
+            "attacks": ["atk"],
+            "report": {
+                "summary": {
+                    "threat": "inversion",
+                    "metric": "success.attack_acc",
+                    "defense": "ssd",
+                    "attack": "atk",
+                    "relative_change": 0.5,
+                    "peers": ["gauss", "missing"],
+                    "guarantee": "certificate.bound",
+                }
+            },
+        },
+        "ssd-quick",
+    )
+    row = summary_row(spec, results)
+    assert row is not None
+    assert row.defended.mean == pytest.approx(0.03)
+    assert row.undefended.mean == pytest.approx(0.25)
+    assert row.delta.mean == pytest.approx(-0.22)
+    assert row.delta.n == 2
+    assert [name for name, _ in row.peers] == ["gauss"]
+    assert row.guarantee is not None
+    assert row.guarantee[1].mean == pytest.approx(0.2)
+    assert row.verdict == REPRODUCED
+
+
+def test_bad_summaries_are_refused():
+    base = {"scenario": "s", "attacks": ["a"]}
+    with pytest.raises(SpecError, match="'metric' is required"):
+        parse({**base, "report": {"summary": {"threat": "t", "defense": "d"}}}, "x")
+    with pytest.raises(SpecError, match="direction must be"):
+        settings(direction="sideways")
+    with pytest.raises(SpecError, match=r"unknown key\(s\) \['colour'\]"):
+        parse(
+            {
+                **base,
+                "report": {
+                    "summary": {
+                        "threat": "t",
+                        "defense": "d",
+                        "metric": "m",
+                        "colour": 1,
+                    }
+                },
+            },
+            "x",
+        )
