@@ -7,6 +7,7 @@ result files, ``report`` all results, and ``bench`` a whole profile then report.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from tqdm.auto import tqdm
 from benchmarks.plots import tradeoff_plot
 from benchmarks.report import write_report
 from benchmarks.runner import run_spec
+from benchmarks.security import security_markdown, security_report
 from benchmarks.spec import SpecError, load_spec
 from benchmarks.tables import default_columns, markdown_deltas, markdown_table
 from defenses.registry import KINDS, available
@@ -74,6 +76,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if not files:
         print(f"no result files (*.jsonl) in {results_dir}", file=sys.stderr)
         return 1
+    if args.system:
+        report = security_report(read_jsonl(*files), args.system)
+        text = json.dumps(report, indent=2) if args.json else security_markdown(report)
+        if args.out:
+            Path(args.out).write_text(text, encoding="utf-8")
+        print(text)
+        return 0
     readme = None if args.no_readme else Path(args.readme)
     out = write_report(
         files, Path(args.specs), Path(args.out or results_dir / "REPORT.md"), readme
@@ -149,7 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--readme", default=str(ROOT / "README.md"))
         p.add_argument("--no-readme", action="store_true", help="leave README.md alone")
         p.set_defaults(func=func)
-    sub.choices["report"].add_argument("--out", help="report path")
+    report = sub.choices["report"]
+    report.add_argument("--out", help="report path")
+    report.add_argument("--system", help="security report of one defense (name prefix)")
+    report.add_argument(
+        "--json", action="store_true", help="with --system: JSON output"
+    )
     bench = sub.choices["bench"]
     bench.add_argument("--profile", choices=("quick", "full"), default="quick")
     bench.add_argument("--only", nargs="+", help="packages to run (e.g. ssd rps)")

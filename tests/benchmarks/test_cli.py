@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 from benchmarks.cli import main
@@ -84,6 +85,26 @@ def test_run_table_plot_report_end_to_end(tmp_path, capsys):
     assert (results / "plots" / "mini-quick.png").exists()
     assert "old" not in readme.read_text()
     assert "AUC falls" in readme.read_text()
+
+
+def test_security_report_of_one_system(tmp_path, capsys):
+    results = tmp_path / "results"
+    spec = tmp_path / "mini-quick.toml"
+    spec.write_text(SPEC)
+    assert (
+        main(["run", str(spec), "--out", str(results / "m.jsonl"), "--seeds", "0"]) == 0
+    )
+    capsys.readouterr()
+    assert main(["report", "--results", str(results), "--system", "label-only"]) == 0
+    text = capsys.readouterr().out
+    assert "# Security report: `label-only`" in text
+    assert "capabilities: query-label, query-scores" in text
+    assert "| digits-membership | loss-mia | auc |" in text
+    args = ["report", "--results", str(results), "--system", "label-only", "--json"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["attacks"][0]["undefended"]["auc"]["n"] == 1
+    assert main(["report", "--results", str(results), "--system", "ssd"]) == 2
 
 
 def test_errors_are_reported_not_raised(tmp_path, capsys):
