@@ -1,0 +1,33 @@
+"""S3T: exact unlearning with sequence-aware sharded sliced training.
+
+Chowdhury et al., "Towards Scalable Exact Machine Unlearning Using Parameter-Efficient
+Fine-Tuning", ICLR 2025. The estimator :class:`S3T` (fit, predict, delete, retrain,
+lineage), the baselines :class:`SISA` and :class:`FullRetrain`, and the exactness
+audits in :mod:`defenses.s3t.audits`.
+"""
+
+from defenses.s3t.backbone import ResidualMLP, pretrain
+from defenses.s3t.baselines import SISA, FullRetrain
+from defenses.s3t.defense import (
+    S3T,
+    AllShardsDeadError,
+    DeletionReceipt,
+    NotFittedError,
+    RetrainReceipt,
+    Unlearner,
+)
+from defenses.s3t.store import StateFileError
+
+__all__ = [
+    "S3T",
+    "SISA",
+    "AllShardsDeadError",
+    "DeletionReceipt",
+    "FullRetrain",
+    "NotFittedError",
+    "ResidualMLP",
+    "RetrainReceipt",
+    "StateFileError",
+    "Unlearner",
+    "pretrain",
+]

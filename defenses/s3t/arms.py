@@ -1,0 +1,268 @@
+"""Harness arms: the undefended learner and the unlearning defenses that wrap it.
+
+The undefended service fine-tunes one LoRA model on all the data and, asked to
+delete, only drops the rows from its database (the model keeps what it learned). The
+defenses replace its training with an exact-unlearning learner, serve the deletion
+requests of the task, and retrain when their policy says so:
+
+* ``s3t-s3t``: S3T, retraining only once every shard is dead;
+* ``s3t-sisa``: SISA, retraining the hit shards from their checkpoint at every
+  deletion (Bourtoule et al., 2021);
+* ``s3t-full-retrain``: retraining from scratch at every deletion.
+
+All three certify exactness by a lineage audit of the served system.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from defenses.api import DefenseKind, Learner
+from defenses.s3t.attacks import lineage_audit
+from defenses.s3t.backbone import ResidualMLP
+from defenses.s3t.baselines import SISA, FullRetrain
+from defenses.s3t.defense import S3T, Selection, Unlearner
+
+FloatArray = npt.NDArray[np.float64]
+Policy = Literal["always", "when_dead"]
+
+
+class UnlearningTask(Protocol):
+    """What the learners need from a task."""
+
+    @property
+    def backbone(self) -> ResidualMLP:
+        """The frozen pretrained backbone."""
+        ...
+
+    @property
+    def X(self) -> FloatArray:
+        """Training features (pool and planted canaries)."""
+        ...
+
+    @property
+    def y(self) -> npt.NDArray[np.int64]:
+        """Training labels."""
+        ...
+
+    @property
+    def ids(self) -> npt.NDArray[np.int64]:
+        """Sample ids."""
+        ...
+
+    @property
+    def groups(self) -> npt.NDArray[np.int64]:
+        """Partition keys (one per user)."""
+        ...
+
+    @property
+    def forget(self) -> npt.NDArray[np.int64]:
+        """Ids whose deletion is requested after training."""
+        ...
+
+
+@dataclass(frozen=True)
+class NoUnlearning:
+    """Undefended: one LoRA model on all the data; deletions only drop the rows.
+
+    Parameters
+    ----------
+    rank, epochs, batch_size : int
+        LoRA rank and Adam settings (shared with the defenses that wrap it).
+    lr : float
+        Adam learning rate.
+    """
+
+    rank: int = 4
+    epochs: int = 10
+    batch_size: int = 64
+    lr: float = 3e-3
+
+    def fit(self, task: UnlearningTask, rng: np.random.Generator) -> FullRetrain:
+        """Train on everything, ignore the deletion requests."""
+        model = FullRetrain(
+            task.backbone,
+            self.rank,
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            seed=int(rng.integers(2**31)),
+        )
+        model.fit(task.X, task.y, task.ids, task.groups)
+        return model
+
+
+def _base(learner: Learner[Any, Any], who: str) -> NoUnlearning:
+    if not isinstance(learner, NoUnlearning):
+        raise TypeError(
+            f"{who} wraps the s3t scenario's NoUnlearning learner, got {learner!r}"
+        )
+    return learner
+
+
+@dataclass(frozen=True)
+class UnlearningLearner:
+    """Fit an exact-unlearning model, serve the task's deletions, retrain by policy."""
+
+    defense: S3TDefense | SISADefense | FullRetrainDefense
+    base: NoUnlearning
+
+    def fit(self, task: UnlearningTask, rng: np.random.Generator) -> Unlearner:
+        """Train, delete ``task.forget``, and retrain if the policy asks for it."""
+        model = self.defense.build(task.backbone, self.base, int(rng.integers(2**31)))
+        model.fit(task.X, task.y, task.ids, task.groups)
+        if task.forget.size:
+            receipt = model.delete(task.forget)
+            if self.defense.retrain == "always" or receipt.all_dead:
+                model.retrain()
+        return model
+
+
+def _certify(system: Unlearner, task: UnlearningTask) -> dict[str, float]:
+    report = lineage_audit(system, task.forget.tolist())
+    served = system.served()
+    return {
+        "exact": float(report.clean),
+        "stored_groups": float(len(system.lineage())),
+        "served_depth": float(np.mean([len(p) for p in served]) / system.slices),
+    }
+
+
+def _check_sizes(who: str, first: int, slices: int, name: str = "shards") -> None:
+    for field, value in ((name, first), ("slices", slices)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{who}.{field} must be a positive int, got {value!r}")
+
+
+def _check_policy(who: str, policy: str) -> None:
+    if policy not in ("always", "when_dead"):
+        raise ValueError(
+            f"{who}.retrain must be 'always' or 'when_dead', got {policy!r}"
+        )
+
+
+@dataclass(frozen=True)
+class S3TDefense:
+    """S3T as a harness defense (see :class:`defenses.s3t.defense.S3T`).
+
+    Parameters
+    ----------
+    shards, slices : int
+        ``m`` and ``L``.
+    sequences : int or None
+        Orders per shard ``B`` (``L`` if None).
+    selection : {"cyclic", "bms"}
+        Order selection.
+    retrain : {"when_dead", "always"}
+        Retrain once every shard is dead, or after every deletion.
+    """
+
+    name: ClassVar[str] = "s3t-s3t"
+    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
+    shards: int = 3
+    slices: int = 3
+    sequences: int | None = None
+    selection: Selection = "cyclic"
+    retrain: Policy = "when_dead"
+
+    def __post_init__(self) -> None:
+        _check_policy("S3TDefense", self.retrain)
+        _check_sizes("S3TDefense", self.shards, self.slices)
+        if self.sequences is not None:
+            _check_sizes("S3TDefense", self.sequences, self.slices, "sequences")
+        if self.selection not in ("cyclic", "bms"):
+            raise ValueError(
+                "S3TDefense.selection must be 'cyclic' or 'bms', "
+                f"got {self.selection!r}"
+            )
+
+    def build(self, backbone: ResidualMLP, base: NoUnlearning, seed: int) -> Unlearner:
+        """The unfitted model."""
+        return S3T(
+            backbone,
+            self.shards,
+            self.slices,
+            self.sequences,
+            base.rank,
+            self.selection,
+            epochs=base.epochs,
+            batch_size=base.batch_size,
+            lr=base.lr,
+            seed=seed,
+        )
+
+    def wrap(self, learner: Learner[Any, Any]) -> UnlearningLearner:
+        """Replace the undefended training by S3T."""
+        return UnlearningLearner(self, _base(learner, self.name))
+
+    def certify(self, system: Unlearner, task: UnlearningTask) -> dict[str, float]:
+        """Exactness (1.0: no stored component saw a deleted id) and what is served."""
+        return _certify(system, task)
+
+
+@dataclass(frozen=True)
+class SISADefense:
+    """SISA as a harness defense (see :class:`defenses.s3t.baselines.SISA`)."""
+
+    name: ClassVar[str] = "s3t-sisa"
+    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
+    shards: int = 3
+    slices: int = 3
+    retrain: Policy = "always"
+
+    def __post_init__(self) -> None:
+        _check_policy("SISADefense", self.retrain)
+        _check_sizes("SISADefense", self.shards, self.slices)
+
+    def build(self, backbone: ResidualMLP, base: NoUnlearning, seed: int) -> Unlearner:
+        """The unfitted model."""
+        return SISA(
+            backbone,
+            self.shards,
+            self.slices,
+            base.rank,
+            epochs=base.epochs,
+            batch_size=base.batch_size,
+            lr=base.lr,
+            seed=seed,
+        )
+
+    def wrap(self, learner: Learner[Any, Any]) -> UnlearningLearner:
+        """Replace the undefended training by SISA."""
+        return UnlearningLearner(self, _base(learner, self.name))
+
+    def certify(self, system: Unlearner, task: UnlearningTask) -> dict[str, float]:
+        """Exactness (1.0: no stored component saw a deleted id) and what is served."""
+        return _certify(system, task)
+
+
+@dataclass(frozen=True)
+class FullRetrainDefense:
+    """Retrain from scratch without the deleted points."""
+
+    name: ClassVar[str] = "s3t-full-retrain"
+    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
+    retrain: ClassVar[Policy] = "always"
+
+    def build(self, backbone: ResidualMLP, base: NoUnlearning, seed: int) -> Unlearner:
+        """The unfitted model."""
+        return FullRetrain(
+            backbone,
+            base.rank,
+            epochs=base.epochs,
+            batch_size=base.batch_size,
+            lr=base.lr,
+            seed=seed,
+        )
+
+    def wrap(self, learner: Learner[Any, Any]) -> UnlearningLearner:
+        """Replace the undefended training by full retraining."""
+        return UnlearningLearner(self, _base(learner, self.name))
+
+    def certify(self, system: Unlearner, task: UnlearningTask) -> dict[str, float]:
+        """Exactness (1.0: no stored component saw a deleted id) and what is served."""
+        return _certify(system, task)

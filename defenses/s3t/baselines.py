@@ -1,0 +1,90 @@
+"""Baselines with the S3T API: SISA and full retraining.
+
+Both run on the same engine (:class:`defenses.s3t.defense.Unlearner`), backbone and
+LoRA adapters as S3T, so that differences come from the training schedule alone.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import ClassVar
+
+from defenses.s3t.backbone import ResidualMLP
+from defenses.s3t.defense import Unlearner, _positive
+from defenses.s3t.parallel import Executor
+from defenses.s3t.training import Mode
+
+
+class SISA(Unlearner):
+    """SISA (Bourtoule et al., IEEE S&P 2021) with LoRA on the same backbone.
+
+    One order per shard; every adapter group and the head train at every stage on
+    the cumulative slices, with a checkpoint per slice. A deletion falls back to the
+    checkpoint before the hit slice; :meth:`retrain` redoes the later stages.
+    Parameters as for :class:`S3T`.
+    """
+
+    mode: ClassVar[Mode] = "all"
+
+    def __init__(
+        self,
+        backbone: ResidualMLP,
+        shards: int = 3,
+        slices: int = 3,
+        rank: int = 4,
+        *,
+        epochs: int = 20,
+        batch_size: int = 64,
+        lr: float = 3e-3,
+        seed: int = 0,
+        executor: Executor = "serial",
+        n_jobs: int = 1,
+        ray_address: str | None = None,
+        store: str | os.PathLike[str] | None = None,
+        allow_shared_state: bool = False,
+    ) -> None:
+        super().__init__(
+            backbone,
+            shards=shards,
+            slices=slices,
+            orders=[tuple(range(_positive("slices", slices)))],
+            rank=rank,
+            epochs=epochs,
+            batch_size=batch_size,
+            lr=lr,
+            seed=seed,
+            executor=executor,
+            n_jobs=n_jobs,
+            ray_address=ray_address,
+            store_path=store,
+            allow_shared_state=allow_shared_state,
+        )
+
+
+class FullRetrain(SISA):
+    """One model on all the data (every adapter group): any deletion retrains it."""
+
+    def __init__(
+        self,
+        backbone: ResidualMLP,
+        rank: int = 4,
+        *,
+        epochs: int = 20,
+        batch_size: int = 64,
+        lr: float = 3e-3,
+        seed: int = 0,
+        store: str | os.PathLike[str] | None = None,
+        allow_shared_state: bool = False,
+    ) -> None:
+        super().__init__(
+            backbone,
+            shards=1,
+            slices=1,
+            rank=rank,
+            epochs=epochs,
+            batch_size=batch_size,
+            lr=lr,
+            seed=seed,
+            store=store,
+            allow_shared_state=allow_shared_state,
+        )

@@ -1,0 +1,230 @@
+"""Harness wiring of S3T: a canary audit of deletions on digits.
+
+The game (research note §5.2, item 4): an auditor plants mislabelled canaries (one
+user's data, so they share a partition key), the service fine-tunes on the pool and
+the canaries, the auditor requests their deletion, then queries the deployed model
+for the planted labels. Its scores on the deleted canaries are compared with its
+scores on canaries that were never trained on (the reference): AUC 0.5 means the
+deleted canaries left no trace. The undefended service drops the rows but keeps the
+model; the defenses (S3T, SISA, full retraining) unlearn exactly.
+
+This module registers every scenario, attack, defense, benchmark and figure of the
+package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from defenses.metrics import accuracy, membership_metrics
+from defenses.oracle import QueryOracle
+from defenses.registry import register
+from defenses.s3t.arms import (
+    FullRetrainDefense,
+    NoUnlearning,
+    S3TDefense,
+    SISADefense,
+)
+from defenses.s3t.attacks import CanaryAttack, CanaryView
+from defenses.s3t.backbone import ResidualMLP
+from defenses.s3t.bench import deletion_benchmark
+from defenses.s3t.defense import Unlearner
+from defenses.s3t.figures import figures
+from defenses.s3t.tasks import (
+    CANARY_GROUP,
+    CANARY_ID_BASE,
+    BackboneSpec,
+    pretrained_backbone,
+    split_digits,
+)
+from defenses.threat import Capability, Goal, Knowledge, Stage, ThreatModel
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+register("attacks", CanaryAttack.name)(CanaryAttack)
+register("defenses", S3TDefense.name)(S3TDefense)
+register("defenses", SISADefense.name)(SISADefense)
+register("defenses", FullRetrainDefense.name)(FullRetrainDefense)
+register("benchmarks", "s3t-deletion")(deletion_benchmark)
+register("figures", "s3t")(figures)
+
+
+@dataclass(frozen=True)
+class CanaryTask:
+    """Training data with planted canaries, deletion requests, test set, secrets."""
+
+    backbone: ResidualMLP
+    X: FloatArray
+    y: IntArray
+    ids: IntArray
+    groups: IntArray
+    forget: IntArray
+    test_X: FloatArray
+    test_y: IntArray
+    candidates: FloatArray
+    planted: IntArray
+    was_trained: npt.NDArray[np.bool_]
+
+
+@register("scenarios", "s3t-canary-deletion")
+@dataclass(frozen=True)
+class CanaryDeletion:
+    """Canary audit of deletions on digits with a frozen pretrained backbone.
+
+    Parameters
+    ----------
+    canaries : int
+        Canaries planted and deleted (as many never-trained ones are the reference).
+    repeats : int
+        Copies of each canary planted (distinct ids, one user).
+    pool : int
+        Fine-tuning pool size (0: every image not public, test or canary).
+    public : int
+        Public images (digits 0-4) the backbone is pretrained on.
+    test_fraction : float
+        Share of the non-public images kept for testing.
+    width, hidden, blocks, pretrain_epochs : int
+        Backbone size and pretraining.
+    rank, epochs, batch_size : int
+        LoRA rank and per-stage Adam settings of every arm.
+    lr : float
+        Adam learning rate.
+    """
+
+    name: ClassVar[str] = "s3t-canary-deletion"
+    headline: ClassVar[tuple[str, str]] = ("accuracy", "auc")
+    chance: ClassVar[Mapping[str, float]] = {"auc": 0.5, "advantage": 0.0}
+    canaries: int = 10
+    repeats: int = 5
+    pool: int = 0
+    public: int = 300
+    test_fraction: float = 0.25
+    width: int = 64
+    hidden: int = 128
+    blocks: int = 6
+    pretrain_epochs: int = 20
+    rank: int = 8
+    epochs: int = 10
+    batch_size: int = 64
+    lr: float = 5e-3
+
+    def __post_init__(self) -> None:
+        if isinstance(self.canaries, bool) or not 2 <= self.canaries <= 100:
+            raise ValueError(
+                f"CanaryDeletion.canaries must lie in [2, 100], got {self.canaries!r}"
+            )
+        if (
+            isinstance(self.pool, bool)
+            or not isinstance(self.pool, int)
+            or self.pool < 0
+        ):
+            raise ValueError(
+                f"CanaryDeletion.pool must be an int >= 0, got {self.pool!r}"
+            )
+        self._backbone_spec()
+        for name in ("rank", "epochs", "batch_size", "repeats"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"CanaryDeletion.{name} must be a positive int, got {value!r}"
+                )
+        if not 0 < self.lr < 1:
+            raise ValueError(f"CanaryDeletion.lr must lie in (0, 1), got {self.lr!r}")
+
+    def _backbone_spec(self) -> BackboneSpec:
+        return BackboneSpec(
+            self.public, self.width, self.hidden, self.blocks, self.pretrain_epochs
+        )
+
+    @property
+    def threat(self) -> ThreatModel:
+        """Black-box scores; the auditor owns the canaries and requests deletion."""
+        return ThreatModel(
+            goal=Goal.CONFIDENTIALITY,
+            stage=Stage.DEPLOYMENT,
+            knowledge=Knowledge.BLACK_BOX,
+            capabilities=frozenset(
+                {Capability.QUERY_SCORES, Capability.REQUEST_DELETION}
+            ),
+        )
+
+    def setup(self, rng: np.random.Generator) -> CanaryTask:
+        """Split digits, pretrain the backbone (cached per seed), plant canaries."""
+        split = split_digits(rng, self.public, self.test_fraction, self.canaries)
+        data = split.data
+        pool = split.pool
+        if self.pool:
+            if self.pool > pool.size:
+                raise ValueError(
+                    f"pool={self.pool} exceeds the {pool.size} images left"
+                )
+            pool = np.sort(rng.choice(pool, self.pool, replace=False))
+        spec = self._backbone_spec()
+        backbone = pretrained_backbone(int(rng.integers(2**31)), split.public, spec)
+        planted_n = self.canaries * self.repeats
+        canary_ids = CANARY_ID_BASE + np.arange(planted_n, dtype=np.int64)
+        copies = np.tile(split.canaries_in, self.repeats)
+        X = np.concatenate([data.X[pool], data.X[copies]])
+        y = np.concatenate([data.y[pool], np.tile(split.flipped_in, self.repeats)])
+        ids = np.concatenate([pool, canary_ids])
+        groups = np.concatenate([pool, np.full(planted_n, CANARY_GROUP)])
+        order = rng.permutation(2 * self.canaries)
+        candidates = np.concatenate(
+            [data.X[split.canaries_in], data.X[split.canaries_out]]
+        )
+        planted = np.concatenate([split.flipped_in, split.flipped_out])
+        trained = np.r_[np.ones(self.canaries, bool), np.zeros(self.canaries, bool)]
+        return CanaryTask(
+            backbone=backbone,
+            X=X,
+            y=y,
+            ids=ids,
+            groups=groups,
+            forget=canary_ids,
+            test_X=data.X[split.test],
+            test_y=data.y[split.test],
+            candidates=candidates[order],
+            planted=planted[order],
+            was_trained=trained[order],
+        )
+
+    def learner(self) -> NoUnlearning:
+        """The undefended service: one LoRA model, deletions drop rows only."""
+        return NoUnlearning(self.rank, self.epochs, self.batch_size, self.lr)
+
+    def utility(self, system: Unlearner, task: CanaryTask) -> dict[str, float]:
+        """Test accuracy after the deletions were served."""
+        return {"accuracy": accuracy(system.predict(task.test_X), task.test_y)}
+
+    def expose(
+        self, system: Unlearner, task: CanaryTask, known_defense: object | None
+    ) -> CanaryView:
+        """A score oracle on the deployed model, the canaries and planted labels."""
+        oracle = QueryOracle.granted_by(system.predict_proba, self.threat)
+        return CanaryView(oracle, task.candidates, task.planted)
+
+    def judge(
+        self, system: Unlearner, task: CanaryTask, guess: FloatArray | None
+    ) -> dict[str, float]:
+        """Membership metrics (deleted vs never-trained canaries) and the flip gap.
+
+        ``flip_gap`` is the mean probability of the planted label on the deleted
+        canaries minus that on the never-trained ones (0 when nothing is left).
+        """
+        if guess is None:
+            raise ValueError("the canary game needs a guess")
+        metrics = membership_metrics(guess, task.was_trained)
+        probs = system.predict_proba(task.candidates)
+        planted = probs[np.arange(task.planted.size), task.planted]
+        gap = planted[task.was_trained].mean() - planted[~task.was_trained].mean()
+        return {**metrics, "flip_gap": float(gap)}
+
+    def random_guess(self, task: CanaryTask, rng: np.random.Generator) -> FloatArray:
+        """A blind guess: the same score for every canary (AUC exactly 0.5)."""
+        return np.zeros(task.planted.size)

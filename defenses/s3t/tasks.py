@@ -1,0 +1,128 @@
+"""Digits splits and pretrained backbones shared by the scenario and the benchmarks.
+
+Scikit-learn's bundled digits (1,797 8x8 images) are split into
+
+* a **public** split of ``public`` images of digits 0-4 only, on which the backbone
+  is pretrained and then frozen (a backbone that meets new classes when fine-tuned);
+* the remaining images, split stratified into the deletable fine-tuning **pool**, an
+  i.i.d. **test** set and, for the canary audit, **canaries** (mislabelled copies of
+  held-out images: half are inserted into the pool and deleted, half are never
+  trained on, the reference).
+
+Pool, test and canaries come from one stratified split of the same images, so they
+are i.i.d. (a shifted hold-out set would masquerade as leakage).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from defenses.data import Dataset, load_digits, stratified_split
+from defenses.s3t.backbone import ResidualMLP, pretrain
+
+IntArray = npt.NDArray[np.int64]
+CANARY_ID_BASE = 100_000
+CANARY_GROUP = -1
+
+
+@dataclass(frozen=True)
+class BackboneSpec:
+    """Size and pretraining of the frozen backbone."""
+
+    public: int = 300
+    width: int = 64
+    hidden: int = 128
+    blocks: int = 6
+    epochs: int = 20
+
+    def __post_init__(self) -> None:
+        for name in ("public", "width", "hidden", "blocks", "epochs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"BackboneSpec.{name} must be a positive int, got {value!r}"
+                )
+
+
+@dataclass(frozen=True)
+class DigitsSplit:
+    """Indices into digits, and the canaries' flipped labels."""
+
+    data: Dataset
+    public: IntArray
+    pool: IntArray
+    test: IntArray
+    canaries_in: IntArray
+    canaries_out: IntArray
+    flipped_in: IntArray
+    flipped_out: IntArray
+
+
+def split_digits(
+    rng: np.random.Generator, public: int, test_fraction: float, canaries: int
+) -> DigitsSplit:
+    """Draw the public split (digits 0-4), then pool / test / canaries (stratified)."""
+    if not 0.05 <= test_fraction <= 0.5:
+        raise ValueError(
+            f"test_fraction must lie in [0.05, 0.5], got {test_fraction!r}"
+        )
+    data = load_digits()
+    low = np.flatnonzero(data.y < 5)
+    if not 1 <= public <= low.size // 2:
+        raise ValueError(f"public must lie in [1, {low.size // 2}], got {public!r}")
+    if isinstance(canaries, bool) or not 0 <= canaries <= 100:
+        raise ValueError(f"canaries must lie in [0, 100], got {canaries!r}")
+    public_idx = np.sort(rng.choice(low, public, replace=False)).astype(np.int64)
+    rest = np.setdiff1d(np.arange(len(data)), public_idx)
+    holdout = 2 * canaries / rest.size
+    fractions = [1 - test_fraction - holdout, test_fraction] + (
+        [holdout] if canaries else []
+    )
+    parts = stratified_split(data.y[rest], fractions, rng)
+    pool, test = rest[parts[0]], rest[parts[1]]
+    if canaries:
+        spare = rng.permutation(rest[parts[2]])
+        if spare.size < 2 * canaries:
+            raise ValueError(f"not enough held-out images for {canaries} canary pairs")
+        c_in, c_out = np.sort(spare[:canaries]), np.sort(spare[canaries : 2 * canaries])
+    else:
+        c_in = c_out = np.empty(0, dtype=np.int64)
+    flip_in = (data.y[c_in] + rng.integers(1, 10, c_in.size)) % 10
+    flip_out = (data.y[c_out] + rng.integers(1, 10, c_out.size)) % 10
+    return DigitsSplit(
+        data,
+        public_idx,
+        pool.astype(np.int64),
+        test.astype(np.int64),
+        c_in.astype(np.int64),
+        c_out.astype(np.int64),
+        flip_in.astype(np.int64),
+        flip_out.astype(np.int64),
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _pretrained(seed: int, public: tuple[int, ...], spec: BackboneSpec) -> ResidualMLP:
+    data = load_digits()
+    index = np.asarray(public, dtype=np.int64)
+    return pretrain(
+        data.X[index],
+        data.y[index],
+        np.random.default_rng(seed),
+        width=spec.width,
+        hidden=spec.hidden,
+        n_blocks=spec.blocks,
+        epochs=spec.epochs,
+    )
+
+
+def pretrained_backbone(seed: int, public: IntArray, spec: BackboneSpec) -> ResidualMLP:
+    """The backbone pretrained on ``public`` (cached: arms of one seed share it).
+
+    Callers must not modify it (S3T and the learners here work on frozen copies).
+    """
+    return _pretrained(int(seed), tuple(int(i) for i in public), spec)
