@@ -1,0 +1,145 @@
+"""Measurement benchmark: certificate and attack across radii, and training cost.
+
+For every seed, the three trainings (standard, PGD, CIVET) run one after the other
+on the same split and initialisation seed, and each epoch is timed (median over
+epochs, so the ratio of CIVET's to standard training's epoch time is measured side
+by side in one run). Each trained VAE is then certified and attacked with
+:class:`~defenses.civet.attacks.JointPGD` at every evaluation radius, and judged by
+:meth:`~defenses.civet.scenario.CivetScenario.judge`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from defenses.civet.attacks import JointPGD
+from defenses.civet.baselines import PGDTraining
+from defenses.civet.certificate import certify
+from defenses.civet.defense import CivetTraining, certificate_metrics
+from defenses.harness import measurement
+from defenses.results import Result
+
+logger = logging.getLogger(__name__)
+
+VARIANTS = {"standard": "none", "pgd": "pgd", "civet": "civet"}
+SCENARIO_KEYS = (
+    "data",
+    "arch",
+    "latent_dim",
+    "eps",
+    "p",
+    "n_eval",
+    "epochs",
+    "batch_size",
+    "lr",
+    "beta",
+    "warmup",
+    "mc_samples",
+)
+
+
+def _floats(name: str, values: Any) -> list[float]:
+    items = values if isinstance(values, list | tuple) else [values]
+    out = [float(v) for v in items]
+    if not out or any(not 0 <= v <= 1 for v in out):
+        raise ValueError(
+            f"{name} must be a non-empty list of radii in [0, 1], got {values!r}"
+        )
+    return out
+
+
+def eps_sweep(params: Mapping[str, Any], seeds: Sequence[int]) -> Iterator[Result]:
+    """Train standard, PGD and CIVET VAEs; certify and attack them across radii.
+
+    Parameters (``params``)
+    -----------------------
+    eval_eps : list of float
+        Radii at which each model is certified and attacked.
+    methods : list of str
+        Subset of ``["standard", "pgd", "civet"]`` (standard is the reference
+        variant ``"none"``).
+    kappa : float
+        Final weight of the robust term of PGD and CIVET training.
+    attack_steps, attack_restarts : int
+        Budget of the joint PGD attack.
+    any :class:`~defenses.civet.scenario.CivetScenario` field
+        ``eps`` is the training radius.
+    """
+    from defenses.civet.scenario import CivetScenario
+
+    known = {"eval_eps", "methods", "kappa", "attack_steps", "attack_restarts"}
+    unknown = sorted(set(params) - known - set(SCENARIO_KEYS))
+    if unknown:
+        raise ValueError(
+            f"civet-eps: unknown parameter(s) {unknown}; "
+            f"accepted: {sorted(known | set(SCENARIO_KEYS))}"
+        )
+    radii = _floats("eval_eps", params.get("eval_eps", [0.0, 0.05, 0.1]))
+    methods = list(params.get("methods", list(VARIANTS)))
+    if not methods or any(m not in VARIANTS for m in methods):
+        raise ValueError(
+            f"methods must be a subset of {list(VARIANTS)}, got {methods!r}"
+        )
+    methods = [m for m in VARIANTS if m in methods]
+    scenario = CivetScenario(**{k: params[k] for k in SCENARIO_KEYS if k in params})
+    kappa = float(params.get("kappa", 0.5))
+    trainers: dict[str, CivetTraining | PGDTraining] = {
+        "pgd": PGDTraining(kappa=kappa),
+        "civet": CivetTraining(kappa=kappa),
+    }
+    attack = JointPGD(
+        steps=int(params.get("attack_steps", 50)),
+        restarts=int(params.get("attack_restarts", 2)),
+    )
+    for seed in tqdm(seeds, disable=None, desc="civet-eps", leave=False):
+        r_setup, r_fit, r_attack = (
+            np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
+        )
+        task = scenario.setup(r_setup)
+        fit_state = r_fit.bit_generator.state
+        reference_epoch: float | None = None
+        for method in methods:
+            learner = scenario.learner()
+            if method in trainers:
+                learner = trainers[method].wrap(learner)
+            r_fit.bit_generator.state = fit_state
+            system = learner.fit(task, r_fit)
+            epoch_s = system.log.seconds_per_epoch
+            if method == "standard":
+                reference_epoch = epoch_s
+            utility = scenario.utility(system, task)
+            for radius in radii:
+                at = dataclasses.replace(task, eps=radius)
+                view = scenario.expose(system, at, None)
+                guess = attack.run(view, r_attack)
+                success = scenario.judge(system, at, guess)
+                cert = certify(system.model, at.x_eval, radius, at.p)
+                cost = {
+                    "epoch_s": epoch_s,
+                    "train_s": float(sum(system.log.epoch_seconds)),
+                }
+                if reference_epoch is not None:
+                    cost["epoch_ratio"] = epoch_s / reference_epoch
+                yield measurement(
+                    "civet-eps",
+                    VARIANTS[method],
+                    seed,
+                    utility={
+                        "clean_loss": utility["clean_loss"],
+                        "mean_image_loss": utility["mean_image_loss"],
+                    },
+                    success=success,
+                    cost=cost,
+                    certificate=certificate_metrics(cert, at.reference_loss),
+                    params={
+                        **{k: v for k, v in params.items() if k != "eval_eps"},
+                        "eval_eps": radius,
+                        "method": method,
+                    },
+                )

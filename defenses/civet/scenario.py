@@ -1,0 +1,329 @@
+r"""Harness wiring of CIVET: white-box attacks on a VAE's reconstruction.
+
+The game: a VAE is trained on digits (or on synthetic clusters squashed into
+[0, 1]); the adversary reads its parameters and perturbs each evaluation input
+within :math:`B_\infty(x, \varepsilon) \cap [0, 1]^n` (and, for the joint attack,
+the latent noise inside the level-:math:`p` box :math:`[-k, k]^d`) to maximise the
+squared reconstruction error to the clean input. The judge measures the damage
+(attacked minus clean error, with common random numbers), checks the attack against
+the certificate of the deployed model (a deterministic loss above :math:`U_p`, or an
+expected loss provably above the expected-loss bound, is a *violation*) and runs the
+Monte-Carlo check of :math:`\Pr_\nu[\ell \le U_p] \ge p` at the attacked inputs.
+
+Every arm is certified the same way (``utility.certified_loss``), so the standard
+and PGD-trained VAEs show their (vacuous) certificates next to CIVET's.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from scipy.special import expit
+
+from defenses.civet import figures
+from defenses.civet.attacks import (
+    EOTPGD,
+    JointPGD,
+    LatentAttack,
+    MaxDamage,
+    VAEGuess,
+    VAEView,
+    fraction_under,
+    losses_at,
+)
+from defenses.civet.baselines import PGDTraining
+from defenses.civet.benchmark import eps_sweep
+from defenses.civet.certificate import certify
+from defenses.civet.defense import CivetTraining, TrainedVAE, VAELearner
+from defenses.civet.support import halfwidth
+from defenses.civet.training import TrainConfig
+from defenses.data import load_digits, make_identities, stratified_split
+from defenses.registry import register
+from defenses.threat import Budget, Capability, Goal, Knowledge, Stage, ThreatModel
+
+FloatArray = npt.NDArray[np.float64]
+
+for _attack in (JointPGD, EOTPGD, LatentAttack, MaxDamage):
+    register("attacks", _attack.name)(_attack)
+register("defenses", CivetTraining.name)(CivetTraining)
+register("defenses", PGDTraining.name)(PGDTraining)
+register("benchmarks", "civet-eps")(eps_sweep)
+register("figures", "civet")(figures.draw)
+
+DATASETS = ("digits", "blobs")
+TOLERANCE = 1e-6
+HOEFFDING_DELTA = 0.01
+
+
+def load_images(name: str, rng: np.random.Generator) -> tuple[FloatArray, np.ndarray]:
+    """Rows in [0, 1] and labels: sklearn digits, or 10 synthetic 64-d clusters.
+
+    ``blobs``: :func:`defenses.data.make_identities` (10 prototypes, 150 samples
+    each, spread 0.6) passed through a logistic squash :math:`1/(1 + e^{-1.5x})`.
+    """
+    if name == "digits":
+        data = load_digits()
+        return data.X, data.y
+    if name == "blobs":
+        data, _ = make_identities(rng, n_classes=10, dim=64, per_class=150, spread=0.6)
+        return np.asarray(expit(1.5 * data.X), dtype=np.float64), data.y
+    raise ValueError(f"unknown data set {name!r}; available: {DATASETS}")
+
+
+@dataclass(frozen=True)
+class VAETask:
+    """Training rows, the inputs under attack, the budget and the judge's seed."""
+
+    train: FloatArray
+    x_eval: FloatArray
+    eps: float
+    p: float
+    image_shape: tuple[int, int] | None
+    judge_seed: int
+    reference_loss: FloatArray
+
+
+@register("scenarios", "civet-vae")
+@dataclass(frozen=True)
+class CivetScenario:
+    """White-box L-infinity attacks on a VAE's reconstruction.
+
+    Parameters
+    ----------
+    data : {"digits", "blobs"}
+        Data set (``blobs`` is synthetic, see :func:`load_images`).
+    arch : {"mlp", "conv"}
+        VAE architecture ("conv" needs digits).
+    latent_dim : int
+        Latent dimension, >= 1.
+    hidden : tuple of int
+        Encoder widths (mirrored by the decoder).
+    eps : float
+        Attack radius (L-infinity) in [0, 1]; also the default training radius.
+    p : float
+        Level of the certificate, in (0, 1).
+    train_fraction : float
+        Fraction of the data used for training, in (0, 1).
+    n_eval : int
+        Held-out inputs attacked and certified, >= 1.
+    epochs, batch_size : int
+        Training length and mini-batch size.
+    lr, beta : float
+        Adam learning rate and KL weight.
+    warmup : int
+        Epochs before the eps/kappa ramp of the robust trainings.
+    mc_samples : int
+        Latent draws per input of the judge's Monte-Carlo estimates, >= 1.
+    """
+
+    name: ClassVar[str] = "civet-vae"
+    headline: ClassVar[tuple[str, str]] = ("certified_loss", "damage")
+    chance: ClassVar[Mapping[str, float]] = {
+        "damage": 0.0,
+        "violation_rate": 0.0,
+        "mc_violation_rate": 0.0,
+    }
+    data: str = "digits"
+    arch: str = "mlp"
+    latent_dim: int = 4
+    hidden: tuple[int, ...] = (64, 32)
+    eps: float = 0.1
+    p: float = 0.95
+    train_fraction: float = 0.8
+    n_eval: int = 100
+    epochs: int = 60
+    batch_size: int = 64
+    lr: float = 2e-3
+    beta: float = 0.05
+    warmup: int = 5
+    mc_samples: int = 256
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden", tuple(self.hidden))
+        if self.data not in DATASETS:
+            raise ValueError(
+                f"CivetScenario.data must be one of {DATASETS}, got {self.data!r}"
+            )
+        if self.arch not in ("mlp", "conv"):
+            raise ValueError(
+                f"CivetScenario.arch must be 'mlp' or 'conv', got {self.arch!r}"
+            )
+        if self.arch == "conv" and self.data != "digits":
+            raise ValueError("CivetScenario.arch='conv' needs data='digits' (images)")
+        if not (isinstance(self.eps, int | float) and 0 <= self.eps <= 1):
+            raise ValueError(f"CivetScenario.eps must lie in [0, 1], got {self.eps!r}")
+        if not (isinstance(self.p, float) and 0 < self.p < 1):
+            raise ValueError(f"CivetScenario.p must lie in (0, 1), got {self.p!r}")
+        if not (isinstance(self.train_fraction, float) and 0 < self.train_fraction < 1):
+            raise ValueError(
+                "CivetScenario.train_fraction must lie in (0, 1), "
+                f"got {self.train_fraction!r}"
+            )
+        for name in ("n_eval", "mc_samples", "latent_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"CivetScenario.{name} must be an int >= 1, got {value!r}"
+                )
+        self.train_config()
+
+    def train_config(self) -> TrainConfig:
+        """Training hyper-parameters shared by every arm (validated there)."""
+        try:
+            return TrainConfig(
+                epochs=self.epochs,
+                batch_size=self.batch_size,
+                lr=self.lr,
+                beta=self.beta,
+                eps=float(self.eps),
+                warmup=self.warmup,
+            )
+        except ValueError as error:
+            raise ValueError(f"CivetScenario: {error}") from error
+
+    @property
+    def threat(self) -> ThreatModel:
+        """White-box integrity attack on the deployed VAE within an L-inf ball."""
+        return ThreatModel(
+            goal=Goal.INTEGRITY,
+            stage=Stage.DEPLOYMENT,
+            knowledge=Knowledge.WHITE_BOX,
+            capabilities=frozenset({Capability.READ_PARAMETERS}),
+            budget=Budget(radius=float(self.eps), norm="linf"),
+            adaptive=True,
+        )
+
+    def setup(self, rng: np.random.Generator) -> VAETask:
+        """Split the data; pick the attacked inputs and the judge's seed."""
+        X, y = load_images(self.data, rng)
+        train_i, test_i = stratified_split(
+            y, [self.train_fraction, 1 - self.train_fraction], rng
+        )
+        if self.n_eval > test_i.size:
+            raise ValueError(
+                f"CivetScenario.n_eval={self.n_eval} exceeds the {test_i.size} "
+                "held-out inputs"
+            )
+        x_eval = X[rng.permutation(test_i)[: self.n_eval]]
+        mean_image = X[train_i].mean(axis=0)
+        return VAETask(
+            train=X[train_i],
+            x_eval=x_eval,
+            eps=float(self.eps),
+            p=float(self.p),
+            image_shape=(8, 8) if self.arch == "conv" else None,
+            judge_seed=int(rng.integers(2**62)),
+            reference_loss=((x_eval - mean_image) ** 2).sum(axis=1),
+        )
+
+    def learner(self) -> VAELearner:
+        """The undefended learner: standard VAE training."""
+        return VAELearner(
+            arch=self.arch,
+            latent_dim=self.latent_dim,
+            hidden=self.hidden,
+            method="standard",
+            config=self.train_config(),
+        )
+
+    def _noise(self, task: VAETask, salt: int) -> torch.Tensor:
+        generator = torch.Generator()
+        generator.manual_seed((task.judge_seed + salt) % 2**62)
+        shape = (self.mc_samples, task.x_eval.shape[0], self.latent_dim)
+        return torch.randn(shape, generator=generator, dtype=torch.float64)
+
+    def utility(self, system: TrainedVAE, task: VAETask) -> dict[str, float]:
+        """Clean expected error, the certificate, and the mean-image reference."""
+        model = copy.deepcopy(system.model).double().eval()
+        x = torch.as_tensor(task.x_eval)
+        clean = losses_at(model, x, x, self._noise(task, 0)).mean(dim=0)
+        cert = certify(system.model, task.x_eval, task.eps, task.p)
+        return {
+            "clean_loss": float(clean.mean()),
+            "certified_loss": float(np.mean(cert.bound)),
+            "certified_expected_loss": float(np.mean(cert.expected_bound)),
+            "mean_image_loss": float(np.mean(task.reference_loss)),
+        }
+
+    def expose(
+        self, system: TrainedVAE, task: VAETask, known_defense: object | None
+    ) -> VAEView:
+        """A copy of the model, the inputs to attack and the budget."""
+        return VAEView(
+            model=copy.deepcopy(system.model).eval(),
+            x=task.x_eval.copy(),
+            eps=task.eps,
+            k=halfwidth(task.p, system.model.latent_dim),
+            p=task.p,
+        )
+
+    def _admissible(self, guess: VAEGuess, task: VAETask, k: float) -> FloatArray:
+        x_adv = np.asarray(guess.x_adv, dtype=np.float64)
+        if x_adv.shape != task.x_eval.shape or not np.all(np.isfinite(x_adv)):
+            raise ValueError(
+                f"guess.x_adv must be finite with shape {task.x_eval.shape}, "
+                f"got {x_adv.shape}"
+            )
+        step = float(np.max(np.abs(x_adv - task.x_eval)))
+        if step > task.eps + TOLERANCE:
+            raise ValueError(f"guess.x_adv moves {step:.6g} > eps={task.eps}")
+        if x_adv.min() < -TOLERANCE or x_adv.max() > 1 + TOLERANCE:
+            raise ValueError("guess.x_adv leaves the input domain [0, 1]")
+        if guess.nu is not None:
+            nu = np.asarray(guess.nu, dtype=np.float64)
+            if nu.shape != (task.x_eval.shape[0], self.latent_dim):
+                raise ValueError(
+                    f"guess.nu must have shape ({task.x_eval.shape[0]}, "
+                    f"{self.latent_dim}), got {nu.shape}"
+                )
+            if not np.all(np.abs(nu) <= k + TOLERANCE):
+                raise ValueError(f"guess.nu leaves the noise box [-{k:.4g}, {k:.4g}]")
+        return np.clip(x_adv, 0.0, 1.0)
+
+    def judge(
+        self, system: TrainedVAE, task: VAETask, guess: VAEGuess | None
+    ) -> dict[str, float]:
+        """Damage, attacked error, certificate violations and the MC check."""
+        if guess is None:
+            raise ValueError("the VAE game needs a guess")
+        k = halfwidth(task.p, self.latent_dim)
+        x_adv = torch.as_tensor(self._admissible(guess, task, k))
+        x = torch.as_tensor(task.x_eval)
+        model = copy.deepcopy(system.model).double().eval()
+        cert = certify(system.model, task.x_eval, task.eps, task.p)
+        noise = self._noise(task, 1)
+        sampled = losses_at(model, x_adv, x, noise)
+        if guess.nu is not None:
+            nu = torch.as_tensor(np.asarray(guess.nu, dtype=np.float64))
+            with torch.no_grad():
+                attacked = ((model(x_adv, nu) - x) ** 2).sum(dim=1).numpy()
+                clean = ((model(x, nu) - x) ** 2).sum(dim=1).numpy()
+            violated = attacked > cert.bound + TOLERANCE * (1 + cert.bound)
+        else:
+            attacked = sampled.mean(dim=0).numpy()
+            clean = losses_at(model, x, x, noise).mean(dim=0).numpy()
+            margin = cert.ceiling * math.sqrt(
+                math.log(1 / HOEFFDING_DELTA) / (2 * self.mc_samples)
+            )
+            violated = attacked - margin > cert.expected_bound
+        check = fraction_under(sampled.numpy(), cert.bound, task.p)
+        return {
+            "damage": float(np.mean(attacked - clean)),
+            "attack_loss": float(np.mean(attacked)),
+            "bound_tightness": float(np.mean(attacked) / np.mean(cert.bound)),
+            "violation_rate": float(np.mean(violated)),
+            "mc_violation_rate": float(np.mean(check.violated)),
+            "mc_over_rate": float(np.mean(1 - check.under)),
+            "mc_over_max": float(np.max(1 - check.under)),
+        }
+
+    def random_guess(self, task: VAETask, rng: np.random.Generator) -> VAEGuess:
+        """The null perturbation (no damage by construction): the chance level."""
+        return VAEGuess(task.x_eval.copy())

@@ -1,0 +1,111 @@
+r"""Support sets at the latent layer (Xu et al., ICLR 2025, "Support is All You Need").
+
+**Support-set lemma.** If a set :math:`S` satisfies :math:`\Pr_\nu[z \in S] \ge p`
+for every admissible input :math:`x'`, then
+:math:`U_p = \sup_{z \in S} \ell(D(z), y)` bounds the loss with probability at
+least :math:`p`, for every :math:`x'` at once.
+
+**Box support.** With encoder bounds :math:`\mu \in [\mu^l, \mu^u]` and
+:math:`\sigma \le \sigma^u` over the input ball, take
+
+.. math::  k = \Phi^{-1}\!\left(\tfrac{1 + p^{1/d}}{2}\right), \qquad
+           S_p = \prod_i [\mu^l_i - k\sigma^u_i,\; \mu^u_i + k\sigma^u_i].
+
+If :math:`|\nu_i| \le k` for all :math:`i` then :math:`z \in S_p`, so
+:math:`\Pr[z \in S_p] \ge (2\Phi(k) - 1)^d = p`. :math:`S_p` is also the interval
+image of the joint box :math:`B \times [-k, k]^d` through
+:math:`(x', \nu) \mapsto \mu(x') + \sigma(x') \odot \nu`, which is what the joint
+attack searches.
+
+**Expected loss (layer cake).** For nested supports with masses
+:math:`p_1 < \dots < p_m`, bounds :math:`U_1 \le \dots \le U_m` and a loss bounded
+by :math:`L_{\max}`,
+
+.. math::  \sup_{x'} \mathbb E_\nu[\ell] \le \sum_j (p_j - p_{j-1})\, U_j
+           + (1 - p_m) L_{\max}, \qquad p_0 = 0.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Sequence
+
+import torch
+from scipy import stats
+
+from defenses.civet._util import check_probability
+from defenses.civet.bounds import Box
+
+
+@functools.lru_cache(maxsize=256)
+def halfwidth(p: float, latent_dim: int) -> float:
+    r"""Per-dimension half-width :math:`k = \Phi^{-1}((1 + p^{1/d}) / 2)`.
+
+    The box :math:`[-k, k]^d` holds mass exactly ``p`` under :math:`N(0, I_d)`.
+    """
+    check_probability(p)
+    if (
+        isinstance(latent_dim, bool)
+        or not isinstance(latent_dim, int)
+        or latent_dim < 1
+    ):
+        raise ValueError(f"latent_dim must be an int >= 1, got {latent_dim!r}")
+    return float(stats.norm.ppf((1.0 + p ** (1.0 / latent_dim)) / 2.0))
+
+
+def box_mass(k: float, latent_dim: int) -> float:
+    r"""Standard-normal mass of :math:`[-k, k]^d`, :math:`(2\Phi(k) - 1)^d`."""
+    if not k >= 0:
+        raise ValueError(f"k must be >= 0, got {k!r}")
+    return float((2.0 * stats.norm.cdf(k) - 1.0) ** latent_dim)
+
+
+def support_box(mu: Box, sigma_upper: torch.Tensor, k: float) -> Box:
+    r"""The support box :math:`[\mu^l - k\sigma^u, \mu^u + k\sigma^u]`."""
+    if not k >= 0:
+        raise ValueError(f"k must be >= 0, got {k!r}")
+    return Box(mu.lower - k * sigma_upper, mu.upper + k * sigma_upper).validate()
+
+
+def check_levels(levels: Sequence[float]) -> tuple[float, ...]:
+    """Validate nested support levels: strictly increasing, each in (0, 1)."""
+    out = tuple(check_probability(q, "level") for q in levels)
+    if not out:
+        raise ValueError("levels must not be empty")
+    if any(b <= a for a, b in itertools.pairwise(out)):
+        raise ValueError(f"levels must be strictly increasing, got {list(levels)!r}")
+    return out
+
+
+def layer_cake_weights(levels: Sequence[float]) -> torch.Tensor:
+    """Weights :math:`p_j - p_{j-1}` of the nested-support expected-loss bound."""
+    q = torch.tensor((0.0, *check_levels(levels)), dtype=torch.float64)
+    return q[1:] - q[:-1]
+
+
+def expected_bound(
+    levels: Sequence[float], bounds: torch.Tensor, l_max: torch.Tensor | float
+) -> torch.Tensor:
+    r"""Certified bound on the worst-case expected loss from nested supports.
+
+    Parameters
+    ----------
+    levels : sequence of float
+        Masses :math:`p_1 < \dots < p_m` of the nested supports.
+    bounds : torch.Tensor of shape (m, n)
+        :math:`U_j` per level and input (non-decreasing in ``j``; a running max
+        is taken, which keeps the bound sound).
+    l_max : float or tensor of shape (n,)
+        Largest value the loss can take.
+    """
+    weights = layer_cake_weights(levels).to(bounds.dtype)
+    if bounds.ndim != 2 or bounds.shape[0] != weights.shape[0]:
+        raise ValueError(
+            f"bounds must have shape ({weights.shape[0]}, n), got {tuple(bounds.shape)}"
+        )
+    monotone = torch.cummax(bounds, dim=0).values
+    limit = torch.as_tensor(l_max, dtype=bounds.dtype)
+    capped = torch.minimum(monotone, limit)
+    tail = 1.0 - float(levels[-1])
+    return (weights[:, None] * capped).sum(dim=0) + tail * limit

@@ -1,0 +1,133 @@
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from defenses.civet.certificate import certify
+from defenses.civet.model import sse
+from defenses.civet.support import halfwidth
+from tests.defenses.civet.helpers import generator, inputs, small_vae
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 1000), eps=st.floats(0.0, 0.3), p=st.floats(0.3, 0.99))
+def test_sampled_inputs_and_noise_in_the_support_stay_under_the_bound(
+    seed: int, eps: float, p: float
+) -> None:
+    model = small_vae(seed).double()
+    x = inputs(seed, 4)
+    cert = certify(model, x, eps, p)
+    k = halfwidth(p, 2)
+    g = generator(seed)
+    xt = torch.as_tensor(x)
+    for _ in range(5):
+        x_adv = (
+            xt + eps * (2 * torch.rand(xt.shape, generator=g, dtype=torch.float64) - 1)
+        ).clamp(0, 1)
+        nu = k * (2 * torch.rand((4, 2), generator=g, dtype=torch.float64) - 1)
+        with torch.no_grad():
+            loss = sse(model(x_adv, nu), xt).numpy()
+        assert np.all(loss <= cert.bound + 1e-9)
+
+
+def test_bound_grows_with_eps_and_p() -> None:
+    model, x = small_vae(1), inputs(1)
+    small = certify(model, x, 0.01, 0.9).bound
+    wider = certify(model, x, 0.1, 0.9).bound
+    likelier = certify(model, x, 0.01, 0.99).bound
+    assert np.all(wider >= small - 1e-12)
+    assert np.all(likelier >= small - 1e-12)
+    assert wider.mean() > small.mean()
+
+
+def test_certificate_fields_are_consistent() -> None:
+    model, x = small_vae(2), inputs(2)
+    cert = certify(model, x, 0.05, 0.95)
+    assert cert.bound.shape == (6,)
+    assert cert.latent_lower.shape == (6, 2)
+    assert np.all(cert.bound <= cert.ceiling + 1e-12)
+    assert np.all(cert.expected_bound <= cert.ceiling + 1e-12)
+    assert np.all(cert.latent_lower <= cert.latent_upper)
+    assert cert.k == pytest.approx(halfwidth(0.95, 2))
+    assert 0.95 in cert.levels
+    # ceiling: sum over pixels of max(x^2, (1-x)^2) for sigmoid outputs
+    assert cert.ceiling == pytest.approx(np.maximum(x**2, (1 - x) ** 2).sum(axis=1))
+
+
+def test_certify_leaves_the_model_unchanged() -> None:
+    model, x = small_vae(3), inputs(3)
+    before = copy.deepcopy(model.state_dict())
+    certify(model, x, 0.1, 0.9)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert next(model.parameters()).dtype == torch.float32
+
+
+def test_certify_accepts_tensors_and_arrays_alike() -> None:
+    model, x = small_vae(4), inputs(4)
+    a = certify(model, x, 0.1).bound
+    b = certify(model, torch.as_tensor(x), 0.1).bound
+    assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"eps": -0.1}, ValueError, "eps must be finite and >= 0"),
+        ({"eps": float("inf")}, ValueError, "eps must be finite"),
+        ({"eps": "0.1"}, TypeError, "eps must be a number"),
+        ({"p": 0.0}, ValueError, r"p must lie in the open interval \(0, 1\)"),
+        ({"p": 1.0}, ValueError, r"p must lie in the open interval"),
+        ({"p": 1.2}, ValueError, r"p must lie in the open interval"),
+        ({"levels": (0.9, 0.5)}, ValueError, "increasing"),
+    ],
+)
+def test_certify_rejects_bad_parameters(
+    kwargs: dict[str, object], error: type[Exception], match: str
+) -> None:
+    args: dict[str, object] = {"eps": 0.1, "p": 0.9}
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        certify(small_vae(), inputs(), **args)  # type: ignore[arg-type]
+
+
+def test_certify_rejects_bad_inputs() -> None:
+    model, x = small_vae(), inputs()
+    nan = x.copy()
+    nan[0, 3] = np.nan
+    with pytest.raises(ValueError, match="NaN or inf"):
+        certify(model, nan, 0.1)
+    with pytest.raises(ValueError, match=r"input domain \[0.0, 1.0\]"):
+        certify(model, x + 1.0, 0.1)
+    with pytest.raises(ValueError, match=r"input domain"):
+        certify(model, x - 0.5, 0.1)
+    with pytest.raises(ValueError, match=r"shape \(n, 16\)"):
+        certify(model, x[:, :8], 0.1)
+    with pytest.raises(ValueError, match=r"shape \(n, 16\)"):
+        certify(model, np.zeros((0, 16)), 0.1)
+
+
+def test_unsupported_layer_in_a_model_is_refused() -> None:
+    from torch import nn
+
+    from defenses.civet.bounds import UnsupportedLayerError
+    from defenses.civet.model import VAE
+
+    with pytest.raises(UnsupportedLayerError, match="SiLU"):
+        VAE(
+            nn.Sequential(nn.Linear(4, 3), nn.SiLU()),
+            nn.Linear(3, 2),
+            nn.Linear(3, 2),
+            nn.Sequential(nn.Linear(2, 4), nn.Sigmoid()),
+            n_features=4,
+            latent_dim=2,
+        )
+    model = small_vae()
+    model.decoder.append(nn.GELU())
+    with pytest.raises(UnsupportedLayerError, match="GELU"):
+        certify(model, inputs(), 0.1)
