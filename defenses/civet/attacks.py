@@ -125,8 +125,8 @@ def _inputs(view: VAEView) -> torch.Tensor:
     return as_inputs(view.x, view.model.n_features, view.model.domain)
 
 
-def _check(owner: str, steps: int, restarts: int = 1, threads: int = 1) -> None:
-    for name, value in (("steps", steps), ("restarts", restarts), ("threads", threads)):
+def _check(owner: str, **values: int) -> None:
+    for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{owner}.{name} must be an int >= 1, got {value!r}")
 
@@ -155,7 +155,9 @@ class JointPGD:
     threads: int = 1
 
     def __post_init__(self) -> None:
-        _check("JointPGD", self.steps, self.restarts, self.threads)
+        _check(
+            "JointPGD", steps=self.steps, restarts=self.restarts, threads=self.threads
+        )
 
     def run(self, view: VAEView, rng: np.random.Generator) -> VAEGuess:
         """Return the worst (input, noise) pair found for each row."""
@@ -215,7 +217,7 @@ class EOTPGD:
     threads: int = 1
 
     def __post_init__(self) -> None:
-        _check("EOTPGD", self.steps, self.samples, self.threads)
+        _check("EOTPGD", steps=self.steps, samples=self.samples, threads=self.threads)
 
     def run(self, view: VAEView, rng: np.random.Generator) -> VAEGuess:
         """Return the input that maximised the estimated expected loss per row."""
@@ -262,7 +264,7 @@ class LatentAttack:
     threads: int = 1
 
     def __post_init__(self) -> None:
-        _check("LatentAttack", self.steps, 1, self.threads)
+        _check("LatentAttack", steps=self.steps, threads=self.threads)
 
     def run(self, view: VAEView, rng: np.random.Generator) -> VAEGuess:
         """Return inputs whose posterior is closest to their targets' posteriors."""
@@ -312,7 +314,7 @@ class MaxDamage:
     threads: int = 1
 
     def __post_init__(self) -> None:
-        _check("MaxDamage", self.steps, 1, self.threads)
+        _check("MaxDamage", steps=self.steps, threads=self.threads)
 
     def run(self, view: VAEView, rng: np.random.Generator) -> VAEGuess:
         """Return the inputs that moved the mean reconstruction the most."""
@@ -418,7 +420,7 @@ def mc_check(
         fails when the whole interval lies below ``p``.
     """
     check_probability(p)
-    _check("mc_check", samples)
+    _check("mc_check", samples=samples)
     clean = as_inputs(x, model.n_features, model.domain)
     adv = as_inputs(x_adv, model.n_features, model.domain)
     if adv.shape != clean.shape:

@@ -24,10 +24,10 @@ def inputs(seed: int = 0, n: int = 6) -> np.ndarray:
 TINY = CivetScenario(
     data="digits",
     n_eval=12,
-    epochs=8,
+    epochs=5,
     batch_size=64,
-    lr=0.01,
-    train_fraction=0.3,
+    lr=0.02,
+    train_fraction=0.2,
     eps=0.2,
     hidden=(32,),
     latent_dim=2,

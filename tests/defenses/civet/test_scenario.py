@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from defenses import registry
+from defenses.civet.attacks import EOTPGD, JointPGD, LatentAttack, MaxDamage, VAEGuess
+from defenses.civet.baselines import PGDTraining
+from defenses.civet.defense import CivetTraining, VAELearner
+from defenses.civet.scenario import CivetScenario
+from defenses.registry import available, create
+from defenses.testing import check_pair
+from tests.defenses.civet.helpers import TINY
+
+ATTACKS = [
+    JointPGD(steps=10, restarts=1),
+    EOTPGD(steps=10, samples=2),
+    LatentAttack(steps=10),
+    MaxDamage(steps=10),
+]
+DEFENSES = [CivetTraining(), PGDTraining(steps=2)]
+
+
+@pytest.mark.parametrize("attack", ATTACKS, ids=lambda a: a.name)
+@pytest.mark.parametrize("defense", DEFENSES, ids=lambda d: d.name)
+def test_check_pair(attack, defense) -> None:
+    undefended, defended = check_pair(TINY, attack, defense)
+    assert undefended.success["violation_rate"] == 0.0
+    assert defended.success["violation_rate"] == 0.0
+    assert defended.certificate["bound"] == pytest.approx(
+        defended.utility["certified_loss"]
+    )
+
+
+def test_civet_arm_certifies_tighter_than_the_undefended_arm() -> None:
+    undefended, defended = check_pair(TINY, ATTACKS[0], CivetTraining())
+    assert defended.utility["certified_loss"] < undefended.utility["certified_loss"]
+    assert defended.success["damage"] < undefended.success["damage"]
+
+
+def test_everything_is_registered_under_the_prefix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # only this package's registrations (importing the scenario module made them)
+    monkeypatch.setattr(registry, "_discovered", True)
+    assert "civet-vae" in available("scenarios")
+    for name in (
+        "civet-joint-pgd",
+        "civet-eot-pgd",
+        "civet-latent",
+        "civet-max-damage",
+    ):
+        assert name in available("attacks")
+    assert {"civet-train", "civet-pgd-train"} <= set(available("defenses"))
+    assert "civet-eps" in available("benchmarks")
+    assert "civet" in available("figures")
+    scenario = create("scenarios", "civet-vae", {"eps": 0.05, "hidden": [16, 8]})
+    assert scenario.hidden == (16, 8)
+
+
+def test_wrap_keeps_the_learner_and_changes_the_method() -> None:
+    learner = TINY.learner()
+    wrapped = CivetTraining(eps=0.05, kappa=0.3).wrap(learner)
+    assert learner.method == "standard"
+    assert wrapped.method == "civet"
+    assert wrapped.config.eps == 0.05
+    assert wrapped.config.kappa == 0.3
+    assert PGDTraining().wrap(learner).method == "pgd"
+    assert PGDTraining().wrap(learner).config.eps == TINY.eps
+    with pytest.raises(TypeError, match="needs a VAELearner"):
+        CivetTraining().wrap(object())  # type: ignore[arg-type]
+
+
+def test_judge_refuses_inadmissible_guesses() -> None:
+    rng = np.random.default_rng(0)
+    task = TINY.setup(rng)
+    system = TINY.learner().fit(task, rng)
+    with pytest.raises(ValueError, match="moves"):
+        TINY.judge(system, task, VAEGuess(np.clip(task.x_eval + 0.5, 0, 1)))
+    nu = np.full((task.x_eval.shape[0], 2), 10.0)
+    with pytest.raises(ValueError, match="noise box"):
+        TINY.judge(system, task, VAEGuess(task.x_eval, nu))
+    with pytest.raises(ValueError, match="shape"):
+        TINY.judge(system, task, VAEGuess(task.x_eval[:3]))
+    with pytest.raises(ValueError, match="needs a guess"):
+        TINY.judge(system, task, None)
+
+
+def test_null_guess_scores_exactly_chance() -> None:
+    rng = np.random.default_rng(0)
+    task = TINY.setup(rng)
+    system = TINY.learner().fit(task, rng)
+    scores = TINY.judge(system, task, TINY.random_guess(task, rng))
+    assert scores["damage"] == 0.0
+    assert scores["attack_loss"] == pytest.approx(
+        TINY.utility(system, task)["clean_loss"], rel=0.3
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"data": "mnist"}, "data must be one of"),
+        ({"arch": "resnet"}, "arch must be 'mlp' or 'conv'"),
+        ({"arch": "conv", "data": "blobs"}, "needs data='digits'"),
+        ({"eps": -0.1}, r"eps must lie in \[0, 1\]"),
+        ({"p": 1.0}, r"p must lie in \(0, 1\)"),
+        ({"n_eval": 0}, "n_eval must be an int >= 1"),
+        ({"epochs": 0}, "epochs must be an int >= 1"),
+        ({"train_fraction": 1.0}, "train_fraction"),
+    ],
+)
+def test_scenario_rejects_bad_parameters(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        CivetScenario(**kwargs)  # type: ignore[arg-type]
+
+
+def test_defense_parameters_are_validated() -> None:
+    with pytest.raises(ValueError, match="kappa must lie in"):
+        CivetTraining(kappa=2.0)
+    with pytest.raises(ValueError, match="eps"):
+        CivetTraining(eps=-1.0)
+    with pytest.raises(ValueError, match="levels"):
+        CivetTraining(levels=(0.9, 0.2))
+    with pytest.raises(ValueError, match="steps must be an int >= 1"):
+        PGDTraining(steps=0)
+    with pytest.raises(ValueError, match="arch"):
+        VAELearner(arch="rnn")
+
+
+def test_conv_architecture_trains_and_certifies() -> None:
+    scenario = dataclasses.replace(TINY, arch="conv", epochs=2)
+    rng = np.random.default_rng(0)
+    task = scenario.setup(rng)
+    system = CivetTraining().wrap(scenario.learner()).fit(task, rng)
+    utility = scenario.utility(system, task)
+    assert 0 < utility["certified_loss"] <= 64
+    assert utility["clean_loss"] <= utility["certified_loss"]
