@@ -1,0 +1,437 @@
+r"""Closed-form KL projection onto an L1 ball around a distribution (water-filling).
+
+For each row, with :math:`f, q \in \Delta_K` and a budget :math:`B \ge 0`, solve
+
+.. math::
+
+    p^\star = \arg\min_{p \in \Delta_K} \mathrm{KL}(p \,\|\, q)
+    \quad \text{s.t.} \quad \lVert p - f \rVert_1 \le B,
+
+problem (6) of Zhuang et al., *Stealthy Shield Defense: A Conditional Mutual
+Information-Based Approach against Black-Box Model Inversion Attacks*, ICLR 2025,
+solved in closed form as in their Appendix B:
+
+* if :math:`\lVert q - f \rVert_1 \le B` then :math:`p^\star = q` (the trivial case);
+* otherwise the budget is spent exactly, half raising the coordinates where
+  :math:`q_i > f_i` and half lowering the others, and
+
+  .. math::
+
+      p^\star_i = \min\bigl(\max(f_i, w_A q_i),\; w_B q_i\bigr), \qquad
+      \sum_i (w_A q_i - f_i)_+ = \tfrac B2, \qquad
+      \sum_i (f_i - w_B q_i)_+ = \tfrac B2,
+
+  with :math:`0 < w_A < 1 < w_B`. Both sums are piecewise linear in the level
+  :math:`w` with breakpoints at the ratios :math:`r_i = f_i / q_i`, so one sort of the
+  ratios and prefix sums give both levels: :math:`O(K \log K)` per row.
+
+The numpy version sorts the ratios once per row (the column index rides in the
+lowest mantissa bits of the ratio, so one float sort yields the permutation), builds
+prefix sums of :math:`f` and :math:`q` and a suffix sum of :math:`q` in ratio order, and
+locates each level by a vectorized binary search over the breakpoints. There is no
+Python loop over rows. The torch version follows the paper's GPU algorithm (Alg. 3)
+with dense masks. Both compute in float64 and return the input's dtype.
+
+Entries of ``q`` below ``floor`` are raised to ``floor`` and the rows renormalised:
+:math:`\mathrm{KL}(p \| q)` is infinite wherever :math:`q_i = 0 < p_i`, so a zero
+(e.g. a float32 underflow) would make the problem infeasible for small budgets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import overload
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+FloatArray = npt.NDArray[np.float64]
+
+FLOOR = 1e-12
+"""Smallest entry of ``q`` used in the projection (zeros are raised to it)."""
+
+_MAX_COLUMNS = 1 << 20
+
+
+def sum_tolerance(dtype: np.dtype[np.floating] | torch.dtype, n_classes: int) -> float:
+    """Tolerance on ``|sum(row) - 1|`` for probability rows of a given dtype.
+
+    float64 rows must sum to one within ``1e-6``; lower precisions within
+    ``1e-6 + 8 * eps * K`` (a float32 softmax over 1000 classes sums to one only to
+    about ``1e-5``).
+    """
+    eps = (
+        torch.finfo(dtype).eps
+        if isinstance(dtype, torch.dtype)
+        else np.finfo(dtype).eps
+    )
+    if eps < 1e-15:
+        return 1e-6
+    return float(1e-6 + 8.0 * eps * n_classes)
+
+
+def check_probabilities(name: str, values: FloatArray, tolerance: float) -> None:
+    """Raise ValueError unless ``values`` has finite, non-negative rows summing to 1.
+
+    Parameters
+    ----------
+    name : str
+        What the array is called in the error message.
+    values : ndarray of shape (N, K)
+        The rows to check.
+    tolerance : float
+        Largest allowed ``|sum(row) - 1|``.
+    """
+    if values.ndim != 2 or values.shape[1] == 0:
+        raise ValueError(
+            f"{name} must have shape (N, K) with K >= 1, got {values.shape}"
+        )
+    if values.size == 0:
+        return
+    sums = values.sum(axis=1)
+    if not np.isfinite(sums).all():
+        raise ValueError(f"{name} contains NaN or inf")
+    if values.min() < 0:
+        raise ValueError(f"{name} has negative entries (min {values.min():.3g})")
+    worst = int(np.argmax(np.abs(sums - 1.0)))
+    if abs(sums[worst] - 1.0) > tolerance:
+        raise ValueError(
+            f"{name} rows must sum to 1 (within {tolerance:.1e}); row {worst} sums "
+            f"to {sums[worst]!r}"
+        )
+
+
+def _check_budget(budget: FloatArray, n: int) -> None:
+    if budget.shape != (n,):
+        raise ValueError(f"budget must have shape ({n},), got {budget.shape}")
+    if not np.all(np.isfinite(budget)):
+        raise ValueError("budget contains NaN or inf")
+    if budget.size and budget.min() < 0:
+        raise ValueError(f"budget must be >= 0, got min {budget.min()!r}")
+
+
+def _floored(q: FloatArray) -> FloatArray:
+    """Raise entries below :data:`FLOOR` and renormalise the rows that changed."""
+    if q.size == 0 or q.min() >= FLOOR:
+        return q
+    low = np.any(q < FLOOR, axis=1)
+    fixed = q.copy()
+    rows = np.maximum(fixed[low], FLOOR)
+    fixed[low] = rows / rows.sum(axis=1, keepdims=True)
+    return fixed
+
+
+def _prepare(
+    f: npt.ArrayLike, q: npt.ArrayLike, budget: npt.ArrayLike
+) -> tuple[FloatArray, FloatArray, FloatArray, np.dtype[np.floating]]:
+    f_in = np.asarray(f)
+    q_in = np.asarray(q)
+    dtype = np.result_type(f_in.dtype, q_in.dtype, np.float32)
+    if not np.issubdtype(dtype, np.floating):
+        raise ValueError(
+            f"f and q must be real arrays, got {f_in.dtype} and {q_in.dtype}"
+        )
+    f64 = np.asarray(f_in, dtype=np.float64)
+    q64 = np.asarray(q_in, dtype=np.float64)
+    if f64.ndim != 2 or f64.shape != q64.shape or f64.shape[1] == 0:
+        raise ValueError(
+            f"f and q must have the same shape (N, K) with K >= 1, got {f64.shape} and "
+            f"{q64.shape}"
+        )
+    if f64.shape[1] >= _MAX_COLUMNS:
+        raise ValueError(f"K must be < {_MAX_COLUMNS}, got {f64.shape[1]}")
+    tol = sum_tolerance(np.dtype(dtype), f64.shape[1])
+    check_probabilities("f", f64, tol)
+    check_probabilities("q", q64, tol)
+    b64 = np.asarray(budget, dtype=np.float64)
+    _check_budget(b64, f64.shape[0])
+    return f64, _floored(q64), b64, np.dtype(dtype)
+
+
+def _check_torch(name: str, values: torch.Tensor, tolerance: float) -> None:
+    if not torch.all(torch.isfinite(values)):
+        raise ValueError(f"{name} contains NaN or inf")
+    if values.numel() and float(values.min()) < 0:
+        raise ValueError(f"{name} has negative entries (min {float(values.min()):.3g})")
+    error = (values.sum(1) - 1.0).abs()
+    if error.numel() and float(error.max()) > tolerance:
+        worst = int(error.argmax())
+        raise ValueError(
+            f"{name} rows must sum to 1 (within {tolerance:.1e}); row {worst} sums "
+            f"to {float(values[worst].sum())!r}"
+        )
+
+
+def _prepare_torch(
+    f: torch.Tensor, q: torch.Tensor, budget: torch.Tensor | npt.ArrayLike
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if not (torch.is_floating_point(f) and torch.is_floating_point(q)):
+        raise ValueError(f"f and q must be floating-point, got {f.dtype} and {q.dtype}")
+    if f.ndim != 2 or f.shape != q.shape or f.shape[1] == 0:
+        raise ValueError(
+            f"f and q must have the same shape (N, K) with K >= 1, got "
+            f"{tuple(f.shape)} and {tuple(q.shape)}"
+        )
+    tol = max(sum_tolerance(f.dtype, f.shape[1]), sum_tolerance(q.dtype, f.shape[1]))
+    f64 = f.detach().to(torch.float64)
+    q64 = q.detach().to(device=f.device, dtype=torch.float64)
+    _check_torch("f", f64, tol)
+    _check_torch("q", q64, tol)
+    b64 = torch.as_tensor(budget, dtype=torch.float64).to(f.device)
+    if b64.shape != (f.shape[0],):
+        raise ValueError(
+            f"budget must have shape ({f.shape[0]},), got {tuple(b64.shape)}"
+        )
+    if not torch.all(torch.isfinite(b64)):
+        raise ValueError("budget contains NaN or inf")
+    if b64.numel() and float(b64.min()) < 0:
+        raise ValueError(f"budget must be >= 0, got min {float(b64.min())!r}")
+    if q64.numel() and float(q64.min()) < FLOOR:
+        q64 = q64.clamp(min=FLOOR)
+        q64 = q64 / q64.sum(1, keepdim=True)
+    return f64, q64, b64
+
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+def _first_true(
+    steps: int, lo: IntArray, hi: IntArray, test: Callable[[IntArray], BoolArray]
+) -> IntArray:
+    """Per row, the smallest index in ``[lo, hi]`` where a monotone test holds.
+
+    ``test`` is False then True along the index and is taken to hold at ``hi``;
+    ``steps`` halvings must cover the range (``bit_length(hi - lo) + 1``).
+    """
+    for _ in range(steps):
+        mid = (lo + hi) >> 1
+        ok = test(mid) | (lo >= hi)
+        hi = np.where(ok, mid, hi)
+        lo = np.where(ok, lo, mid + 1)
+    return lo
+
+
+def _sorted_ratios(
+    f: FloatArray, q: FloatArray
+) -> tuple[FloatArray, npt.NDArray[np.int64]]:
+    """Ratios ``f/q`` sorted per row, and the flat indices of the sorting permutation.
+
+    The column index is written into the lowest ``ceil(log2 K)`` mantissa bits of each
+    non-negative ratio (which keeps the float order up to a relative ``2**-42`` at
+    ``K = 1000``), so a single float sort gives the order and the permutation.
+    """
+    n, k = f.shape
+    bits = max(1, int(k - 1).bit_length())
+    mask = np.int64((1 << bits) - 1)
+    ratio = f / q
+    raw = ratio.view(np.int64)
+    raw &= ~mask
+    raw |= np.arange(k, dtype=np.int64)
+    ratio.sort(axis=1)
+    index = raw & mask
+    index += (np.arange(n, dtype=np.int64) * k)[:, None]
+    return ratio, index
+
+
+def _levels_dense(
+    ratio: FloatArray,
+    fp: FloatArray,
+    qp: FloatArray,
+    qs_rev: FloatArray,
+    half: FloatArray,
+) -> tuple[IntArray, IntArray, IntArray]:
+    """Breakpoint indices by counting over every breakpoint (cheapest for small K)."""
+    k = ratio.shape[1]
+    h = half[:, None]
+    below = np.count_nonzero(ratio < 1.0, axis=1)
+    j_a = np.count_nonzero(ratio[:, 1:] * qp[:, :-1] - fp[:, :-1] <= h, axis=1)
+    above_f = fp[:, -1:] - fp[:, :-1]
+    holds = above_f - ratio[:, :-1] * qs_rev[:, ::-1] <= h
+    j_b = k - 1 - np.count_nonzero(holds, axis=1)
+    return below, j_a, j_b
+
+
+def _levels_search(
+    ratio: FloatArray,
+    fp: FloatArray,
+    qp: FloatArray,
+    qs_rev: FloatArray,
+    half: FloatArray,
+) -> tuple[IntArray, IntArray, IntArray]:
+    """Breakpoint indices by binary search (O(N log K) gathers, for large K)."""
+    n, k = ratio.shape
+    flat_r, flat_fp, flat_qp, flat_qs = (
+        ratio.ravel(),
+        fp.ravel(),
+        qp.ravel(),
+        qs_rev.ravel(),
+    )
+    base = np.arange(n, dtype=np.int64) * k
+    base_s = np.arange(n, dtype=np.int64) * (k - 1)
+    total = flat_fp[base + k - 1]
+    steps = int(k).bit_length() + 1
+    zeros = np.zeros(n, dtype=np.int64)
+
+    def at_least_one(index: IntArray) -> BoolArray:
+        value = flat_r[base + np.minimum(index, k - 1)]
+        out: BoolArray = (index >= k) | (value >= 1.0)
+        return out
+
+    def raise_fails(index: IntArray) -> BoolArray:
+        at = base + index
+        level = flat_r[base + np.minimum(index + 1, k - 1)]
+        out: BoolArray = level * flat_qp[at] - flat_fp[at] > half
+        return out
+
+    def lower_holds(index: IntArray) -> BoolArray:
+        safe = np.minimum(index, k - 2)
+        above_f = total - flat_fp[base + safe]
+        above_q = flat_qs[base_s + (k - 2 - safe)]
+        cost = above_f - flat_r[base + safe] * above_q
+        out: BoolArray = (index >= k - 1) | (cost <= half)
+        return out
+
+    below = _first_true(steps, zeros, np.full(n, k, dtype=np.int64), at_least_one)
+    last = np.full(n, k - 1, dtype=np.int64)
+    j_a = _first_true(steps, zeros, last, raise_fails)
+    j_b = _first_true(steps, zeros, last, lower_holds)
+    return below, j_a, j_b
+
+
+DENSE_MAX_K = 128
+"""Up to this K the breakpoints are counted densely, above it binary-searched."""
+
+BLOCK_ELEMENTS = 1 << 17
+"""Rows are processed in blocks of about this many entries (1 MiB per float64 array),
+so the intermediate arrays stay in cache."""
+
+
+def _block(f: FloatArray, q: FloatArray, budget: FloatArray, out: FloatArray) -> None:
+    """Water-filling on a block of rows, written into ``out``."""
+    n, k = f.shape
+    half = 0.5 * budget
+    ratio, order = _sorted_ratios(f, q)
+    fp = f.take(order)
+    qp = q.take(order)
+    qs_rev = np.cumsum(qp[:, :0:-1], axis=1)
+    np.cumsum(fp, axis=1, out=fp)
+    np.cumsum(qp, axis=1, out=qp)
+    levels = _levels_dense if k <= DENSE_MAX_K else _levels_search
+    below, j_a, j_b = levels(ratio, fp, qp, qs_rev, half)
+
+    rows = np.arange(n)
+    prev = np.maximum(below - 1, 0)
+    distance = np.where(below > 0, 2.0 * (qp[rows, prev] - fp[rows, prev]), 0.0)
+    trivial = distance <= budget
+    total = fp[:, -1]
+    w_a = (fp[rows, j_a] + half) / qp[rows, j_a]
+    above_f = np.where(j_b > 0, total - fp[rows, np.maximum(j_b - 1, 0)], total)
+    above_q = np.where(j_b > 0, qs_rev[rows, np.minimum(k - 1 - j_b, k - 2)], qp[:, -1])
+    w_b = (above_f - half) / above_q
+
+    np.multiply(q, w_a[:, None], out=out)
+    np.maximum(out, f, out=out)
+    np.multiply(q, w_b[:, None], out=ratio)
+    np.minimum(out, ratio, out=out)
+    out[trivial] = q[trivial]
+
+
+def _water_filling_numpy(
+    f: FloatArray, q: FloatArray, budget: FloatArray
+) -> FloatArray:
+    n, k = f.shape
+    if k == 1 or n == 0:
+        return q.copy()
+    out = np.empty_like(f)
+    step = max(1, BLOCK_ELEMENTS // k)
+    for start in range(0, n, step):
+        part = slice(start, start + step)
+        _block(f[part], q[part], budget[part], out[part])
+    return out
+
+
+def _water_filling_torch(
+    f: torch.Tensor, q: torch.Tensor, budget: torch.Tensor
+) -> torch.Tensor:
+    n, k = f.shape
+    if k == 1 or n == 0:
+        return q.clone()
+    half = (0.5 * budget)[:, None]
+    ratio, order = torch.sort(f / q, dim=1)
+    fs = torch.gather(f, 1, order)
+    qs = torch.gather(q, 1, order)
+    fp, qp = fs.cumsum(1), qs.cumsum(1)
+    qs_suffix = qs.flip(1).cumsum(1).flip(1)
+    total = fp[:, -1:]
+    ones = torch.ones((n, 1), dtype=torch.bool, device=f.device)
+    raise_fails = torch.cat([ratio[:, 1:] * qp[:, :-1] - fp[:, :-1] > half, ones], 1)
+    j_a = raise_fails.int().argmax(1, keepdim=True)
+    lower_ok = torch.cat(
+        [(total - fp[:, :-1]) - ratio[:, :-1] * qs_suffix[:, 1:] <= half, ones], 1
+    )
+    j_b = lower_ok.int().argmax(1, keepdim=True)
+    w_a = (fp.gather(1, j_a) + half) / qp.gather(1, j_a)
+    before = (j_b - 1).clamp(min=0)
+    above_f = torch.where(j_b > 0, total - fp.gather(1, before), total)
+    w_b = (above_f - half) / qs_suffix.gather(1, j_b)
+    clipped = torch.minimum(torch.maximum(f, w_a * q), w_b * q)
+    trivial = (q - f).abs().sum(1, keepdim=True) <= 2.0 * half
+    return torch.where(trivial, q, clipped)
+
+
+@overload
+def water_filling(
+    f: torch.Tensor, q: torch.Tensor, budget: torch.Tensor | npt.ArrayLike
+) -> torch.Tensor: ...
+
+
+@overload
+def water_filling(
+    f: npt.ArrayLike, q: npt.ArrayLike, budget: npt.ArrayLike
+) -> npt.NDArray[np.floating]: ...
+
+
+def water_filling(
+    f: torch.Tensor | npt.ArrayLike,
+    q: torch.Tensor | npt.ArrayLike,
+    budget: torch.Tensor | npt.ArrayLike,
+) -> torch.Tensor | npt.NDArray[np.floating]:
+    r"""Solve :math:`\min_p \mathrm{KL}(p\|q)` s.t. :math:`\|p-f\|_1 \le B`, row by row.
+
+    Parameters
+    ----------
+    f : array or torch.Tensor of shape (N, K)
+        Rows on the probability simplex (the model's outputs); zeros allowed.
+    q : array or torch.Tensor of shape (N, K)
+        Rows on the simplex (the class prototypes); entries below :data:`FLOOR` are
+        raised to it and the row renormalised.
+    budget : array or torch.Tensor of shape (N,)
+        L1 budgets :math:`B \ge 0`; :math:`B \ge 2` always returns ``q``.
+
+    Returns
+    -------
+    array or torch.Tensor of shape (N, K)
+        The minimisers, in the dtype (and, for torch, on the device) of ``f``.
+
+    Raises
+    ------
+    ValueError
+        On mismatched shapes, NaN or inf, negative entries, rows not summing to one,
+        or a negative budget.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> f, q = np.array([[.7, .2, .1]]), np.array([[.1, .3, .6]])
+    >>> water_filling(f, q, np.array([.4]))
+    array([[0.5, 0.2, 0.3]])
+    """
+    if isinstance(f, torch.Tensor) or isinstance(q, torch.Tensor):
+        if not (isinstance(f, torch.Tensor) and isinstance(q, torch.Tensor)):
+            raise TypeError("f and q must both be torch tensors or both be arrays")
+        ft, qt, bt = _prepare_torch(f, q, budget)
+        return _water_filling_torch(ft, qt, bt).to(f.dtype)
+    f64, q64, b64, dtype = _prepare(f, q, budget)
+    return _water_filling_numpy(f64, q64, b64).astype(dtype, copy=False)
