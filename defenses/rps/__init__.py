@@ -1,0 +1,21 @@
+"""RPS: reliable conformal prediction sets under data poisoning.
+
+Scholten & Günnemann, "Provably Reliable Conformal Prediction Sets in the Presence of
+Data Poisoning", ICLR 2025. Training data is split by a hash of the input into
+``k_t`` parts with one classifier each; the score is the softmax of the vote
+fractions. Calibration data is split into ``k_c`` parts, each giving a split-conformal
+set; a class is kept when more than ``tau_hat(alpha)`` of the part sets hold it.
+Counting arguments certify, per test point and class, how many poisoned training
+and calibration points the set withstands.
+"""
+
+from defenses.rps.certificate import Certificate
+from defenses.rps.defense import ReliableConformalClassifier
+from defenses.rps.ensemble import PartTrainingError, TorchPartClassifier
+
+__all__ = [
+    "Certificate",
+    "PartTrainingError",
+    "ReliableConformalClassifier",
+    "TorchPartClassifier",
+]

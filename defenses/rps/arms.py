@@ -1,0 +1,261 @@
+"""Harness arms: the undefended split-conformal learner, RPS and the bagged ensemble.
+
+The undefended system is plain split conformal prediction around a logistic
+regression (:class:`SplitConformalLearner`); :class:`RPS` and
+:class:`BaggingEnsemble` wrap it (same base estimator and alpha) into
+:class:`~defenses.rps.defense.ReliableConformalClassifier` and
+:class:`~defenses.rps.baselines.EnsembleConformalClassifier`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import numpy.typing as npt
+from sklearn.linear_model import LogisticRegression
+
+from defenses.api import DefenseKind
+from defenses.metrics import coverage
+from defenses.rps.baselines import EnsembleConformalClassifier, SplitConformalClassifier
+from defenses.rps.defense import ReliableConformalClassifier
+from defenses.rps.quantile import QUANTILE_MODES, QuantileMode, check_alpha
+from defenses.rps.task import ConformalTask, changed_rows, touched_parts
+
+BoolArray = npt.NDArray[np.bool_]
+
+
+class SetPredictor(Protocol):
+    """A calibrated conformal predictor."""
+
+    def predict_sets(self, X: Any) -> BoolArray:
+        """Boolean (n, K) sets."""
+        ...
+
+
+class ConformalLearner(Protocol):
+    """Learners of this package: fit a task into a :class:`ConformalSystem`."""
+
+    def fit(self, task: ConformalTask, rng: np.random.Generator) -> ConformalSystem:
+        """Train and calibrate on ``task``."""
+        ...
+
+
+@dataclass(frozen=True)
+class ConformalSystem:
+    """A fitted, calibrated predictor and the learner that made it."""
+
+    model: SetPredictor
+    learner: ConformalLearner
+
+    def predict_sets(self, X: Any) -> BoolArray:
+        """Prediction sets of ``X``."""
+        return self.model.predict_sets(X)
+
+    def refit(self, task: ConformalTask) -> ConformalSystem:
+        """The same learner fitted on another task (learners are deterministic)."""
+        return self.learner.fit(task, np.random.default_rng(0))
+
+    def radii(self, task: ConformalTask) -> tuple[int, int]:
+        """(r_t, r_c) separating ``task`` from its clean task, in this system's units.
+
+        For RPS: the number of training / calibration hash parts holding a changed
+        point. Otherwise: the number of changed points.
+        """
+        if task.clean is None:
+            return 0, 0
+        if isinstance(self.model, ReliableConformalClassifier):
+            return (
+                touched_parts(task.clean.train, task.train, self.model.n_train_parts),
+                touched_parts(task.clean.calib, task.calib, self.model.n_calib_parts),
+            )
+        return (
+            changed_rows(task.clean.train, task.train)[0],
+            changed_rows(task.clean.calib, task.calib)[0],
+        )
+
+    def certified(self, X: Any, train_radius: int, calib_radius: int) -> BoolArray:
+        """(point, class) memberships certified at (r_t, r_c); none for baselines."""
+        if isinstance(self.model, ReliableConformalClassifier):
+            return self.model.certify(X).certified(train_radius, calib_radius)
+        sets = self.model.predict_sets(X)
+        return np.full(sets.shape, train_radius == 0 and calib_radius == 0)
+
+
+def logistic_regression(C: float) -> LogisticRegression:
+    """The base estimator of the game."""
+    return LogisticRegression(C=C, max_iter=1000)
+
+
+@dataclass(frozen=True)
+class SplitConformalLearner:
+    """Plain split conformal prediction around a logistic regression.
+
+    Parameters
+    ----------
+    alpha : float
+        Miscoverage level.
+    C : float
+        Inverse regularisation of the logistic regression.
+    """
+
+    alpha: float = 0.1
+    C: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_alpha(self.alpha)
+        if not self.C > 0:
+            raise ValueError(f"SplitConformalLearner.C must be > 0, got {self.C!r}")
+
+    def fit(self, task: ConformalTask, rng: np.random.Generator) -> ConformalSystem:
+        """Fit on ``task.train``, calibrate on ``task.calib``."""
+        model = SplitConformalClassifier(logistic_regression(self.C), self.alpha)
+        model.fit(task.train.X, task.train.y).calibrate(task.calib.X, task.calib.y)
+        return ConformalSystem(model, self)
+
+
+@dataclass(frozen=True)
+class RPSLearner:
+    """The RPS-defended learner (built by :meth:`RPS.wrap`)."""
+
+    base: SplitConformalLearner
+    defense: RPS
+
+    def fit(self, task: ConformalTask, rng: np.random.Generator) -> ConformalSystem:
+        """Fit the partitioned ensemble and calibrate the majority sets."""
+        d = self.defense
+        model = ReliableConformalClassifier(
+            logistic_regression(self.base.C),
+            d.n_train_parts,
+            d.n_calib_parts,
+            self.base.alpha,
+            d.mode,
+            d.softmax,
+        )
+        model.fit(task.train.X, task.train.y).calibrate(task.calib.X, task.calib.y)
+        return ConformalSystem(model, self)
+
+
+def _check_learner(learner: Any, who: str) -> SplitConformalLearner:
+    if not isinstance(learner, SplitConformalLearner):
+        raise TypeError(
+            f"{who} wraps a SplitConformalLearner, got {type(learner).__name__}"
+        )
+    return learner
+
+
+def _parts(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RPS:
+    """Reliable prediction sets (Scholten & Günnemann, ICLR 2025) as a defense.
+
+    Parameters
+    ----------
+    n_train_parts : int
+        ``k_t``, hash parts of the training data.
+    n_calib_parts : int
+        ``k_c``, hash parts of the calibration data.
+    quantile : {"exact", "official", "markov"}
+        Per-part rank rule.
+    softmax : bool
+        Softmax-smoothed vote score.
+    """
+
+    name: ClassVar[str] = "rps-reliable"
+    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
+    n_train_parts: int = 20
+    n_calib_parts: int = 10
+    quantile: str = "exact"
+    softmax: bool = True
+
+    def __post_init__(self) -> None:
+        _parts("RPS.n_train_parts", self.n_train_parts)
+        _parts("RPS.n_calib_parts", self.n_calib_parts)
+        if self.quantile not in QUANTILE_MODES:
+            raise ValueError(
+                f"RPS.quantile must be one of {QUANTILE_MODES}, got {self.quantile!r}"
+            )
+        if not isinstance(self.softmax, bool):
+            raise ValueError(f"RPS.softmax must be a bool, got {self.softmax!r}")
+
+    @property
+    def mode(self) -> QuantileMode:
+        """The rank rule, typed."""
+        mode: QuantileMode = self.quantile  # type: ignore[assignment]
+        return mode
+
+    def wrap(self, learner: Any) -> RPSLearner:
+        """Return the RPS learner with the wrapped learner's estimator and alpha."""
+        return RPSLearner(_check_learner(learner, "RPS"), self)
+
+    def certify(self, system: ConformalSystem, task: ConformalTask) -> dict[str, float]:
+        """Fractions of test points certified robust / coverage- / size-reliable."""
+        model = system.model
+        if not isinstance(model, ReliableConformalClassifier):
+            raise TypeError("RPS.certify needs a system fitted by RPS")
+        cert = model.certify(task.test.X)
+        out: dict[str, float] = {
+            "miscoverage_bound": float(model.miscoverage_bound_),
+            "certified_target_fraction": float(
+                np.mean(cert.robust(*system.radii(task))[task.targets])
+            ),
+        }
+        for r in (1, 2, 4, 8):
+            out[f"robust_fraction@rt{r}"] = float(np.mean(cert.robust(r, 0)))
+            out[f"coverage_reliable_fraction@rt{r}"] = float(
+                np.mean(cert.coverage_reliable(r, 0))
+            )
+        for r in (1, 2, 4):
+            out[f"robust_fraction@rc{r}"] = float(np.mean(cert.robust(0, r)))
+            out[f"robust_fraction@rt{r}rc{r}"] = float(np.mean(cert.robust(r, r)))
+        true_in = cert.sets[np.arange(len(task.test)), task.test.y]
+        out["coverage_clean_check"] = coverage(cert.sets, task.test.y)
+        out["true_label_certified_fraction@rt2"] = float(
+            np.mean(
+                true_in & cert.certified(2, 0)[np.arange(len(task.test)), task.test.y]
+            )
+        )
+        return out
+
+
+@dataclass(frozen=True)
+class EnsembleLearner:
+    """The bagged-ensemble learner (built by :meth:`BaggingEnsemble.wrap`)."""
+
+    base: SplitConformalLearner
+    defense: BaggingEnsemble
+
+    def fit(self, task: ConformalTask, rng: np.random.Generator) -> ConformalSystem:
+        """Fit the bagged ensemble and calibrate one threshold."""
+        model = EnsembleConformalClassifier(
+            logistic_regression(self.base.C), self.defense.n_models, self.base.alpha
+        )
+        model.fit(task.train.X, task.train.y).calibrate(task.calib.X, task.calib.y)
+        return ConformalSystem(model, self)
+
+
+@dataclass(frozen=True)
+class BaggingEnsemble:
+    """A plain voting ensemble without partitioning (baseline, no certificate).
+
+    Parameters
+    ----------
+    n_models : int
+        Number of bootstrap models.
+    """
+
+    name: ClassVar[str] = "rps-bagging"
+    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
+    n_models: int = 20
+
+    def __post_init__(self) -> None:
+        _parts("BaggingEnsemble.n_models", self.n_models)
+
+    def wrap(self, learner: Any) -> EnsembleLearner:
+        """Return the bagged learner with the wrapped learner's estimator and alpha."""
+        return EnsembleLearner(_check_learner(learner, "BaggingEnsemble"), self)

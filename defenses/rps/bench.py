@@ -1,0 +1,304 @@
+"""Measurement benchmarks of RPS: ``rps-coverage``, ``rps-tradeoff``, ``rps-perf``.
+
+* :func:`coverage_study` - clean coverage and set size over many random
+  calibration/test splits (the part models are trained once per seed and each split
+  is recalibrated from cached votes), for each rank rule and for plain split CP;
+* :func:`tradeoff` - clean coverage, set size and certified fractions against the
+  numbers of training and calibration parts (the paper's trade-off);
+* :func:`performance` - the cost of ``certify`` (sets included) and of
+  ``predict_sets`` + ``certify`` against the part models' own prediction time,
+  measured side by side (interleaved repeats, medians).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from sklearn.datasets import make_classification
+from sklearn.linear_model import LogisticRegression
+from tqdm.auto import tqdm
+
+from defenses.data import load, stratified_split
+from defenses.harness import measurement
+from defenses.metrics import coverage, mean_set_size
+from defenses.results import Result
+from defenses.rps.baselines import SplitConformalClassifier
+from defenses.rps.certificate import ProbaGeometry, ScoreGeometry
+from defenses.rps.defense import ReliableConformalClassifier
+from defenses.rps.quantile import QUANTILE_MODES
+from defenses.rps.scores import vote_geometry
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def _int(params: dict[str, Any], key: str, default: int) -> int:
+    value = params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"benchmark parameter {key!r} must be an integer >= 1, got {value!r}"
+        )
+    return int(value)
+
+
+def _float(params: dict[str, Any], key: str, default: float) -> float:
+    value = params.get(key, default)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value < 1
+    ):
+        raise ValueError(
+            f"benchmark parameter {key!r} must lie in (0, 1), got {value!r}"
+        )
+    return float(value)
+
+
+def _estimator() -> LogisticRegression:
+    return LogisticRegression(max_iter=1000)
+
+
+def _subset_geometry(
+    model: ReliableConformalClassifier, cache: FloatArray, rows: npt.NDArray[np.int64]
+) -> ScoreGeometry:
+    if model.n_train_parts == 1:
+        return ProbaGeometry(cache[rows])
+    return vote_geometry(
+        cache[rows].astype(np.int64), model.n_train_parts, model.softmax
+    )
+
+
+def coverage_study(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Result]:
+    """Coverage over ``n_splits`` random calibration/test splits per seed.
+
+    Parameters (``params``): ``dataset`` (digits), ``n_train_parts`` (20),
+    ``n_calib_parts`` (10), ``alpha`` (0.1), ``n_splits`` (200), ``train_fraction``
+    (0.45), ``calib_fraction`` (0.33 of the data). One result per (variant, split);
+    variants are the rank rules and ``none`` (plain split CP, textbook rank).
+    """
+    name = str(params.get("dataset", "digits"))
+    k_t = _int(params, "n_train_parts", 20)
+    k_c = _int(params, "n_calib_parts", 10)
+    alpha = _float(params, "alpha", 0.1)
+    n_splits = _int(params, "n_splits", 200)
+    train_fraction = _float(params, "train_fraction", 0.45)
+    calib_fraction = _float(params, "calib_fraction", 0.33)
+    data = load(name)
+    setting = {
+        "dataset": name,
+        "n_train_parts": k_t,
+        "n_calib_parts": k_c,
+        "alpha": alpha,
+    }
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        train, pool = stratified_split(
+            data.y, [train_fraction, 1 - train_fraction], rng
+        )
+        models = {
+            mode: ReliableConformalClassifier(
+                _estimator(),
+                k_t,
+                k_c,
+                alpha,
+                mode,  # type: ignore[arg-type]
+            )
+            for mode in QUANTILE_MODES
+        }
+        first = models["exact"].fit(data.X[train], data.y[train])
+        for model in models.values():
+            if model is not first:
+                model.models_, model.classes_ = first.models_, first.classes_
+                model.n_features_in_ = first.n_features_in_
+        plain = SplitConformalClassifier(_estimator(), alpha).fit(
+            data.X[train], data.y[train]
+        )
+        X, y = data.X[pool], data.y[pool]
+        cache = (
+            first.predict_scores(X)
+            if k_t == 1
+            else first.predict_votes(X).astype(np.float64)
+        )
+        plain_scores = plain.predict_scores(X)
+        share = calib_fraction / (1 - train_fraction)
+        for split in tqdm(
+            range(n_splits), disable=None, desc="rps-coverage", leave=False
+        ):
+            split_rng = np.random.default_rng([seed, split])
+            cal, test = stratified_split(y, [share, 1 - share], split_rng)
+            record = {**setting, "split": split}
+            for mode, model in models.items():
+                model.calibrate_geometry(
+                    X[cal], y[cal], _subset_geometry(model, cache, cal)
+                )
+                geometry = _subset_geometry(model, cache, test)
+                sets = geometry.score()[geometry.index] >= model.part_thresholds_.cut
+                yield measurement(
+                    "rps-coverage",
+                    mode,
+                    seed * 100_000 + split,
+                    utility={
+                        "coverage": coverage(sets, y[test]),
+                        "set_size": mean_set_size(sets),
+                    },
+                    certificate={"miscoverage_bound": model.miscoverage_bound_},
+                    params={**record, "quantile": mode},
+                )
+            own = plain_scores[cal, y[cal]]
+            rank = int(np.floor((cal.size + 1) * alpha + 1e-9))
+            sets = plain_scores[test] >= np.sort(own)[rank - 1]
+            yield measurement(
+                "rps-coverage",
+                "none",
+                seed * 100_000 + split,
+                utility={
+                    "coverage": coverage(sets, y[test]),
+                    "set_size": mean_set_size(sets),
+                },
+                params={**record, "quantile": "plain"},
+            )
+
+
+def tradeoff(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Result]:
+    """Clean coverage, set size and certified fractions for one (k_t, k_c).
+
+    Parameters: ``dataset``, ``n_train_parts``, ``n_calib_parts``, ``alpha``,
+    ``quantile`` (exact), ``train_fraction``, ``calib_fraction``; ``radii`` is the
+    list of radii at which certified fractions are reported.
+    """
+    name = str(params.get("dataset", "digits"))
+    k_t = _int(params, "n_train_parts", 10)
+    k_c = _int(params, "n_calib_parts", 10)
+    alpha = _float(params, "alpha", 0.1)
+    mode = params.get("quantile", "exact")
+    if mode not in QUANTILE_MODES:
+        raise ValueError(
+            f"benchmark parameter 'quantile' must be one of {QUANTILE_MODES}"
+        )
+    train_fraction = _float(params, "train_fraction", 0.45)
+    calib_fraction = _float(params, "calib_fraction", 0.33)
+    radii = [int(r) for r in params.get("radii", [1, 2, 3, 5, 8])]
+    data = load(name)
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        test_fraction = 1 - train_fraction - calib_fraction
+        tr, ca, te = stratified_split(
+            data.y, [train_fraction, calib_fraction, test_fraction], rng
+        )
+        model = ReliableConformalClassifier(
+            _estimator(),
+            k_t,
+            k_c,
+            alpha,
+            mode,
+        )
+        start = time.perf_counter()
+        model.fit(data.X[tr], data.y[tr]).calibrate(data.X[ca], data.y[ca])
+        fit_s = time.perf_counter() - start
+        start = time.perf_counter()
+        cert = model.certify(data.X[te])
+        certify_s = time.perf_counter() - start
+        certificate: dict[str, float] = {}
+        for r in radii:
+            certificate[f"robust_rt{r}"] = float(np.mean(cert.robust(r, 0)))
+            certificate[f"coverage_reliable_rt{r}"] = float(
+                np.mean(cert.coverage_reliable(r, 0))
+            )
+            certificate[f"size_reliable_rt{r}"] = float(
+                np.mean(cert.size_reliable(r, 0))
+            )
+            certificate[f"robust_rc{r}"] = float(np.mean(cert.robust(0, r)))
+            certificate[f"robust_joint{r}"] = float(np.mean(cert.robust(r, r)))
+        votes_accuracy = float(
+            np.mean(model.predict_scores(data.X[te]).argmax(axis=1) == data.y[te])
+        )
+        yield measurement(
+            "rps-tradeoff",
+            "rps" if (k_t, k_c) != (1, 1) else "none",
+            seed,
+            utility={
+                "coverage": coverage(cert.sets, data.y[te]),
+                "set_size": mean_set_size(cert.sets),
+                "vote_accuracy": votes_accuracy,
+            },
+            cost={"fit_s": fit_s, "certify_s": certify_s},
+            certificate=certificate,
+            params={
+                "dataset": name,
+                "n_train_parts": k_t,
+                "n_calib_parts": k_c,
+                "alpha": alpha,
+                "quantile": mode,
+            },
+        )
+
+
+def performance(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Result]:
+    """Time of the part models alone vs. ``certify`` and ``predict_sets`` + ``certify``.
+
+    Parameters: ``n_points`` (10000), ``n_train_parts`` (50), ``n_calib_parts``
+    (20), ``n_features`` (64), ``repeats`` (5). Synthetic 10-class data; the parts
+    are logistic regressions. Timings are interleaved and the medians reported.
+    """
+    n_points = _int(params, "n_points", 10_000)
+    k_t = _int(params, "n_train_parts", 50)
+    k_c = _int(params, "n_calib_parts", 20)
+    d = _int(params, "n_features", 64)
+    repeats = _int(params, "repeats", 5)
+    setting = {
+        "n_points": n_points,
+        "n_train_parts": k_t,
+        "n_calib_parts": k_c,
+        "n_features": d,
+    }
+    for seed in seeds:
+        X, y = make_classification(
+            n_points + 3000,
+            d,
+            n_informative=min(d, 30),
+            n_classes=10,
+            n_clusters_per_class=1,
+            random_state=seed,
+        )
+        model = ReliableConformalClassifier(_estimator(), k_t, k_c, 0.1)
+        model.fit(X[:1500], y[:1500]).calibrate(X[1500:3000], y[1500:3000])
+        test = X[3000:]
+        timings: dict[str, list[float]] = {
+            "models": [],
+            "certify": [],
+            "sets_certify": [],
+        }
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model.predict_votes(test)
+            timings["models"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            model.certify(test)
+            timings["certify"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            model.predict_sets(test)
+            model.certify(test)
+            timings["sets_certify"].append(time.perf_counter() - start)
+        medians = {k: float(np.median(v)) for k, v in timings.items()}
+        yield measurement(
+            "rps-perf", "none", seed, cost={"time_s": medians["models"]}, params=setting
+        )
+        yield measurement(
+            "rps-perf",
+            "certify",
+            seed,
+            cost={"time_s": medians["certify"]},
+            utility={"ratio_to_models": medians["certify"] / medians["models"]},
+            params=setting,
+        )
+        yield measurement(
+            "rps-perf",
+            "predict_sets+certify",
+            seed,
+            cost={"time_s": medians["sets_certify"]},
+            utility={"ratio_to_models": medians["sets_certify"] / medians["models"]},
+            params=setting,
+        )

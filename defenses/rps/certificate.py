@@ -1,0 +1,330 @@
+r"""Reliability certificates of RPS prediction sets (counting arguments).
+
+Scholten & Günnemann (ICLR 2025). A poisoned training point (insertion, deletion or
+label flip) lies in one training part, so ``r_t`` of them change at most ``r_t``
+votes; a poisoned calibration point lies in one calibration part, so ``r_c`` of
+them change at most ``r_c`` part sets :math:`C_i` (arbitrarily). A feature
+modification can move a point between parts and counts as two.
+
+For each calibration part :math:`i` and training radius :math:`r_t`, the poisoned
+threshold lies in :math:`[\tau_i^{lo}(r_t), \tau_i^{up}(r_t)]`: the :math:`j_i`-th
+smallest of the calibration points' lower (upper) score bounds, since order
+statistics are monotone. For a test point and class :math:`y`:
+
+* :math:`g_y(r_t) = \#\{i : \underline{s}_y(r_t) \ge \tau_i^{up}(r_t)\}` parts surely
+  keep y, :math:`o_y(r_t) = \#\{i : \overline{s}_y(r_t) < \tau_i^{lo}(r_t)\}` parts
+  surely leave it out;
+* y in the set stays in (inclusion certificate, coverage reliability) while
+  :math:`g_y - r_c > \hat\tau`, i.e. up to :math:`r_c = g_y - \hat\tau - 1`;
+* y out of the set stays out (exclusion certificate, size reliability) while
+  :math:`k_c - o_y + r_c \le \hat\tau`, i.e. up to
+  :math:`r_c = \hat\tau - k_c + o_y`;
+* and a part must keep enough points for its rank after :math:`r_c` deletions:
+  :math:`r_c \le \min_i n_i - n_{\min}` (the official code's guard).
+
+Every class is checked (the official code checks only the extreme ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+TIE = 1e-10
+"""Scores closer than this are treated as equal in certificate comparisons.
+
+Vote scores take finitely many values, and a bound of a test score often equals a
+threshold bound *exactly* while the two are computed along different paths and
+differ in the last bits. Comparisons treat such near-ties as ties, the direction in
+which the certificate stays sound (distinct vote scores differ by far more).
+"""
+
+
+class ScoreGeometry(Protocol):
+    """Scores of a batch per entry, and their bounds after ``r`` changed votes.
+
+    ``index`` (n, K) maps each (point, class) to its entry; bounds take an optional
+    ``rows`` selection of entries.
+    """
+
+    @property
+    def index(self) -> IntArray:
+        """Entry of each (point, class)."""
+        ...
+
+    @property
+    def size(self) -> int:
+        """Number of entries."""
+        ...
+
+    def score(self) -> FloatArray:
+        """s(x, y) per entry."""
+        ...
+
+    def lower(self, radius: npt.ArrayLike, rows: IntArray | None = None) -> FloatArray:
+        """Smallest reachable score."""
+        ...
+
+    def upper(self, radius: npt.ArrayLike, rows: IntArray | None = None) -> FloatArray:
+        """Largest reachable score."""
+        ...
+
+
+@dataclass(frozen=True)
+class ProbaGeometry:
+    """A single model's scores: any change of its training data may change them.
+
+    With one training part a single poisoned point can retrain the only model
+    arbitrarily, so the bounds are the trivial [0, 1] for any radius >= 1. Entries
+    are the (point, class) pairs.
+    """
+
+    scores: FloatArray
+
+    @property
+    def index(self) -> IntArray:
+        """(point, class) -> row-major entry."""
+        n, k = self.scores.shape
+        return np.arange(n * k, dtype=np.int64).reshape(n, k)
+
+    @property
+    def size(self) -> int:
+        """N K."""
+        return int(self.scores.size)
+
+    def score(self) -> FloatArray:
+        """The model's probabilities, flattened."""
+        return np.asarray(self.scores.ravel(), dtype=np.float64)
+
+    def _at(
+        self, radius: npt.ArrayLike, rows: IntArray | None, far: float
+    ) -> FloatArray:
+        s = self.score() if rows is None else self.score()[rows]
+        return np.where(np.asarray(radius) == 0, s, far)
+
+    def lower(self, radius: npt.ArrayLike, rows: IntArray | None = None) -> FloatArray:
+        """The score at radius 0, else 0."""
+        return self._at(radius, rows, 0.0)
+
+    def upper(self, radius: npt.ArrayLike, rows: IntArray | None = None) -> FloatArray:
+        """The score at radius 0, else 1."""
+        return self._at(radius, rows, 1.0)
+
+
+@dataclass(frozen=True)
+class PartThresholds:
+    """Sorted per-part threshold bounds after 0..R poisoned training points.
+
+    Attributes
+    ----------
+    lower, upper : ndarray of shape (k_c, R + 1)
+        Threshold bounds, each column sorted ascending over the parts (column 0:
+        the thresholds themselves).
+    tau_hat : int
+        Majority threshold.
+    guard : int
+        Largest calibration radius the part sizes allow.
+    """
+
+    lower: FloatArray
+    upper: FloatArray
+    tau_hat: int
+    guard: int
+
+    @property
+    def n_parts(self) -> int:
+        """k_c."""
+        return int(self.lower.shape[0])
+
+    @property
+    def radius(self) -> int:
+        """Largest training radius covered."""
+        return int(self.lower.shape[1] - 1)
+
+    @property
+    def cut(self) -> float:
+        r"""The majority set is :math:`\{y : s(x, y) \ge \mathrm{cut}\}`.
+
+        A class is in more than :math:`\hat\tau` part sets exactly when its score
+        reaches the :math:`(\hat\tau + 1)`-th smallest part threshold.
+        """
+        return float(self.lower[self.tau_hat, 0])
+
+    def truncated(self, radius: int) -> PartThresholds:
+        """The bounds up to training radius ``radius``."""
+        return PartThresholds(
+            self.lower[:, : radius + 1],
+            self.upper[:, : radius + 1],
+            self.tau_hat,
+            self.guard,
+        )
+
+    def certified(
+        self,
+        geometry: ScoreGeometry,
+        in_set: BoolArray,
+        train_radius: npt.ArrayLike,
+        calib_radius: npt.ArrayLike,
+        rows: IntArray | None = None,
+    ) -> BoolArray:
+        r"""Whether each entry (or ``rows``) keeps its membership at (r_t, r_c).
+
+        In the set: at least :math:`\hat\tau + 1 + r_c` parts surely keep it, i.e.
+        the lower score bound reaches the :math:`(\hat\tau + r_c + 1)`-th smallest
+        upper threshold bound. Out of it: at least :math:`k_c - \hat\tau + r_c`
+        parts surely leave it out, i.e. the upper score bound is below the
+        :math:`(\hat\tau - r_c + 1)`-th smallest lower threshold bound.
+        """
+        chosen = np.arange(geometry.size) if rows is None else rows
+        n = chosen.shape[0]
+        r_t = np.broadcast_to(np.asarray(train_radius, dtype=np.int64), (n,))
+        r_c = np.broadcast_to(np.asarray(calib_radius, dtype=np.int64), (n,))
+        ok = np.zeros(n, dtype=bool)
+        allowed = (r_t <= self.radius) & ((r_c == 0) | (r_c <= self.guard))
+        member = in_set[chosen]
+        keep_at = self.tau_hat + r_c
+        drop_at = self.tau_hat - r_c
+        pick = np.flatnonzero(allowed & member & (keep_at < self.n_parts))
+        if pick.size:
+            cut = self.upper[keep_at[pick], r_t[pick]]
+            low = geometry.lower(r_t[pick], rows=chosen[pick])
+            ok[pick] = low >= cut - TIE
+        pick = np.flatnonzero(allowed & ~member & (drop_at >= 0))
+        if pick.size:
+            cut = self.lower[drop_at[pick], r_t[pick]]
+            high = geometry.upper(r_t[pick], rows=chosen[pick])
+            ok[pick] = high < cut - TIE
+        return ok
+
+    def calibration_radius(
+        self, geometry: ScoreGeometry, in_set: BoolArray, train_radius: int
+    ) -> IntArray:
+        """Largest certified r_c per entry at ``train_radius`` (-1: none)."""
+        out = np.full(geometry.size, -1, dtype=np.int64)
+        if train_radius > self.radius:
+            return out
+        k_c = self.n_parts
+        inside = np.flatnonzero(in_set)
+        low = geometry.lower(train_radius, rows=inside)
+        sure_in = np.searchsorted(self.upper[:, train_radius], low + TIE, side="right")
+        out[inside] = sure_in - self.tau_hat - 1
+        outside = np.flatnonzero(~in_set)
+        high = geometry.upper(train_radius, rows=outside)
+        not_out = np.searchsorted(self.lower[:, train_radius], high + TIE, side="right")
+        out[outside] = self.tau_hat - k_c + (k_c - not_out)
+        return np.where(out >= 0, np.minimum(out, self.guard), -1).astype(np.int64)
+
+    def largest(
+        self,
+        geometry: ScoreGeometry,
+        in_set: BoolArray,
+        joint: bool,
+        ceiling: IntArray | None = None,
+    ) -> IntArray:
+        """Largest r_t certified per entry with r_c = 0 (or with r_c = r_t).
+
+        Certification is monotone in both radii, so a galloping search (probes 1,
+        2, 4, 8, ... until one fails, then bisection) finds it; radius 0 is always
+        certified. ``ceiling`` is a known upper bound per entry.
+        """
+        lo = np.zeros(geometry.size, dtype=np.int64)
+        top = self.radius if ceiling is None else np.minimum(ceiling, self.radius)
+        hi = np.broadcast_to(np.asarray(top) + 1, lo.shape).astype(np.int64)
+        galloping = np.ones(geometry.size, dtype=bool)
+        rows = np.flatnonzero(hi - lo > 1)
+        while rows.size:
+            low, high = lo[rows], hi[rows]
+            probe = np.where(
+                galloping[rows],
+                np.minimum(low + np.maximum(low, 1), high - 1),
+                (low + high) // 2,
+            )
+            ok = self.certified(geometry, in_set, probe, probe if joint else 0, rows)
+            lo[rows] = np.where(ok, probe, low)
+            hi[rows] = np.where(ok, high, probe)
+            galloping[rows] &= ok
+            rows = rows[hi[rows] - lo[rows] > 1]
+        return lo
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """What the prediction sets of a batch provably withstand.
+
+    Attributes
+    ----------
+    sets : ndarray of shape (n, K)
+        The prediction sets.
+    training : ndarray of shape (n, K)
+        Largest number of poisoned training points (with no calibration poisoning)
+        under which each (point, class) keeps its membership; capped at
+        ``max_train_radius``.
+    calibration : ndarray of shape (n, K)
+        Largest number of poisoned calibration points (no training poisoning).
+    joint : ndarray of shape (n, K)
+        Largest ``r`` such that ``r`` training *and* ``r`` calibration points are
+        withstood together.
+    max_train_radius : int
+        Largest training radius examined.
+    geometry, thresholds, in_set
+        The per-entry scores and bounds behind the radii (for
+        :meth:`calibration_radius` at any training radius).
+    """
+
+    sets: BoolArray
+    training: IntArray
+    calibration: IntArray
+    joint: IntArray
+    max_train_radius: int
+    geometry: ScoreGeometry
+    thresholds: PartThresholds
+    in_set: BoolArray
+
+    def calibration_radius(self, train_radius: int) -> IntArray:
+        """Largest certified calibration radius per (point, class) at ``r_t``.
+
+        -1 where the membership is not certified even with no calibration poisoning.
+        """
+        if train_radius < 0:
+            raise ValueError(f"train_radius must be >= 0, got {train_radius}")
+        if train_radius > self.max_train_radius:
+            return np.full(self.sets.shape, -1, dtype=np.int64)
+        radius = self.thresholds.calibration_radius(
+            self.geometry, self.in_set, train_radius
+        )
+        return radius[self.geometry.index]
+
+    def certified(self, train_radius: int, calib_radius: int) -> BoolArray:
+        """Whether each (point, class) keeps its membership at (r_t, r_c)."""
+        if train_radius < 0 or calib_radius < 0:
+            raise ValueError(
+                f"radii must be >= 0, got train_radius={train_radius}, "
+                f"calib_radius={calib_radius}"
+            )
+        if train_radius > self.max_train_radius:
+            return np.zeros(self.sets.shape, dtype=bool)
+        ok = self.thresholds.certified(
+            self.geometry, self.in_set, train_radius, calib_radius
+        )
+        return np.asarray(ok[self.geometry.index])
+
+    def robust(self, train_radius: int, calib_radius: int) -> BoolArray:
+        """Points whose whole set is certified (inclusion and exclusion)."""
+        return np.asarray(self.certified(train_radius, calib_radius).all(axis=1))
+
+    def coverage_reliable(self, train_radius: int, calib_radius: int) -> BoolArray:
+        """Points none of whose set members can be removed (empty sets count)."""
+        ok = self.certified(train_radius, calib_radius) | ~self.sets
+        return np.asarray(ok.all(axis=1))
+
+    def size_reliable(self, train_radius: int, calib_radius: int) -> BoolArray:
+        """Points to whose set no class can be added (full sets count)."""
+        ok = self.certified(train_radius, calib_radius) | self.sets
+        return np.asarray(ok.all(axis=1))

@@ -1,0 +1,362 @@
+"""The RPS conformal classifier: fit, calibrate, predict sets, certify.
+
+Scholten & Günnemann, "Provably Reliable Conformal Prediction Sets in the Presence
+of Data Poisoning", ICLR 2025 (Alg. 1 and 2). Usable the way MAPIE, TorchCP and
+crepes users expect::
+
+    rps = ReliableConformalClassifier(LogisticRegression(), 20, 10, alpha=0.1)
+    rps.fit(X_train, y_train).calibrate(X_cal, y_cal)
+    sets = rps.predict_sets(X_test)            # boolean (n, K)
+    cert = rps.certify(X_test)                 # radii per point and class
+
+With ``n_train_parts = 1`` the score is the single model's ``predict_proba`` (THR /
+LAC); with ``n_calib_parts = 1`` the set is the split-conformal set; both at 1 give
+plain split conformal prediction (with the chosen rank rule).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from defenses.rps.certificate import (
+    Certificate,
+    PartThresholds,
+    ProbaGeometry,
+    ScoreGeometry,
+)
+from defenses.rps.ensemble import (
+    PartClassifier,
+    check_estimator,
+    predict_parts,
+    train_parts,
+)
+from defenses.rps.partition import check_features, partition
+from defenses.rps.quantile import (
+    QUANTILE_MODES,
+    QuantileMode,
+    check_alpha,
+    majority_miscoverage,
+    majority_threshold,
+    minimum_part_size,
+    part_rank,
+)
+from defenses.rps.scores import vote_counts, vote_geometry
+
+logger = logging.getLogger(__name__)
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+class NotFittedError(RuntimeError):
+    """The classifier is used before ``fit`` (or ``calibrate``)."""
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def proba_columns(model: Any, X: FloatArray, n_classes: int) -> FloatArray:
+    """``predict_proba`` of a single model, spread over all ``n_classes`` columns."""
+    if not hasattr(model, "predict_proba"):
+        labels = np.asarray(model.predict(X), dtype=np.int64)
+        out = np.zeros((X.shape[0], n_classes))
+        out[np.arange(X.shape[0]), labels] = 1.0
+        return out
+    proba = np.asarray(model.predict_proba(X), dtype=np.float64)
+    known = np.asarray(
+        getattr(model, "classes_", np.arange(proba.shape[1])), dtype=np.int64
+    )
+    out = np.zeros((X.shape[0], n_classes))
+    out[:, known] = proba
+    return out
+
+
+class ReliableConformalClassifier:
+    """Reliable prediction sets under training and calibration poisoning.
+
+    Parameters
+    ----------
+    estimator : scikit-learn classifier, TorchPartClassifier or callable
+        Base learner, cloned per training part; a callable is a torch model
+        factory ``(n_features, n_classes) -> Module``. It must be deterministic
+        given its ``random_state`` (seeded per part).
+    n_train_parts : int
+        ``k_t``, number of hash parts of the training data (1: no training defense).
+    n_calib_parts : int
+        ``k_c``, number of hash parts of the calibration data (1: no majority).
+    alpha : float
+        Miscoverage level in (0, 1).
+    quantile : {"exact", "official", "markov"}
+        Per-part rank rule (see :mod:`defenses.rps.quantile`).
+    softmax : bool
+        Smooth vote fractions with a softmax (the paper's default) or use them raw.
+    random_state : int
+        Base seed of the per-part training.
+    n_jobs : int or None
+        Parallel training jobs (joblib; None: one, -1: all cores).
+    """
+
+    def __init__(
+        self,
+        estimator: Any,
+        n_train_parts: int = 10,
+        n_calib_parts: int = 10,
+        alpha: float = 0.1,
+        quantile: QuantileMode = "exact",
+        softmax: bool = True,
+        random_state: int = 0,
+        n_jobs: int | None = None,
+    ) -> None:
+        check_estimator(estimator)
+        self.estimator = estimator
+        self.n_train_parts = _positive_int("n_train_parts", n_train_parts)
+        self.n_calib_parts = _positive_int("n_calib_parts", n_calib_parts)
+        self.alpha = check_alpha(alpha)
+        if quantile not in QUANTILE_MODES:
+            raise ValueError(
+                f"quantile must be one of {QUANTILE_MODES}, got {quantile!r}"
+            )
+        self.quantile: QuantileMode = quantile
+        if not isinstance(softmax, bool):
+            raise ValueError(f"softmax must be a bool, got {softmax!r}")
+        self.softmax = softmax
+        if (
+            isinstance(random_state, bool)
+            or not isinstance(random_state, int)
+            or random_state < 0
+        ):
+            raise ValueError(
+                f"random_state must be an integer >= 0, got {random_state!r}"
+            )
+        self.random_state = random_state
+        self.n_jobs = n_jobs
+        self.tau_hat = majority_threshold(self.n_calib_parts, self.alpha)
+        self.models_: list[PartClassifier] | None = None
+        self.thresholds_: FloatArray | None = None
+
+    # ------------------------------------------------------------------ fitting
+    def fit(self, X: npt.ArrayLike, y: npt.ArrayLike) -> ReliableConformalClassifier:
+        """Train one classifier per hash part of (X, y)."""
+        features = check_features(X)
+        labels = np.asarray(y)
+        if labels.shape != (features.shape[0],):
+            raise ValueError(
+                f"y must have shape ({features.shape[0]},), got {labels.shape}"
+            )
+        self.classes_, encoded = np.unique(labels, return_inverse=True)
+        if self.classes_.size < 2:
+            raise ValueError(
+                f"fit needs at least 2 classes, got {self.classes_.tolist()}"
+            )
+        if self.n_train_parts > features.shape[0]:
+            raise ValueError(
+                f"n_train_parts={self.n_train_parts} exceeds the number of training "
+                f"samples ({features.shape[0]})"
+            )
+        self.n_features_in_ = features.shape[1]
+        self.models_, parts = train_parts(
+            self.estimator,
+            features,
+            encoded.astype(np.int64),
+            self.n_train_parts,
+            self.n_classes,
+            self.random_state,
+            self.n_jobs,
+        )
+        self.train_part_sizes_ = np.array([p.size for p in parts], dtype=np.int64)
+        self.thresholds_ = None
+        return self
+
+    @property
+    def n_classes(self) -> int:
+        """Number of classes seen at fit time."""
+        return int(self.classes_.size)
+
+    def _check_X(self, X: npt.ArrayLike) -> FloatArray:
+        if self.models_ is None:
+            raise NotFittedError(
+                "ReliableConformalClassifier is not fitted: call fit first"
+            )
+        features = check_features(X)
+        if features.shape[1] != self.n_features_in_:
+            raise ValueError(
+                f"X has {features.shape[1]} features, but the classifier was fitted "
+                f"with {self.n_features_in_}"
+            )
+        return features
+
+    def _encode(self, y: npt.ArrayLike, n: int) -> IntArray:
+        labels = np.asarray(y)
+        if labels.shape != (n,):
+            raise ValueError(f"y must have shape ({n},), got {labels.shape}")
+        unseen = np.setdiff1d(labels, self.classes_)
+        if unseen.size:
+            raise ValueError(
+                f"labels {unseen.tolist()} were not seen at fit time "
+                f"(classes: {self.classes_.tolist()})"
+            )
+        return np.searchsorted(self.classes_, labels).astype(np.int64)
+
+    def predict_votes(self, X: npt.ArrayLike) -> IntArray:
+        """Votes of the part classifiers, shape (n, K) (the models' work)."""
+        features = self._check_X(X)
+        assert self.models_ is not None
+        return vote_counts(predict_parts(self.models_, features), self.n_classes)
+
+    def _geometry(self, features: FloatArray) -> ScoreGeometry:
+        assert self.models_ is not None
+        if self.n_train_parts == 1:
+            return ProbaGeometry(
+                proba_columns(self.models_[0], features, self.n_classes)
+            )
+        votes = vote_counts(predict_parts(self.models_, features), self.n_classes)
+        return vote_geometry(votes, self.n_train_parts, self.softmax)
+
+    def predict_scores(self, X: npt.ArrayLike) -> FloatArray:
+        """Conformity scores s(x, y), shape (n, K)."""
+        geometry = self._geometry(self._check_X(X))
+        return geometry.score()[geometry.index]
+
+    @property
+    def _max_radius(self) -> int:
+        return 0 if self.n_train_parts == 1 else self.n_train_parts
+
+    # -------------------------------------------------------------- calibrating
+    def calibrate(
+        self, X: npt.ArrayLike, y: npt.ArrayLike
+    ) -> ReliableConformalClassifier:
+        """Compute each calibration part's threshold and its worst-case range."""
+        features = self._check_X(X)
+        labels = self._encode(y, features.shape[0])
+        return self.calibrate_geometry(features, labels, self._geometry(features))
+
+    def geometry(self, X: npt.ArrayLike) -> ScoreGeometry:
+        """Scores and bound machinery of ``X`` (the models' predictions, reusable)."""
+        return self._geometry(self._check_X(X))
+
+    def calibrate_geometry(
+        self, features: FloatArray, labels: IntArray, geometry: ScoreGeometry
+    ) -> ReliableConformalClassifier:
+        """:meth:`calibrate` from precomputed scores (``labels`` encoded 0..K-1).
+
+        Lets studies recalibrate on many splits without re-running the models.
+        """
+        k_c = self.n_calib_parts
+        if k_c > features.shape[0]:
+            raise ValueError(
+                f"n_calib_parts={k_c} exceeds the number of calibration samples "
+                f"({features.shape[0]})"
+            )
+        parts = partition(features, labels, k_c)
+        sizes = np.array([p.size for p in parts], dtype=np.int64)
+        ranks = np.array(
+            [part_rank(int(n), self.alpha, k_c, self.quantile) for n in sizes]
+        )
+        n_min = minimum_part_size(self.alpha, k_c, self.quantile)
+        if np.any(ranks < 1):
+            worst = int(np.argmin(sizes))
+            raise ValueError(
+                f"calibration part {worst} holds {sizes[worst]} points; quantile "
+                f"{self.quantile!r} at alpha={self.alpha} with {k_c} parts needs at "
+                f"least {n_min} per part: use more calibration data or fewer parts"
+            )
+        entries = geometry.index[np.arange(features.shape[0]), labels]
+        steps = self._max_radius + 1
+        cal_lower = np.empty((features.shape[0], steps))
+        cal_upper = np.empty((features.shape[0], steps))
+        cal_lower[:, 0] = cal_upper[:, 0] = geometry.score()[entries]
+        for r in range(1, steps):
+            cal_lower[:, r] = geometry.lower(r, rows=entries)
+            cal_upper[:, r] = geometry.upper(r, rows=entries)
+        tau_lower = np.empty((k_c, steps))
+        tau_upper = np.empty((k_c, steps))
+        for i, (members, rank) in enumerate(zip(parts, ranks, strict=True)):
+            tau_lower[i] = np.sort(cal_lower[members], axis=0)[rank - 1]
+            tau_upper[i] = np.sort(cal_upper[members], axis=0)[rank - 1]
+        self.calib_part_sizes_ = sizes
+        self.ranks_ = ranks
+        self.guard_ = int(sizes.min() - n_min)
+        self.part_thresholds_ = PartThresholds(
+            np.sort(tau_lower, axis=0),
+            np.sort(tau_upper, axis=0),
+            self.tau_hat,
+            self.guard_,
+        )
+        self.thresholds_ = tau_lower[:, 0].copy()
+        self.miscoverage_bound_ = majority_miscoverage(ranks, sizes, self.alpha)
+        logger.info(
+            "calibrated %d parts (sizes %d..%d), tau_hat=%d, exact miscoverage %.4f",
+            k_c,
+            sizes.min(),
+            sizes.max(),
+            self.tau_hat,
+            self.miscoverage_bound_,
+        )
+        return self
+
+    def _check_calibrated(self) -> PartThresholds:
+        if self.thresholds_ is None:
+            raise NotFittedError(
+                "ReliableConformalClassifier is not calibrated: call calibrate first"
+            )
+        return self.part_thresholds_
+
+    # --------------------------------------------------------------- predicting
+    def predict_sets(self, X: npt.ArrayLike) -> BoolArray:
+        """Majority prediction sets, boolean (n, K) with columns ``classes_``.
+
+        A class is in more than ``tau_hat`` part sets exactly when its score
+        reaches the ``(tau_hat + 1)``-th smallest part threshold.
+        """
+        thresholds = self._check_calibrated()
+        return np.asarray(self.predict_scores(X) >= thresholds.cut)
+
+    def certify(
+        self, X: npt.ArrayLike, max_train_radius: int | None = None
+    ) -> Certificate:
+        """Certified radii per point and class (the sets are included).
+
+        Parameters
+        ----------
+        X : array of shape (n, d)
+            Test points.
+        max_train_radius : int or None
+            Largest training radius examined (default and at most
+            ``n_train_parts``; radii are capped there, which is sound).
+
+        Returns
+        -------
+        Certificate
+            The sets (``Certificate.sets`` equals :meth:`predict_sets`, so calling
+            both is not needed) and the radii.
+        """
+        thresholds = self._check_calibrated()
+        features = self._check_X(X)
+        radius = self._max_radius if max_train_radius is None else max_train_radius
+        if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
+            raise ValueError(f"max_train_radius must be an int >= 0, got {radius!r}")
+        radius = min(radius, self._max_radius)
+        thresholds = thresholds.truncated(radius)
+        geometry = self._geometry(features)
+        in_set = np.asarray(geometry.score() >= thresholds.cut)
+        index = geometry.index
+        training = thresholds.largest(geometry, in_set, joint=False)
+        joint = thresholds.largest(geometry, in_set, joint=True, ceiling=training)
+        return Certificate(
+            sets=in_set[index],
+            training=training[index],
+            calibration=thresholds.calibration_radius(geometry, in_set, 0)[index],
+            joint=joint[index],
+            max_train_radius=radius,
+            geometry=geometry,
+            thresholds=thresholds,
+            in_set=in_set,
+        )

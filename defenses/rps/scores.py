@@ -1,0 +1,246 @@
+r"""Vote scores of the partitioned ensemble and their worst case under poisoning.
+
+With :math:`k_t` part classifiers :math:`f^{(i)}`, the vote counts are
+:math:`v_y(x) = \#\{i : f^{(i)}(x) = y\}`, the fractions :math:`\pi_y = v_y / k_t`
+and the smoothed score is :math:`s(x, y) = e^{\pi_y} / \sum_c e^{\pi_c}`
+(Scholten & Günnemann, ICLR 2025, Alg. 1); ``softmax=False`` uses
+:math:`s = \pi_y`.
+
+A poisoned training point lies in one part, so :math:`r` poisoned points change at
+most :math:`r` votes: the reachable vote vectors are those :math:`v'` with
+:math:`\sum_c \max(0, v_c - v'_c) \le r`. The extreme scores over that set are
+reached greedily, one vote at a time (the tests check this against brute-force
+enumeration):
+
+* upper bound of :math:`s(x, y)`: move a vote from the largest other class to
+  :math:`y`. After :math:`r' = \min(r, k_t - v_y)` moves the other classes are
+  "water-filled" down from the top: with the others sorted,
+  :math:`o_1 \ge o_2 \ge \dots`, the top :math:`j` of them end at levels
+  :math:`L` or :math:`L + 1` summing to :math:`\sum_{c \le j} o_c - r'`;
+* lower bound: move :math:`\min(r, v_y)` votes from :math:`y` to the largest other
+  class, then drain the remaining other classes, smallest first, into it.
+
+Both have closed forms, evaluated here in O(K) per (point, class) for any radius.
+Every score is computed by the same formula from (own votes, sorted other votes), so
+equal vote vectors give bit-identical scores whatever the class order: ties between
+test and calibration scores stay exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+def vote_counts(predictions: npt.ArrayLike, n_classes: int) -> IntArray:
+    """Votes per class, shape (n, K), from part predictions of shape (k_t, n)."""
+    p = np.asarray(predictions, dtype=np.int64)
+    if p.ndim != 2:
+        raise ValueError(f"predictions must have shape (k_t, n), got {p.shape}")
+    if p.size and (p.min() < 0 or p.max() >= n_classes):
+        raise ValueError(
+            f"predictions must lie in [0, {n_classes}), got [{p.min()}, {p.max()}]"
+        )
+    n = p.shape[1]
+    flat = p + n_classes * np.arange(n, dtype=np.int64)[None, :]
+    counts = np.bincount(flat.ravel(), minlength=n * n_classes)
+    return counts.reshape(n, n_classes).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class VoteGeometry:
+    """Score bounds of a batch, per *entry*: a point and one of its vote counts.
+
+    Classes of a point with equal votes have equal scores and bounds, so the work
+    is done once per distinct (point, vote count) entry; ``index`` maps each
+    (point, class) to its entry. :meth:`lower` and :meth:`upper` take a radius that
+    broadcasts against the entries (optionally restricted to ``rows``).
+
+    Attributes
+    ----------
+    own : ndarray of shape (E,)
+        The entry's vote count.
+    others : ndarray of shape (E, K - 1)
+        The point's other votes, sorted descending.
+    index : ndarray of shape (n, K)
+        Entry of each (point, class).
+    scores : ndarray of shape (E,)
+        The smoothed scores (computed by :func:`smoothed_scores`).
+    """
+
+    own: IntArray
+    others: IntArray
+    index: IntArray
+    scores: FloatArray
+    n_voters: int
+    softmax: bool
+
+    def __post_init__(self) -> None:
+        table = np.exp(np.arange(self.n_voters + 2, dtype=np.float64) / self.n_voters)
+        object.__setattr__(self, "_table", table)
+        o = self.others
+        m = o.shape[-1]
+        top_sum = np.cumsum(o, axis=-1)
+        ascending = np.ascontiguousarray(o[..., :0:-1])
+        cum = np.cumsum(ascending, axis=-1)
+        zeros = np.zeros((o.shape[0], 1), dtype=np.int64)
+        derived = {
+            "room": top_sum[..., -1],
+            "top_sum": top_sum,
+            "depth": top_sum - np.arange(1, m + 1) * o,
+            "tail": np.concatenate(
+                [_reverse_cumsum(self._exp(o)), zeros.astype(np.float64)], axis=-1
+            ),
+            "drainable": cum[..., -1] if m > 1 else zeros[..., 0],
+            "cum": cum,
+            "before": np.concatenate([zeros, cum], axis=-1),
+            "padded": np.concatenate([ascending, zeros], axis=-1),
+            "suffix": np.concatenate(
+                [_reverse_cumsum(self._exp(ascending)), zeros.astype(np.float64)],
+                axis=-1,
+            ),
+        }
+        object.__setattr__(self, "_derived", derived)
+
+    def _get(self, name: str, rows: IntArray | None) -> npt.NDArray[np.generic]:
+        derived: dict[str, npt.NDArray[np.generic]] = self.__dict__["_derived"]
+        values = derived[name]
+        return values if rows is None else values[rows]
+
+    @property
+    def size(self) -> int:
+        """Number of entries."""
+        return int(self.own.shape[0])
+
+    def _exp(self, votes: npt.ArrayLike) -> FloatArray:
+        table: FloatArray = self.__dict__["_table"]
+        return np.asarray(table[np.asarray(votes, dtype=np.int64)], dtype=np.float64)
+
+    def _score(self, own: IntArray, rest: FloatArray | None) -> FloatArray:
+        if rest is None:
+            return np.asarray(own / self.n_voters, dtype=np.float64)
+        e = self._exp(own)
+        return np.asarray(e / (e + rest), dtype=np.float64)
+
+    def _radius(self, radius: npt.ArrayLike, rows: IntArray | None) -> IntArray:
+        r = np.asarray(radius, dtype=np.int64)
+        if np.any(r < 0):
+            raise ValueError("radius must be >= 0")
+        n = self.size if rows is None else int(rows.shape[0])
+        return np.broadcast_to(r, (n,))
+
+    def score(self) -> FloatArray:
+        """The smoothed score of each entry."""
+        return self.scores
+
+    def upper(self, radius: npt.ArrayLike, rows: IntArray | None = None) -> FloatArray:
+        """Largest score after ``radius`` changed votes."""
+        moved = np.minimum(self._radius(radius, rows), self._get("room", rows))
+        own = (self.own if rows is None else self.own[rows]) + moved
+        if not self.softmax:
+            return self._score(own, None)
+        depth = self._get("depth", rows)
+        j = np.maximum((depth <= moved[:, None]).sum(axis=-1), 1)
+        at = np.arange(j.shape[0]) if rows is None else rows
+        top = self._get("top_sum", None)[at, j - 1]
+        kept = top - moved
+        level = kept // j
+        high = kept - j * level
+        tail = self._get("tail", None)[at, j]
+        rest = (j - high) * self._exp(level) + high * self._exp(level + 1) + tail
+        return self._score(own, rest)
+
+    def lower(self, radius: npt.ArrayLike, rows: IntArray | None = None) -> FloatArray:
+        """Smallest score after ``radius`` changed votes."""
+        r = self._radius(radius, rows)
+        own_votes = self.own if rows is None else self.own[rows]
+        first = np.minimum(r, own_votes)
+        own = own_votes - first
+        if not self.softmax:
+            return self._score(own, None)
+        drained = np.minimum(r - first, self._get("drainable", rows))
+        at = np.arange(r.shape[0]) if rows is None else rows
+        top = self.others[at, 0] + first + drained
+        m = self.others.shape[-1] - 1
+        t = (self._get("cum", rows) <= drained[:, None]).sum(axis=-1)
+        before = self._get("before", None)[at, t]
+        partial = self._get("padded", None)[at, t] - (drained - before)
+        after = self._get("suffix", None)[at, np.minimum(t + 1, m)]
+        intact = t < m
+        rest = (
+            self._exp(top)
+            + t.astype(np.float64)
+            + np.where(intact, self._exp(partial) + after, 0.0)
+        )
+        return self._score(own, rest)
+
+
+def _reverse_cumsum(values: FloatArray) -> FloatArray:
+    return np.asarray(
+        np.cumsum(values[..., ::-1], axis=-1)[..., ::-1], dtype=np.float64
+    )
+
+
+def _check_votes(votes: npt.ArrayLike, n_voters: int) -> IntArray:
+    v = np.asarray(votes, dtype=np.int64)
+    if v.ndim != 2 or v.shape[1] < 2:
+        raise ValueError(f"votes must have shape (n, K) with K >= 2, got {v.shape}")
+    if n_voters < 1 or np.any(v.sum(axis=1) != n_voters):
+        raise ValueError(f"each row of votes must sum to n_voters={n_voters}")
+    return v
+
+
+def smoothed_scores(
+    votes: npt.ArrayLike, n_voters: int, softmax: bool = True
+) -> FloatArray:
+    """Scores s(x, y) of shape (n, K) from vote counts.
+
+    The softmax denominator is summed over the votes in sorted order, so the score
+    is a bit-exact function of (own votes, multiset of votes): equal vote vectors
+    give equal scores whatever the class order.
+    """
+    v = _check_votes(votes, n_voters)
+    fractions = v / n_voters
+    if not softmax:
+        return np.asarray(fractions, dtype=np.float64)
+    ordered = -np.sort(-v, axis=1)
+    denominator = np.exp(ordered / n_voters).sum(axis=1, keepdims=True)
+    return np.asarray(np.exp(fractions) / denominator, dtype=np.float64)
+
+
+def vote_geometry(
+    votes: npt.ArrayLike, n_voters: int, softmax: bool = True
+) -> VoteGeometry:
+    """Entries (point, distinct vote count) with the sorted other votes."""
+    v = _check_votes(votes, n_voters)
+    n, k = v.shape
+    order = np.argsort(-v, axis=1, kind="stable")
+    ordered = np.take_along_axis(v, order, axis=1)
+    first = np.ones((n, k), dtype=bool)
+    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    point, position = np.nonzero(first)
+    keep = np.arange(k)[None, :] != position[:, None]
+    others = ordered[point][keep].reshape(point.size, k - 1)
+    rank = np.cumsum(first, axis=1) - 1
+    sorted_rank = np.empty_like(order)
+    np.put_along_axis(sorted_rank, order, np.arange(k)[None, :], axis=1)
+    start = np.concatenate([[0], np.cumsum(first.sum(axis=1))[:-1]])
+    index = start[:, None] + np.take_along_axis(rank, sorted_rank, axis=1)
+    if softmax:
+        denominator = np.exp(ordered / n_voters).sum(axis=1)
+        entry_scores = np.exp(ordered[point, position] / n_voters) / denominator[point]
+    else:
+        entry_scores = ordered[point, position] / n_voters
+    return VoteGeometry(
+        ordered[point, position],
+        np.ascontiguousarray(others),
+        index.astype(np.int64),
+        np.asarray(entry_scores, dtype=np.float64),
+        n_voters,
+        softmax,
+    )
