@@ -25,6 +25,8 @@ def check_ids(ids: npt.ArrayLike, what: str = "ids") -> IdArray:
     array = np.asarray(ids)
     if array.ndim != 1:
         raise ValueError(f"{what} must be 1-D, got shape {array.shape}")
+    if array.size == 0:
+        return array.astype(np.int64)
     if array.dtype.kind not in "iuU":
         raise ValueError(f"{what} must be integers or strings, got dtype {array.dtype}")
     return array

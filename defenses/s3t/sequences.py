@@ -13,7 +13,8 @@ survives until every order has lost its first slice.
 * **BMS** (bipartite-matching selection, their Algorithm 2, for known per-slice
   deletion probabilities ``p``). Orders grow one position at a time; at each position
   a maximum-weight assignment matches orders to distinct unused slices, with weight
-  the score of the extended prefix. We use a well-conditioned score, the expected
+  the score of the extended prefix (when ``B < L`` leaves two orders only one and the
+  same unused slice, both take it). We use a well-conditioned score, the expected
   surviving prefix length after ``t`` deletions hit the shard,
   ``score(pi) = sum_k (1 - c_k)^t`` with ``c_k = p_{pi_1} + ... + p_{pi_k}`` (the
   released code's ``t = 100`` makes every score vanish, so ties decide).
@@ -119,6 +120,8 @@ def bms_orders(
                     weights[row, j] = prefix_score([*prefix, j], p, t)
         rows, cols = linear_sum_assignment(weights, maximize=True)
         for row, col in zip(rows, cols, strict=True):
+            if weights[row, col] < -1e8:
+                col = int(np.argmax(weights[row]))
             orders[row].append(int(col))
     return [tuple(o) for o in orders]
 
@@ -167,7 +170,10 @@ def simulate_deletion_rate(
     firsts = sorted({o[0] for o in orders})
     needed = np.array([s * slices + j for s in range(shards) for j in firsts])
     slot_probs = np.tile(p, shards) / shards
-    horizon = max(64, int(8 * deletion_rate_theory(shards, slices, len(firsts))))
+    rarest = float(p[firsts].min())
+    if rarest <= 0:
+        raise ValueError("a first slice has deletion probability 0: it never dies")
+    horizon = max(64, int(8 * shards * harmonic(needed.size) / rarest))
     draws = rng.choice(shards * slices, size=(runs, horizon), p=slot_probs)
     first_hit = np.empty((runs, needed.size), dtype=np.int64)
     for column, slot in enumerate(needed):

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import pytest
+
+from defenses.s3t.bench import deletion_benchmark
+from defenses.s3t.figures import figures
+
+TINY = {
+    "shards": 2,
+    "slices": 2,
+    "streams": 2,
+    "max_deletions": 30,
+    "every": 5,
+    "pool": 150,
+    "public": 120,
+    "width": 24,
+    "hidden": 32,
+    "blocks": 4,
+    "pretrain_epochs": 3,
+    "rank": 2,
+    "epochs": 2,
+    "simulation_runs": 200,
+}
+
+
+@pytest.fixture(scope="module")
+def uniform():
+    return {r.defense: r for r in deletion_benchmark(TINY, [0])}
+
+
+def test_records_and_invariants(uniform) -> None:
+    assert set(uniform) == {"none", "sisa", "s3t-b1", "s3t"}
+    none, sisa, b1, s3t = (uniform[k] for k in ("none", "sisa", "s3t-b1", "s3t"))
+    assert none.utility["deletions_served"] == 1.0
+    assert sisa.utility["deletions_served"] == b1.utility["deletions_served"]
+    assert s3t.utility["deletions_served"] >= b1.utility["deletions_served"]
+    assert s3t.utility["deletions_theory"] > b1.utility["deletions_theory"]
+    fit = none.cost["train_passes"]
+    assert none.cost["retrain_passes@10"] == pytest.approx(10 * fit)
+    assert sisa.cost["retrain_passes@10"] < none.cost["retrain_passes@10"]
+    assert s3t.cost["stored_stages"] == 2 * 4
+    assert 0 <= s3t.utility["accuracy"] <= 1
+    assert s3t.cost["delete_s"] > 0
+    assert s3t.params["benchmark"]["sequences"] == 2
+
+
+def test_skewed_stream_adds_bms() -> None:
+    results = list(deletion_benchmark({**TINY, "skew": "zipf", "slices": 3}, [1]))
+    names = {r.defense for r in results}
+    assert "s3t-bms" in names
+    bms = next(r for r in results if r.defense == "s3t-bms")
+    assert bms.utility["deletions_simulated"] > 0
+
+
+def test_figures_draw_pngs(uniform, tmp_path) -> None:
+    import dataclasses
+
+    tagged = [
+        dataclasses.replace(r, meta={**r.meta, "spec": "s3t_deletion-quick"})
+        for r in uniform.values()
+    ]
+    made = figures(tagged, tmp_path)
+    assert len(made) == 1
+    caption, path = made[0]
+    assert "m=2 L=2" in caption
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    assert figures([], tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("params", "match"),
+    [
+        ({"bogus": 1}, "no parameter"),
+        ({"streams": 0}, "streams must be a positive int"),
+        ({"skew": "heavy"}, "skew must be"),
+        ({"zipf": 0.0}, "zipf must be > 0"),
+        ({"pool": -1}, "pool must be"),
+    ],
+)
+def test_bad_parameters(params, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        list(deletion_benchmark(params, [0]))
