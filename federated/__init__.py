@@ -1,0 +1,17 @@
+"""Time-adaptive privacy spending in DP federated learning, on Flower and Opacus.
+
+Kiani, Kulkarni, Dziedzic, Draper and Boenisch, "Differentially Private Federated
+Learning with Time-Adaptive Privacy Spending", ICLR 2025. Clients with individual
+budgets save privacy early (a lower Poisson sampling rate) and spend it later, under
+one noise multiplier; every schedule is calibrated so that Opacus's accountant lands
+within 1% below the client's budget.
+
+Modules: :mod:`~federated.accounting` (Opacus RDP/PRV accounting and rate solvers),
+:mod:`~federated.schedule` (uniform, time-adaptive, strict-only schedules),
+:mod:`~federated.client` (local DP-SGD: numpy and Opacus backends),
+:mod:`~federated.training` (the framework-free FedAvg loop),
+:mod:`~federated.methods` (the method and its baselines as defenses),
+:mod:`~federated.app` (the Flower ServerApp/ClientApp), :mod:`~federated.audit`
+(canary audit), :mod:`~federated.scenario` (harness wiring). Flower and Opacus are
+imported lazily, so importing this package needs neither.
+"""

@@ -1,0 +1,292 @@
+r"""Privacy accounting of heterogeneous DP-SGD histories with Opacus.
+
+A client's *history* is the time-ordered list of phases ``(sigma, q, steps)`` it ran:
+``steps`` steps of the Poisson-subsampled Gaussian mechanism with sampling rate ``q``
+and noise multiplier ``sigma``. Its epsilon at ``delta`` comes from Opacus:
+
+* ``"rdp"`` - :class:`opacus.accountants.RDPAccountant`: Rényi DP of the subsampled
+  Gaussian (Mironov et al., 2019) summed over the phases,
+  :math:`\rho(\alpha) = \sum_i k_i\,\rho_{q_i,\sigma_i}(\alpha)`, converted with
+  :math:`\varepsilon = \min_\alpha \rho(\alpha) + \log((\alpha-1)/\alpha)
+  - (\log\delta + \log\alpha)/(\alpha-1)` (Balle et al., 2020);
+* ``"prv"`` - :class:`opacus.accountants.PRVAccountant`: numerical composition of
+  privacy-loss random variables (Gopi et al., 2021), tighter than RDP.
+
+No RDP is written by hand here. The solvers bisect a sampling rate so that the
+accounted epsilon lands in ``[(1 - tolerance) * budget, budget]``; results are cached
+because one accountant call costs tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Literal
+
+Accountant = Literal["rdp", "prv"]
+ORDERS: tuple[float, ...] = (
+    1.1, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0,
+    10.0, 12.0, 14.0, 16.0, 20.0, 24.0, 28.0, 32.0, 40.0, 48.0, 64.0, 128.0, 256.0,
+)  # fmt: skip
+"""Rényi orders of the RDP accountant: fewer fractional orders than Opacus's default
+grid (4x faster); the minimum over a subset of orders is a valid, slightly looser
+bound, and calibration and certification use the same grid."""
+ACCOUNTANTS: tuple[Accountant, ...] = ("rdp", "prv")
+Phase = tuple[float, float, int]
+
+
+class UnreachableBudget(ValueError):
+    """No sampling rate in the allowed range makes epsilon hit the budget."""
+
+
+def check_delta(delta: float) -> None:
+    """Raise ValueError unless ``0 < delta < 1``."""
+    if isinstance(delta, bool) or not isinstance(delta, int | float):
+        raise ValueError(f"delta must be a number in (0, 1), got {delta!r}")
+    if not 0.0 < float(delta) < 1.0:
+        raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
+
+
+def check_budget(budget: float, what: str = "budget") -> None:
+    """Raise ValueError unless ``budget`` is a finite number > 0."""
+    if isinstance(budget, bool) or not isinstance(budget, int | float):
+        raise ValueError(f"{what} must be a finite number > 0, got {budget!r}")
+    if not math.isfinite(budget) or budget <= 0:
+        raise ValueError(f"{what} must be a finite number > 0, got {budget!r}")
+
+
+def check_accountant(accountant: str) -> None:
+    """Raise ValueError unless ``accountant`` is one of :data:`ACCOUNTANTS`."""
+    if accountant not in ACCOUNTANTS:
+        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+
+
+def check_history(history: Sequence[Phase]) -> list[Phase]:
+    """Validate and normalise a history; return it as a list of float/int tuples."""
+    out: list[Phase] = []
+    for i, item in enumerate(history):
+        if len(item) != 3:
+            raise ValueError(f"history[{i}] must be (sigma, q, steps), got {item!r}")
+        sigma, q, steps = float(item[0]), float(item[1]), item[2]
+        if not math.isfinite(sigma) or sigma <= 0:
+            raise ValueError(f"history[{i}]: sigma must be finite and > 0, got {sigma}")
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"history[{i}]: q must lie in [0, 1], got {q}")
+        if isinstance(steps, bool) or int(steps) != steps or steps < 0:
+            raise ValueError(f"history[{i}]: steps must be an int >= 0, got {steps!r}")
+        if steps > 0 and q > 0:
+            out.append((sigma, q, int(steps)))
+    return out
+
+
+def merge(history: Sequence[Phase]) -> list[Phase]:
+    """Merge consecutive phases with equal (sigma, q) into one, summing steps."""
+    merged: list[Phase] = []
+    for sigma, q, steps in history:
+        if merged and merged[-1][0] == sigma and merged[-1][1] == q:
+            merged[-1] = (sigma, q, merged[-1][2] + steps)
+        else:
+            merged.append((sigma, q, steps))
+    return merged
+
+
+@functools.lru_cache(maxsize=4096)
+def _epsilon_cached(history: tuple[Phase, ...], delta: float, accountant: str) -> float:
+    from opacus.accountants import PRVAccountant, RDPAccountant
+
+    if not history:
+        return 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if accountant == "rdp":
+            rdp = RDPAccountant()
+            rdp.history = list(history)
+            eps = float(rdp.get_privacy_spent(delta=delta, alphas=list(ORDERS))[0])
+        else:
+            prv = PRVAccountant()
+            prv.history = list(history)
+            eps = float(prv.get_epsilon(delta=delta))
+    if math.isnan(eps):
+        raise ValueError(f"the {accountant} accountant returned NaN for {history}")
+    return eps
+
+
+def epsilon(
+    history: Sequence[Phase], delta: float, accountant: Accountant = "rdp"
+) -> float:
+    """Epsilon at ``delta`` of a heterogeneous history ``[(sigma, q, steps), ...]``.
+
+    An empty history (or one whose phases all have ``q = 0`` or no steps) spends 0.
+    """
+    check_delta(delta)
+    check_accountant(accountant)
+    return _epsilon_cached(
+        tuple(merge(check_history(history))), float(delta), accountant
+    )
+
+
+def _bisect_rate(
+    prefix: tuple[Phase, ...],
+    sigma: float,
+    steps: int,
+    budget: float,
+    delta: float,
+    accountant: str,
+    low: float,
+    tolerance: float,
+) -> float:
+    """Largest q in [low, 1] with eps(prefix + (sigma, q, steps)) <= budget."""
+
+    def eps_at(q: float) -> float:
+        return _epsilon_cached(
+            tuple(merge([*prefix, (sigma, q, steps)])), delta, accountant
+        )
+
+    if eps_at(low) > budget:
+        raise UnreachableBudget(
+            f"budget {budget} is already exceeded at the smallest allowed rate "
+            f"q={low:.4g} ({eps_at(low):.4g}); lower the saving rate or raise sigma"
+        )
+    top = eps_at(1.0)
+    if top <= budget:
+        if top < (1.0 - tolerance) * budget:
+            raise UnreachableBudget(
+                f"budget {budget} cannot be spent: even q=1 for {steps} steps at "
+                f"sigma={sigma} only reaches epsilon={top:.4g}; lower sigma or the "
+                "budget, or add rounds"
+            )
+        return 1.0
+    # Illinois (regula falsi) on log q against log epsilon, which is close to
+    # linear; the accepted window is [(1 - tolerance) budget, budget].
+    target = math.log((1.0 - tolerance / 2) * budget)
+    lo = max(low, 1e-9)
+    e_lo = eps_at(lo)
+    if e_lo >= (1.0 - tolerance) * budget:
+        return lo
+    x_lo, x_hi = math.log(lo), 0.0
+    y_lo = math.log(max(e_lo, 1e-300)) - target
+    y_hi = math.log(top) - target
+    side = 0
+    for _ in range(100):
+        x = x_hi - y_hi * (x_hi - x_lo) / (y_hi - y_lo)
+        if not x_lo < x < x_hi:
+            x = 0.5 * (x_lo + x_hi)
+        q = math.exp(x)
+        e = eps_at(q)
+        if (1.0 - tolerance) * budget <= e <= budget:
+            return q
+        y = math.log(max(e, 1e-300)) - target
+        if y > 0:
+            x_hi, y_hi = x, y
+            if side == 1:
+                y_lo /= 2
+            side = 1
+        else:
+            x_lo, y_lo = x, y
+            if side == -1:
+                y_hi /= 2
+            side = -1
+    raise UnreachableBudget(
+        f"could not place epsilon within {tolerance:.1%} of budget {budget}"
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def solve_uniform_rate(
+    budget: float,
+    delta: float,
+    sigma: float,
+    steps: int,
+    accountant: Accountant = "rdp",
+    tolerance: float = 0.005,
+) -> float:
+    """Sampling rate q with eps([(sigma, q, steps)]) in [(1 - tol) budget, budget].
+
+    Raises
+    ------
+    UnreachableBudget
+        If even q = 1 spends less than the budget.
+    """
+    check_budget(budget)
+    check_delta(delta)
+    check_accountant(accountant)
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    return _bisect_rate((), sigma, steps, budget, delta, accountant, 0.0, tolerance)
+
+
+@functools.lru_cache(maxsize=1024)
+def solve_spend_rate(
+    budget: float,
+    delta: float,
+    sigma: float,
+    save_rate: float,
+    save_steps: int,
+    spend_steps: int,
+    accountant: Accountant = "rdp",
+    tolerance: float = 0.005,
+) -> float:
+    r"""Spending rate after ``save_steps`` steps at ``save_rate``, hitting the budget.
+
+    Solves :math:`\max q \ge q_{sav}` s.t.
+    :math:`\varepsilon([(\sigma, q_{sav}, k_{sav}), (\sigma, q, k_{spd})]) \le
+    \varepsilon_n`, so the spending rate is never below the saving rate.
+
+    Raises
+    ------
+    UnreachableBudget
+        If the saving phase alone exceeds the budget or q = 1 cannot spend it.
+    """
+    check_budget(budget)
+    check_delta(delta)
+    check_accountant(accountant)
+    if spend_steps < 1:
+        raise ValueError(f"spend_steps must be >= 1, got {spend_steps}")
+    prefix = tuple(check_history([(sigma, save_rate, save_steps)]))
+    return _bisect_rate(
+        prefix, sigma, spend_steps, budget, delta, accountant, save_rate, tolerance
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def solve_noise_multiplier(
+    budget: float,
+    delta: float,
+    rate: float,
+    steps: int,
+    accountant: Accountant = "rdp",
+    tolerance: float = 0.005,
+) -> float:
+    """Smallest noise multiplier (to ``tolerance``) with eps <= budget.
+
+    Bisects sigma on a log scale in [0.05, 1000] so that
+    ``eps([(sigma, rate, steps)])`` lies in ``[(1 - tolerance) budget, budget]``.
+    """
+    check_budget(budget)
+    check_delta(delta)
+    check_accountant(accountant)
+    if not 0.0 < rate <= 1.0 or steps < 1:
+        raise ValueError(f"need rate in (0, 1] and steps >= 1, got {rate}, {steps}")
+
+    def eps_at(sigma: float) -> float:
+        return _epsilon_cached(((sigma, rate, steps),), delta, accountant)
+
+    lo, hi = math.log(0.05), math.log(1000.0)
+    if eps_at(math.exp(hi)) > budget:
+        raise UnreachableBudget(f"budget {budget} needs sigma > 1000")
+    if eps_at(math.exp(lo)) <= budget:
+        raise UnreachableBudget(f"budget {budget} is not spent even at sigma = 0.05")
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        e = eps_at(math.exp(mid))
+        if (1.0 - tolerance) * budget <= e <= budget:
+            return math.exp(mid)
+        if e > budget:
+            lo = mid
+        else:
+            hi = mid
+    raise UnreachableBudget(
+        f"could not place epsilon within {tolerance:.1%} of {budget}"
+    )

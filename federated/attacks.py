@@ -1,0 +1,92 @@
+"""The adversaries: a canary observer of client updates, and membership inference.
+
+* :class:`CanaryObserver` - the curious server of :mod:`federated.audit`: it sees
+  the audited client's released steps projected on the canary direction and scores
+  each trial by the likelihood ratio at the claimed rates and by a matched filter.
+* :class:`GlobalModelMIA` - loss-threshold membership inference on the final
+  global model (Yeom et al., 2018), scored on the logit of the true-class
+  probability (Carlini et al., 2022); the scenario reports it per privacy group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from defenses.oracle import QueryOracle
+from defenses.threat import Capability
+from federated.audit import likelihood_ratio, matched_filter
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class AuditView:
+    """What the observer sees of the audited client.
+
+    The projected releases, the claimed rates and sigmas, and the canary inclusion
+    profile of the client's (public) sampling code.
+    """
+
+    observations: FloatArray
+    rates: tuple[float, ...]
+    sigmas: tuple[float | None, ...]
+    profile: FloatArray
+
+
+@dataclass(frozen=True)
+class MembershipView:
+    """A query oracle on the global model and labelled candidates."""
+
+    oracle: QueryOracle
+    candidates: FloatArray
+    labels: npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class CanaryObserver:
+    """Score canary trials by likelihood ratio and matched filter (2 x trials)."""
+
+    name: ClassVar[str] = "federated-canary-audit"
+    requires: ClassVar[frozenset[Capability]] = frozenset({Capability.OBSERVE_TRAFFIC})
+
+    def run(self, view: AuditView, rng: np.random.Generator) -> FloatArray:
+        """Return one row of scores per statistic."""
+        return np.stack(
+            [
+                likelihood_ratio(view.observations, view.rates, view.sigmas),
+                matched_filter(view.observations, view.profile, view.sigmas),
+            ]
+        )
+
+
+@dataclass(frozen=True)
+class GlobalModelMIA:
+    """Loss-threshold membership inference on the global model.
+
+    Parameters
+    ----------
+    floor : float
+        Probabilities are clipped to [floor, 1 - floor], in (0, 0.5).
+    """
+
+    name: ClassVar[str] = "federated-loss-mia"
+    requires: ClassVar[frozenset[Capability]] = frozenset({Capability.QUERY_SCORES})
+    floor: float = 1e-12
+
+    def __post_init__(self) -> None:
+        if not 0 < self.floor < 0.5:
+            raise ValueError(
+                f"GlobalModelMIA.floor must lie in (0, 0.5), got {self.floor!r}"
+            )
+
+    def run(self, view: MembershipView, rng: np.random.Generator) -> FloatArray:
+        """Membership scores, higher for likelier members."""
+        scores = np.asarray(view.oracle(view.candidates), dtype=np.float64)
+        p = np.clip(
+            scores[np.arange(scores.shape[0]), view.labels], self.floor, 1 - self.floor
+        )
+        return np.asarray(np.log(p) - np.log1p(-p), dtype=np.float64)

@@ -1,0 +1,297 @@
+"""Harness wiring of the time-adaptive DP federated-learning package.
+
+Two games share one federated task (:mod:`federated.tasks`) and learner (FedAvg
+without DP; the DP methods of :mod:`federated.methods` wrap it):
+
+* ``federated-audit`` - the canary audit of the strictest client's accountant by an
+  observer of its updates (:mod:`federated.audit`); success is the epsilon lower
+  bound, to be read next to the certified epsilon;
+* ``federated-membership`` - loss-threshold membership inference on the final
+  global model, AUC overall and per privacy group.
+
+Utility is the test accuracy of the global model: after the last round, averaged
+over the last five rounds, and after every round (``acc@<t>``) for the curves.
+Importing this module registers every scenario, attack, defense, measurement
+benchmark and figure of the package.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from defenses.metrics import membership_metrics
+from defenses.oracle import QueryOracle
+from defenses.registry import register
+from defenses.threat import Capability, Goal, Knowledge, Stage, ThreatModel
+from federated import benchmarks, figures
+from federated.accounting import check_budget, check_delta
+from federated.attacks import AuditView, CanaryObserver, GlobalModelMIA, MembershipView
+from federated.audit import inclusion_profile, lower_bound, observe_canary
+from federated.client import MODELS, SAMPLINGS
+from federated.methods import (
+    DPFedAvg,
+    FedAvgLearner,
+    FlowerCentralDP,
+    IDPFedAvg,
+    TimeAdaptiveDP,
+)
+from federated.tasks import DATASETS, GROUP_NAMES, FederatedTask, make_task
+from federated.training import FedConfig, FederatedModel
+
+FloatArray = npt.NDArray[np.float64]
+
+register("attacks", CanaryObserver.name)(CanaryObserver)
+register("attacks", GlobalModelMIA.name)(GlobalModelMIA)
+for _defense in (TimeAdaptiveDP, IDPFedAvg, DPFedAvg, FlowerCentralDP):
+    register("defenses", _defense.name)(_defense)
+register("benchmarks", "federated-audit-controls")(benchmarks.audit_controls)
+register("benchmarks", "federated-flower")(benchmarks.flower_side_by_side)
+register("figures", "federated")(figures.figures)
+
+
+@dataclass(frozen=True)
+class FederatedGame:
+    """The federated task and learner shared by both games.
+
+    Parameters
+    ----------
+    dataset : {"digits", "coarse_to_fine"}
+        Data set split across the clients.
+    n_clients : int
+        Number of clients, >= 2.
+    alpha : float
+        Dirichlet label-skew concentration (smaller is more non-IID), > 0.
+    budgets : list of float
+        Epsilon budget of each privacy group, strictest first, each > 0.
+    group_fractions : list of float
+        Fraction of clients in each group (sums to 1).
+    delta : float
+        Target delta, in (0, 1).
+    member_fraction : float
+        Fraction of each client's records it trains on, in (0, 1).
+    rounds, local_steps, lr, clip, model, hidden, batch_rate : see FedConfig.
+    audit_trials : int
+        Canary trials of the audit game, >= 100.
+    """
+
+    dataset: str = "digits"
+    n_clients: int = 10
+    alpha: float = 0.5
+    budgets: list[float] = field(default_factory=lambda: [1.0, 3.0, 8.0])
+    group_fractions: list[float] = field(default_factory=lambda: [0.4, 0.3, 0.3])
+    delta: float = 1e-5
+    member_fraction: float = 0.8
+    rounds: int = 30
+    local_steps: int = 4
+    lr: float = 0.5
+    clip: float = 1.0
+    model: str = "softmax"
+    hidden: int = 32
+    batch_rate: float = 0.1
+    audit_trials: int = 2000
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        if self.dataset not in DATASETS:
+            raise ValueError(
+                f"{owner}.dataset must be one of {DATASETS}, got {self.dataset!r}"
+            )
+        if (
+            isinstance(self.n_clients, bool)
+            or not isinstance(self.n_clients, int)
+            or self.n_clients < 2
+        ):
+            raise ValueError(
+                f"{owner}.n_clients must be an int >= 2, got {self.n_clients!r}"
+            )
+        if not (math.isfinite(self.alpha) and self.alpha > 0):
+            raise ValueError(
+                f"{owner}.alpha must be finite and > 0, got {self.alpha!r}"
+            )
+        if not self.budgets or len(self.budgets) > len(GROUP_NAMES):
+            raise ValueError(
+                f"{owner}.budgets must list 1 to {len(GROUP_NAMES)} group budgets, "
+                f"got {self.budgets!r}"
+            )
+        for i, b in enumerate(self.budgets):
+            check_budget(b, f"{owner}.budgets[{i}]")
+        if len(self.group_fractions) != len(self.budgets):
+            raise ValueError(
+                f"{owner}.group_fractions must have one entry per budget "
+                f"({len(self.budgets)}), got {self.group_fractions!r}"
+            )
+        if any(f <= 0 for f in self.group_fractions) or not math.isclose(
+            sum(self.group_fractions), 1.0
+        ):
+            raise ValueError(
+                f"{owner}.group_fractions must be positive and sum to 1, "
+                f"got {self.group_fractions!r}"
+            )
+        try:
+            check_delta(self.delta)
+        except ValueError as error:
+            raise ValueError(f"{owner}.{error}") from None
+        if not 0 < self.member_fraction < 1:
+            raise ValueError(
+                f"{owner}.member_fraction must lie in (0, 1), "
+                f"got {self.member_fraction!r}"
+            )
+        if self.model not in MODELS:
+            raise ValueError(
+                f"{owner}.model must be one of {MODELS}, got {self.model!r}"
+            )
+        if (
+            isinstance(self.audit_trials, bool)
+            or not isinstance(self.audit_trials, int)
+            or self.audit_trials < 100
+        ):
+            raise ValueError(
+                f"{owner}.audit_trials must be an int >= 100, got {self.audit_trials!r}"
+            )
+        self.config()
+
+    def config(self) -> FedConfig:
+        """The federated-training hyper-parameters (validated)."""
+        return FedConfig(
+            rounds=self.rounds,
+            local_steps=self.local_steps,
+            lr=self.lr,
+            clip=self.clip,
+            model="mlp" if self.model == "mlp" else "softmax",
+            hidden=self.hidden,
+            batch_rate=self.batch_rate,
+        )
+
+    def setup(self, rng: np.random.Generator) -> FederatedTask:
+        """Split the data across clients; draw groups and membership candidates."""
+        return make_task(
+            dataset=self.dataset,
+            n_clients=self.n_clients,
+            alpha=self.alpha,
+            budgets=self.budgets,
+            group_fractions=self.group_fractions,
+            delta=self.delta,
+            member_fraction=self.member_fraction,
+            test_fraction=0.2,
+            rng=rng,
+        )
+
+    def learner(self) -> FedAvgLearner:
+        """The undefended system: FedAvg with non-private local SGD."""
+        return FedAvgLearner(self.config())
+
+    def utility(self, system: FederatedModel, task: FederatedTask) -> dict[str, float]:
+        """Final and last-five-round test accuracy, and the accuracy curve."""
+        curve = system.curve
+        out = {
+            "accuracy": curve[-1],
+            "accuracy_last5": float(np.mean(curve[-5:])),
+            "accuracy_auc": float(np.mean(curve)),
+        }
+        out.update({f"acc@{t + 1}": a for t, a in enumerate(curve)})
+        return out
+
+
+@register("scenarios", "federated-audit")
+@dataclass(frozen=True)
+class FederatedAudit(FederatedGame):
+    """Canary audit of the strictest client by an observer of its updates."""
+
+    name: ClassVar[str] = "federated-audit"
+    headline: ClassVar[tuple[str, str]] = ("accuracy", "eps_lb")
+    chance: ClassVar[Mapping[str, float]] = {"eps_lb": 0.0}
+
+    @property
+    def threat(self) -> ThreatModel:
+        """A gray-box observer of client-to-server traffic."""
+        return ThreatModel(
+            goal=Goal.CONFIDENTIALITY,
+            stage=Stage.DEPLOYMENT,
+            knowledge=Knowledge.GRAY_BOX,
+            capabilities=frozenset({Capability.OBSERVE_TRAFFIC}),
+        )
+
+    def _canary_in(self, task: FederatedTask) -> npt.NDArray[np.bool_]:
+        coins = np.random.default_rng([task.seed, 1]).random(self.audit_trials) < 0.5
+        return coins
+
+    def expose(
+        self, system: FederatedModel, task: FederatedTask, known_defense: object | None
+    ) -> AuditView:
+        """Replay client 0's rounds with and without the canary; project releases."""
+        rng = np.random.default_rng([task.seed, 2])
+        plans = system.plans[0]
+        n = len(task.data.clients[0])
+        sampling = SAMPLINGS[0]
+        observations = observe_canary(plans, self._canary_in(task), n, sampling, rng)
+        return AuditView(
+            observations=observations,
+            rates=tuple(p.rate for p in plans for _ in range(p.steps)),
+            sigmas=tuple(p.sigma for p in plans for _ in range(p.steps)),
+            profile=inclusion_profile(plans, n, sampling, rng),
+        )
+
+    def judge(
+        self, system: FederatedModel, task: FederatedTask, guess: Any | None
+    ) -> dict[str, float]:
+        """Epsilon lower bound at the task's delta from the observer's scores."""
+        if guess is None:
+            raise ValueError("the audit game needs the observer's scores")
+        rng = np.random.default_rng([task.seed, 3])
+        return {"eps_lb": lower_bound(guess, self._canary_in(task), task.delta, rng)}
+
+    def random_guess(self, task: FederatedTask, rng: np.random.Generator) -> FloatArray:
+        """Scores that ignore the observations."""
+        return rng.random(self.audit_trials)
+
+
+@register("scenarios", "federated-membership")
+@dataclass(frozen=True)
+class FederatedMembership(FederatedGame):
+    """Loss-threshold membership inference on the global model, per privacy group."""
+
+    name: ClassVar[str] = "federated-membership"
+    headline: ClassVar[tuple[str, str]] = ("accuracy", "auc")
+    chance: ClassVar[Mapping[str, float]] = {"auc": 0.5, "advantage": 0.0}
+
+    @property
+    def threat(self) -> ThreatModel:
+        """Black-box scores of the deployed global model."""
+        return ThreatModel(
+            goal=Goal.CONFIDENTIALITY,
+            stage=Stage.DEPLOYMENT,
+            knowledge=Knowledge.BLACK_BOX,
+            capabilities=frozenset({Capability.QUERY_SCORES}),
+        )
+
+    def expose(
+        self, system: FederatedModel, task: FederatedTask, known_defense: object | None
+    ) -> MembershipView:
+        """A query oracle on the global model and the labelled candidates."""
+        oracle = QueryOracle.granted_by(system.predict_proba, self.threat)
+        return MembershipView(oracle, task.candidates, task.candidate_labels)
+
+    def judge(
+        self, system: FederatedModel, task: FederatedTask, guess: FloatArray | None
+    ) -> dict[str, float]:
+        """Membership AUC, advantage, TPR at low FPR; AUC per privacy group."""
+        if guess is None:
+            raise ValueError("the membership game needs a guess")
+        scores = np.asarray(guess, dtype=np.float64)
+        out = membership_metrics(scores, task.is_member)
+        for group in dict.fromkeys(task.groups):
+            mask = task.candidate_groups == group
+            truth = task.is_member[mask]
+            if truth.any() and not truth.all():
+                out[f"auc_{group}"] = membership_metrics(scores[mask], truth)["auc"]
+        return out
+
+    def random_guess(self, task: FederatedTask, rng: np.random.Generator) -> FloatArray:
+        """Uniform random membership scores."""
+        return rng.random(task.is_member.size)

@@ -1,0 +1,124 @@
+"""The federated task: non-IID clients with privacy groups, members and non-members.
+
+A data set (digits, or the coarse-to-fine Gaussian mixture of :mod:`defenses.data`)
+is split into a test set and a pool; the pool goes to the clients by Dirichlet label
+skew (:func:`federated.partition.dirichlet_split`). Each client keeps
+``member_fraction`` of its records for training (the members) and holds the rest out
+(non-members from the same client distribution, for membership inference). Clients
+are assigned to privacy groups in order ("strict", "moderate", "relaxed", ...) by
+``group_fractions``, each group with its own epsilon budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from defenses.data import Dataset, load_digits, make_coarse_to_fine, stratified_split
+from federated.client import FloatArray, IntArray, LocalData
+from federated.partition import dirichlet_split
+from federated.training import FederatedData
+
+GROUP_NAMES = ("strict", "moderate", "relaxed", "loose", "open")
+DATASETS = ("digits", "coarse_to_fine")
+
+
+@dataclass(frozen=True)
+class FederatedTask:
+    """Clients' data, budgets and groups, and the membership candidates."""
+
+    data: FederatedData
+    budgets: tuple[float, ...]
+    groups: tuple[str, ...]
+    delta: float
+    candidates: FloatArray
+    candidate_labels: IntArray
+    is_member: npt.NDArray[np.bool_]
+    candidate_groups: npt.NDArray[np.str_]
+    seed: int
+
+
+def load_dataset(name: str, rng: np.random.Generator) -> Dataset:
+    """Digits, or a 12-class coarse-to-fine mixture in 16 dimensions."""
+    if name == "digits":
+        return load_digits()
+    if name == "coarse_to_fine":
+        return make_coarse_to_fine(
+            rng, n_coarse=4, fine_per_coarse=3, dim=16, per_class=150, fine_spread=0.8
+        )
+    raise ValueError(f"dataset must be one of {DATASETS}, got {name!r}")
+
+
+def assign_groups(
+    n_clients: int, budgets: Sequence[float], fractions: Sequence[float]
+) -> tuple[tuple[float, ...], tuple[str, ...]]:
+    """Budget and group name per client, groups filled in order by ``fractions``."""
+    if len(budgets) != len(fractions) or not budgets:
+        raise ValueError(
+            f"give one fraction per budget group, got {len(budgets)} budgets and "
+            f"{len(fractions)} fractions"
+        )
+    if len(budgets) > len(GROUP_NAMES):
+        raise ValueError(f"at most {len(GROUP_NAMES)} groups, got {len(budgets)}")
+    f = np.asarray(fractions, dtype=np.float64)
+    if np.any(f <= 0) or not np.isclose(f.sum(), 1.0):
+        raise ValueError(
+            f"group_fractions must be positive and sum to 1, got {fractions}"
+        )
+    counts = np.floor(f * n_clients).astype(int)
+    counts[np.argsort(-(f * n_clients - counts))[: n_clients - counts.sum()]] += 1
+    per_client_budget: list[float] = []
+    per_client_group: list[str] = []
+    for b, name, c in zip(budgets, GROUP_NAMES, counts, strict=False):
+        per_client_budget += [float(b)] * int(c)
+        per_client_group += [name] * int(c)
+    return tuple(per_client_budget), tuple(per_client_group)
+
+
+def make_task(
+    *,
+    dataset: str,
+    n_clients: int,
+    alpha: float,
+    budgets: Sequence[float],
+    group_fractions: Sequence[float],
+    delta: float,
+    member_fraction: float,
+    test_fraction: float,
+    rng: np.random.Generator,
+) -> FederatedTask:
+    """Draw the split, the groups and the membership candidates."""
+    data = load_dataset(dataset, rng)
+    test_i, pool_i = stratified_split(data.y, [test_fraction, 1.0 - test_fraction], rng)
+    parts = dirichlet_split(data.y[pool_i], n_clients, alpha, rng)
+    client_budgets, groups = assign_groups(n_clients, budgets, group_fractions)
+    clients: list[LocalData] = []
+    cand: list[IntArray] = []
+    member: list[npt.NDArray[np.bool_]] = []
+    cgroup: list[str] = []
+    for part, group in zip(parts, groups, strict=True):
+        index = rng.permutation(pool_i[part])
+        k = max(1, round(member_fraction * index.size))
+        train, held = index[:k], index[k:]
+        clients.append(LocalData(data.X[train], data.y[train], data.n_classes))
+        take = min(train.size, held.size)
+        cand += [train[:take], held[:take]]
+        member += [np.ones(take, bool), np.zeros(take, bool)]
+        cgroup += [group] * (2 * take)
+    candidates = np.concatenate(cand)
+    return FederatedTask(
+        data=FederatedData(
+            tuple(clients), data.X[test_i], data.y[test_i], data.n_classes
+        ),
+        budgets=client_budgets,
+        groups=groups,
+        delta=float(delta),
+        candidates=data.X[candidates],
+        candidate_labels=data.y[candidates],
+        is_member=np.concatenate(member),
+        candidate_groups=np.asarray(cgroup),
+        seed=int(rng.integers(2**31 - 1)),
+    )
