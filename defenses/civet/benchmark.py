@@ -66,6 +66,8 @@ def eps_sweep(params: Mapping[str, Any], seeds: Sequence[int]) -> Iterator[Resul
         variant ``"none"``).
     kappa : float
         Final weight of the robust term of PGD and CIVET training.
+    pgd_steps : int
+        Inner steps of PGD training.
     attack_steps, attack_restarts : int
         Budget of the joint PGD attack.
     any :class:`~defenses.civet.scenario.CivetScenario` field
@@ -73,7 +75,14 @@ def eps_sweep(params: Mapping[str, Any], seeds: Sequence[int]) -> Iterator[Resul
     """
     from defenses.civet.scenario import CivetScenario
 
-    known = {"eval_eps", "methods", "kappa", "attack_steps", "attack_restarts"}
+    known = {
+        "eval_eps",
+        "methods",
+        "kappa",
+        "pgd_steps",
+        "attack_steps",
+        "attack_restarts",
+    }
     unknown = sorted(set(params) - known - set(SCENARIO_KEYS))
     if unknown:
         raise ValueError(
@@ -90,7 +99,7 @@ def eps_sweep(params: Mapping[str, Any], seeds: Sequence[int]) -> Iterator[Resul
     scenario = CivetScenario(**{k: params[k] for k in SCENARIO_KEYS if k in params})
     kappa = float(params.get("kappa", 0.5))
     trainers: dict[str, CivetTraining | PGDTraining] = {
-        "pgd": PGDTraining(kappa=kappa),
+        "pgd": PGDTraining(kappa=kappa, steps=int(params.get("pgd_steps", 7))),
         "civet": CivetTraining(kappa=kappa),
     }
     attack = JointPGD(
