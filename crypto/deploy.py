@@ -1,0 +1,259 @@
+"""Deployed systems and the learners that build them.
+
+The personalised model is served in plaintext, with client noise, or under CKKS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from crypto.ckks import CKKSParams
+from crypto.data import Sequences
+from crypto.heval import (
+    Evaluator,
+    HEWeights,
+    NumpyBackend,
+    Value,
+    forward,
+    lora_factors,
+    pack,
+    roll_tokens,
+    unit,
+)
+from crypto.model import HEFormer, ModelConfig
+from crypto.train import TrainConfig, personalise, predict_logits, pretrain
+from defenses.cost import count, phase
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class CryptoTask:
+    """Public pretraining data and the client's private personalisation data."""
+
+    public: Sequences
+    client_train: Sequences
+    client_test: Sequences
+
+
+@dataclass
+class Deployment:
+    """A personalised model served through the plaintext protocol.
+
+    The server evaluates :func:`crypto.heval.forward` on plaintext packed embeddings
+    (what it receives is recorded in ``received``); the client's optional Gaussian
+    ``noise`` on the embeddings is the non-cryptographic baseline.
+    """
+
+    model: HEFormer
+    accuracy_frozen: float
+    accuracy_softmax: float
+    noise: float = 0.0
+    rng: np.random.Generator | None = None
+    received: Any = None
+    stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def weights(self) -> HEWeights:
+        """The public weights."""
+        return HEWeights.from_model(self.model)
+
+    def encode(self, X: FloatArray) -> Any:
+        """What the client uploads for ``X``: packed (noisy) embeddings."""
+        n = self.model.config.n_tokens
+        with torch.no_grad():
+            z = self.model.embed_tokens(torch.as_tensor(X, dtype=torch.float64)).numpy()
+        if self.noise:
+            assert self.rng is not None
+            z = z + self.noise * self.rng.standard_normal(z.shape)
+        return np.stack(pack(z, X.shape[0] * n))
+
+    def serve(self, X: FloatArray) -> FloatArray:
+        """Logits for ``X`` (the server computes on what it received)."""
+        predict_logits(self.model, X, guard=True)
+        n = self.model.config.n_tokens
+        self.received = self.encode(X)
+        w = self.weights
+        ev = Evaluator(NumpyBackend(), 10**6)
+        lora = {k: unit(lambda x: x, M) for k, M in lora_factors(self.model).items()}
+        z = [Value(r) for r in self.received]
+        rolled = [[Value(roll_tokens(v.handle, n, s)) for v in z] for s in range(n)]
+        out = forward(ev, w, z, lora, rolled_z=rolled)
+        count("ciphertext_bytes_up", 0.0)
+        return np.stack([np.asarray(v.handle)[::n] for v in out], axis=1)
+
+    def plaintext_logits(self, X: FloatArray) -> FloatArray:
+        """Reference logits of the personalised model (no protocol)."""
+        return predict_logits(self.model, X, guard=False)
+
+
+@dataclass(frozen=True)
+class PersonalisedLearner:
+    """Pretrain on public data, LoRA-personalise on the client's data.
+
+    Parameters
+    ----------
+    config : ModelConfig
+        Model shape.
+    pretrain_epochs, lora_epochs : int
+        Training lengths.
+    twin : bool
+        Also train the softmax-attention twin and record its accuracy.
+    """
+
+    config: ModelConfig
+    pretrain_epochs: int = 15
+    lora_epochs: int = 20
+    twin: bool = True
+
+    def _pretrain(
+        self, config: ModelConfig, task: CryptoTask, g: torch.Generator
+    ) -> HEFormer:
+        return pretrain(
+            task.public,
+            config,
+            g,
+            TrainConfig(epochs=self.pretrain_epochs, batch=128),
+            TrainConfig(
+                epochs=max(1, self.pretrain_epochs // 3),
+                lr=3e-3,
+                batch=128,
+                penalty=10.0,
+            ),
+        )
+
+    def fit(self, task: CryptoTask, rng: np.random.Generator) -> Deployment:
+        """Train and return the plaintext deployment."""
+        g = torch.Generator().manual_seed(int(rng.integers(2**62)))
+        model = self._pretrain(self.config, task, g)
+        test = task.client_test
+        frozen = float(
+            np.mean(predict_logits(model, test.X, guard=False).argmax(1) == test.y)
+        )
+        personalise(
+            model,
+            task.client_train,
+            g,
+            TrainConfig(epochs=self.lora_epochs, penalty=10.0),
+        )
+        softmax = 0.0
+        if self.twin:
+            twin_cfg = ModelConfig(**{**self.config.__dict__, "attention": "softmax"})
+            twin = self._pretrain(twin_cfg, task, g)
+            personalise(
+                twin, task.client_train, g, TrainConfig(epochs=self.lora_epochs)
+            )
+            softmax = float(
+                np.mean(predict_logits(twin, test.X, guard=False).argmax(1) == test.y)
+            )
+        return Deployment(model, frozen, softmax)
+
+
+@dataclass
+class EncryptedDeployment:
+    """The same model served under CKKS between a Client and a Server."""
+
+    inner: Deployment
+    params: CKKSParams
+    interactive: bool = True
+    received: Any = None
+    stats: dict[str, float] = field(default_factory=dict)
+    _client: Any = None
+
+    @property
+    def model(self) -> HEFormer:
+        """The personalised model."""
+        return self.inner.model
+
+    @property
+    def accuracy_frozen(self) -> float:
+        """Accuracy of the frozen model on the client's test data."""
+        return self.inner.accuracy_frozen
+
+    @property
+    def accuracy_softmax(self) -> float:
+        """Accuracy of the softmax twin."""
+        return self.inner.accuracy_softmax
+
+    @property
+    def weights(self) -> HEWeights:
+        """The public weights."""
+        return self.inner.weights
+
+    def client(self) -> Any:
+        """The key owner (created once)."""
+        from crypto.protocol import Client
+
+        if self._client is None:
+            with phase("keygen"):
+                self._client = Client(self.model, self.params)
+        return self._client
+
+    def encode(self, X: FloatArray) -> Any:
+        """Ciphertext bytes of ``X``'s upload, under the client's (public) key."""
+        return self.client().encrypt_inputs(X).ciphertexts
+
+    def serve(self, X: FloatArray) -> FloatArray:
+        """Encrypted inference; records the uploads and error statistics."""
+        from crypto.protocol import Server
+
+        client = self.client()
+        server = Server.for_model(client.public_context(), self.model, self.params)
+        with phase("encrypted_inference"):
+            logits = client.predict(server, X, self.interactive)
+        first = server.transcript.inbound[0][1]
+        self.received = first.ciphertexts
+        plain = self.inner.plaintext_logits(X)
+        top2 = np.sort(plain, axis=1)[:, -2:]
+        self.stats = {
+            "max_logit_error": float(np.max(np.abs(logits - plain))),
+            "min_margin": float(np.min(top2[:, 1] - top2[:, 0])),
+            "refresh_rounds": float(server.counts.get("refresh_rounds", 0)),
+            "seconds_per_sequence": server.transcript.seconds[-1] / X.shape[0],
+        }
+        out: FloatArray = logits
+        return out
+
+    def plaintext_logits(self, X: FloatArray) -> FloatArray:
+        """Reference logits."""
+        out: FloatArray = self.inner.plaintext_logits(X)
+        return out
+
+
+@dataclass(frozen=True)
+class EncryptedLearner:
+    """Fit the inner learner, then serve under CKKS."""
+
+    inner: Any
+    params: CKKSParams
+    interactive: bool = True
+
+    def fit(self, task: CryptoTask, rng: np.random.Generator) -> EncryptedDeployment:
+        """Train, then wrap the deployment."""
+        return EncryptedDeployment(
+            self.inner.fit(task, rng), self.params, self.interactive
+        )
+
+
+@dataclass(frozen=True)
+class NoisyLearner:
+    """Fit the inner learner, then add Gaussian noise to the uploaded embeddings."""
+
+    inner: Any
+    noise: float
+
+    def fit(self, task: CryptoTask, rng: np.random.Generator) -> Deployment:
+        """Train, then set the client's noise."""
+        system = self.inner.fit(task, rng)
+        return Deployment(
+            system.model,
+            system.accuracy_frozen,
+            system.accuracy_softmax,
+            self.noise,
+            np.random.default_rng(int(rng.integers(2**62))),
+        )

@@ -1,0 +1,387 @@
+r"""The HE-friendly transformer, scaled down.
+
+Rho et al., "Encryption-Friendly LLM Architecture", ICLR 2025: one block, LoRA on
+Q, K, V, a tanh pooler head. Forward pass for a sequence
+:math:`x \\in \\mathbb R^{n \\times t}` (all layers bias-free, as in the paper):
+
+.. math::
+
+    z &= x W_e + P                                   &\\text{(client side)}\\\\
+    S^h_{ij} &= \\exp\\!\\big(-\\lVert q^h_i - k^h_j\\rVert^2 / (2\\sqrt{d_h})\\big),
+      \\quad q = z(W_q + A_q B_q), \\ldots  &\\text{(no normalisation)}\\\\
+    h &= z + [S^1 v^1, \\ldots, S^H v^H] W_o \\\\
+    u &= \\gamma \\odot (h - \\bar h)\\, \\mathrm{isqrt}(\\sigma^2_h)\\\\
+    o &= h + \\phi(u W_1) W_2, \\quad \\phi(a) = \\alpha a + \\beta a^2 \\\\
+    \\text{logits} &= \\tau(o_0 W_p / B_p)\\, W_c,
+      \\quad \\tau \\approx \\tanh(2\\,\\cdot)
+
+In *polynomial* mode every non-linearity is the polynomial of :mod:`crypto.approx` on
+its calibrated range: the kernel is :math:`p(u)\\approx e^{-D u}` with
+:math:`u = \\lVert q-k\\rVert^2/(2\\sqrt{d_h} D)`; the inverse square root is a degree-3
+fit on :math:`[a, 1]` of :math:`s = \\sigma^2/\\text{div}` plus one Newton step.
+Calibration stores the ranges in the model; :meth:`HEFormer.forward` with
+``guard=True`` raises :class:`~crypto.approx.RangeError` when a value leaves them.
+The softmax twin replaces the kernel by :math:`\\mathrm{softmax}(q k^T/\\sqrt{d_h})`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import nn
+
+from crypto.approx import (
+    PolyApprox,
+    RangeGuard,
+    gaussian_kernel_poly,
+    inverse_sqrt_poly,
+    tanh_poly,
+)
+
+FloatArray = npt.NDArray[np.float64]
+ATTENTIONS = ("gk", "softmax")
+TANH_GAIN = 2.0
+HEADROOM = 0.8
+POOL_EXTRA = 2.0
+
+
+def _positive_int(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the HE-friendly transformer.
+
+    Parameters
+    ----------
+    n_tokens, token_dim : int
+        Sequence length and input feature size per token.
+    d : int
+        Model width; must be a multiple of ``heads``.
+    heads : int
+        Attention heads (head width ``d_h = d / heads``).
+    ffn : int
+        Hidden width of the feed-forward block.
+    n_classes : int
+        Output classes (>= 2).
+    rank : int
+        LoRA rank on Q, K, V (the paper uses 2).
+    attention : {"gk", "softmax"}
+        Gaussian-kernel attention or the softmax twin.
+    gk_degree, isqrt_degree, tanh_degree : int
+        Polynomial degrees of the kernel, inverse square root and pooler.
+    """
+
+    n_tokens: int = 8
+    token_dim: int = 8
+    d: int = 16
+    heads: int = 2
+    ffn: int = 32
+    n_classes: int = 10
+    rank: int = 2
+    attention: str = "gk"
+    gk_degree: int = 7
+    isqrt_degree: int = 3
+    tanh_degree: int = 3
+
+    def __post_init__(self) -> None:
+        for name in (
+            "n_tokens",
+            "token_dim",
+            "d",
+            "heads",
+            "ffn",
+            "rank",
+            "gk_degree",
+            "isqrt_degree",
+            "tanh_degree",
+        ):
+            _positive_int("ModelConfig", name, getattr(self, name))
+        _positive_int("ModelConfig", "n_classes", self.n_classes)
+        if self.n_classes < 2:
+            raise ValueError(
+                f"ModelConfig.n_classes must be >= 2, got {self.n_classes!r}"
+            )
+        if self.d % self.heads:
+            raise ValueError(
+                f"ModelConfig.d={self.d} must be a multiple of heads={self.heads}"
+            )
+        if self.attention not in ATTENTIONS:
+            raise ValueError(
+                "ModelConfig.attention must be one of "
+                f"{ATTENTIONS}, got {self.attention!r}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.d // self.heads
+
+
+@dataclass
+class Calibration:
+    r"""Ranges measured on training data, with a safety margin.
+
+    Attributes
+    ----------
+    dist_bound : float
+        Upper bound :math:`D` of :math:`\\lVert q-k\\rVert^2 / (2\\sqrt{d_h})`.
+    ln_div : float
+        Divisor making the LayerNorm variance :math:`\\le 1`.
+    ln_lo : float
+        Lower end of :math:`\\sigma^2/\\text{div}` for the inverse square root.
+    ffn_bound : float
+        Bound on :math:`|u W_1|` (the polynomial activation's input).
+    pool_bound : float
+        Divisor :math:`B_p` mapping the pooler input into [-1, 1].
+    """
+
+    dist_bound: float = 8.0
+    ln_div: float = 4.0
+    ln_lo: float = 0.02
+    ffn_bound: float = 8.0
+    pool_bound: float = 4.0
+    calibrated: bool = False
+    polys: dict[str, PolyApprox] = field(default_factory=dict)
+
+    def fit_polys(self, config: ModelConfig) -> None:
+        """(Re)fit the polynomials to the stored ranges."""
+        self.polys = {
+            "gk": gaussian_kernel_poly(self.dist_bound, config.gk_degree),
+            "isqrt": inverse_sqrt_poly(self.ln_lo, config.isqrt_degree),
+            "tanh": tanh_poly(TANH_GAIN, config.tanh_degree),
+        }
+
+
+def _torch_poly(coefficients: FloatArray, x: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros_like(x)
+    for c in coefficients[::-1]:
+        out = out * x + float(c)
+    return out
+
+
+class LoRALinear(nn.Module):
+    r""":math:`x \\mapsto x (W_0 + A B)` with frozen-able :math:`W_0` and rank-r LoRA.
+
+    ``B`` starts at zero so the adapter starts as the identity update (Hu et al.,
+    2022).
+    """
+
+    def __init__(self, d_in: int, d_out: int, rank: int, generator: torch.Generator):
+        super().__init__()
+        scale = 1.0 / math.sqrt(d_in)
+        self.weight = nn.Parameter(
+            torch.randn(d_in, d_out, generator=generator, dtype=torch.float64) * scale
+        )
+        self.lora_a = nn.Parameter(
+            torch.randn(d_in, rank, generator=generator, dtype=torch.float64) * scale
+        )
+        self.lora_b = nn.Parameter(torch.zeros(rank, d_out, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the adapted linear map."""
+        return x @ self.weight + (x @ self.lora_a) @ self.lora_b
+
+
+def _linear(d_in: int, d_out: int, generator: torch.Generator) -> nn.Parameter:
+    return nn.Parameter(
+        torch.randn(d_in, d_out, generator=generator, dtype=torch.float64)
+        / math.sqrt(d_in)
+    )
+
+
+class HEFormer(nn.Module):
+    """One-block HE-friendly transformer with LoRA on Q, K, V (see module docstring)."""
+
+    def __init__(self, config: ModelConfig, generator: torch.Generator):
+        super().__init__()
+        c = config
+        self.config = c
+        self.calibration = Calibration()
+        self.embed = _linear(c.token_dim, c.d, generator)
+        self.position = nn.Parameter(
+            0.5 * torch.randn(c.n_tokens, c.d, generator=generator, dtype=torch.float64)
+        )
+        self.q = LoRALinear(c.d, c.d, c.rank, generator)
+        self.k = LoRALinear(c.d, c.d, c.rank, generator)
+        self.v = LoRALinear(c.d, c.d, c.rank, generator)
+        self.out = _linear(c.d, c.d, generator)
+        self.gamma = nn.Parameter(torch.ones(c.d, dtype=torch.float64))
+        self.w1 = _linear(c.d, c.ffn, generator)
+        self.act = nn.Parameter(torch.tensor([0.5, 0.1], dtype=torch.float64))
+        self.w2 = _linear(c.ffn, c.d, generator)
+        self.pool = _linear(c.d, c.d, generator)
+        self.classifier = _linear(c.d, c.n_classes, generator)
+
+    # -- pieces shared with the encrypted evaluator ---------------------------------
+    def embed_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """Client-side embedding :math:`z = x W_e + P`."""
+        c = self.config
+        if x.ndim != 3 or x.shape[1:] != (c.n_tokens, c.token_dim):
+            raise ValueError(
+                f"expected sequences of shape (batch, {c.n_tokens}, {c.token_dim}), "
+                f"got {tuple(x.shape)}"
+            )
+        return x @ self.embed + self.position
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        poly: bool = False,
+        guard: bool = False,
+        noise: float = 0.0,
+        generator: torch.Generator | None = None,
+        trace: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Logits of shape (batch, n_classes).
+
+        Parameters
+        ----------
+        x : Tensor
+            Sequences (batch, n_tokens, token_dim).
+        poly : bool
+            Use the polynomial approximations (needs :meth:`calibrate` first).
+        guard : bool
+            Raise :class:`~crypto.approx.RangeError` when a polynomial's input leaves
+            its calibrated range.
+        noise : float
+            HE simulation: standard deviation of Gaussian noise added after every
+            homomorphic stage (needs ``generator``).
+        trace : dict, optional
+            Filled with the raw inputs of every approximated function (calibration).
+        """
+        if poly and not self.calibration.calibrated:
+            raise RuntimeError("call calibrate() before running in polynomial mode")
+        if noise and generator is None:
+            raise ValueError("noise > 0 needs a torch.Generator")
+        c, cal = self.config, self.calibration
+
+        def jitter(t: torch.Tensor) -> torch.Tensor:
+            if not noise:
+                return t
+            return t + noise * torch.randn(t.shape, generator=generator, dtype=t.dtype)
+
+        def check(name: str, values: torch.Tensor, lo: float, hi: float) -> None:
+            if trace is not None:
+                trace[name] = values
+            if guard:
+                RangeGuard(name, lo, hi, slack=1e-3)(values.detach().numpy())
+
+        z = self.embed_tokens(x)
+        b, n = z.shape[0], c.n_tokens
+        q = jitter(self.q(z)).view(b, n, c.heads, c.head_dim).transpose(1, 2)
+        k = jitter(self.k(z)).view(b, n, c.heads, c.head_dim).transpose(1, 2)
+        v = jitter(self.v(z)).view(b, n, c.heads, c.head_dim).transpose(1, 2)
+        if c.attention == "gk":
+            dist = ((q.unsqueeze(3) - k.unsqueeze(2)) ** 2).sum(-1)
+            dist = dist / (2.0 * math.sqrt(c.head_dim))
+            u = dist / cal.dist_bound
+            check("kernel distance u", u, 0.0, 1.0)
+            if poly:
+                scores = _torch_poly(cal.polys["gk"].coefficients, u)
+            else:
+                scores = torch.exp(-dist)
+        else:
+            logits = q @ k.transpose(-1, -2) / math.sqrt(c.head_dim)
+            scores = torch.softmax(logits, dim=-1)
+        attended = jitter(scores) @ v
+        h = z + attended.transpose(1, 2).reshape(b, n, c.d) @ self.out
+        centred = h - h.mean(-1, keepdim=True)
+        variance = (centred**2).mean(-1, keepdim=True)
+        s = variance / cal.ln_div
+        check("LayerNorm variance s", s, cal.ln_lo, 1.0)
+        if poly:
+            y = _torch_poly(cal.polys["isqrt"].coefficients, s)
+            y = y * (3.0 - s * y * y) / 2.0
+            u_ln = centred * y / math.sqrt(cal.ln_div)
+        else:
+            u_ln = centred / torch.sqrt(variance + 1e-6)
+        u_ln = jitter(u_ln * self.gamma)
+        a = u_ln @ self.w1
+        check("activation input", a / cal.ffn_bound, -1.0, 1.0)
+        hidden = self.act[0] * a + self.act[1] * a * a
+        o = jitter(h + hidden @ self.w2)
+        t = (o[:, 0, :] @ self.pool) / cal.pool_bound
+        check("pooler input t", t, -1.0, 1.0)
+        if poly:
+            pooled = _torch_poly(cal.polys["tanh"].coefficients, t)
+        else:
+            pooled = torch.tanh(TANH_GAIN * t)
+        result: torch.Tensor = jitter(pooled) @ self.classifier
+        return result
+
+    def range_penalty(self, trace: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Penalty keeping the ranges inside the current calibration.
+
+        The analogue of the paper's variance and matmul-range penalties: squared
+        excess of every approximated function's input (recorded in ``trace`` by
+        :meth:`forward`) over ``HEADROOM`` times its bound, leaving room for unseen
+        inputs.
+        """
+        cal = self.calibration
+        top = HEADROOM
+        total = torch.zeros((), dtype=torch.float64)
+        if "kernel distance u" in trace:
+            total = total + torch.relu(trace["kernel distance u"] - top).pow(2).mean()
+        s = trace["LayerNorm variance s"]
+        total = total + torch.relu(s - top).pow(2).mean()
+        total = total + torch.relu(cal.ln_lo / top - s).pow(2).mean()
+        total = total + torch.relu(trace["pooler input t"].abs() - top).pow(2).mean()
+        total = total + torch.relu(trace["activation input"].abs() - top).pow(2).mean()
+        return total
+
+    def calibrate(self, x: torch.Tensor, margin: float = 1.25) -> Calibration:
+        """Measure every approximated input's range on ``x`` and fit the polynomials.
+
+        Bounds are the observed extremes times ``margin`` (> 1); the pooler gets an
+        extra factor ``POOL_EXTRA`` because the frozen head meets the client's
+        shifted data.
+        """
+        if not margin > 1:
+            raise ValueError(f"margin must be > 1, got {margin!r}")
+        c, cal = self.config, self.calibration
+        with torch.no_grad():
+            z = self.embed_tokens(x)
+            b, n = z.shape[0], c.n_tokens
+            q = self.q(z).view(b, n, c.heads, c.head_dim).transpose(1, 2)
+            k = self.k(z).view(b, n, c.heads, c.head_dim).transpose(1, 2)
+            dist = ((q.unsqueeze(3) - k.unsqueeze(2)) ** 2).sum(-1)
+            dist_max = float(dist.max()) / (2.0 * math.sqrt(c.head_dim))
+            trace: dict[str, torch.Tensor] = {}
+            cal.dist_bound, cal.ln_div, cal.ffn_bound, cal.pool_bound = (
+                1.0,
+                1.0,
+                1.0,
+                1.0,
+            )
+            cal.ln_lo = 1e-12
+            self.forward(x, trace=trace)
+        variance = trace["LayerNorm variance s"]
+        cal.dist_bound = max(dist_max * margin, 1e-3)
+        cal.ln_div = float(variance.max()) * margin
+        cal.ln_lo = min(max(float(variance.min()) / cal.ln_div / margin, 1e-3), 0.5)
+        cal.ffn_bound = max(float(trace["activation input"].abs().max()) * margin, 1e-3)
+        pool = float(trace["pooler input t"].abs().max())
+        cal.pool_bound = max(pool * margin * POOL_EXTRA, 1e-3)
+        cal.calibrated = True
+        cal.fit_polys(c)
+        return cal
+
+    def base_parameters(self) -> list[nn.Parameter]:
+        """Every parameter except the LoRA adapters."""
+        lora = {id(p) for p in self.lora_parameters()}
+        return [p for p in self.parameters() if id(p) not in lora]
+
+    def lora_parameters(self) -> list[nn.Parameter]:
+        """The LoRA factors of Q, K and V."""
+        return [p for m in (self.q, self.k, self.v) for p in (m.lora_a, m.lora_b)]
+
+    def head_parameters(self) -> list[nn.Parameter]:
+        """The pooler and classifier (frozen here; trained in the paper)."""
+        return [self.pool, self.classifier]

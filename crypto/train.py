@@ -1,0 +1,169 @@
+"""Plaintext training with the HE approximations in the loop.
+
+The recipe of Rho et al. (2025), scaled down:
+
+1. *pretrain* every base weight on public data with the exact functions and a range
+   penalty (Sec. 4: variance/range penalties keep inputs inside the polynomial
+   domains);
+2. *calibrate* the ranges (with a margin) and fit the polynomials;
+3. continue training in *polynomial mode*, so the deployed model is exactly the
+   function evaluated under CKKS;
+4. *personalise* on the client's data with only LoRA (Q, K, V) trained, every
+   other weight frozen (optionally with CKKS-like noise: the HE simulation).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from crypto.data import Sequences
+from crypto.model import HEFormer, ModelConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimiser settings.
+
+    Parameters
+    ----------
+    epochs : int
+        Passes over the data (>= 1).
+    lr : float
+        Adam learning rate (> 0).
+    batch : int
+        Mini-batch size (>= 1).
+    penalty : float
+        Weight of the range penalty (>= 0).
+    noise : float
+        HE-simulation noise standard deviation (>= 0).
+    """
+
+    epochs: int = 30
+    lr: float = 1e-2
+    batch: int = 64
+    penalty: float = 1.0
+    noise: float = 0.0
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.epochs, bool)
+            or not isinstance(self.epochs, int)
+            or self.epochs < 1
+        ):
+            raise ValueError(
+                f"TrainConfig.epochs must be an int >= 1, got {self.epochs!r}"
+            )
+        if not self.lr > 0:
+            raise ValueError(f"TrainConfig.lr must be > 0, got {self.lr!r}")
+        if (
+            isinstance(self.batch, bool)
+            or not isinstance(self.batch, int)
+            or self.batch < 1
+        ):
+            raise ValueError(
+                f"TrainConfig.batch must be an int >= 1, got {self.batch!r}"
+            )
+        if not self.penalty >= 0:
+            raise ValueError(f"TrainConfig.penalty must be >= 0, got {self.penalty!r}")
+        if not self.noise >= 0:
+            raise ValueError(f"TrainConfig.noise must be >= 0, got {self.noise!r}")
+
+
+def _tensor(data: Sequences) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.as_tensor(data.X, dtype=torch.float64), torch.as_tensor(data.y)
+
+
+def train(
+    model: HEFormer,
+    data: Sequences,
+    parameters: list[nn.Parameter],
+    config: TrainConfig,
+    generator: torch.Generator,
+    poly: bool,
+) -> list[float]:
+    """Minimise cross-entropy (+ range penalty) over ``parameters``; return losses."""
+    X, y = _tensor(data)
+    trainable = {id(p) for p in parameters}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in trainable)
+    optimiser = torch.optim.Adam(parameters, lr=config.lr)
+    losses = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in tqdm(range(config.epochs), disable=None, desc="train", leave=False):
+            order = torch.randperm(X.shape[0], generator=generator)
+            total = 0.0
+            for start in range(0, X.shape[0], config.batch):
+                index = order[start : start + config.batch]
+                trace: dict[str, torch.Tensor] = {}
+                logits = model(
+                    X[index],
+                    poly=poly,
+                    noise=config.noise,
+                    generator=generator,
+                    trace=trace,
+                )
+                loss = nn.functional.cross_entropy(logits, y[index])
+                if config.penalty:
+                    loss = loss + config.penalty * model.range_penalty(trace)
+                optimiser.zero_grad()
+                loss.backward()  # type: ignore[no-untyped-call]
+                optimiser.step()
+                total += float(loss.detach()) * index.numel()
+            losses.append(total / X.shape[0])
+    finally:
+        torch.set_num_threads(threads)
+        for p in model.parameters():
+            p.requires_grad_(True)
+    logger.info("trained %d epochs, final loss %.4f", config.epochs, losses[-1])
+    return losses
+
+
+def pretrain(
+    data: Sequences,
+    config: ModelConfig,
+    generator: torch.Generator,
+    exact: TrainConfig = TrainConfig(),
+    polished: TrainConfig = TrainConfig(epochs=10, lr=3e-3, penalty=10.0),
+) -> HEFormer:
+    """Train the base model (exact functions), calibrate, then polish in poly mode."""
+    model = HEFormer(config, generator)
+    train(model, data, model.base_parameters(), exact, generator, poly=False)
+    model.calibrate(torch.as_tensor(data.X, dtype=torch.float64), margin=2.0)
+    if config.attention == "gk":
+        train(model, data, model.base_parameters(), polished, generator, poly=True)
+    return model
+
+
+def personalise(
+    model: HEFormer,
+    data: Sequences,
+    generator: torch.Generator,
+    config: TrainConfig = TrainConfig(epochs=20, lr=1e-2, penalty=10.0),
+) -> list[float]:
+    """LoRA fine-tuning: train only the Q, K, V adapters, everything else frozen.
+
+    Unlike the paper, the head stays frozen too, so the server can hold every
+    non-LoRA weight in plaintext and only the adapters are the client's secret.
+    """
+    poly = model.config.attention == "gk"
+    return train(model, data, model.lora_parameters(), config, generator, poly)
+
+
+def predict_logits(model: HEFormer, X: np.ndarray, guard: bool = True) -> np.ndarray:
+    """Plaintext logits of the deployed (polynomial) model, as float64."""
+    poly = model.config.attention == "gk" and model.calibration.calibrated
+    with torch.no_grad():
+        out = model(
+            torch.as_tensor(X, dtype=torch.float64), poly=poly, guard=guard and poly
+        )
+    return np.asarray(out.numpy(), dtype=np.float64)

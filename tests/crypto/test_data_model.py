@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from crypto.approx import RangeError
+from crypto.data import (
+    VOCABULARY,
+    Sequences,
+    client_transform,
+    digit_sequences,
+    negation_sentiment,
+)
+from crypto.heval import DepthError, pack, roll_tokens, simulate
+from crypto.model import HEFormer, ModelConfig
+from crypto.train import TrainConfig, predict_logits
+
+
+def test_digit_sequences_shape() -> None:
+    d = digit_sequences()
+    assert d.X.shape == (1797, 8, 8)
+    assert d.n_classes == 10
+    flipped = client_transform(d)
+    assert np.array_equal(flipped.X[:, :, 0], d.X[:, :, -1])
+
+
+def test_negation_rule_and_seed() -> None:
+    a = negation_sentiment(np.random.default_rng(3), 50)
+    b = negation_sentiment(np.random.default_rng(3), 50)
+    assert np.array_equal(a.X, b.X)
+    not_id = VOCABULARY.index("not")
+    for x, y in zip(a.X, a.y, strict=True):
+        words = [VOCABULARY[i] for i in x.argmax(1)]
+        score, flip = 0, False
+        for w in words:
+            sign = 1 if w in VOCABULARY[:6] else -1 if w in VOCABULARY[6:12] else 0
+            if sign:
+                score += -sign if flip else sign
+            flip = w == "not"
+        assert int(score > 0) == y
+    assert a.X[:, :, not_id].sum() > 0
+
+
+def test_bad_data() -> None:
+    with pytest.raises(ValueError, match="shape"):
+        Sequences(np.zeros((3, 8)), np.zeros(3, dtype=np.int64), 2)
+    with pytest.raises(ValueError, match="n must be"):
+        negation_sentiment(np.random.default_rng(0), 0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"d": 10, "heads": 3}, "multiple"),
+        ({"attention": "relu"}, "attention"),
+        ({"rank": 0}, "rank"),
+        ({"n_classes": 1}, "n_classes"),
+    ],
+)
+def test_bad_config(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="epochs"):
+        TrainConfig(epochs=0)
+
+
+def test_simulation_matches_torch(
+    tiny_model: HEFormer, tiny_data: tuple[Sequences, Sequences]
+) -> None:
+    X = tiny_data[1].X[100:140]
+    plain = predict_logits(tiny_model, X)
+    sim, counts = simulate(tiny_model, X, max_level=5)
+    assert np.max(np.abs(plain - sim)) < 1e-9
+    assert counts["refresh_rounds"] >= 3
+    assert counts["roll_rounds"] == 1
+    rolled, _ = simulate(tiny_model, X, interactive=False)
+    assert np.max(np.abs(plain - rolled)) < 1e-9
+    noisy, _ = simulate(
+        tiny_model, X, noise=1e-5, rng=np.random.default_rng(0), max_level=5
+    )
+    assert 0 < np.max(np.abs(plain - noisy)) < 0.05
+
+
+def test_non_interactive_depth_error(
+    tiny_model: HEFormer, tiny_data: tuple[Sequences, Sequences]
+) -> None:
+    with pytest.raises(DepthError, match="non-interactive"):
+        simulate(tiny_model, tiny_data[1].X[:4], max_level=10, interactive=False)
+    _, counts = simulate(
+        tiny_model, tiny_data[1].X[:4], max_level=26, interactive=False
+    )
+    assert "refresh_rounds" not in counts
+
+
+def test_guard_and_shape(tiny_model: HEFormer) -> None:
+    with pytest.raises(RangeError, match="calibrated range"):
+        predict_logits(tiny_model, np.full((2, 8, 8), 20.0))
+    with pytest.raises(ValueError, match="shape"):
+        predict_logits(tiny_model, np.zeros((2, 7, 8)))
+    fresh = HEFormer(ModelConfig(d=8, heads=1), torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError, match="calibrate"):
+        fresh(torch.zeros(1, 8, 8, dtype=torch.float64), poly=True)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 6), st.integers(2, 8), st.integers(0, 20))
+def test_roll_tokens_is_a_cyclic_group(batch: int, n: int, shift: int) -> None:
+    values = np.arange(batch * n, dtype=np.float64)
+    assert np.array_equal(
+        roll_tokens(roll_tokens(values, n, shift), n, n - shift % n), values
+    )
+    rolled = roll_tokens(values, n, shift)
+    assert rolled[0] == values[shift % n]
+
+
+def test_pack_overflow() -> None:
+    with pytest.raises(ValueError, match="do not fit"):
+        pack(np.zeros((5, 8, 4)), 32)

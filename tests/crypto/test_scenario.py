@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import pytest
+
+from crypto.attacks import DistinguisherAttack, InversionAttack
+from crypto.defense import CKKSDefense, EmbeddingNoise
+from crypto.scenario import PrivateInference
+from defenses.testing import check_pair
+
+TINY = PrivateInference(
+    d=8, heads=1, ffn=8, test_size=40, pretrain_epochs=3, lora_epochs=3, twin=False
+)
+
+
+def test_inversion_recovers_plaintext_inputs() -> None:
+    undefended, defended = check_pair(
+        TINY, InversionAttack(), EmbeddingNoise(sigma=0.5)
+    )
+    assert undefended.success["recovery_rate"] == 1.0
+    assert defended.success["recovery_rate"] == 0.0
+
+
+def test_distinguisher_pair() -> None:
+    undefended, _ = check_pair(
+        TINY, DistinguisherAttack(train_size=100), EmbeddingNoise(sigma=0.5)
+    )
+    assert undefended.success["label_advantage"] > 0.05
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "attack", [InversionAttack(), DistinguisherAttack(train_size=100)]
+)
+def test_ckks_pairs(attack: object) -> None:
+    _undefended, defended = check_pair(TINY, attack, CKKSDefense())
+    assert defended.success["label_advantage"] < 0.1
+    assert defended.certificate["security_bits"] == 128
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"task": "mnist"}, "task"),
+        ({"test_size": 3}, "test_size"),
+        ({"lora_epochs": 0}, "lora_epochs"),
+        ({"d": 9, "heads": 2}, "multiple"),
+    ],
+)
+def test_bad_scenario(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PrivateInference(**kwargs)  # type: ignore[arg-type]
+
+
+def test_bad_components() -> None:
+    with pytest.raises(ValueError, match="sigma"):
+        EmbeddingNoise(sigma=0.0)
+    with pytest.raises(ValueError, match="train_size"):
+        DistinguisherAttack(train_size=5)
+    with pytest.raises(ValueError, match="insecure"):
+        CKKSDefense(
+            poly_modulus_degree=8192,
+            coeff_mod_bit_sizes=(60, 40, 40, 40, 60),
+            scale_bits=40,
+        )
