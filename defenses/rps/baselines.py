@@ -98,6 +98,7 @@ class _Conformal:
 
     def predict_sets(self, X: npt.ArrayLike) -> BoolArray:
         """Prediction sets, boolean (n, K) with columns ``classes_``."""
+        self._check_X(X)
         if self.threshold_ is None:
             raise NotFittedError(f"{type(self).__name__} is not calibrated")
         return np.asarray(self.predict_scores(X) >= self.threshold_)

@@ -303,6 +303,10 @@ class ReliableConformalClassifier:
         return self
 
     def _check_calibrated(self) -> PartThresholds:
+        if self.models_ is None:
+            raise NotFittedError(
+                "ReliableConformalClassifier is not fitted: call fit first"
+            )
         if self.thresholds_ is None:
             raise NotFittedError(
                 "ReliableConformalClassifier is not calibrated: call calibrate first"

@@ -23,21 +23,23 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
-import torch
 from joblib import Parallel, delayed  # type: ignore[import-untyped]
 from sklearn.base import BaseEstimator, clone
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from defenses.rps.partition import IntArray, partition
 
+if TYPE_CHECKING:
+    import torch
+
 logger = logging.getLogger(__name__)
 
 FloatArray = npt.NDArray[np.float64]
-ModelFactory = Callable[[int, int], torch.nn.Module]
+ModelFactory = Callable[[int, int], "torch.nn.Module"]
 
 
 class PartTrainingError(RuntimeError):
@@ -103,6 +105,8 @@ class TorchPartClassifier:
         self, X: FloatArray, y: npt.NDArray[np.integer], n_classes: int
     ) -> TorchPartClassifier:
         """Train on (X, y) with one thread and a seeded generator."""
+        import torch
+
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
@@ -132,6 +136,8 @@ class TorchPartClassifier:
         """Arg-max of the logits."""
         if self.model_ is None:
             raise RuntimeError("TorchPartClassifier is not fitted")
+        import torch
+
         with torch.no_grad():
             logits = self.model_(torch.as_tensor(X, dtype=torch.float32))
         return np.asarray(logits.argmax(dim=1).numpy(), dtype=np.int64)

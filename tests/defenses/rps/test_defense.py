@@ -1,0 +1,178 @@
+import numpy as np
+import pytest
+import torch
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.linear_model import LogisticRegression
+
+from defenses.metrics import coverage
+from defenses.rps import (
+    PartTrainingError,
+    ReliableConformalClassifier,
+    TorchPartClassifier,
+)
+from defenses.rps.baselines import SplitConformalClassifier
+from defenses.rps.defense import NotFittedError
+
+
+def lr():
+    return LogisticRegression(max_iter=1000)
+
+
+@pytest.fixture(scope="module")
+def fitted(digits_split):
+    (Xt, yt), (Xc, yc), _ = digits_split
+    return ReliableConformalClassifier(lr(), 10, 5, 0.1).fit(Xt, yt).calibrate(Xc, yc)
+
+
+def test_one_part_each_is_split_conformal(digits_split):
+    (Xt, yt), (Xc, yc), (Xs, _) = digits_split
+    rps = ReliableConformalClassifier(lr(), 1, 1, 0.1).fit(Xt, yt).calibrate(Xc, yc)
+    plain = SplitConformalClassifier(lr(), 0.1).fit(Xt, yt).calibrate(Xc, yc)
+    assert np.array_equal(rps.predict_sets(Xs), plain.predict_sets(Xs))
+
+
+def test_sets_certificate_and_coverage(fitted, digits_split):
+    _, _, (Xs, ys) = digits_split
+    sets = fitted.predict_sets(Xs)
+    cert = fitted.certify(Xs)
+    assert sets.dtype == bool
+    assert sets.shape == (len(ys), 10)
+    assert np.array_equal(cert.sets, sets)
+    assert coverage(sets, ys) >= 0.85
+    assert np.all(cert.training >= 0)
+    assert np.all(cert.calibration >= 0)
+    assert np.all(cert.joint <= np.minimum(cert.training, cert.calibration))
+    assert cert.robust(1, 0).mean() > 0.5
+    for r in range(4):
+        assert np.array_equal(cert.certified(r, 0), cert.training >= r)
+        assert np.array_equal(cert.calibration_radius(r) >= 0, cert.training >= r)
+    assert np.array_equal(cert.certified(0, 1), cert.calibration >= 1)
+    assert np.array_equal(cert.certified(2, 2), cert.joint >= 2)
+    assert fitted.miscoverage_bound_ <= 0.1
+
+
+def test_calibration_radius_is_capped_by_majority_margin(fitted, digits_split):
+    cert = fitted.certify(digits_split[2][0])
+    tau_hat = fitted.tau_hat
+    inside = cert.calibration[cert.sets]
+    outside = cert.calibration[~cert.sets]
+    assert inside.max() <= fitted.n_calib_parts - tau_hat - 1
+    assert outside.max() <= tau_hat
+
+
+def test_labels_are_encoded(digits_split):
+    (Xt, yt), (Xc, yc), (Xs, _) = digits_split
+    names = np.array([f"digit-{c}" for c in range(10)])
+    rps = ReliableConformalClassifier(lr(), 5, 3, 0.1).fit(Xt, names[yt])
+    rps.calibrate(Xc, names[yc])
+    ref = ReliableConformalClassifier(lr(), 5, 3, 0.1).fit(Xt, yt).calibrate(Xc, yc)
+    assert rps.classes_.tolist() == names.tolist()
+    assert np.array_equal(rps.predict_sets(Xs), ref.predict_sets(Xs))
+
+
+def test_deterministic_and_order_free(digits_split):
+    (Xt, yt), (Xc, yc), (Xs, _) = digits_split
+    a = ReliableConformalClassifier(lr(), 4, 3).fit(Xt, yt).calibrate(Xc, yc)
+    perm = np.random.default_rng(0).permutation(len(yt))
+    c = (
+        ReliableConformalClassifier(lr(), 4, 3)
+        .fit(Xt[perm], yt[perm])
+        .calibrate(Xc, yc)
+    )
+    assert np.array_equal(a.predict_scores(Xs), c.predict_scores(Xs))
+    assert np.array_equal(a.thresholds_, c.thresholds_)
+
+
+@pytest.mark.slow
+def test_parallel_training_equals_sequential(digits_split):
+    (Xt, yt), (Xc, yc), (Xs, _) = digits_split
+    a = ReliableConformalClassifier(lr(), 4, 3, n_jobs=1).fit(Xt, yt).calibrate(Xc, yc)
+    b = ReliableConformalClassifier(lr(), 4, 3, n_jobs=2).fit(Xt, yt).calibrate(Xc, yc)
+    assert np.array_equal(a.predict_scores(Xs), b.predict_scores(Xs))
+
+
+def test_modes_order_thresholds(digits_split):
+    (Xt, yt), (Xc, yc), (Xs, _) = digits_split
+    sizes = {}
+    for mode in ("exact", "official", "markov"):
+        model = ReliableConformalClassifier(lr(), 5, 5, 0.2, mode).fit(Xt, yt)
+        sizes[mode] = model.calibrate(Xc, yc).predict_sets(Xs).sum()
+    assert sizes["markov"] >= sizes["exact"]
+
+
+def test_torch_factory(digits_split):
+    (Xt, yt), (Xc, yc), (Xs, ys) = digits_split
+
+    def factory(d, k):
+        return torch.nn.Sequential(
+            torch.nn.Linear(d, 16), torch.nn.ReLU(), torch.nn.Linear(16, k)
+        )
+
+    trainer = TorchPartClassifier(factory, epochs=60, lr=0.05)
+    a = ReliableConformalClassifier(trainer, 3, 2, 0.1).fit(Xt, yt).calibrate(Xc, yc)
+    b = ReliableConformalClassifier(factory, 3, 2, 0.1).fit(Xt, yt).calibrate(Xc, yc)
+    assert b.predict_sets(Xs).shape == (len(ys), 10)
+    b = ReliableConformalClassifier(trainer, 3, 2, 0.1).fit(Xt, yt).calibrate(Xc, yc)
+    assert np.array_equal(a.predict_scores(Xs), b.predict_scores(Xs))
+    assert coverage(a.predict_sets(Xs), ys) > 0.8
+
+
+class Broken(ClassifierMixin, BaseEstimator):
+    def fit(self, X, y):
+        raise FloatingPointError("diverged")
+
+    def predict(self, X):
+        return np.zeros(len(X), dtype=int)
+
+
+def test_bad_input(fitted, digits_split):
+    (Xt, yt), (Xc, yc), (Xs, _) = digits_split
+    with pytest.raises(NotFittedError, match="not fitted"):
+        ReliableConformalClassifier(lr(), 2, 2).predict_sets(Xs)
+    with pytest.raises(NotFittedError, match="not calibrated"):
+        ReliableConformalClassifier(lr(), 2, 2).fit(Xt, yt).predict_sets(Xs)
+    with pytest.raises(NotFittedError, match="not calibrated"):
+        ReliableConformalClassifier(lr(), 2, 2).fit(Xt, yt).certify(Xs)
+    for alpha in (0.0, 1.0, -1.0, 2.0):
+        with pytest.raises(ValueError, match="alpha"):
+            ReliableConformalClassifier(lr(), 2, 2, alpha)
+    with pytest.raises(ValueError, match="n_train_parts"):
+        ReliableConformalClassifier(lr(), 0, 2)
+    with pytest.raises(ValueError, match="quantile"):
+        ReliableConformalClassifier(lr(), 2, 2, quantile="median")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="exceeds the number of training samples"):
+        ReliableConformalClassifier(lr(), 50, 2).fit(Xt[:20], yt[:20])
+    with pytest.raises(ValueError, match="exceeds the number of calibration samples"):
+        ReliableConformalClassifier(lr(), 2, 30).fit(Xt, yt).calibrate(Xc[:20], yc[:20])
+    with pytest.raises(ValueError, match="needs at least"):
+        ReliableConformalClassifier(lr(), 2, 40).fit(Xt, yt).calibrate(Xc, yc)
+    with pytest.raises(ValueError, match="not seen at fit time"):
+        fitted.calibrate(Xc, np.where(yc == 3, 11, yc))
+    bad = Xs.copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN or inf"):
+        fitted.predict_sets(bad)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        ReliableConformalClassifier(lr(), 2, 2).fit(bad, ys_like(bad))
+    with pytest.raises(ValueError, match="features"):
+        fitted.predict_sets(Xs[:, :5])
+    with pytest.raises(ValueError, match="at least 2 classes"):
+        ReliableConformalClassifier(lr(), 2, 2).fit(Xt, np.zeros(len(Xt)))
+    with pytest.raises(ValueError, match="estimator"):
+        ReliableConformalClassifier(object(), 2, 2)
+    with pytest.raises(PartTrainingError, match="part 0"):
+        ReliableConformalClassifier(Broken(), 2, 2).fit(Xt, yt)
+    with pytest.raises(ValueError, match="max_train_radius"):
+        fitted.certify(Xs, max_train_radius=-1)
+
+
+def ys_like(X):
+    return np.arange(len(X)) % 2
+
+
+def test_single_class_part_is_constant(digits_split):
+    (Xt, yt), _, (Xs, _) = digits_split
+    keep = (yt == 0) | (yt == 1)
+    X, y = Xt[keep][:6], yt[keep][:6]
+    model = ReliableConformalClassifier(lr(), 3, 1).fit(X, y)
+    assert model.predict_votes(Xs).sum(axis=1).tolist() == [3] * len(Xs)

@@ -1,0 +1,92 @@
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from defenses.rps.scores import smoothed_scores, vote_counts, vote_geometry
+
+
+def compositions(k, classes):
+    for cut in itertools.combinations(range(k + classes - 1), classes - 1):
+        edges = (-1, *cut, k + classes - 1)
+        yield tuple(edges[i + 1] - edges[i] - 1 for i in range(classes))
+
+
+def score(v, k, y, softmax):
+    f = np.asarray(v) / k
+    return float(np.exp(f[y]) / np.exp(f).sum()) if softmax else float(f[y])
+
+
+@pytest.mark.parametrize("softmax", [True, False])
+def test_bounds_equal_brute_force(softmax):
+    for k in range(1, 6):
+        for classes in range(2, 5):
+            allv = np.array(list(compositions(k, classes)))
+            g = vote_geometry(allv, k, softmax)
+            for r in range(k + 2):
+                upper = g.upper(r)[g.index]
+                lower = g.lower(r)[g.index]
+                for a, v in enumerate(allv):
+                    reach = [w for w in allv if np.maximum(0, v - w).sum() <= r]
+                    for y in range(classes):
+                        s = [score(w, k, y, softmax) for w in reach]
+                        assert upper[a, y] == pytest.approx(max(s), abs=1e-12)
+                        assert lower[a, y] == pytest.approx(min(s), abs=1e-12)
+
+
+def test_golden_scores():
+    s = smoothed_scores(np.array([[2, 0, 0]]), 2)
+    e = np.e
+    assert s[0] == pytest.approx([e / (e + 2), 1 / (e + 2), 1 / (e + 2)])
+    assert smoothed_scores(np.array([[1, 1]]), 2, softmax=False)[0].tolist() == [
+        0.5,
+        0.5,
+    ]
+
+
+votes_strategy = st.integers(2, 6).flatmap(
+    lambda k: st.lists(
+        st.lists(st.integers(0, k - 1), min_size=7, max_size=7), min_size=1, max_size=8
+    ).map(lambda rows: (np.array(rows).T, k))
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=votes_strategy, softmax=st.booleans())
+def test_bounds_are_monotone_and_bracket_the_score(data, softmax):
+    predictions, k = data
+    votes = vote_counts(predictions, k)
+    g = vote_geometry(votes, predictions.shape[0], softmax)
+    s = g.score()
+    previous_low, previous_high = s, s
+    for r in range(predictions.shape[0] + 1):
+        low, high = g.lower(r), g.upper(r)
+        assert np.all(low <= previous_low + 1e-12)
+        assert np.all(high >= previous_high - 1e-12)
+        previous_low, previous_high = low, high
+    assert np.allclose(g.lower(0), s)
+    assert np.allclose(g.upper(0), s)
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=votes_strategy)
+def test_scores_do_not_depend_on_class_order(data):
+    predictions, k = data
+    votes = vote_counts(predictions, k)
+    perm = np.random.default_rng(k).permutation(k)
+    a = smoothed_scores(votes, predictions.shape[0])
+    b = smoothed_scores(votes[:, perm], predictions.shape[0])
+    assert np.array_equal(a[:, perm], b)
+
+
+def test_bad_votes():
+    with pytest.raises(ValueError, match="sum to n_voters"):
+        vote_geometry(np.array([[1, 1]]), 3)
+    with pytest.raises(ValueError, match="shape"):
+        vote_geometry(np.array([1, 1]), 2)
+    with pytest.raises(ValueError, match="predictions must lie"):
+        vote_counts(np.array([[0, 3]]), 3)
+    with pytest.raises(ValueError, match="radius"):
+        vote_geometry(np.array([[1, 1]]), 2).upper(-1)

@@ -1,0 +1,139 @@
+"""Soundness: no certified (point, class) membership changes within its radius."""
+
+import itertools
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+
+from defenses.data import load_digits, stratified_split
+from defenses.harness import run_once
+from defenses.rps import ReliableConformalClassifier
+from defenses.rps.arms import RPS
+from defenses.rps.attacks import (
+    CalibrationCoverage,
+    CalibrationSize,
+    PairFlip,
+    RandomFlip,
+    TargetedFlip,
+    WorstCase,
+)
+from defenses.rps.ensemble import ConstantClassifier
+from defenses.rps.partition import partition
+from defenses.rps.scenario import ConformalPoisoning
+
+K_T, K_C, ALPHA = 5, 3, 0.2
+
+
+@pytest.fixture(scope="module")
+def small():
+    data = load_digits()
+    keep = data.y < 4
+    X, y = data.X[keep], data.y[keep]
+    tr, ca, te = stratified_split(y, [0.3, 0.3, 0.4], np.random.default_rng(3))
+    model = ReliableConformalClassifier(
+        LogisticRegression(max_iter=500), K_T, K_C, ALPHA
+    )
+    model.fit(X[tr], y[tr]).calibrate(X[ca], y[ca])
+    return model, (X[tr], y[tr]), (X[ca], y[ca]), X[te]
+
+
+def _check(cert, before, after, r_t, r_c):
+    certified = cert.certified(r_t, r_c)
+    assert not np.any(certified & (before != after)), (r_t, r_c)
+    return int(np.sum(before != after))
+
+
+def test_vote_level_worst_case(small):
+    """Replace one or two part models by constants of every class (brute force)."""
+    model, _, (Xc, yc), Xs = small
+    cert = model.certify(Xs)
+    before = cert.sets
+    original = list(model.models_)
+    changed = 0
+    try:
+        for r_t in (1, 2):
+            for parts in itertools.combinations(range(K_T), r_t):
+                for labels in itertools.product(range(4), repeat=r_t):
+                    models = list(original)
+                    for part, label in zip(parts, labels, strict=True):
+                        models[part] = ConstantClassifier(label)
+                    model.models_ = models
+                    model.calibrate(Xc, yc)
+                    changed += _check(cert, before, model.predict_sets(Xs), r_t, 0)
+    finally:
+        model.models_ = original
+        model.calibrate(Xc, yc)
+    assert changed > 0
+
+
+def test_training_label_flips_within_radius(small):
+    model, (Xt, yt), (Xc, yc), Xs = small
+    cert = model.certify(Xs)
+    parts = partition(Xt, yt, K_T)
+    rng = np.random.default_rng(0)
+    changed = 0
+    for trial in range(6):
+        r_t = 1 + trial % 2
+        y = yt.copy()
+        for part in rng.choice(K_T, size=r_t, replace=False):
+            rows = parts[part]
+            flip = rng.choice(rows, size=max(1, rows.size // 2), replace=False)
+            y[flip] = rng.integers(0, 4, flip.size)
+        poisoned = ReliableConformalClassifier(
+            LogisticRegression(max_iter=500), K_T, K_C, ALPHA
+        )
+        poisoned.fit(Xt, y).calibrate(Xc, yc)
+        changed += _check(cert, cert.sets, poisoned.predict_sets(Xs), r_t, 0)
+    assert changed > 0
+
+
+def test_calibration_poisoning_within_radius(small):
+    """Rewrite whole calibration parts: relabel, drop or flood them."""
+    model, (_Xt, _yt), (Xc, yc), Xs = small
+    cert = model.certify(Xs)
+    parts = partition(Xc, yc, K_C)
+    rng = np.random.default_rng(1)
+    changed = 0
+    for part in range(K_C):
+        rows = parts[part]
+        y = yc.copy()
+        y[rows] = rng.integers(0, 4, rows.size)
+        for X2, y2 in (
+            (Xc, y),
+            (
+                np.delete(Xc, rows[: rows.size // 3], 0),
+                np.delete(yc, rows[: rows.size // 3]),
+            ),
+        ):
+            model.calibrate(X2, y2)
+            changed += _check(cert, cert.sets, model.predict_sets(Xs), 0, 1)
+    model.calibrate(Xc, yc)
+    assert cert.certified(0, 1).mean() > 0.5
+    assert changed > 0
+
+
+def _scenario():
+    return ConformalPoisoning(dataset="digits", subsample=0.5, n_targets=1, alpha=ALPHA)
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        TargetedFlip(flips=3),
+        RandomFlip(fraction=0.01),
+        PairFlip(source=3, target=8, fraction=0.05),
+        CalibrationCoverage(fraction=0.01),
+        CalibrationSize(fraction=0.01),
+        WorstCase(
+            n_train_parts=8, n_calib_parts=3, train_parts=1, calib_parts=1, copies=5
+        ),
+    ],
+    ids=lambda a: a.name,
+)
+def test_every_attack_respects_the_certificate(attack):
+    result = run_once(
+        _scenario(), attack, RPS(n_train_parts=8, n_calib_parts=3), seed=0
+    )
+    assert result.success["violations"] == 0.0
+    assert result.success["radius_train"] + result.success["radius_calib"] >= 1
