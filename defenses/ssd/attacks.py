@@ -32,6 +32,7 @@ import numpy.typing as npt
 
 from defenses.oracle import QueryOracle
 from defenses.ssd.prior import PCAPrior
+from defenses.ssd.threads import single_thread
 from defenses.threat import Capability
 
 FloatArray = npt.NDArray[np.float64]
@@ -155,6 +156,10 @@ class BoundaryRepulsion:
 
     def run(self, view: InversionView, rng: np.random.Generator) -> FloatArray:
         """Reconstructions, one row per entry of ``view.targets``."""
+        with single_thread():
+            return self._search(view, rng)
+
+    def _search(self, view: InversionView, rng: np.random.Generator) -> FloatArray:
         bounds = view.bounds
         prior = PCAPrior.fit(
             view.public, min(self.n_components, *view.public.shape), bounds
@@ -308,6 +313,10 @@ class GeneticInversion:
 
     def run(self, view: InversionView, rng: np.random.Generator) -> FloatArray:
         """Reconstructions, one row per entry of ``view.targets``."""
+        with single_thread():
+            return self._evolve(view, rng)
+
+    def _evolve(self, view: InversionView, rng: np.random.Generator) -> FloatArray:
         prior = PCAPrior.fit(
             view.public, min(self.n_components, *view.public.shape), view.bounds
         )

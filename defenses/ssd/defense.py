@@ -75,7 +75,7 @@ def default_temperature(n_classes: int) -> float:
     With probabilities in [0, 1], :math:`P(y = \text{top})` under
     :math:`\operatorname{softmax}(f/T)` depends on K; this rule reproduces the
     paper's :math:`T = 0.1` at K = 1000 and keeps the pseudo-label about as random at
-    small K (0.15 at K = 50, 0.20 at K = 10, 0.24 at K = 5).
+    small K (0.15 at K = 50, 0.20 at K = 10, 0.25 at K = 5).
     """
     if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 1:
         raise ValueError(f"n_classes must be a positive integer, got {n_classes!r}")

@@ -1,32 +1,22 @@
 """Small torch MLPs for the inversion scenarios: the target and the evaluation model.
 
-Both train full-batch with Adam for a fixed number of epochs, seeded by a
-:class:`torch.Generator` drawn from the caller's :class:`numpy.random.Generator`, and
-run single-threaded (much faster than the default on a loaded 2-core machine).
+Both are float32 and train full-batch with Adam for a fixed number of epochs, seeded
+by a :class:`torch.Generator` drawn from the caller's :class:`numpy.random.Generator`,
+and run single-threaded (:func:`~defenses.ssd.threads.single_thread`).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
+from defenses.ssd.threads import single_thread
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-
-
-@contextlib.contextmanager
-def single_thread() -> Iterator[None]:
-    """Run the block with one torch thread, restoring the previous setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def make_mlp(
@@ -36,7 +26,7 @@ def make_mlp(
     activation: str,
     generator: torch.Generator,
 ) -> torch.nn.Sequential:
-    """An MLP ``n_in -> hidden... -> n_out`` in float64, seeded by ``generator``."""
+    """An MLP ``n_in -> hidden... -> n_out`` (float32), seeded by ``generator``."""
     acts = {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh}
     if activation not in acts:
         raise ValueError(
@@ -48,7 +38,7 @@ def make_mlp(
         layers += [torch.nn.Linear(width, size), acts[activation]()]
         width = size
     layers.append(torch.nn.Linear(width, n_out))
-    net = torch.nn.Sequential(*layers).double()
+    net = torch.nn.Sequential(*layers)
     with torch.no_grad():
         for param in net.parameters():
             bound = 1.0 / np.sqrt(param.shape[-1])
@@ -71,7 +61,7 @@ def train_mlp(
     generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
     with single_thread():
         net = make_mlp(X.shape[1], hidden, n_classes, activation, generator)
-        inputs = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float64))
+        inputs = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32))
         labels = torch.from_numpy(np.asarray(y, dtype=np.int64))
         optimizer = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
         for _ in range(epochs):
@@ -84,15 +74,16 @@ def train_mlp(
 
 
 def predict_proba(net: torch.nn.Module, X: FloatArray) -> FloatArray:
-    """Softmax probabilities of ``net`` on ``X``, float64."""
+    """Softmax probabilities of ``net`` on ``X`` (float32 logits, float64 softmax)."""
     with single_thread(), torch.no_grad():
-        logits = net(torch.from_numpy(np.ascontiguousarray(X, dtype=np.float64)))
-        out: FloatArray = torch.softmax(logits, dim=1).numpy()
+        logits = net(torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32)))
+        out: FloatArray = torch.softmax(logits.double(), dim=1).numpy()
     return out
 
 
 def features(net: torch.nn.Sequential, X: FloatArray) -> FloatArray:
     """Activations of the last hidden layer (the input of the final linear layer)."""
     with single_thread(), torch.no_grad():
-        out: FloatArray = net[:-1](torch.from_numpy(np.ascontiguousarray(X))).numpy()
+        inputs = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32))
+        out: FloatArray = net[:-1](inputs).double().numpy()
     return out

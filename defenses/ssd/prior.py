@@ -50,9 +50,11 @@ class PCAPrior:
                 f"n_components must lie in [1, {min(data.shape)}], got {n_components}"
             )
         mean = data.mean(axis=0)
-        _, sv, vt = np.linalg.svd(data - mean, full_matrices=False)
-        scale = sv[:n_components] / np.sqrt(data.shape[0] - 1)
-        return cls(mean, scale[:, None] * vt[:n_components], bounds)
+        centred = data - mean
+        variances, vectors = np.linalg.eigh(centred.T @ centred / (data.shape[0] - 1))
+        top = np.argsort(variances)[::-1][:n_components]
+        scale = np.sqrt(np.maximum(variances[top], 0.0))
+        return cls(mean, scale[:, None] * vectors[:, top].T, bounds)
 
     @property
     def dim(self) -> int:

@@ -52,6 +52,7 @@ from defenses.ssd.baselines import (
 from defenses.ssd.mlp import predict_proba, train_mlp
 from defenses.ssd.postprocessing import Deployed, SSDDefense
 from defenses.ssd.tasks import InversionTask, build_task
+from defenses.ssd.threads import single_thread
 from defenses.threat import Budget, Capability, Goal, Knowledge, Stage, ThreatModel
 
 FloatArray = npt.NDArray[np.float64]
@@ -112,7 +113,7 @@ class TargetLearner:
         Full-batch Adam epochs.
     """
 
-    epochs: int = 200
+    epochs: int = 150
 
     def fit(self, task: InversionTask, rng: np.random.Generator) -> TargetModel:
         """Train on the private training split."""
@@ -219,7 +220,8 @@ class _InversionGame:
         ranks = np.argsort(-probs, axis=1, kind="stable")
         hit = ranks == task.targets[:, None]
         feats = evaluator.features(recon)
-        dists = cdist(feats, evaluator.reference)
+        with single_thread():
+            dists = cdist(feats, evaluator.reference)
         nearest = evaluator.reference_labels[np.argmin(dists, axis=1)]
         same = evaluator.reference_labels[None, :] == task.targets[:, None]
         return {

@@ -8,7 +8,8 @@
 
 The private data are split 80/10/10 into train (the target's), validation (SSD's
 prototypes) and test (utility). The evaluation model, which judges reconstructions,
-is an MLP of another architecture and seed trained on the private training split.
+is an MLP of another activation (tanh), width and seed, trained on the private
+training split.
 Tasks are cached by a key drawn from the set-up generator, so every arm and attack of
 one seed reuses the same task without retraining.
 """
@@ -24,11 +25,12 @@ import torch
 
 from defenses.data import Dataset, load_digits, make_identities, stratified_split
 from defenses.ssd.mlp import features, predict_proba, train_mlp
+from defenses.ssd.threads import single_thread
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-EVAL_HIDDEN = (256, 128)
+EVAL_HIDDEN = (64,)
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,7 +122,13 @@ def build_task(world: str, key: int, n_targets: int, per_target: int) -> Inversi
     per_target : int
         Reconstructions asked per target class.
     """
-    rng = np.random.default_rng(key)
+    with single_thread():
+        return _build(world, np.random.default_rng(key), n_targets, per_target)
+
+
+def _build(
+    world: str, rng: np.random.Generator, n_targets: int, per_target: int
+) -> InversionTask:
     bounds: tuple[float, float] | None
     if world == "digits":
         private, public, bounds = _digits(rng)
@@ -134,7 +142,7 @@ def build_task(world: str, key: int, n_targets: int, per_target: int) -> Inversi
     train_i, val_i, test_i = stratified_split(private.y, [0.8, 0.1, 0.1], rng)
     train = private.subset(train_i)
     net = train_mlp(
-        train.X, train.y, k, EVAL_HIDDEN, rng, epochs=300, lr=5e-3, activation="tanh"
+        train.X, train.y, k, EVAL_HIDDEN, rng, epochs=200, lr=1e-2, activation="tanh"
     )
     reference = np.concatenate([features(net, train.X), features(net, public)])
     labels = np.concatenate([train.y, np.full(public.shape[0], -1, dtype=np.int64)])

@@ -57,7 +57,9 @@ def test_numpy_and_torch_agree(k):
     rng = np.random.default_rng(k)
     f, q, budget = _instances(rng, 300, k, alpha=0.3)
     a = water_filling(f, q, budget)
-    t = water_filling(torch.from_numpy(f), torch.from_numpy(q), torch.from_numpy(budget))
+    t = water_filling(
+        torch.from_numpy(f), torch.from_numpy(q), torch.from_numpy(budget)
+    )
     np.testing.assert_allclose(a, t.numpy(), atol=1e-12)
 
 
@@ -66,7 +68,12 @@ def test_batched_equals_row_by_row(k):
     rng = np.random.default_rng(7 + k)
     f, q, budget = _instances(rng, 40, k)
     batched = water_filling(f, q, budget)
-    rows = np.vstack([water_filling(f[i : i + 1], q[i : i + 1], budget[i : i + 1]) for i in range(40)])
+    rows = np.vstack(
+        [
+            water_filling(f[i : i + 1], q[i : i + 1], budget[i : i + 1])
+            for i in range(40)
+        ]
+    )
     np.testing.assert_allclose(batched, rows, atol=1e-14)
 
 
@@ -101,7 +108,9 @@ def test_dense_and_search_levels_agree(monkeypatch):
 def _simplex(k_max: int = 12):
     return st.integers(2, k_max).flatmap(
         lambda k: st.tuples(
-            st.lists(st.floats(0.0, 1.0), min_size=k, max_size=k).filter(lambda v: sum(v) > 1e-3),
+            st.lists(st.floats(0.0, 1.0), min_size=k, max_size=k).filter(
+                lambda v: sum(v) > 1e-3
+            ),
             st.lists(st.floats(1e-6, 1.0), min_size=k, max_size=k),
             st.floats(0.0, 2.5),
         )
@@ -179,8 +188,13 @@ def test_float32_underflow_at_k1000():
 
 
 def test_k_equals_one_and_empty_batch():
-    np.testing.assert_array_equal(water_filling(np.ones((3, 1)), np.ones((3, 1)), np.zeros(3)), 1.0)
-    assert water_filling(np.zeros((0, 4)), np.zeros((0, 4)), np.zeros(0)).shape == (0, 4)
+    np.testing.assert_array_equal(
+        water_filling(np.ones((3, 1)), np.ones((3, 1)), np.zeros(3)), 1.0
+    )
+    assert water_filling(np.zeros((0, 4)), np.zeros((0, 4)), np.zeros(0)).shape == (
+        0,
+        4,
+    )
 
 
 def test_float32_in_float32_out():
@@ -199,9 +213,24 @@ def test_float32_in_float32_out():
         (np.array([[0.5, 0.6, 0.1]]), np.ones((1, 3)) / 3, np.zeros(1), "sum to 1"),
         (np.array([[np.nan, 0.5, 0.5]]), np.ones((1, 3)) / 3, np.zeros(1), "NaN"),
         (np.ones((1, 3)) / 3, np.array([[np.inf, 0, 0]]), np.zeros(1), "NaN or inf"),
-        (np.ones((1, 3)) / 3, np.ones((1, 3)) / 3, np.array([-0.1]), "budget must be >= 0"),
-        (np.ones((1, 3)) / 3, np.ones((1, 3)) / 3, np.zeros(2), r"budget must have shape \(1,\)"),
-        (np.ones((1, 3)) / 3, np.ones((1, 3)) / 3, np.array([np.nan]), "budget contains NaN"),
+        (
+            np.ones((1, 3)) / 3,
+            np.ones((1, 3)) / 3,
+            np.array([-0.1]),
+            "budget must be >= 0",
+        ),
+        (
+            np.ones((1, 3)) / 3,
+            np.ones((1, 3)) / 3,
+            np.zeros(2),
+            r"budget must have shape \(1,\)",
+        ),
+        (
+            np.ones((1, 3)) / 3,
+            np.ones((1, 3)) / 3,
+            np.array([np.nan]),
+            "budget contains NaN",
+        ),
     ],
 )
 def test_bad_input_raises(f, q, budget, match):
@@ -209,7 +238,9 @@ def test_bad_input_raises(f, q, budget, match):
         water_filling(f, q, budget)
     if f.ndim == 2 and f.shape == q.shape:
         with pytest.raises(ValueError, match=match):
-            water_filling(torch.from_numpy(f), torch.from_numpy(q), torch.from_numpy(budget))
+            water_filling(
+                torch.from_numpy(f), torch.from_numpy(q), torch.from_numpy(budget)
+            )
 
 
 def test_mixed_torch_and_numpy_is_refused():
