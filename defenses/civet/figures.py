@@ -27,6 +27,10 @@ def _sweep(results: list[Result]) -> list[Result]:
     ]
 
 
+def _data(result: Result) -> str:
+    return str(result.params["benchmark"].get("data", "digits"))
+
+
 def _curve(
     runs: list[Result], variant: str, metric: str
 ) -> tuple[list[float], list[float], list[float]]:
@@ -47,16 +51,14 @@ def draw(
 ) -> list[tuple[str, pathlib.Path]]:
     """Plot the certified bound and the joint attack's error against the radius.
 
-    One PNG per data set of the ``civet_eps`` specs (log scale; mean and standard
+    One PNG per ``civet_eps`` spec and data set (log scale; mean and standard
     deviation over seeds), with the mean-image predictor as a reference line.
     """
     runs = _sweep(results)
     out: list[tuple[str, pathlib.Path]] = []
-    datasets = sorted({str(r.params["benchmark"].get("data", "digits")) for r in runs})
-    for data in datasets:
-        subset = [
-            r for r in runs if r.params["benchmark"].get("data", "digits") == data
-        ]
+    groups = sorted({(str(r.meta["spec"]), _data(r)) for r in runs})
+    for spec, data in groups:
+        subset = [r for r in runs if r.meta["spec"] == spec and _data(r) == data]
         fig, ax = plt.subplots(figsize=(6.0, 4.0))
         for variant in ("none", "pgd", "civet"):
             colour, label = COLOURS[variant], LABELS[variant]
@@ -88,17 +90,18 @@ def draw(
         ax.set_yscale("log")
         ax.set_xlabel("L-infinity radius eps")
         ax.set_ylabel("squared reconstruction error")
-        ax.set_title(f"CIVET on {data}: certificate vs attack")
+        ax.set_title(f"{spec}: {data}, certificate vs attack")
         ax.legend(fontsize=7)
         fig.tight_layout()
         out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / f"civet_eps_{data}.png"
+        path = out_dir / f"{spec}_{data}.png"
         fig.savefig(path, dpi=120)
         plt.close(fig)
         out.append(
             (
-                f"CIVET ({data}): certified p-level bound (solid) and the strongest "
-                "attack (joint input+noise PGD, dashed) against eps.",
+                f"{spec} ({data}): certified p-level bound (solid) and the strongest "
+                "attack (joint input+noise PGD, dashed) against eps; mean and std "
+                "over seeds.",
                 path,
             )
         )
