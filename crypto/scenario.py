@@ -19,9 +19,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from crypto.attacks import DistinguisherAttack, Guess, InversionAttack, ServerView
+from crypto.bench import attention_benchmark, lora_benchmark
 from crypto.data import client_transform, digit_sequences, negation_sentiment
 from crypto.defense import CKKSDefense, EmbeddingNoise
 from crypto.deploy import CryptoTask, PersonalisedLearner
+from crypto.figures import figures
 from crypto.model import ModelConfig
 from defenses.metrics import accuracy
 from defenses.registry import register
@@ -33,6 +35,9 @@ register("attacks", InversionAttack.name)(InversionAttack)
 register("attacks", DistinguisherAttack.name)(DistinguisherAttack)
 register("defenses", CKKSDefense.name)(CKKSDefense)
 register("defenses", EmbeddingNoise.name)(EmbeddingNoise)
+register("benchmarks", "crypto-attention")(attention_benchmark)
+register("benchmarks", "crypto-lora")(lora_benchmark)
+register("figures", "crypto")(figures)
 
 
 @register("scenarios", "crypto-private-inference")
