@@ -69,14 +69,38 @@ def params_of(component: object | None) -> dict[str, Any]:
 
 
 def label(component: object | None) -> str:
-    """``name(field=value, ...)`` over the init fields; ``"none"`` for None."""
+    """``name(field=value, ...)`` over the fields that differ from their defaults.
+
+    As in scikit-learn's estimator repr, a component at its defaults is just its
+    name; ``None`` (the undefended arm) is ``"none"``.
+    """
     if component is None:
         return UNDEFENDED
     name = str(getattr(component, "name", type(component).__name__))
-    fields = params_of(component)
-    if not fields:
+    if not dataclasses.is_dataclass(component):
         return name
-    return f"{name}({', '.join(f'{k}={v}' for k, v in fields.items())})"
+    changed = []
+    for f in dataclasses.fields(component):
+        if not f.init:
+            continue
+        value = getattr(component, f.name)
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            changed.append(f"{f.name}={_jsonable(value)}")
+            continue
+        if not _equal(value, default):
+            changed.append(f"{f.name}={_jsonable(value)}")
+    return f"{name}({', '.join(changed)})" if changed else name
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except (ValueError, TypeError):
+        return a is b
 
 
 def _metrics(values: Mapping[str, Any], where: str) -> dict[str, float]:

@@ -47,9 +47,9 @@ class MembershipTask:
 class MLPLearner:
     """A one-hidden-layer MLP (scikit-learn), trained to overfit a little."""
 
-    hidden: int = 128
-    max_iter: int = 500
-    alpha: float = 0.0
+    hidden: int = 64
+    max_iter: int = 300
+    alpha: float = 1e-4
 
     def fit(
         self, task: MembershipTask, rng: np.random.Generator

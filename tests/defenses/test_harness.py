@@ -21,9 +21,9 @@ def test_arms_share_split_and_init_seed_by_seed():
     results = list(evaluate(ToyScenario(), ReadScores(), [None, Blur()], [0, 1]))
     assert [(r.seed, r.defense) for r in results] == [
         (0, "none"),
-        (0, "blur(noise=0.6)"),
+        (0, "blur"),
         (1, "none"),
-        (1, "blur(noise=0.6)"),
+        (1, "blur"),
     ]
     draws = [r.utility["init_draw"] for r in results]
     assert draws[0] == draws[1]
@@ -49,13 +49,14 @@ def test_result_records_everything_and_is_json():
 def test_paired_deltas_subtract_the_same_seed():
     results = list(evaluate(ToyScenario(), ReadScores(), [None, Blur()], [0, 1, 2]))
     ((first, cells),) = paired_deltas(results, ["success.accuracy", "utility.accuracy"])
-    assert first.defense == "blur(noise=0.6)"
+    assert first.defense == "blur"
     assert cells["utility.accuracy"].mean == pytest.approx(-0.6)
     assert cells["success.accuracy"].n == 3
 
 
-def test_label_lists_fields():
+def test_label_lists_fields_that_differ_from_defaults():
     assert label(None) == "none"
+    assert label(Blur()) == "blur"
     assert label(Blur(0.25)) == "blur(noise=0.25)"
 
 
