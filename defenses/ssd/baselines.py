@@ -57,6 +57,8 @@ def gaussian_noise(probs: FloatArray, noise: FloatArray) -> FloatArray:
 
     Add ``noise``; if every input row is a probability vector (and K > 1), zero the
     negative entries and renormalise each row; with K = 1, zero the negatives only.
+    One deviation: ART divides by zero when every entry of a row turns negative (a NaN
+    row); here such a row becomes uniform.
     """
     out = probs + noise
     k = probs.shape[1]
@@ -65,7 +67,11 @@ def gaussian_noise(probs: FloatArray, noise: FloatArray) -> FloatArray:
     )
     if k > 1 and bool(np.all(rows_ok)):
         out[out < 0.0] = 0.0
-        out /= out.sum(axis=1, keepdims=True)
+        sums = out.sum(axis=1, keepdims=True)
+        empty = sums[:, 0] <= 0.0
+        out[empty] = 1.0 / k
+        sums[empty] = 1.0
+        out /= sums
     elif k == 1:
         out[out < 0.0] = 0.0
     return out
