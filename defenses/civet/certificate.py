@@ -29,7 +29,12 @@ import torch
 from defenses.civet._util import as_inputs, check_eps, check_probability
 from defenses.civet.bounds import Box, ibp
 from defenses.civet.model import VAE
-from defenses.civet.support import check_levels, expected_bound, halfwidth
+from defenses.civet.support import (
+    check_levels,
+    expected_bound,
+    halfwidth,
+    support_box,
+)
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -162,12 +167,13 @@ def certify(
         expected = expected_bound(every, bounds, ceiling)
         mu, sigma_upper = latent_bounds(exact, Box.linf_ball(inputs, eps, model.domain))
     k = halfwidth(p, model.latent_dim)
+    support = support_box(mu, sigma_upper, k)
     return Certificate(
         bound=bounds[every.index(p)].numpy(),
         expected_bound=expected.numpy(),
         ceiling=ceiling.numpy(),
-        latent_lower=(mu.lower - k * sigma_upper).numpy(),
-        latent_upper=(mu.upper + k * sigma_upper).numpy(),
+        latent_lower=support.lower.numpy(),
+        latent_upper=support.upper.numpy(),
         eps=eps,
         p=p,
         k=k,
