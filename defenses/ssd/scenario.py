@@ -34,7 +34,7 @@ from scipy.spatial.distance import cdist
 from defenses.metrics import accuracy
 from defenses.oracle import QueryOracle
 from defenses.registry import register
-from defenses.ssd import perf  # noqa: F401  (registers the ssd-perf benchmark)
+from defenses.ssd import figures, perf  # noqa: F401  (they register themselves)
 from defenses.ssd.attacks import (
     BoundaryRepulsion,
     GeneticInversion,
