@@ -25,9 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 import torch
+from torch import nn
 
 from defenses.civet._util import as_inputs, check_eps, check_probability
 from defenses.civet.bounds import Box, ibp
+from defenses.civet.crown import crown
 from defenses.civet.model import VAE
 from defenses.civet.support import (
     check_levels,
@@ -41,12 +43,29 @@ FloatArray = npt.NDArray[np.float64]
 DEFAULT_LEVELS: tuple[float, ...] = (0.5, 0.75, 0.9, 0.95, 0.99)
 
 
-def latent_bounds(model: VAE, box: Box) -> tuple[Box, torch.Tensor]:
-    """Interval bounds of the mean and the upper bound of sigma over ``box``."""
-    h = ibp(model.trunk, box)
-    mu = ibp(model.mu_head, h)
-    logvar_upper = ibp(model.logvar_head, h).upper.clamp(*model.logvar_range)
-    return mu, torch.exp(0.5 * logvar_upper)
+RELAXATIONS = ("ibp", "crown")
+
+
+def _bound(module: nn.Module, box: Box, relaxation: str) -> Box:
+    if relaxation == "ibp":
+        return ibp(module, box)
+    if relaxation == "crown":
+        return crown(module, box)
+    raise ValueError(f"relaxation must be one of {RELAXATIONS}, got {relaxation!r}")
+
+
+def latent_bounds(
+    model: VAE, box: Box, relaxation: str = "ibp"
+) -> tuple[Box, torch.Tensor]:
+    """Bounds of the mean and the upper bound of sigma over ``box``."""
+    if relaxation == "ibp":
+        h = ibp(model.trunk, box)
+        mu = ibp(model.mu_head, h)
+        logvar = ibp(model.logvar_head, h)
+    else:
+        mu = _bound(nn.Sequential(model.trunk, model.mu_head), box, relaxation)
+        logvar = _bound(nn.Sequential(model.trunk, model.logvar_head), box, relaxation)
+    return mu, torch.exp(0.5 * logvar.upper.clamp(*model.logvar_range))
 
 
 def worst_sse(out: Box, target: torch.Tensor) -> torch.Tensor:
@@ -61,20 +80,21 @@ def support_loss_bounds(
     target: torch.Tensor,
     eps: float,
     levels: Sequence[float],
+    relaxation: str = "ibp",
 ) -> torch.Tensor:
     """Bounds :math:`U_{p_j}(x)` for each support level, shape ``(len(levels), n)``.
 
-    Differentiable in the model's parameters (used by certified training). The
-    decoder is bounded once over all levels stacked along the batch.
+    Differentiable in the model's parameters (used by certified training, with
+    IBP). The decoder is bounded once over all levels stacked along the batch.
     """
     box = Box.linf_ball(x, eps, model.domain)
-    mu, sigma_upper = latent_bounds(model, box)
+    mu, sigma_upper = latent_bounds(model, box, relaxation)
     ks = torch.tensor([halfwidth(q, model.latent_dim) for q in levels], dtype=x.dtype)[
         :, None, None
     ]
     lower = (mu.lower[None] - ks * sigma_upper[None]).reshape(-1, model.latent_dim)
     upper = (mu.upper[None] + ks * sigma_upper[None]).reshape(-1, model.latent_dim)
-    out = ibp(model.decoder, Box(lower, upper))
+    out = _bound(model.decoder, Box(lower, upper), relaxation)
     stacked = target.repeat(len(levels), *([1] * (target.ndim - 1)))
     return worst_sse(out, stacked).reshape(len(levels), x.shape[0])
 
@@ -128,6 +148,7 @@ def certify(
     eps: float,
     p: float = 0.95,
     levels: Sequence[float] = DEFAULT_LEVELS,
+    relaxation: str = "ibp",
 ) -> Certificate:
     r"""Certify the reconstruction error of ``model`` around each row of ``x``.
 
@@ -146,6 +167,9 @@ def certify(
         Probability level in (0, 1).
     levels : sequence of float
         Support levels for the expected-loss bound (``p`` is added).
+    relaxation : {"ibp", "crown"}
+        Interval bound propagation, or the CROWN-IBP linear relaxation of
+        :mod:`defenses.civet.crown` (tighter, MLPs with ReLU only).
 
     Raises
     ------
@@ -153,19 +177,22 @@ def certify(
         For ``eps < 0``, ``p`` outside (0, 1), NaN inputs or inputs outside the
         domain, or bad levels.
     UnsupportedLayerError
-        If the model holds a layer bound propagation does not support.
+        If the model holds a layer the chosen relaxation does not support.
     """
+    if relaxation not in RELAXATIONS:
+        raise ValueError(f"relaxation must be one of {RELAXATIONS}, got {relaxation!r}")
     eps = check_eps(eps)
     p = check_probability(p)
     every = tuple(sorted(set(check_levels(levels)) | {p}))
     inputs = as_inputs(x, model.n_features, model.domain, torch.float64)
     exact = copy.deepcopy(model).double().eval()
     with torch.no_grad():
-        bounds = support_loss_bounds(exact, inputs, inputs, eps, every)
+        bounds = support_loss_bounds(exact, inputs, inputs, eps, every, relaxation)
         ceiling = loss_ceiling(exact, inputs)
         bounds = torch.minimum(torch.cummax(bounds, dim=0).values, ceiling)
         expected = expected_bound(every, bounds, ceiling)
-        mu, sigma_upper = latent_bounds(exact, Box.linf_ball(inputs, eps, model.domain))
+        ball = Box.linf_ball(inputs, eps, model.domain)
+        mu, sigma_upper = latent_bounds(exact, ball, relaxation)
     k = halfwidth(p, model.latent_dim)
     support = support_box(mu, sigma_upper, k)
     return Certificate(
