@@ -41,6 +41,9 @@ def test_eps_sweep_records_every_method_and_radius(tmp_path: pathlib.Path) -> No
     assert results[2].cost["epoch_ratio"] > 0
     # the certificate grows with the radius
     assert results[1].certificate["bound"] >= results[0].certificate["bound"]
+    assert all(
+        r.certificate["bound_crown"] <= r.certificate["bound"] + 1e-9 for r in results
+    )
     tagged = [
         dataclasses.replace(r, meta={**r.meta, "spec": "civet_eps-quick"})
         for r in results
