@@ -5,7 +5,8 @@ import pytest
 from crypto.attacks import DistinguisherAttack, InversionAttack
 from crypto.defense import CKKSDefense, EmbeddingNoise
 from crypto.scenario import PrivateInference
-from defenses.testing import check_pair
+from defenses.harness import run_once
+from defenses.testing import check_pair, check_result
 
 TINY = PrivateInference(
     d=8, heads=1, ffn=8, test_size=40, pretrain_epochs=3, lora_epochs=3, twin=False
@@ -32,9 +33,23 @@ def test_distinguisher_pair() -> None:
     "attack", [InversionAttack(), DistinguisherAttack(train_size=100)]
 )
 def test_ckks_pairs(attack: object) -> None:
-    _undefended, defended = check_pair(TINY, attack, CKKSDefense())
-    assert defended.success["label_advantage"] < 0.1
-    assert defended.certificate["security_bits"] == 128
+    # check_pair's bit-reproducibility cannot hold under CKKS: SEAL draws the
+    # encryption randomness itself (not seedable through TenSEAL), so a prediction
+    # whose plaintext margin is below the CKKS error may flip between runs. The rest
+    # of the contract is checked here, with a tolerance on the utility.
+    undefended = run_once(TINY, attack, None, 0)
+    first = run_once(TINY, attack, CKKSDefense(), 0)
+    again = run_once(TINY, attack, CKKSDefense(), 0)
+    for result in (first, again):
+        check_result(result)
+        assert set(result.utility) == set(undefended.utility)
+        assert set(result.success) == set(undefended.success)
+    assert first.success == again.success
+    for key, value in first.utility.items():
+        assert abs(value - again.utility[key]) <= 0.05
+    assert first.success["label_advantage"] < 0.05
+    assert first.utility["agreement"] >= 0.95
+    assert first.certificate["security_bits"] == 128
 
 
 @pytest.mark.parametrize(
