@@ -14,6 +14,7 @@ for the harness wiring.
 
 from defenses.civet.bounds import Box, UnsupportedLayerError, ibp
 from defenses.civet.certificate import Certificate, certify
+from defenses.civet.crown import crown
 from defenses.civet.model import VAE, conv_vae, mlp_vae
 from defenses.civet.training import TrainConfig, TrainLog, train_vae
 
@@ -26,6 +27,7 @@ __all__ = [
     "UnsupportedLayerError",
     "certify",
     "conv_vae",
+    "crown",
     "ibp",
     "mlp_vae",
     "train_vae",
