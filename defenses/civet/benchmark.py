@@ -122,6 +122,7 @@ def eps_sweep(params: Mapping[str, Any], seeds: Sequence[int]) -> Iterator[Resul
             r_fit.bit_generator.state = fit_state
             system = learner.fit(task, r_fit)
             epoch_s = system.log.seconds_per_epoch
+            logger.info("civet-eps seed=%s %s: %.4f s/epoch", seed, method, epoch_s)
             if method == "standard":
                 reference_epoch = epoch_s
             utility = scenario.utility(system, task)

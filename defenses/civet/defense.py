@@ -19,7 +19,6 @@ fitted system.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -45,7 +44,6 @@ __all__ = [
     "train_vae",
 ]
 
-logger = logging.getLogger(__name__)
 FloatArray = npt.NDArray[np.float64]
 
 
