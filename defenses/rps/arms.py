@@ -9,6 +9,7 @@ regression (:class:`SplitConformalLearner`); :class:`RPS` and
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -21,9 +22,12 @@ from defenses.metrics import coverage
 from defenses.rps.baselines import EnsembleConformalClassifier, SplitConformalClassifier
 from defenses.rps.defense import ReliableConformalClassifier
 from defenses.rps.quantile import QUANTILE_MODES, QuantileMode, check_alpha
-from defenses.rps.task import ConformalTask, changed_rows, touched_parts
+from defenses.rps.task import ConformalTask, changed_rows, checksum, touched_parts
 
 BoolArray = npt.NDArray[np.bool_]
+
+_REFITS: OrderedDict[tuple[Any, int, int], ConformalSystem] = OrderedDict()
+_REFIT_CACHE_SIZE = 16
 
 
 class SetPredictor(Protocol):
@@ -54,8 +58,19 @@ class ConformalSystem:
         return self.model.predict_sets(X)
 
     def refit(self, task: ConformalTask) -> ConformalSystem:
-        """The same learner fitted on another task (learners are deterministic)."""
-        return self.learner.fit(task, np.random.default_rng(0))
+        """The same learner fitted on another task (learners are deterministic).
+
+        Refits are memoised by (learner, training and calibration checksums): the
+        judge refits the same clean task for every attack of a seed.
+        """
+        key = (self.learner, checksum(task.train), checksum(task.calib))
+        system = _REFITS.get(key)
+        if system is None:
+            system = self.learner.fit(task, np.random.default_rng(0))
+            _REFITS[key] = system
+            if len(_REFITS) > _REFIT_CACHE_SIZE:
+                _REFITS.popitem(last=False)
+        return system
 
     def radii(self, task: ConformalTask) -> tuple[int, int]:
         """(r_t, r_c) separating ``task`` from its clean task, in this system's units.

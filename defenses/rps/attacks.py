@@ -40,11 +40,13 @@ from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 from defenses.data import Dataset
 from defenses.rps.defense import ReliableConformalClassifier
 from defenses.rps.partition import part_of
-from defenses.rps.task import ConformalTask
+from defenses.rps.task import ConformalTask, checksum
 from defenses.threat import Capability
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+
+_REPLICAS: dict[tuple[int, int], ReliableConformalClassifier] = {}
 
 TRAIN = frozenset({Capability.POISON_TRAIN})
 CALIB = frozenset({Capability.POISON_CALIBRATION})
@@ -310,10 +312,16 @@ class WorstCase:
             )
 
     def _replica(self, task: ConformalTask) -> ReliableConformalClassifier:
-        replica = ReliableConformalClassifier(
-            LogisticRegression(max_iter=1000), self.n_train_parts, 1, 0.1
-        )
-        return replica.fit(task.train.X, task.train.y)
+        """The attacker's copy of the defender's part models (memoised)."""
+        key = (self.n_train_parts, checksum(task.train))
+        if key not in _REPLICAS:
+            if len(_REPLICAS) >= 8:
+                _REPLICAS.pop(next(iter(_REPLICAS)))
+            replica = ReliableConformalClassifier(
+                LogisticRegression(max_iter=1000), self.n_train_parts, 1, 0.1
+            )
+            _REPLICAS[key] = replica.fit(task.train.X, task.train.y)
+        return _REPLICAS[key]
 
     def poison(self, task: ConformalTask, rng: np.random.Generator) -> ConformalTask:
         """Return the task with flooded training and calibration parts."""

@@ -141,6 +141,9 @@ class ReliableConformalClassifier:
         self.tau_hat = majority_threshold(self.n_calib_parts, self.alpha)
         self.models_: list[PartClassifier] | None = None
         self.thresholds_: FloatArray | None = None
+        self._last_batch: (
+            tuple[FloatArray, ScoreGeometry, list[PartClassifier] | None] | None
+        ) = None
 
     # ------------------------------------------------------------------ fitting
     def fit(self, X: npt.ArrayLike, y: npt.ArrayLike) -> ReliableConformalClassifier:
@@ -173,6 +176,7 @@ class ReliableConformalClassifier:
         )
         self.train_part_sizes_ = np.array([p.size for p in parts], dtype=np.int64)
         self.thresholds_ = None
+        self._last_batch = None
         return self
 
     @property
@@ -212,6 +216,25 @@ class ReliableConformalClassifier:
         return vote_counts(predict_parts(self.models_, features), self.n_classes)
 
     def _geometry(self, features: FloatArray) -> ScoreGeometry:
+        """The models' scores of ``features``; the last batch is memoised.
+
+        ``predict_sets`` followed by ``certify`` on the same points (or repeated
+        calls) run the part models once: the batch is kept with its scores and
+        compared exactly (and the models by identity) before reuse.
+        """
+        cached = self._last_batch
+        if (
+            cached is not None
+            and cached[2] is self.models_
+            and cached[0].shape == features.shape
+            and np.array_equal(cached[0], features)
+        ):
+            return cached[1]
+        geometry = self._compute_geometry(features)
+        self._last_batch = (features.copy(), geometry, self.models_)
+        return geometry
+
+    def _compute_geometry(self, features: FloatArray) -> ScoreGeometry:
         assert self.models_ is not None
         if self.n_train_parts == 1:
             return ProbaGeometry(
@@ -229,21 +252,38 @@ class ReliableConformalClassifier:
     def _max_radius(self) -> int:
         return 0 if self.n_train_parts == 1 else self.n_train_parts
 
+    def _radius(self, max_train_radius: int | None) -> int:
+        radius = self._max_radius if max_train_radius is None else max_train_radius
+        if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
+            raise ValueError(f"max_train_radius must be an int >= 0, got {radius!r}")
+        return min(radius, self._max_radius)
+
     # -------------------------------------------------------------- calibrating
     def calibrate(
-        self, X: npt.ArrayLike, y: npt.ArrayLike
+        self, X: npt.ArrayLike, y: npt.ArrayLike, max_train_radius: int | None = None
     ) -> ReliableConformalClassifier:
-        """Compute each calibration part's threshold and its worst-case range."""
+        """Compute each calibration part's threshold and its worst-case range.
+
+        ``max_train_radius`` caps the training radius the thresholds' worst case is
+        computed for (default ``n_train_parts``; 0 skips it, leaving only
+        calibration-side certificates).
+        """
         features = self._check_X(X)
         labels = self._encode(y, features.shape[0])
-        return self.calibrate_geometry(features, labels, self._geometry(features))
+        return self.calibrate_geometry(
+            features, labels, self._geometry(features), max_train_radius
+        )
 
     def geometry(self, X: npt.ArrayLike) -> ScoreGeometry:
         """Scores and bound machinery of ``X`` (the models' predictions, reusable)."""
         return self._geometry(self._check_X(X))
 
     def calibrate_geometry(
-        self, features: FloatArray, labels: IntArray, geometry: ScoreGeometry
+        self,
+        features: FloatArray,
+        labels: IntArray,
+        geometry: ScoreGeometry,
+        max_train_radius: int | None = None,
     ) -> ReliableConformalClassifier:
         """:meth:`calibrate` from precomputed scores (``labels`` encoded 0..K-1).
 
@@ -269,7 +309,7 @@ class ReliableConformalClassifier:
                 f"least {n_min} per part: use more calibration data or fewer parts"
             )
         entries = geometry.index[np.arange(features.shape[0]), labels]
-        steps = self._max_radius + 1
+        steps = self._radius(max_train_radius) + 1
         cal_lower = np.empty((features.shape[0], steps))
         cal_upper = np.empty((features.shape[0], steps))
         cal_lower[:, 0] = cal_upper[:, 0] = geometry.score()[entries]
@@ -344,10 +384,7 @@ class ReliableConformalClassifier:
         """
         thresholds = self._check_calibrated()
         features = self._check_X(X)
-        radius = self._max_radius if max_train_radius is None else max_train_radius
-        if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
-            raise ValueError(f"max_train_radius must be an int >= 0, got {radius!r}")
-        radius = min(radius, self._max_radius)
+        radius = min(self._radius(max_train_radius), thresholds.radius)
         thresholds = thresholds.truncated(radius)
         geometry = self._geometry(features)
         in_set = np.asarray(geometry.score() >= thresholds.cut)

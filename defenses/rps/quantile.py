@@ -66,6 +66,7 @@ def check_alpha(alpha: float) -> float:
     return float(alpha)
 
 
+@functools.cache
 def majority_threshold(n_parts: int, alpha: float) -> int:
     r"""The majority threshold :math:`\hat\tau(\alpha, k_c)`.
 
@@ -125,6 +126,14 @@ def majority_miscoverage(
         raise ValueError(
             f"ranks and sizes must be 1-D of one length, got {j.shape}, {n.shape}"
         )
+    pairs = tuple(sorted(zip(j.tolist(), n.tolist(), strict=True)))
+    return _miscoverage(pairs, float(alpha))
+
+
+@functools.lru_cache(maxsize=4096)
+def _miscoverage(pairs: tuple[tuple[int, int], ...], alpha: float) -> float:
+    j = np.array([p[0] for p in pairs], dtype=np.int64)
+    n = np.array([p[1] for p in pairs], dtype=np.int64)
     tau = majority_threshold(int(j.size), alpha)
     u, weights = _nodes()
     dist = np.zeros((tau + 2, u.size))
@@ -166,6 +175,7 @@ def part_rank(n: int, alpha: float, n_parts: int, mode: QuantileMode) -> int:
     raise ValueError(f"quantile mode must be one of {QUANTILE_MODES}, got {mode!r}")
 
 
+@functools.cache
 def minimum_part_size(alpha: float, n_parts: int, mode: QuantileMode) -> int:
     """Smallest part size whose rank is at least 1 under ``mode``."""
     n = 1

@@ -176,3 +176,17 @@ def test_single_class_part_is_constant(digits_split):
     X, y = Xt[keep][:6], yt[keep][:6]
     model = ReliableConformalClassifier(lr(), 3, 1).fit(X, y)
     assert model.predict_votes(Xs).sum(axis=1).tolist() == [3] * len(Xs)
+
+
+def test_memo_reuses_votes_only_for_the_same_batch(fitted, digits_split):
+    _, _, (Xs, _) = digits_split
+    first = fitted.predict_sets(Xs)
+    assert np.array_equal(fitted.certify(Xs).sets, first)
+    other = Xs[::-1].copy()
+    assert np.array_equal(fitted.predict_sets(other), first[::-1])
+    changed = Xs.copy()
+    changed[0] = 0.0
+    assert (
+        fitted.predict_scores(changed)[1:].tolist()
+        == fitted.predict_scores(Xs)[1:].tolist()
+    )
