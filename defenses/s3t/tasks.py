@@ -4,10 +4,10 @@ Scikit-learn's bundled digits (1,797 8x8 images) are split into
 
 * a **public** split of ``public`` images of digits 0-4 only, on which the backbone
   is pretrained and then frozen (a backbone that meets new classes when fine-tuned);
-* the remaining images, split stratified into the deletable fine-tuning **pool**, an
-  i.i.d. **test** set and, for the canary audit, **canaries** (mislabelled copies of
-  held-out images: half are inserted into the pool and deleted, half are never
-  trained on, the reference).
+* the remaining images, split stratified into the deletable fine-tuning **pool** and
+  an i.i.d. **test** set; for the canary audit, ``2 c`` images drawn at random from
+  the pool become **canaries** (mislabelled: half are planted and deleted, half are
+  never trained on, the reference).
 
 Pool, test and canaries come from one stratified split of the same images, so they
 are i.i.d. (a shifted hold-out set would masquerade as leakage).
@@ -78,19 +78,11 @@ def split_digits(
         raise ValueError(f"canaries must lie in [0, 100], got {canaries!r}")
     public_idx = np.sort(rng.choice(low, public, replace=False)).astype(np.int64)
     rest = np.setdiff1d(np.arange(len(data)), public_idx)
-    holdout = 2 * canaries / rest.size
-    fractions = [1 - test_fraction - holdout, test_fraction] + (
-        [holdout] if canaries else []
-    )
-    parts = stratified_split(data.y[rest], fractions, rng)
+    parts = stratified_split(data.y[rest], [1 - test_fraction, test_fraction], rng)
     pool, test = rest[parts[0]], rest[parts[1]]
-    if canaries:
-        spare = rng.permutation(rest[parts[2]])
-        if spare.size < 2 * canaries:
-            raise ValueError(f"not enough held-out images for {canaries} canary pairs")
-        c_in, c_out = np.sort(spare[:canaries]), np.sort(spare[canaries : 2 * canaries])
-    else:
-        c_in = c_out = np.empty(0, dtype=np.int64)
+    spare = rng.choice(pool, 2 * canaries, replace=False)
+    pool = np.setdiff1d(pool, spare)
+    c_in, c_out = np.sort(spare[:canaries]), np.sort(spare[canaries:])
     flip_in = (data.y[c_in] + rng.integers(1, 10, c_in.size)) % 10
     flip_out = (data.y[c_out] + rng.integers(1, 10, c_out.size)) % 10
     return DigitsSplit(
