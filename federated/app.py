@@ -586,8 +586,16 @@ server_app = ServerApp()
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Entry point of ``flwr run``: the run config comes from ``pyproject.toml``."""
-    run = serve(grid, AppConfig.from_mapping(dict(context.run_config)))
+    """Entry point of ``flwr run``: the run config comes from ``pyproject.toml``.
+
+    The summary (accuracy curve, epsilon per client) is written as JSON to
+    ``result-path`` or, if unset, to ``$FEDERATED_RESULT_PATH`` when that is set.
+    """
+    config = AppConfig.from_mapping(dict(context.run_config))
+    if not config.result_path:
+        path = os.environ.get("FEDERATED_RESULT_PATH", "")
+        config = dataclasses.replace(config, result_path=path)
+    run = serve(grid, config)
     logger.info(
         "final accuracy %.4f; epsilon per client %s (budgets %s)",
         run.curve[-1],

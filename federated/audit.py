@@ -140,7 +140,7 @@ def lower_bound(
     delta: float,
     rng: np.random.Generator,
     confidence: float = 0.95,
-    thresholds: int = 200,
+    thresholds: int = 100,
 ) -> float:
     """Epsilon lower bound from the audit scores (one row per statistic).
 

@@ -98,13 +98,6 @@ def privatize(
     return np.asarray((clipped_sum + noise) / expected_batch, dtype=np.float64)
 
 
-def clip_rows(grads: FloatArray, clip: float) -> FloatArray:
-    """Scale each row to L2 norm at most ``clip``."""
-    norms = np.linalg.norm(grads, axis=1, keepdims=True)
-    scale = np.minimum(1.0, clip / np.maximum(norms, 1e-300))
-    return np.asarray(grads * scale, dtype=np.float64)
-
-
 @dataclass(frozen=True)
 class LocalData:
     """A client's records: features (n, d) and labels (n,) in [0, n_classes)."""
@@ -185,14 +178,26 @@ def predict_proba(params: Sequence[FloatArray], X: FloatArray) -> FloatArray:
     return _softmax(hidden @ params[2] + params[3])
 
 
-def _softmax_grads(params: Params, X: FloatArray, y: IntArray) -> FloatArray:
-    """Per-example gradients of the cross-entropy, flattened: shape (b, (d+1)K)."""
-    residual = _softmax(X @ params[0] + params[1])
+def _softmax_step(
+    W: FloatArray,
+    b: FloatArray,
+    X: FloatArray,
+    y: IntArray,
+    clip: float | None,
+) -> tuple[FloatArray, FloatArray]:
+    """Summed (clipped) per-example gradients of the cross-entropy.
+
+    The per-example gradient is the rank-one pair :math:`(x_i r_i^T, r_i)` with
+    residual :math:`r_i = p_i - e_{y_i}`, so its norm is
+    :math:`\\lVert r_i\rVert \\sqrt{\\lVert x_i\rVert^2 + 1}` and the clipped sum
+    is :math:`X^T (s \\odot R)` without materialising per-example gradients.
+    """
+    residual = _softmax(X @ W + b)
     residual[np.arange(y.size), y] -= 1.0
-    weight = np.einsum("bd,bk->bdk", X, residual).reshape(
-        y.size, X.shape[1] * residual.shape[1]
-    )
-    return np.concatenate([weight, residual], axis=1)
+    if clip is not None:
+        norms = np.linalg.norm(residual, axis=1) * np.sqrt((X * X).sum(axis=1) + 1.0)
+        residual *= np.minimum(1.0, clip / np.maximum(norms, 1e-300))[:, None]
+    return X.T @ residual, residual.sum(axis=0)
 
 
 def _train_softmax(
@@ -207,16 +212,20 @@ def _train_softmax(
     W, b = params[0].copy(), params[1].copy()
     n = len(data)
     for index in batches(rng, n, plan.rate, plan.steps, sampling):
-        grads = _softmax_grads([W, b], data.X[index], data.y[index])
+        X, y = data.X[index], data.y[index]
         if plan.sigma is None:
             if index.size == 0:
                 continue
-            step = grads.mean(axis=0)
-        else:
-            total = clip_rows(grads, clip).sum(axis=0)
-            step = privatize(total, plan.sigma, clip, plan.rate * n, rng)
-        W -= lr * step[: W.size].reshape(W.shape)
-        b -= lr * step[W.size :]
+            gW, gb = _softmax_step(W, b, X, y, None)
+            W -= lr * gW / index.size
+            b -= lr * gb / index.size
+            continue
+        gW, gb = _softmax_step(W, b, X, y, clip)
+        flat = privatize(
+            np.concatenate([gW.ravel(), gb]), plan.sigma, clip, plan.rate * n, rng
+        )
+        W -= lr * flat[: W.size].reshape(W.shape)
+        b -= lr * flat[W.size :]
     return [W, b]
 
 

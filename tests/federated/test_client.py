@@ -7,8 +7,7 @@ from hypothesis.extra.numpy import arrays
 from federated.client import (
     LocalData,
     StepPlan,
-    _softmax_grads,
-    clip_rows,
+    _softmax_step,
     fixed_batches,
     init_params,
     local_train,
@@ -19,18 +18,37 @@ from federated.client import (
 )
 
 
+def clip_rows(grads, clip):
+    norms = np.linalg.norm(grads, axis=1, keepdims=True)
+    return grads * np.minimum(1.0, clip / np.maximum(norms, 1e-300))
+
+
+def _softmax_grads(params, X, y):
+    """Reference: explicit per-example gradients, flattened (W then b)."""
+    residual = predict_proba(params, X)
+    residual[np.arange(y.size), y] -= 1.0
+    weight = np.einsum("bd,bk->bdk", X, residual).reshape(y.size, -1)
+    return np.concatenate([weight, residual], axis=1)
+
+
 def _data(n=40, d=5, k=3, seed=0):
     rng = np.random.default_rng(seed)
     return LocalData(rng.normal(size=(n, d)), rng.integers(0, k, n).astype(np.int64), k)
 
 
 @settings(max_examples=25, deadline=None)
-@given(arrays(np.float64, (6, 4), elements=st.floats(-1e3, 1e3)), st.floats(0.1, 10.0))
-def test_clipped_rows_never_exceed_the_clip_norm(grads, clip):
-    clipped = clip_rows(grads, clip)
+@given(
+    arrays(np.float64, (6, 4), elements=st.floats(-30, 30)),
+    st.floats(0.05, 10.0),
+)
+def test_fast_clipped_sum_equals_explicit_per_example_clipping(X, clip):
+    y = np.array([0, 1, 2, 0, 1, 2])
+    params = [np.linspace(-1, 1, 12).reshape(4, 3), np.array([0.1, -0.2, 0.3])]
+    reference = clip_rows(_softmax_grads(params, X, y), clip).sum(axis=0)
+    gW, gb = _softmax_step(params[0], params[1], X, y, clip)
+    np.testing.assert_allclose(np.concatenate([gW.ravel(), gb]), reference, atol=1e-9)
+    clipped = clip_rows(_softmax_grads(params, X, y), clip)
     assert np.all(np.linalg.norm(clipped, axis=1) <= clip * (1 + 1e-9))
-    small = np.linalg.norm(grads, axis=1) <= clip
-    np.testing.assert_allclose(clipped[small], grads[small])
 
 
 def test_softmax_gradients_match_finite_differences():
