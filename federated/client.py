@@ -185,7 +185,7 @@ def _softmax_step(
     y: IntArray,
     clip: float | None,
 ) -> tuple[FloatArray, FloatArray]:
-    """Summed (clipped) per-example gradients of the cross-entropy.
+    r"""Summed (clipped) per-example gradients of the cross-entropy.
 
     The per-example gradient is the rank-one pair :math:`(x_i r_i^T, r_i)` with
     residual :math:`r_i = p_i - e_{y_i}`, so its norm is
