@@ -122,7 +122,8 @@ def _ball(view: VAEView, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _inputs(view: VAEView) -> torch.Tensor:
-    return as_inputs(view.x, view.model.n_features, view.model.domain)
+    dtype = next(view.model.parameters()).dtype
+    return as_inputs(view.x, view.model.n_features, view.model.domain, dtype)
 
 
 def _check(owner: str, **values: int) -> None:
@@ -166,22 +167,26 @@ class JointPGD:
         x = _inputs(view)
         low, high = _ball(view, x)
         shape = (x.shape[0], model.latent_dim)
-        nu_low, nu_high = torch.full(shape, -view.k), torch.full(shape, view.k)
+        nu_low = torch.full(shape, -view.k, dtype=x.dtype)
+        nu_high = torch.full(shape, view.k, dtype=x.dtype)
 
         def objective(v: Sequence[torch.Tensor]) -> torch.Tensor:
             return sse(model(v[0], v[1]), x)
 
-        best_x, best_nu = x.clone(), torch.zeros(shape)
-        best = torch.full((x.shape[0],), -torch.inf)
+        best_x, best_nu = x.clone(), torch.zeros(shape, dtype=x.dtype)
+        best = torch.full((x.shape[0],), -torch.inf, dtype=x.dtype)
         with torch_threads(self.threads):
             for restart in range(self.restarts):
                 if restart == 0:
-                    corner = torch.randint(0, 2, shape, generator=g).float() * 2 - 1
+                    corner = torch.randint(0, 2, shape, generator=g).to(x.dtype) * 2 - 1
                     starts = [x, view.k * corner]
                 else:
                     starts = [
-                        low + (high - low) * torch.rand(x.shape, generator=g),
-                        view.k * (2 * torch.rand(shape, generator=g) - 1),
+                        low
+                        + (high - low)
+                        * torch.rand(x.shape, generator=g, dtype=x.dtype),
+                        view.k
+                        * (2 * torch.rand(shape, generator=g, dtype=x.dtype) - 1),
                     ]
                 (bx, bn), value = projected_ascent(
                     objective,
@@ -228,7 +233,7 @@ class EOTPGD:
 
         def objective(v: Sequence[torch.Tensor]) -> torch.Tensor:
             mu, logvar = model.encode(v[0])
-            noise = torch.randn((self.samples, *mu.shape), generator=g)
+            noise = torch.randn((self.samples, *mu.shape), generator=g, dtype=mu.dtype)
             z = mu[None] + torch.exp(0.5 * logvar)[None] * noise
             recon = model.decode(z.reshape(-1, model.latent_dim))
             return (
@@ -328,7 +333,7 @@ class MaxDamage:
         def objective(v: Sequence[torch.Tensor]) -> torch.Tensor:
             return sse(model.decode(model.encode(v[0])[0]), reference)
 
-        start = low + (high - low) * torch.rand(x.shape, generator=g)
+        start = low + (high - low) * torch.rand(x.shape, generator=g, dtype=x.dtype)
         with torch_threads(self.threads):
             (best,), _ = projected_ascent(
                 objective,
@@ -421,8 +426,9 @@ def mc_check(
     """
     check_probability(p)
     _check("mc_check", samples=samples)
-    clean = as_inputs(x, model.n_features, model.domain)
-    adv = as_inputs(x_adv, model.n_features, model.domain)
+    dtype = next(model.parameters()).dtype
+    clean = as_inputs(x, model.n_features, model.domain, dtype)
+    adv = as_inputs(x_adv, model.n_features, model.domain, dtype)
     if adv.shape != clean.shape:
         raise ValueError(
             f"x_adv must have shape {tuple(clean.shape)}, got {tuple(adv.shape)}"
@@ -432,7 +438,7 @@ def mc_check(
         raise ValueError(f"bound must be finite with shape ({clean.shape[0]},)")
     generator = torch_generator(rng if rng is not None else torch.Generator())
     noise = torch.randn(
-        (samples, clean.shape[0], model.latent_dim), generator=generator
+        (samples, clean.shape[0], model.latent_dim), generator=generator, dtype=dtype
     )
     losses = losses_at(model.eval(), adv, clean, noise).double().numpy()
     return fraction_under(losses, limit, p, confidence)

@@ -170,11 +170,11 @@ def pgd_inputs(
 def _objective(
     method: str, model: VAE, config: TrainConfig, generator: torch.Generator
 ) -> Callable[[torch.Tensor, float], torch.Tensor]:
-    weights = layer_cake_weights(config.levels).float()
+    weights = layer_cake_weights(config.levels).to(next(model.parameters()).dtype)
 
     def loss(x: torch.Tensor, frac: float) -> torch.Tensor:
         mu, logvar = model.encode(x)
-        nu = torch.randn(mu.shape, generator=generator)
+        nu = torch.randn(mu.shape, generator=generator, dtype=mu.dtype)
         plain = sse(model.decode(mu + torch.exp(0.5 * logvar) * nu), x)
         kl = kl_standard_normal(mu, logvar)
         kappa, eps = config.kappa * frac, config.eps * frac
@@ -225,7 +225,8 @@ def train_vae(
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     cfg = config or TrainConfig()
-    data = as_inputs(X, model.n_features, model.domain)
+    dtype = next(model.parameters()).dtype
+    data = as_inputs(X, model.n_features, model.domain, dtype)
     generator = torch_generator(rng if rng is not None else torch.Generator())
     objective = _objective(method, model, cfg, generator)
     optimiser = torch.optim.Adam(model.parameters(), lr=cfg.lr)

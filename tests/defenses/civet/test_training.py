@@ -90,3 +90,10 @@ def test_train_rejects_bad_method_and_data() -> None:
         train_vae(small_vae(), inputs() * 3, "standard", FAST)
     with pytest.raises(TypeError, match=r"numpy\.random\.Generator or a torch"):
         train_vae(small_vae(), inputs(), "standard", FAST, rng=42)  # type: ignore[arg-type]
+
+
+def test_double_precision_models_train() -> None:
+    model = small_vae(0).double()
+    log = train_vae(model, inputs(0, 32), "civet", FAST, generator(0), progress=False)
+    assert np.isfinite(log.losses).all()
+    assert next(model.parameters()).dtype == torch.float64
