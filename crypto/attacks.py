@@ -5,9 +5,10 @@ r"""What an honest-but-curious server can learn, and the audit that bounds it.
   and Galois-key generation fail on the server (research note, Sec. 8.1).
 * :class:`InversionAttack` - when the server sees plaintext embeddings
   :math:`z = x W_e + P` (no HE), it inverts the public embedding by least squares,
-  :math:`\\hat x_i = (z_i - P_i) W_e^{+}`, and labels the recovered input with a
-  classifier trained on public data. Against ciphertexts it has nothing to invert and
-  answers its prior.
+  :math:`\\hat x_i = (z_i - P_i) W_e^{+}` (or, for one-hot tokens, by
+  nearest-neighbour lookup in the embedding table), and labels the recovered input
+  with a classifier trained on public data. Against ciphertexts it has nothing to
+  invert and answers its prior.
 * :class:`DistinguisherAttack` - a learned distinguisher: it encrypts public data
   under the client's *public* key (which CKKS allows), trains a classifier from
   per-sequence features of what it sees (plaintext slots, or ciphertext bytes) to
@@ -80,6 +81,10 @@ def _is_plain(received: Any) -> bool:
     return isinstance(received, np.ndarray)
 
 
+def _one_hot(X: FloatArray) -> bool:
+    return bool(np.all((X == 0) | (X == 1)) and np.all(X.sum(-1) == 1))
+
+
 def _label_model(view: ServerView) -> KNeighborsClassifier:
     X = view.aux_X.reshape(view.aux_X.shape[0], -1)
     return KNeighborsClassifier(n_neighbors=3).fit(X, view.aux_y)
@@ -102,7 +107,12 @@ class InversionAttack:
         n = w.n_tokens
         z = np.asarray(view.received, dtype=np.float64)[:, : view.batch * n].T
         z = z.reshape(view.batch, n, w.d) - w.position[None]
-        x = z @ np.linalg.pinv(w.embed)
+        if _one_hot(view.aux_X):
+            # discrete tokens: nearest row of the embedding table (exact lookup)
+            dist = ((z[:, :, None, :] - w.embed[None, None]) ** 2).sum(-1)
+            x = np.eye(w.embed.shape[0])[dist.argmin(-1)]
+        else:
+            x = z @ np.linalg.pinv(w.embed)
         labels = _label_model(view).predict(x.reshape(view.batch, -1))
         return Guess(np.asarray(labels, dtype=np.int64), x)
 

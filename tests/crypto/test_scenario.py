@@ -21,6 +21,21 @@ def test_inversion_recovers_plaintext_inputs() -> None:
     assert defended.success["recovery_rate"] == 0.0
 
 
+def test_inversion_recovers_tokens() -> None:
+    negation = PrivateInference(
+        task="negation",
+        d=8,
+        heads=1,
+        ffn=8,
+        test_size=20,
+        pretrain_epochs=2,
+        lora_epochs=2,
+        twin=False,
+    )
+    result = run_once(negation, InversionAttack(), None, 0)
+    assert result.success["recovery_rate"] == 1.0
+
+
 def test_distinguisher_pair() -> None:
     undefended, _ = check_pair(
         TINY, DistinguisherAttack(train_size=100), EmbeddingNoise(sigma=0.5)
