@@ -210,9 +210,14 @@ class EncryptedDeployment:
         self.received = first.ciphertexts
         plain = self.inner.plaintext_logits(X)
         top2 = np.sort(plain, axis=1)[:, -2:]
+        margin = top2[:, 1] - top2[:, 0]
+        error = float(np.max(np.abs(logits - plain)))
+        flipped = logits.argmax(1) != plain.argmax(1)
         self.stats = {
-            "max_logit_error": float(np.max(np.abs(logits - plain))),
-            "min_margin": float(np.min(top2[:, 1] - top2[:, 0])),
+            "max_logit_error": error,
+            "min_margin": float(np.min(margin)),
+            "flips": float(np.sum(flipped)),
+            "flips_above_2x_error": float(np.sum(flipped & (margin > 2 * error))),
             "refresh_rounds": float(server.counts.get("refresh_rounds", 0)),
             "seconds_per_sequence": server.transcript.seconds[-1] / X.shape[0],
         }
