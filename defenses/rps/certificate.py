@@ -234,24 +234,25 @@ class PartThresholds:
         2, 4, 8, ... until one fails, then bisection) finds it; radius 0 is always
         certified. ``ceiling`` is a known upper bound per entry.
         """
-        lo = np.zeros(geometry.size, dtype=np.int64)
+        result = np.zeros(geometry.size, dtype=np.int64)
         top = self.radius if ceiling is None else np.minimum(ceiling, self.radius)
-        hi = np.broadcast_to(np.asarray(top) + 1, lo.shape).astype(np.int64)
-        galloping = np.ones(geometry.size, dtype=bool)
-        rows = np.flatnonzero(hi - lo > 1)
+        hi = np.broadcast_to(np.asarray(top) + 1, result.shape).astype(np.int64)
+        rows = np.flatnonzero(hi > 1)
+        lo, hi = result[rows], hi[rows]
+        galloping = np.ones(rows.size, dtype=bool)
         while rows.size:
-            low, high = lo[rows], hi[rows]
             probe = np.where(
-                galloping[rows],
-                np.minimum(low + np.maximum(low, 1), high - 1),
-                (low + high) // 2,
+                galloping, np.minimum(lo + np.maximum(lo, 1), hi - 1), (lo + hi) // 2
             )
             ok = self.certified(geometry, in_set, probe, probe if joint else 0, rows)
-            lo[rows] = np.where(ok, probe, low)
-            hi[rows] = np.where(ok, high, probe)
-            galloping[rows] &= ok
-            rows = rows[hi[rows] - lo[rows] > 1]
-        return lo
+            lo = np.where(ok, probe, lo)
+            hi = np.where(ok, hi, probe)
+            galloping &= ok
+            done = hi - lo <= 1
+            result[rows[done]] = lo[done]
+            keep = ~done
+            rows, lo, hi, galloping = rows[keep], lo[keep], hi[keep], galloping[keep]
+        return result
 
 
 @dataclass(frozen=True)

@@ -390,11 +390,13 @@ class ReliableConformalClassifier:
         in_set = np.asarray(geometry.score() >= thresholds.cut)
         index = geometry.index
         training = thresholds.largest(geometry, in_set, joint=False)
-        joint = thresholds.largest(geometry, in_set, joint=True, ceiling=training)
+        calibration = thresholds.calibration_radius(geometry, in_set, 0)
+        ceiling = np.minimum(training, calibration)
+        joint = thresholds.largest(geometry, in_set, joint=True, ceiling=ceiling)
         return Certificate(
             sets=in_set[index],
             training=training[index],
-            calibration=thresholds.calibration_radius(geometry, in_set, 0)[index],
+            calibration=calibration[index],
             joint=joint[index],
             max_train_radius=radius,
             geometry=geometry,

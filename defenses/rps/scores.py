@@ -105,7 +105,22 @@ class VoteGeometry:
                 axis=-1,
             ),
         }
+        # Rows of "depth" and "cum" are ascending; offsetting row e by e * span
+        # makes the flattened arrays sorted, so per-row counts are one searchsorted.
+        span = self.n_voters + 2
+        offsets = np.arange(o.shape[0], dtype=np.int64)[:, None] * span
+        derived["depth_flat"] = (derived["depth"] + offsets).ravel()
+        derived["cum_flat"] = (cum + offsets).ravel()
         object.__setattr__(self, "_derived", derived)
+        object.__setattr__(self, "_span", span)
+
+    def _count_at_most(self, name: str, values: IntArray, rows: IntArray) -> IntArray:
+        """Per row of the ascending table ``name``: how many entries are <= value."""
+        flat: IntArray = self.__dict__["_derived"][f"{name}_flat"]
+        width = self.others.shape[-1] if name == "depth" else self.others.shape[-1] - 1
+        span: int = self.__dict__["_span"]
+        found = np.searchsorted(flat, values + rows * span, side="right")
+        return np.asarray(found - rows * width, dtype=np.int64)
 
     def _get(self, name: str, rows: IntArray | None) -> npt.NDArray[np.generic]:
         derived: dict[str, npt.NDArray[np.generic]] = self.__dict__["_derived"]
@@ -144,9 +159,8 @@ class VoteGeometry:
         own = (self.own if rows is None else self.own[rows]) + moved
         if not self.softmax:
             return self._score(own, None)
-        depth = self._get("depth", rows)
-        j = np.maximum((depth <= moved[:, None]).sum(axis=-1), 1)
-        at = np.arange(j.shape[0]) if rows is None else rows
+        at = np.arange(moved.shape[0]) if rows is None else rows
+        j = np.maximum(self._count_at_most("depth", moved, at), 1)
         top = self._get("top_sum", None)[at, j - 1]
         kept = top - moved
         level = kept // j
@@ -167,7 +181,7 @@ class VoteGeometry:
         at = np.arange(r.shape[0]) if rows is None else rows
         top = self.others[at, 0] + first + drained
         m = self.others.shape[-1] - 1
-        t = (self._get("cum", rows) <= drained[:, None]).sum(axis=-1)
+        t = self._count_at_most("cum", drained, at) if m > 0 else np.zeros_like(r)
         before = self._get("before", None)[at, t]
         partial = self._get("padded", None)[at, t] - (drained - before)
         after = self._get("suffix", None)[at, np.minimum(t + 1, m)]
