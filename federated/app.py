@@ -610,10 +610,10 @@ def run_simulation(config: AppConfig, verbose: bool = False) -> AppRun:
     The schedules are solved first, so a bad config fails before Ray starts. Client
     errors raise :class:`ClientFailure`.
     """
-    from flwr.simulation import run_simulation as flwr_run_simulation
-
     config = dataclasses.replace(config, min_nodes=config.n_clients)
     plan(config, build_task(config))
+    from flwr.simulation import run_simulation as flwr_run_simulation
+
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     holder: list[AppRun] = []
     app = ServerApp()

@@ -189,8 +189,8 @@ def _softmax_step(
 
     The per-example gradient is the rank-one pair :math:`(x_i r_i^T, r_i)` with
     residual :math:`r_i = p_i - e_{y_i}`, so its norm is
-    :math:`\\lVert r_i\rVert \\sqrt{\\lVert x_i\rVert^2 + 1}` and the clipped sum
-    is :math:`X^T (s \\odot R)` without materialising per-example gradients.
+    :math:`\lVert r_i\rVert \sqrt{\lVert x_i\rVert^2 + 1}` and the clipped sum
+    is :math:`X^T (s \odot R)` without materialising per-example gradients.
     """
     residual = _softmax(X @ W + b)
     residual[np.arange(y.size), y] -= 1.0

@@ -52,7 +52,7 @@ def test_empty_history_spends_nothing():
     assert epsilon([(1.0, 0.0, 10)], DELTA) == 0.0
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(
     q1=st.floats(0.005, 0.1),
     q2=st.floats(0.005, 0.1),
@@ -65,7 +65,7 @@ def test_prv_never_above_rdp(q1, q2, k1, k2, sigma):
     assert epsilon(history, DELTA, "prv") <= epsilon(history, DELTA, "rdp") + 0.05
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(q=st.floats(0.001, 0.2), k=st.integers(1, 100), extra=st.integers(1, 50))
 def test_epsilon_grows_with_steps_and_rate(q, k, extra):
     base = epsilon([(1.0, q, k)], DELTA)

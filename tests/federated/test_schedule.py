@@ -36,7 +36,7 @@ def test_time_adaptive_rates_bracket_the_uniform_rate():
         assert a.rates[10:] == [a.rates[-1]] * 10
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=3, deadline=None)
 @given(fraction=st.sampled_from([0.25, 0.5, 0.75]), ratio=st.floats(0.3, 1.0))
 def test_per_round_spending_is_non_decreasing(fraction, ratio):
     for schedule in _plan(TimeAdaptive(fraction, ratio), budgets=[2.0, 6.0]):

@@ -1,0 +1,33 @@
+import re
+from pathlib import Path
+
+import pytest
+
+from defenses.registry import load
+from federated.benchmarks import audit_controls
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "federated.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
+
+
+def test_docs_have_a_short_quick_tour_and_an_example():
+    assert len(BLOCKS) >= 2
+    assert 3 <= len(BLOCKS[0].strip().splitlines()) <= 8
+
+
+@pytest.mark.parametrize("block", range(len(BLOCKS)))
+def test_doc_snippet_runs(block, capsys):
+    exec(compile(BLOCKS[block], f"{DOC}:block{block}", "exec"), {})
+    assert capsys.readouterr().out.strip()
+
+
+def test_figures_draw_pngs(tmp_path):
+    results = [
+        r.__class__(**{**r.to_dict(), "meta": {"spec": "federated_controls-quick"}})
+        for r in audit_controls({"trials": 400}, [0])
+    ]
+    figures = load("figures", "federated")(results, tmp_path)
+    assert figures
+    for caption, path in figures:
+        assert caption
+        assert path.read_bytes()[:4] == b"\x89PNG"
