@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -35,6 +36,8 @@ from defenses.rps.quantile import QUANTILE_MODES
 from defenses.rps.scores import vote_geometry
 
 FloatArray = npt.NDArray[np.float64]
+
+logger = logging.getLogger(__name__)
 
 
 def _int(params: dict[str, Any], key: str, default: int) -> int:
@@ -197,7 +200,11 @@ def coverage_study(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Res
             test_geometry = _subset_geometry(first, cache, test)
             test_scores = test_geometry.score()[test_geometry.index]
             for mode, model in models.items():
-                model.calibrate_geometry(X[cal], y[cal], cal_geometry, 0)
+                try:
+                    model.calibrate_geometry(X[cal], y[cal], cal_geometry, 0)
+                except ValueError as error:
+                    logger.warning("rps-coverage: %s skipped: %s", mode, error)
+                    continue
                 sets = test_scores >= model.part_thresholds_.cut
                 yield records(
                     mode,
@@ -255,7 +262,13 @@ def tradeoff(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Result]:
             mode,
         )
         start = time.perf_counter()
-        model.fit(data.X[tr], data.y[tr]).calibrate(data.X[ca], data.y[ca])
+        key = (name, seed, train_fraction, calib_fraction, k_t)
+        _with_parts(_fitted(key, data.X[tr], data.y[tr], k_t), model)
+        try:
+            model.calibrate(data.X[ca], data.y[ca])
+        except ValueError as error:
+            logger.warning("rps-tradeoff: setting skipped: %s", error)
+            continue
         fit_s = time.perf_counter() - start
         start = time.perf_counter()
         cert = model.certify(data.X[te])
