@@ -71,7 +71,9 @@ def sum_tolerance(dtype: np.dtype[np.floating] | torch.dtype, n_classes: int) ->
     return float(1e-6 + 8.0 * eps * n_classes)
 
 
-def check_probabilities(name: str, values: FloatArray, tolerance: float) -> None:
+def check_probabilities(
+    name: str, values: FloatArray, tolerance: float, first_row: int = 0
+) -> None:
     """Raise ValueError unless ``values`` has finite, non-negative rows summing to 1.
 
     Parameters
@@ -82,6 +84,8 @@ def check_probabilities(name: str, values: FloatArray, tolerance: float) -> None
         The rows to check.
     tolerance : float
         Largest allowed ``|sum(row) - 1|``.
+    first_row : int
+        Index of the first row of ``values`` in the caller's array (for messages).
     """
     if values.ndim != 2 or values.shape[1] == 0:
         raise ValueError(
@@ -97,7 +101,8 @@ def check_probabilities(name: str, values: FloatArray, tolerance: float) -> None
     worst = int(np.argmax(np.abs(sums - 1.0)))
     if abs(sums[worst] - 1.0) > tolerance:
         raise ValueError(
-            f"{name} rows must sum to 1 (within {tolerance:.1e}); row {worst} sums "
+            f"{name} rows must sum to 1 (within {tolerance:.1e}); "
+            f"row {first_row + worst} sums "
             f"to {sums[worst]!r}"
         )
 
@@ -141,12 +146,9 @@ def _prepare(
         )
     if f64.shape[1] >= _MAX_COLUMNS:
         raise ValueError(f"K must be < {_MAX_COLUMNS}, got {f64.shape[1]}")
-    tol = sum_tolerance(np.dtype(dtype), f64.shape[1])
-    check_probabilities("f", f64, tol)
-    check_probabilities("q", q64, tol)
     b64 = np.asarray(budget, dtype=np.float64)
     _check_budget(b64, f64.shape[0])
-    return f64, _floored(q64), b64, np.dtype(dtype)
+    return f64, q64, b64, np.dtype(dtype)
 
 
 def _check_torch(name: str, values: torch.Tensor, tolerance: float) -> None:
@@ -158,7 +160,8 @@ def _check_torch(name: str, values: torch.Tensor, tolerance: float) -> None:
     if error.numel() and float(error.max()) > tolerance:
         worst = int(error.argmax())
         raise ValueError(
-            f"{name} rows must sum to 1 (within {tolerance:.1e}); row {worst} sums "
+            f"{name} rows must sum to 1 (within {tolerance:.1e}); row {worst} "
+            "sums "
             f"to {float(values[worst].sum())!r}"
         )
 
@@ -339,16 +342,22 @@ def _block(f: FloatArray, q: FloatArray, budget: FloatArray, out: FloatArray) ->
 
 
 def _water_filling_numpy(
-    f: FloatArray, q: FloatArray, budget: FloatArray
+    f: FloatArray, q: FloatArray, budget: FloatArray, tolerance: float
 ) -> FloatArray:
+    """Validate and solve block by block, so each block is read from memory once."""
     n, k = f.shape
-    if k == 1 or n == 0:
-        return q.copy()
     out = np.empty_like(f)
     step = max(1, BLOCK_ELEMENTS // k)
     for start in range(0, n, step):
         part = slice(start, start + step)
-        _block(f[part], q[part], budget[part], out[part])
+        f_part = f[part]
+        check_probabilities("f", f_part, tolerance, start)
+        check_probabilities("q", q[part], tolerance, start)
+        q_part = _floored(q[part])
+        if k == 1:
+            out[part] = q_part
+        else:
+            _block(f_part, q_part, budget[part], out[part])
     return out
 
 
@@ -434,4 +443,5 @@ def water_filling(
         ft, qt, bt = _prepare_torch(f, q, budget)
         return _water_filling_torch(ft, qt, bt).to(f.dtype)
     f64, q64, b64, dtype = _prepare(f, q, budget)
-    return _water_filling_numpy(f64, q64, b64).astype(dtype, copy=False)
+    tolerance = sum_tolerance(dtype, f64.shape[1])
+    return _water_filling_numpy(f64, q64, b64, tolerance).astype(dtype, copy=False)
