@@ -68,7 +68,7 @@ def solve_reference(
     ValueError
         On bad shapes or values, as :func:`~defenses.ssd.waterfill.water_filling`.
     RuntimeError
-        If the solver fails on a row.
+        If the solver (and SCS after it) fails on a row.
     """
     import cvxpy
 
@@ -97,7 +97,11 @@ def solve_reference(
             cp.Minimize(cp.sum(cp.rel_entr(p, q_arr[row]))),
             [cp.norm1(p - f_arr[row]) <= b_arr[row], cp.sum(p) == 1],
         )
-        problem.solve(solver=solver)
+        try:
+            problem.solve(solver=solver)
+        except cvxpy.error.SolverError:
+            logger.warning("%s failed on row %d; retrying with SCS", solver, row)
+            problem.solve(solver="SCS", eps=1e-9, max_iters=100_000)
         if p.value is None or problem.status not in ("optimal", "optimal_inaccurate"):
             raise RuntimeError(f"cvxpy failed on row {row}: status {problem.status}")
         if problem.status == "optimal_inaccurate":
