@@ -27,7 +27,7 @@ from crypto.heval import (
 )
 from crypto.model import HEFormer, ModelConfig
 from crypto.train import TrainConfig, personalise, predict_logits, pretrain
-from defenses.cost import count, phase
+from defenses.cost import phase
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -84,7 +84,6 @@ class Deployment:
         z = [Value(r) for r in self.received]
         rolled = [[Value(roll_tokens(v.handle, n, s)) for v in z] for s in range(n)]
         out = forward(ev, w, z, lora, rolled_z=rolled)
-        count("ciphertext_bytes_up", 0.0)
         return np.stack([np.asarray(v.handle)[::n] for v in out], axis=1)
 
     def plaintext_logits(self, X: FloatArray) -> FloatArray:

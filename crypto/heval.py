@@ -173,7 +173,8 @@ class Evaluator:
                 f"Evaluator.max_level must be an int >= 1, got {self.max_level!r}"
             )
 
-    def _count(self, name: str, amount: int = 1) -> None:
+    def note(self, name: str, amount: int = 1) -> None:
+        """Add ``amount`` to the operation counter ``name``."""
         self.counts[name] = self.counts.get(name, 0) + amount
 
     def ensure(self, values: list[Value], need: int, stage: str) -> list[Value]:
@@ -191,8 +192,8 @@ class Evaluator:
                 f"stage {stage!r} needs levels {top}+{need} > {self.max_level} and the "
                 "configuration is non-interactive; use a larger ring or allow refreshes"
             )
-        self._count("refresh_rounds")
-        self._count("refreshed_values", len(values))
+        self.note("refresh_rounds")
+        self.note("refreshed_values", len(values))
         return self.refresh(values)
 
     def add(self, a: Value, b: Value) -> Value:
@@ -205,17 +206,17 @@ class Evaluator:
 
     def mul(self, a: Value, b: Value) -> Value:
         """A * b (ciphertext-ciphertext)."""
-        self._count("ct_ct_mul")
+        self.note("ct_ct_mul")
         return Value(self.backend.mul(a.handle, b.handle), max(a.level, b.level) + 1)
 
     def square(self, a: Value) -> Value:
         """A * a."""
-        self._count("ct_ct_mul")
+        self.note("ct_ct_mul")
         return Value(self.backend.square(a.handle), a.level + 1)
 
     def scale(self, a: Value, c: float) -> Value:
         """A * c."""
-        self._count("ct_pt_mul")
+        self.note("ct_pt_mul")
         return Value(self.backend.mul_scalar(a.handle, float(c)), a.level + 1)
 
     def neg(self, a: Value) -> Value:
@@ -228,7 +229,7 @@ class Evaluator:
 
     def poly(self, a: Value, coefficients: Sequence[float] | FloatArray) -> Value:
         r"""p(a); consumes :math:`\\lceil\\log_2(\\deg+1)\\rceil` levels."""
-        self._count("polyval")
+        self.note("polyval")
         degree = len(coefficients) - 1
         return Value(
             self.backend.polyval(a.handle, [float(c) for c in coefficients]),
@@ -483,7 +484,7 @@ def forward(
         k = ev.lora(z, w.wk, lora["k_a"], lora["k_b"])
         v = ev.lora(z, w.wv, lora["v_a"], lora["v_b"])
         rolled = roll(k + v, n)
-        ev._count("roll_rounds")
+        ev.note("roll_rounds")
         ks, vs = [r[:d] for r in rolled], [r[d:] for r in rolled]
     else:
         assert rolled_z is not None
