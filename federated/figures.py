@@ -29,7 +29,7 @@ def _curves(results: list[Result], out_dir: Path) -> list[tuple[str, Path]]:
     import matplotlib.pyplot as plt
 
     figures: list[tuple[str, Path]] = []
-    by_dataset: dict[str, dict[str, list[list[float]]]] = defaultdict(
+    by_setting: dict[tuple[str, str, str], dict[str, list[list[float]]]] = defaultdict(
         lambda: defaultdict(list)
     )
     for r in results:
@@ -39,9 +39,14 @@ def _curves(results: list[Result], out_dir: Path) -> list[tuple[str, Path]]:
             (int(m.group(1)), v) for k, v in r.utility.items() if (m := _ROUND.match(k))
         )
         if rounds:
-            dataset = str(r.params.get("scenario", {}).get("dataset", "digits"))
-            by_dataset[dataset][r.defense].append([v for _, v in rounds])
-    for dataset, methods in by_dataset.items():
+            scenario = r.params.get("scenario", {})
+            key = (
+                str(r.meta.get("spec", "")),
+                str(scenario.get("dataset", "digits")),
+                str(scenario.get("model", "softmax")),
+            )
+            by_setting[key][r.defense].append([v for _, v in rounds])
+    for (spec, dataset, model), methods in sorted(by_setting.items()):
         fig, ax = plt.subplots(figsize=(6, 4))
         for method, curves in sorted(methods.items()):
             length = min(len(c) for c in curves)
@@ -49,15 +54,14 @@ def _curves(results: list[Result], out_dir: Path) -> list[tuple[str, Path]]:
             ax.plot(np.arange(1, length + 1), mean, label=f"{method} (n={len(curves)})")
         ax.set_xlabel("round")
         ax.set_ylabel("test accuracy (mean over seeds)")
-        ax.set_title(f"Federated accuracy per round: {dataset}")
+        ax.set_title(f"Accuracy per round: {dataset}, {model} ({spec})")
         ax.legend(fontsize=6)
         fig.tight_layout()
-        path = out_dir / f"federated_curves_{dataset}.png"
+        path = out_dir / f"federated_curves_{spec}_{dataset}_{model}.png"
         fig.savefig(path, dpi=120)
         plt.close(fig)
-        figures.append(
-            (f"Test accuracy per round on {dataset}, mean over seeds.", path)
-        )
+        caption = f"Test accuracy per round, {dataset}, {model} ({spec}); seed mean."
+        figures.append((caption, path))
     return figures
 
 
