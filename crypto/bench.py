@@ -257,7 +257,7 @@ def lora_benchmark(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
     entries = _int(params, "full_gradient_entries", 32)
     steps = _int(params, "sgd_steps", 1)
     sgd_d = _int(params, "sgd_d", 8)
-    lr = float(params.get("lr", 0.05))
+    lr = float(params.get("lr", 0.5))
     settings = {"d": d, "rank": rank, "tokens": tokens}
     for seed in seeds:
         rng = np.random.default_rng(seed)

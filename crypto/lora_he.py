@@ -15,10 +15,11 @@ ciphertext-ciphertext products and the weight gradient :math:`X^T G` costs
 
 Layout: ``X`` is feature-major (one ciphertext per input feature, one slot per
 token); each encrypted weight entry is a ciphertext replicated over the slots.
-The loss of the SGD demonstration is the squared error
-:math:`\tfrac12\lVert X(W_0 + AB) - Y\rVert^2` with encrypted targets ``Y``
-(MSE keeps the step free of the softmax polynomial); its output gradient is
-:math:`G = X(W_0+AB) - Y`.
+The loss of the SGD demonstration is the mean squared error
+:math:`\tfrac1{2T}\lVert X(W_0 + AB) - Y\rVert^2` over ``T`` tokens with encrypted
+targets ``Y`` (MSE keeps the step free of the softmax polynomial); the server
+computes the encrypted sums with :math:`G = X(W_0+AB) - Y` and the :math:`1/T`
+joins the learning rate.
 """
 
 from __future__ import annotations
@@ -108,8 +109,8 @@ def simulate_step(
     B: FloatArray,
     lr: float,
 ) -> tuple[FloatArray, FloatArray]:
-    """One plaintext SGD step of the LoRA factors on the squared error (reference)."""
-    G = X @ (W0 + A @ B) - Y
+    """One plaintext SGD step of the LoRA factors on the mean squared error."""
+    G = (X @ (W0 + A @ B) - Y) / X.shape[0]
     grad_a = X.T @ (G @ B.T)
     grad_b = (X @ A).T @ G
     return A - lr * grad_a, B - lr * grad_b
@@ -145,7 +146,8 @@ def encrypted_steps(
         out, xa = lora_forward(x, W0, Ae, Be)
         grad = [o - t for o, t in zip(out, y, strict=True)]
         grad_a, grad_b = lora_gradient(x, xa, grad, Be)
-        A = A - lr * np.array([[v.decrypt()[0] for v in row] for row in grad_a])
-        B = B - lr * np.array([[v.decrypt()[0] for v in row] for row in grad_b])
+        step = lr / slots
+        A = A - step * np.array([[v.decrypt()[0] for v in row] for row in grad_a])
+        B = B - step * np.array([[v.decrypt()[0] for v in row] for row in grad_b])
         refreshes += 1
     return A, B, refreshes

@@ -92,7 +92,7 @@ def test_sgd_step_is_the_gradient(seed: int) -> None:
     )
 
     def loss(a: np.ndarray, b: np.ndarray) -> float:
-        return 0.5 * float(np.sum((X @ (W0 + a @ b) - Y) ** 2))
+        return 0.5 * float(np.mean(np.sum((X @ (W0 + a @ b) - Y) ** 2, axis=1)))
 
     lr = 1e-6
     new_a, _ = simulate_step(X, Y, W0, A, B, lr)
@@ -113,10 +113,10 @@ def test_encrypted_lora_step_matches_simulation() -> None:
         rng.standard_normal((r, d)),
     )
     ctx = make_context(CKKSParams(8192, (40, 30, 30, 30, 30, 40), 30), galois=True)
-    enc_a, enc_b, rounds = encrypted_steps(ctx, X, Y, W0, A, B, 0.05, 2)
+    enc_a, enc_b, rounds = encrypted_steps(ctx, X, Y, W0, A, B, 0.5, 2)
     sim_a, sim_b = A, B
     for _ in range(2):
-        sim_a, sim_b = simulate_step(X, Y, W0, sim_a, sim_b, 0.05)
+        sim_a, sim_b = simulate_step(X, Y, W0, sim_a, sim_b, 0.5)
     assert rounds == 2
     assert np.max(np.abs(enc_a - sim_a)) < 1e-2
     assert np.max(np.abs(enc_b - sim_b)) < 1e-2
