@@ -7,7 +7,9 @@ fit full retraining (the reference, variant ``"none"``), SISA, S3T with one orde
 of each fitted model, one deletion at a time, without retraining:
 
 * ``deletions_served``: deletions until every shard is dead (the deletion that
-  kills the last shard counts, as in the theory ``m L H_{m B'}``);
+  kills the last shard counts, as in the theory ``m L H_{m B'}``, reported for
+  uniform streams; ``deletions_simulated`` is the slice-level Monte Carlo under the
+  stream's prior);
 * accuracy every ``every`` deletions, over the streams still alive;
 * retraining cost in sample-gradient passes under each method's policy: full
   retraining pays a whole fit per deletion; SISA retrains the hit shard from the
@@ -276,8 +278,10 @@ def _record(
     utility: dict[str, float] = {
         "accuracy": traces[0].accuracy[0],
         "deletions_served": statistics.fmean(served),
-        "deletions_theory": deletion_rate_theory(model.shards, model.slices, firsts),
     }
+    if prior is None:
+        theory = deletion_rate_theory(model.shards, model.slices, firsts)
+        utility["deletions_theory"] = theory
     if model.shards * model.slices > 1:
         sim, _ = simulate_deletion_rate(
             model.shards,

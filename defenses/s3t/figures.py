@@ -53,7 +53,10 @@ def _curves(
 
 
 def _mean(group: list[Result], variant: str, key: str) -> float:
-    return statistics.fmean(r.utility[key] for r in group if r.defense == variant)
+    values = [
+        r.utility[key] for r in group if r.defense == variant and key in r.utility
+    ]
+    return statistics.fmean(values) if values else 0.0
 
 
 def figures(results: list[Result], out_dir: Path) -> list[tuple[str, Path]]:
@@ -84,23 +87,17 @@ def figures(results: list[Result], out_dir: Path) -> list[tuple[str, Path]]:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         variants = sorted({r.defense for r in group})
-        served = [
-            statistics.fmean(
-                r.utility["deletions_served"] for r in group if r.defense == v
-            )
-            for v in variants
-        ]
-        theory = [
-            statistics.fmean(
-                r.utility["deletions_theory"] for r in group if r.defense == v
-            )
-            for v in variants
-        ]
+        served = [_mean(group, v, "deletions_served") for v in variants]
+        simulated = [_mean(group, v, "deletions_simulated") for v in variants]
+        theory = [_mean(group, v, "deletions_theory") for v in variants]
         xs = range(len(variants))
-        axes[2].bar([x - 0.2 for x in xs], served, width=0.4, label="measured")
-        axes[2].bar(
-            [x + 0.2 for x in xs], theory, width=0.4, label="theory m L H(m B')"
-        )
+        width = 0.27
+        axes[2].bar([x - width for x in xs], served, width=width, label="measured")
+        axes[2].bar(list(xs), simulated, width=width, label="slice-level Monte Carlo")
+        if any(theory):
+            axes[2].bar(
+                [x + width for x in xs], theory, width=width, label="m L H(m B')"
+            )
         axes[2].set_xticks(list(xs), [LABELS.get(v, v) for v in variants], fontsize=7)
         axes[2].set_ylabel("deletions until every shard is dead")
         axes[2].legend(fontsize=7)

@@ -50,6 +50,7 @@ def test_skewed_stream_adds_bms() -> None:
     assert "s3t-bms" in names
     bms = next(r for r in results if r.defense == "s3t-bms")
     assert bms.utility["deletions_simulated"] > 0
+    assert "deletions_theory" not in bms.utility
 
 
 def test_figures_draw_pngs(uniform, tmp_path) -> None:
