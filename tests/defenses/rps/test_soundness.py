@@ -89,7 +89,7 @@ def test_training_label_flips_within_radius(small):
 
 
 def test_calibration_poisoning_within_radius(small):
-    """Rewrite whole calibration parts: relabel, drop or flood them."""
+    """Rewrite whole calibration parts: relabel or drop their points."""
     model, (_Xt, _yt), (Xc, yc), Xs = small
     cert = model.certify(Xs)
     parts = partition(Xc, yc, K_C)
