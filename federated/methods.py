@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -381,7 +381,7 @@ class FlowerCentralDP:
         """Return the learner with central DP aggregation."""
         return CentralDPLearner(learner, self)
 
-    def certify(self, system: FederatedModel, task: BudgetedTask) -> dict[str, Any]:
+    def certify(self, system: FederatedModel, task: BudgetedTask) -> dict[str, float]:
         """Client-level epsilon of the releases (a different unit than record level)."""
         eps = epsilon(system.histories[0], task.delta, "rdp")
         strict = min(task.budgets)
