@@ -6,6 +6,7 @@ lineage), the baselines :class:`SISA` and :class:`FullRetrain`, and the exactnes
 audits in :mod:`defenses.s3t.audits`.
 """
 
+from defenses.s3t.attacks import lineage_audit, twin_test
 from defenses.s3t.backbone import ResidualMLP, pretrain
 from defenses.s3t.baselines import SISA, FullRetrain
 from defenses.s3t.defense import (
@@ -29,5 +30,7 @@ __all__ = [
     "RetrainReceipt",
     "StateFileError",
     "Unlearner",
+    "lineage_audit",
     "pretrain",
+    "twin_test",
 ]
