@@ -33,9 +33,9 @@ from defenses.civet.crown import crown
 from defenses.civet.model import VAE
 from defenses.civet.support import (
     check_levels,
+    exact_halfwidths,
     expected_bound,
     halfwidth,
-    support_box,
 )
 
 FloatArray = npt.NDArray[np.float64]
@@ -74,6 +74,27 @@ def worst_sse(out: Box, target: torch.Tensor) -> torch.Tensor:
     return worst.reshape(worst.shape[0], -1).sum(dim=1)
 
 
+SUPPORTS = ("uniform", "exact")
+
+
+def _halfwidths(
+    mu: Box,
+    sigma_upper: torch.Tensor,
+    levels: Sequence[float],
+    latent_dim: int,
+    support: str,
+) -> torch.Tensor:
+    """Half-widths per level, broadcastable to ``(levels, n, d)``."""
+    if support == "uniform":
+        return torch.tensor(
+            [halfwidth(q, latent_dim) for q in levels], dtype=sigma_upper.dtype
+        )[:, None, None]
+    if support == "exact":
+        spread = ((mu.upper - mu.lower) / sigma_upper).detach()
+        return torch.stack([exact_halfwidths(spread, q, latent_dim) for q in levels])
+    raise ValueError(f"support must be one of {SUPPORTS}, got {support!r}")
+
+
 def support_loss_bounds(
     model: VAE,
     x: torch.Tensor,
@@ -81,6 +102,7 @@ def support_loss_bounds(
     eps: float,
     levels: Sequence[float],
     relaxation: str = "ibp",
+    support: str = "uniform",
 ) -> torch.Tensor:
     """Bounds :math:`U_{p_j}(x)` for each support level, shape ``(len(levels), n)``.
 
@@ -89,9 +111,7 @@ def support_loss_bounds(
     """
     box = Box.linf_ball(x, eps, model.domain)
     mu, sigma_upper = latent_bounds(model, box, relaxation)
-    ks = torch.tensor([halfwidth(q, model.latent_dim) for q in levels], dtype=x.dtype)[
-        :, None, None
-    ]
+    ks = _halfwidths(mu, sigma_upper, levels, model.latent_dim, support)
     lower = (mu.lower[None] - ks * sigma_upper[None]).reshape(-1, model.latent_dim)
     upper = (mu.upper[None] + ks * sigma_upper[None]).reshape(-1, model.latent_dim)
     out = _bound(model.decoder, Box(lower, upper), relaxation)
@@ -126,7 +146,8 @@ class Certificate:
     latent_lower, latent_upper : ndarray of shape (n, d)
         The support box :math:`S_p`.
     eps, p, k : float
-        Radius, level and the support half-width in noise units.
+        Radius, level and the uniform support half-width in noise units (the
+        exact support uses per-dimension half-widths no larger than this).
     levels : tuple of float
         Support levels of the expected-loss bound.
     """
@@ -149,6 +170,7 @@ def certify(
     p: float = 0.95,
     levels: Sequence[float] = DEFAULT_LEVELS,
     relaxation: str = "ibp",
+    support: str = "uniform",
 ) -> Certificate:
     r"""Certify the reconstruction error of ``model`` around each row of ``x``.
 
@@ -170,6 +192,11 @@ def certify(
     relaxation : {"ibp", "crown"}
         Interval bound propagation, or the CROWN-IBP linear relaxation of
         :mod:`defenses.civet.crown` (tighter, MLPs with ReLU only).
+    support : {"uniform", "exact"}
+        Box support with one half-width ``k`` in noise units for every latent
+        dimension (the set the joint attack searches), or the smallest sound
+        half-width per dimension given the encoder bounds
+        (:func:`~defenses.civet.support.exact_halfwidths`; never larger).
 
     Raises
     ------
@@ -181,26 +208,31 @@ def certify(
     """
     if relaxation not in RELAXATIONS:
         raise ValueError(f"relaxation must be one of {RELAXATIONS}, got {relaxation!r}")
+    if support not in SUPPORTS:
+        raise ValueError(f"support must be one of {SUPPORTS}, got {support!r}")
     eps = check_eps(eps)
     p = check_probability(p)
     every = tuple(sorted(set(check_levels(levels)) | {p}))
     inputs = as_inputs(x, model.n_features, model.domain, torch.float64)
     exact = copy.deepcopy(model).double().eval()
     with torch.no_grad():
-        bounds = support_loss_bounds(exact, inputs, inputs, eps, every, relaxation)
+        bounds = support_loss_bounds(
+            exact, inputs, inputs, eps, every, relaxation, support
+        )
         ceiling = loss_ceiling(exact, inputs)
         bounds = torch.minimum(torch.cummax(bounds, dim=0).values, ceiling)
         expected = expected_bound(every, bounds, ceiling)
         ball = Box.linf_ball(inputs, eps, model.domain)
         mu, sigma_upper = latent_bounds(exact, ball, relaxation)
     k = halfwidth(p, model.latent_dim)
-    support = support_box(mu, sigma_upper, k)
+    widths = _halfwidths(mu, sigma_upper, [p], model.latent_dim, support)[0]
+    latent = Box(mu.lower - widths * sigma_upper, mu.upper + widths * sigma_upper)
     return Certificate(
         bound=bounds[every.index(p)].numpy(),
         expected_bound=expected.numpy(),
         ceiling=ceiling.numpy(),
-        latent_lower=support.lower.numpy(),
-        latent_upper=support.upper.numpy(),
+        latent_lower=latent.lower.numpy(),
+        latent_upper=latent.upper.numpy(),
         eps=eps,
         p=p,
         k=k,

@@ -17,6 +17,15 @@ image of the joint box :math:`B \times [-k, k]^d` through
 :math:`(x', \nu) \mapsto \mu(x') + \sigma(x') \odot \nu`, which is what the joint
 attack searches.
 
+**Exact per-dimension half-widths (optional, tighter).** Given the encoder box,
+the mass of :math:`N(\mu_i, \sigma_i^2)` in
+:math:`[\mu^l_i - k_i\sigma^u_i, \mu^u_i + k_i\sigma^u_i]` is smallest at
+:math:`\sigma_i = \sigma^u_i` and :math:`\mu_i` at an end of its interval, where it is
+:math:`\Phi(\Delta_i/\sigma^u_i + k_i) - \Phi(-k_i)` with
+:math:`\Delta_i = \mu^u_i - \mu^l_i`; the smallest :math:`k_i` that makes this at
+least :math:`p^{1/d}` (bisection) still gives mass :math:`\ge p` for every
+:math:`x'`, and :math:`k_i \le k`.
+
 **Expected loss (layer cake).** For nested supports with masses
 :math:`p_1 < \dots < p_m`, bounds :math:`U_1 \le \dots \le U_m` and a loss bounded
 by :math:`L_{\max}`,
@@ -66,6 +75,38 @@ def support_box(mu: Box, sigma_upper: torch.Tensor, k: float) -> Box:
     if not k >= 0:
         raise ValueError(f"k must be >= 0, got {k!r}")
     return Box(mu.lower - k * sigma_upper, mu.upper + k * sigma_upper).validate()
+
+
+def exact_halfwidths(
+    spread: torch.Tensor, p: float, latent_dim: int, iterations: int = 60
+) -> torch.Tensor:
+    r"""Smallest :math:`k_i` with :math:`\Phi(s_i + k_i) - \Phi(-k_i) \ge p^{1/d}`.
+
+    Parameters
+    ----------
+    spread : torch.Tensor
+        :math:`s_i = \Delta_i / \sigma^u_i \ge 0`, any shape.
+    p, latent_dim
+        Level and latent dimension :math:`d`.
+    iterations : int
+        Bisection steps (the result is rounded up, so it stays sound).
+    """
+    if bool((spread < 0).any()) or not bool(torch.isfinite(spread).all()):
+        raise ValueError("spread must be finite and >= 0")
+    target = p ** (1.0 / latent_dim)
+    low = torch.zeros_like(spread)
+    high = torch.full_like(spread, halfwidth(p, latent_dim))
+
+    def mass(k: torch.Tensor) -> torch.Tensor:
+        inside: torch.Tensor = torch.special.ndtr(spread + k) - torch.special.ndtr(-k)
+        return inside
+
+    for _ in range(iterations):
+        middle = (low + high) / 2
+        enough = mass(middle) >= target
+        high = torch.where(enough, middle, high)
+        low = torch.where(enough, low, middle)
+    return high
 
 
 def check_levels(levels: Sequence[float]) -> tuple[float, ...]:

@@ -44,6 +44,9 @@ def test_eps_sweep_records_every_method_and_radius(tmp_path: pathlib.Path) -> No
     assert all(
         r.certificate["bound_crown"] <= r.certificate["bound"] + 1e-9 for r in results
     )
+    assert all(
+        r.certificate["bound_exact"] <= r.certificate["bound"] + 1e-9 for r in results
+    )
     tagged = [
         dataclasses.replace(r, meta={**r.meta, "spec": "civet_eps-quick"})
         for r in results

@@ -131,3 +131,42 @@ def test_unsupported_layer_in_a_model_is_refused() -> None:
     model.decoder.append(nn.GELU())
     with pytest.raises(UnsupportedLayerError, match="GELU"):
         certify(model, inputs(), 0.1)
+
+
+def test_exact_support_is_tighter_and_holds_by_sampling() -> None:
+    model = small_vae(6).double()
+    x = inputs(6, 3)
+    eps, p = 0.2, 0.9
+    uniform = certify(model, x, eps, p)
+    exact = certify(model, x, eps, p, support="exact")
+    assert np.all(exact.bound <= uniform.bound + 1e-12)
+    assert np.all(
+        exact.latent_upper - exact.latent_lower
+        <= uniform.latent_upper - uniform.latent_lower + 1e-12
+    )
+    g = generator(1)
+    xt = torch.as_tensor(x)
+    for _ in range(4):
+        x_adv = (
+            xt + eps * (2 * torch.rand(xt.shape, generator=g, dtype=torch.float64) - 1)
+        ).clamp(0, 1)
+        nu = torch.randn((4000, 3, 2), generator=g, dtype=torch.float64)
+        with torch.no_grad():
+            mu, logvar = model.encode(x_adv)
+            z = mu + torch.exp(0.5 * logvar) * nu
+            loss = (
+                (model.decode(z.reshape(-1, 2)).reshape(4000, 3, 16) - xt) ** 2
+            ).sum(2)
+        inside = (
+            (z >= torch.as_tensor(exact.latent_lower))
+            & (z <= torch.as_tensor(exact.latent_upper))
+        ).all(2)
+        assert bool((inside.double().mean(0) >= p - 0.02).all())
+        assert bool(
+            ((loss <= torch.as_tensor(exact.bound)).double().mean(0) >= p - 0.02).all()
+        )
+
+
+def test_certify_rejects_an_unknown_support() -> None:
+    with pytest.raises(ValueError, match="support must be one of"):
+        certify(small_vae(), inputs(), 0.1, support="ellipsoid")

@@ -5,11 +5,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
 
 from defenses.civet.bounds import Box
 from defenses.civet.support import (
     box_mass,
     check_levels,
+    exact_halfwidths,
     expected_bound,
     halfwidth,
     layer_cake_weights,
@@ -118,3 +120,24 @@ def test_expected_bound_dominates_the_true_expectation() -> None:
 def test_check_levels_rejects_bad_levels(levels: tuple[float, ...], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         check_levels(levels)
+
+
+def test_exact_halfwidth_without_spread_is_the_uniform_one() -> None:
+    k = exact_halfwidths(torch.zeros(3, dtype=torch.float64), 0.95, 4)
+    assert torch.allclose(k, torch.full((3,), halfwidth(0.95, 4), dtype=torch.float64))
+
+
+@settings(max_examples=50, deadline=None)
+@given(spread=st.floats(0.0, 20.0), p=st.floats(0.05, 0.999), d=st.integers(1, 16))
+def test_exact_halfwidth_reaches_the_mass_and_is_never_wider(
+    spread: float, p: float, d: int
+) -> None:
+    k = exact_halfwidths(torch.tensor([spread], dtype=torch.float64), p, d).item()
+    assert 0.0 <= k <= halfwidth(p, d) + 1e-12
+    mass = stats.norm.cdf(spread + k) - stats.norm.cdf(-k)
+    assert mass >= p ** (1 / d) - 1e-12
+
+
+def test_exact_halfwidths_reject_negative_spread() -> None:
+    with pytest.raises(ValueError, match="spread must be finite and >= 0"):
+        exact_halfwidths(torch.tensor([-1.0]), 0.9, 2)
