@@ -195,7 +195,7 @@ def coverage_study(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Res
         ):
             split_rng = np.random.default_rng([seed, split])
             cal, test = stratified_split(y, [share, 1 - share], split_rng)
-            record = {**setting, "split": split}
+            record = dict(setting)
             cal_geometry = _subset_geometry(first, cache, cal)
             test_geometry = _subset_geometry(first, cache, test)
             test_scores = test_geometry.score()[test_geometry.index]
