@@ -26,15 +26,16 @@ def _tradeoff(
         return []
     out = []
     for dataset in sorted({str(r.params["benchmark"]["dataset"]) for r in rows}):
-        groups: dict[int, dict[int, list[Result]]] = defaultdict(
+        groups: dict[tuple[int, float], dict[int, list[Result]]] = defaultdict(
             lambda: defaultdict(list)
         )
         for r in rows:
             b = r.params["benchmark"]
             if b["dataset"] == dataset:
-                groups[int(b["n_calib_parts"])][int(b["n_train_parts"])].append(r)
+                group = (int(b["n_calib_parts"]), float(b["alpha"]))
+                groups[group][int(b["n_train_parts"])].append(r)
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-        for k_c, by_kt in sorted(groups.items()):
+        for (k_c, alpha), by_kt in sorted(groups.items()):
             kts = sorted(by_kt)
             for ax, key, section in (
                 (axes[0], "coverage", "utility"),
@@ -47,7 +48,12 @@ def _tradeoff(
                 mean = [float(np.mean(v)) for v in values]
                 std = [float(np.std(v)) for v in values]
                 ax.errorbar(
-                    kts, mean, yerr=std, marker="o", capsize=3, label=f"k_c={k_c}"
+                    kts,
+                    mean,
+                    yerr=std,
+                    marker="o",
+                    capsize=3,
+                    label=f"k_c={k_c}, alpha={alpha}",
                 )
         for ax, title in zip(
             axes,
@@ -57,8 +63,8 @@ def _tradeoff(
             ax.set_xlabel("training parts k_t")
             ax.set_title(title)
             ax.set_xscale("symlog", linthresh=1)
-        alpha = float(rows[0].params["benchmark"]["alpha"])
-        axes[0].axhline(1 - alpha, color="grey", linestyle="--", linewidth=1)
+        for alpha in sorted({a for _, a in groups}):
+            axes[0].axhline(1 - alpha, color="grey", linestyle="--", linewidth=1)
         axes[0].legend(fontsize=8)
         fig.tight_layout()
         path = out_dir / f"rps_tradeoff_{dataset}.png"
@@ -78,14 +84,23 @@ def _coverage(
     rows = [r for r in results if r.scenario == "rps-coverage"]
     if not rows:
         return []
+
+    def setting(r: Result) -> str:
+        b = r.params["benchmark"]
+        return f"kt{b['n_train_parts']} kc{b['n_calib_parts']} a{b['alpha']}"
+
+    several = len({setting(r) for r in rows}) > 1
     by_variant: dict[str, list[float]] = defaultdict(list)
     for r in rows:
-        by_variant[r.defense].append(r.get("utility.coverage"))
+        name = f"{r.defense}\n{setting(r)}" if several else r.defense
+        by_variant[name].append(r.get("utility.coverage"))
     names = sorted(by_variant)
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    fig, ax = plt.subplots(figsize=(max(6.5, 0.7 * len(names)), 3.8))
     ax.boxplot([by_variant[n] for n in names], tick_labels=names, showmeans=True)
-    alpha = float(rows[0].params["benchmark"]["alpha"])
-    ax.axhline(1 - alpha, color="red", linestyle="--", linewidth=1, label="1 - alpha")
+    ax.tick_params(axis="x", labelsize=6 if several else 10)
+    for alpha in sorted({float(r.params["benchmark"]["alpha"]) for r in rows}):
+        ax.axhline(1 - alpha, color="red", linestyle="--", linewidth=1)
+    ax.plot([], [], color="red", linestyle="--", label="1 - alpha")
     ax.set_ylabel("test coverage per split")
     ax.set_title(
         f"Clean coverage over {len(by_variant[names[0]])} calibration/test splits"
@@ -95,7 +110,9 @@ def _coverage(
     path = out_dir / "rps_coverage.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    means = ", ".join(f"{n} {np.mean(by_variant[n]):.3f}" for n in names)
+    means = ", ".join(
+        f"{n.replace(chr(10), ' ')} {np.mean(by_variant[n]):.3f}" for n in names
+    )
     return [(f"RPS clean coverage by rank rule (means: {means})", path)]
 
 
