@@ -117,7 +117,7 @@ def _simplex(k_max: int = 12):
     )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(_simplex())
 def test_invariants(case):
     raw_f, raw_q, budget = case
