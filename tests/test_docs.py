@@ -11,9 +11,13 @@ BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 
 
 def blocks():
+    """Every distinct block once (the README repeats the pages' quick-tour snippets)."""
+    seen = set()
     for page in PAGES:
         for number, code in enumerate(BLOCK.findall(page.read_text()), 1):
-            yield pytest.param(code, id=f"{page.name}#{number}")
+            if code not in seen:
+                seen.add(code)
+                yield pytest.param(code, id=f"{page.name}#{number}")
 
 
 @pytest.mark.parametrize("code", list(blocks()))
