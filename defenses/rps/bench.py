@@ -263,8 +263,8 @@ def tradeoff(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Result]:
         )
         start = time.perf_counter()
         key = (name, seed, train_fraction, calib_fraction, k_t)
-        _with_parts(_fitted(key, data.X[tr], data.y[tr], k_t), model)
         try:
+            _with_parts(_fitted(key, data.X[tr], data.y[tr], k_t), model)
             model.calibrate(data.X[ca], data.y[ca])
         except ValueError as error:
             logger.warning("rps-tradeoff: setting skipped: %s", error)
