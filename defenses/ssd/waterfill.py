@@ -244,16 +244,15 @@ def _levels_dense(
     qp: FloatArray,
     qs_rev: FloatArray,
     half: FloatArray,
-) -> tuple[IntArray, IntArray, IntArray]:
+) -> tuple[IntArray, IntArray]:
     """Breakpoint indices by counting over every breakpoint (cheapest for small K)."""
     k = ratio.shape[1]
     h = half[:, None]
-    below = np.count_nonzero(ratio < 1.0, axis=1)
     j_a = np.count_nonzero(ratio[:, 1:] * qp[:, :-1] - fp[:, :-1] <= h, axis=1)
-    above_f = fp[:, -1:] - fp[:, :-1]
-    holds = above_f - ratio[:, :-1] * qs_rev[:, ::-1] <= h
+    lowered = ratio[:, :-1] * qs_rev[:, ::-1] + fp[:, :-1]
+    holds = lowered >= fp[:, -1:] - h
     j_b = k - 1 - np.count_nonzero(holds, axis=1)
-    return below, j_a, j_b
+    return j_a, j_b
 
 
 def _levels_search(
@@ -262,7 +261,7 @@ def _levels_search(
     qp: FloatArray,
     qs_rev: FloatArray,
     half: FloatArray,
-) -> tuple[IntArray, IntArray, IntArray]:
+) -> tuple[IntArray, IntArray]:
     """Breakpoint indices by binary search (O(N log K) gathers, for large K)."""
     n, k = ratio.shape
     flat_r, flat_fp, flat_qp, flat_qs = (
@@ -276,11 +275,6 @@ def _levels_search(
     total = flat_fp[base + k - 1]
     steps = int(k).bit_length() + 1
     zeros = np.zeros(n, dtype=np.int64)
-
-    def at_least_one(index: IntArray) -> BoolArray:
-        value = flat_r[base + np.minimum(index, k - 1)]
-        out: BoolArray = (index >= k) | (value >= 1.0)
-        return out
 
     def raise_fails(index: IntArray) -> BoolArray:
         at = base + index
@@ -296,11 +290,10 @@ def _levels_search(
         out: BoolArray = (index >= k - 1) | (cost <= half)
         return out
 
-    below = _first_true(steps, zeros, np.full(n, k, dtype=np.int64), at_least_one)
     last = np.full(n, k - 1, dtype=np.int64)
     j_a = _first_true(steps, zeros, last, raise_fails)
     j_b = _first_true(steps, zeros, last, lower_holds)
-    return below, j_a, j_b
+    return j_a, j_b
 
 
 DENSE_MAX_K = 128
@@ -322,14 +315,13 @@ def _block(f: FloatArray, q: FloatArray, budget: FloatArray, out: FloatArray) ->
     np.cumsum(fp, axis=1, out=fp)
     np.cumsum(qp, axis=1, out=qp)
     levels = _levels_dense if k <= DENSE_MAX_K else _levels_search
-    below, j_a, j_b = levels(ratio, fp, qp, qs_rev, half)
+    j_a, j_b = levels(ratio, fp, qp, qs_rev, half)
 
     rows = np.arange(n)
-    prev = np.maximum(below - 1, 0)
-    distance = np.where(below > 0, 2.0 * (qp[rows, prev] - fp[rows, prev]), 0.0)
-    trivial = distance <= budget
     total = fp[:, -1]
     w_a = (fp[rows, j_a] + half) / qp[rows, j_a]
+    # the raised mass reaches q itself (w_A >= 1) exactly when ||q - f||_1 <= B
+    trivial = w_a >= 1.0
     above_f = np.where(j_b > 0, total - fp[rows, np.maximum(j_b - 1, 0)], total)
     above_q = np.where(j_b > 0, qs_rev[rows, np.minimum(k - 1 - j_b, k - 2)], qp[:, -1])
     w_b = (above_f - half) / above_q
@@ -386,7 +378,7 @@ def _water_filling_torch(
     above_f = torch.where(j_b > 0, total - fp.gather(1, before), total)
     w_b = (above_f - half) / qs_suffix.gather(1, j_b)
     clipped = torch.minimum(torch.maximum(f, w_a * q), w_b * q)
-    trivial = (q - f).abs().sum(1, keepdim=True) <= 2.0 * half
+    trivial = w_a >= 1.0
     return torch.where(trivial, q, clipped)
 
 
