@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import logging
 import platform
@@ -32,15 +33,20 @@ logger = logging.getLogger(__name__)
 _VERSIONED = ("numpy", "scipy", "torch", "scikit-learn", "opacus", "flwr", "tenseal")
 
 
-def versions() -> dict[str, str]:
-    """Python and installed library versions, for ``Result.meta``."""
-    found = {"python": platform.python_version()}
+@functools.cache
+def _installed_versions() -> tuple[tuple[str, str], ...]:
+    found = [("python", platform.python_version())]
     for name in _VERSIONED:
         try:
-            found[name] = metadata.version(name)
+            found.append((name, metadata.version(name)))
         except metadata.PackageNotFoundError:
             continue
-    return found
+    return tuple(found)
+
+
+def versions() -> dict[str, str]:
+    """Python and installed library versions, for ``Result.meta`` (read once)."""
+    return dict(_installed_versions())
 
 
 def _jsonable(value: Any) -> Any:

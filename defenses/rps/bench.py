@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -79,42 +78,6 @@ def _subset_geometry(
 _PARTS: dict[tuple[Any, ...], ReliableConformalClassifier] = {}
 
 
-class _Records:
-    """Build many measurement records cheaply.
-
-    ``defenses.harness.measurement`` reads every package's metadata for each
-    record (~0.1 s); studies with hundreds of records build one record with it and
-    replace the fields of copies (same meta, same validation of finite numbers).
-    """
-
-    def __init__(self, benchmark: str) -> None:
-        self.benchmark = benchmark
-        self.template: Result | None = None
-
-    def __call__(
-        self,
-        variant: str,
-        seed: int,
-        utility: dict[str, float],
-        certificate: dict[str, float] | None,
-        params: dict[str, Any],
-    ) -> Result:
-        certificate = certificate or {}
-        if self.template is None:
-            self.template = measurement(self.benchmark, variant, seed)
-        for value in (*utility.values(), *certificate.values()):
-            if not np.isfinite(value):
-                raise ValueError(f"{self.benchmark}: non-finite metric {value}")
-        return dataclasses.replace(
-            self.template,
-            defense=variant,
-            seed=int(seed),
-            utility={k: float(v) for k, v in utility.items()},
-            certificate={k: float(v) for k, v in certificate.items()},
-            params={"benchmark": dict(params)},
-        )
-
-
 def _fitted(
     key: tuple[Any, ...], X: FloatArray, y: npt.NDArray[np.int64], k_t: int
 ) -> ReliableConformalClassifier:
@@ -158,7 +121,6 @@ def coverage_study(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Res
         "n_calib_parts": k_c,
         "alpha": alpha,
     }
-    records = _Records("rps-coverage")
     for seed in seeds:
         rng = np.random.default_rng(seed)
         train, pool = stratified_split(
@@ -206,25 +168,29 @@ def coverage_study(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Res
                     logger.warning("rps-coverage: %s skipped: %s", mode, error)
                     continue
                 sets = test_scores >= model.part_thresholds_.cut
-                yield records(
+                yield measurement(
+                    "rps-coverage",
                     mode,
                     seed * 100_000 + split,
-                    {
+                    utility={
                         "coverage": coverage(sets, y[test]),
                         "set_size": mean_set_size(sets),
                     },
-                    {"miscoverage_bound": model.miscoverage_bound_},
-                    {**record, "quantile": mode},
+                    certificate={"miscoverage_bound": model.miscoverage_bound_},
+                    params={**record, "quantile": mode},
                 )
             own = plain_scores[cal, y[cal]]
             rank = int(np.floor((cal.size + 1) * alpha + 1e-9))
             sets = plain_scores[test] >= np.sort(own)[rank - 1]
-            yield records(
+            yield measurement(
+                "rps-coverage",
                 "none",
                 seed * 100_000 + split,
-                {"coverage": coverage(sets, y[test]), "set_size": mean_set_size(sets)},
-                None,
-                {**record, "quantile": "plain"},
+                utility={
+                    "coverage": coverage(sets, y[test]),
+                    "set_size": mean_set_size(sets),
+                },
+                params={**record, "quantile": "plain"},
             )
 
 
