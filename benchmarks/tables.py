@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 
 from defenses.results import Result, Summary, paired_deltas, summarize
@@ -30,9 +31,10 @@ def _render(
         "| " + " | ".join((*HEAD, *columns)) + " |",
         "|" + "---|" * (len(HEAD) + len(columns)),
     ]
+    varying = _varying([first for first, _ in rows])
     for first, cells in rows:
         n = max((c.n for c in cells.values() if c is not None), default=0)
-        head = (first.scenario, first.attack, first.defense, str(n))
+        head = (setting_label(first, varying), first.attack, first.defense, str(n))
         lines.append(
             "| " + " | ".join((*head, *(_cell(cells[c]) for c in columns))) + " |"
         )

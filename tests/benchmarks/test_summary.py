@@ -101,3 +101,15 @@ def test_bad_summaries_are_refused():
             },
             "x",
         )
+
+
+def test_tables_name_the_scenario_settings_that_vary():
+    from dataclasses import replace
+
+    from benchmarks.tables import markdown_table
+
+    a = replace(run("none", 0, 0.3), params={"scenario": {"dataset": "digits", "n": 1}})
+    b = replace(run("none", 0, 0.4), params={"scenario": {"dataset": "wine", "n": 1}})
+    table = markdown_table([a, b], ["success.attack_acc"])
+    assert "| s(dataset=digits) | atk(x=1) | none | 1 | 0.300 ± 0.000 |" in table
+    assert "| s(dataset=wine) |" in table
