@@ -24,6 +24,33 @@ def _cell(summary: Summary | None) -> str:
     return "–" if summary is None else str(summary)
 
 
+SETTING_SECTIONS = ("scenario", "benchmark")
+
+
+def _varying(results: Sequence[Result]) -> dict[str, list[str]]:
+    """Per setting section, the parameter names whose values differ between results."""
+    varying = {}
+    for section in SETTING_SECTIONS:
+        settings = [r.params.get(section, {}) for r in results]
+        keys = dict.fromkeys(k for s in settings for k in s)
+        varying[section] = [
+            k
+            for k in keys
+            if len({json.dumps(s.get(k), sort_keys=True) for s in settings}) > 1
+        ]
+    return varying
+
+
+def setting_label(result: Result, varying: dict[str, list[str]]) -> str:
+    """The scenario name with the parameters that vary across the table."""
+    shown = [
+        f"{k}={result.params.get(section, {}).get(k)}"
+        for section in SETTING_SECTIONS
+        for k in varying.get(section, [])
+    ]
+    return f"{result.scenario}({', '.join(shown)})" if shown else result.scenario
+
+
 def _render(
     rows: list[tuple[Result, dict[str, Summary | None]]], columns: Sequence[str]
 ) -> str:
