@@ -11,7 +11,7 @@ repeats is kept:
 * ``none``: ``numpy.sort`` of the same (N, K) array, the floor of any sort-based
   algorithm (the reference variant of the paired deltas);
 * ``water_filling``: the numpy closed form;
-* ``water_filling_torch``: the torch closed form (CPU);
+* ``water_filling_torch``: the torch closed form (CPU; optional);
 * ``cvxpy``: :func:`~defenses.ssd.solver.solve_reference` on the first ``cvxpy_rows``
   rows, reported per row.
 
@@ -54,15 +54,16 @@ def _cpu_time(function: Callable[[], object]) -> float:
 
 
 def _timings(
-    f: FloatArray, q: FloatArray, budget: FloatArray, repeats: int
+    f: FloatArray, q: FloatArray, budget: FloatArray, repeats: int, with_torch: bool
 ) -> dict[str, float]:
     """Minimum CPU time of each variant over interleaved repeats (single-threaded)."""
     f_t, q_t, b_t = (torch.from_numpy(a) for a in (f, q, budget))
     variants: dict[str, Callable[[], object]] = {
         "none": lambda: np.sort(f, axis=1),
         "water_filling": lambda: water_filling(f, q, budget),
-        "water_filling_torch": lambda: water_filling(f_t, q_t, b_t),
     }
+    if with_torch:
+        variants["water_filling_torch"] = lambda: water_filling(f_t, q_t, b_t)
     best = dict.fromkeys(variants, np.inf)
     with single_thread():
         for _ in range(repeats):
@@ -79,11 +80,12 @@ def speed(params: dict[str, Any], seeds: list[int]) -> Iterator[Result]:
     ----------
     params : dict
         ``K`` (classes), ``N`` (rows, default 10,000), ``repeats`` (default 5),
-        ``cvxpy_rows`` (default 5), ``max_budget`` (default 1.0).
+        ``cvxpy_rows`` (default 5), ``max_budget`` (default 1.0), ``torch``
+        (also time the torch version, default true).
     seeds : list of int
         One measurement per seed.
     """
-    allowed = {"K", "N", "repeats", "cvxpy_rows", "max_budget"}
+    allowed = {"K", "N", "repeats", "cvxpy_rows", "max_budget", "torch"}
     unknown = sorted(set(params) - allowed)
     if unknown:
         raise ValueError(
@@ -98,7 +100,13 @@ def speed(params: dict[str, Any], seeds: list[int]) -> Iterator[Result]:
         raise ValueError(
             f"{BENCHMARK}: max_budget must lie in (0, 2], got {max_budget!r}"
         )
+    with_torch = params.get("torch", True)
+    if not isinstance(with_torch, bool):
+        raise ValueError(
+            f"{BENCHMARK}: torch must be true or false, got {with_torch!r}"
+        )
     setting = {
+        "torch": with_torch,
         "K": k,
         "N": n,
         "repeats": repeats,
@@ -110,7 +118,7 @@ def speed(params: dict[str, Any], seeds: list[int]) -> Iterator[Result]:
         f = rng.dirichlet(np.full(k, 0.3), n)
         q = rng.dirichlet(np.full(k, 0.3), n)
         budget = rng.uniform(0.0, max_budget, n)
-        best = _timings(f, q, budget, repeats)
+        best = _timings(f, q, budget, repeats, with_torch)
         start = time.process_time()
         reference = solve_reference(f[:rows], q[:rows], budget[:rows])
         cvxpy_row = (time.process_time() - start) / rows
