@@ -101,7 +101,7 @@ def solve_reference(
             problem.solve(solver=solver)
         except cvxpy.error.SolverError:
             logger.warning("%s failed on row %d; retrying with SCS", solver, row)
-            problem.solve(solver="SCS", eps=1e-9, max_iters=100_000)
+            problem.solve(solver="SCS", eps=1e-8, max_iters=20_000)
         if p.value is None or problem.status not in ("optimal", "optimal_inaccurate"):
             raise RuntimeError(f"cvxpy failed on row {row}: status {problem.status}")
         if problem.status == "optimal_inaccurate":
