@@ -65,6 +65,7 @@ SUMMARY_KEYS = {
     "relative_change",
     "peers",
     "guarantee",
+    "baseline",
 }
 
 
@@ -102,11 +103,12 @@ class SummarySettings:
     """One row of the report's summary table: the headline claim and its verdict.
 
     The row compares the arm whose defense label starts with ``defense`` against the
-    undefended arm (``"none"``) on ``metric``, for the attack whose label starts with
-    ``attack``. The verdict is *reproduced* when the defended mean moved in
-    ``direction`` ("lower" or "higher") by at least ``relative_change`` of the
-    undefended mean, *partly* when it moved that way by less, *not reproduced*
-    otherwise.
+    arm whose label starts with ``baseline`` (the undefended arm ``"none"`` unless
+    the claim is against another method) on ``metric``, paired by seed and setting,
+    for the attack whose label starts with ``attack``. The verdict is *reproduced*
+    when the defended mean moved in ``direction`` ("lower" or "higher") by at least
+    ``relative_change`` of the baseline's mean, *partly* when it moved that way by
+    less, *not reproduced* otherwise.
     """
 
     threat: str
@@ -118,6 +120,7 @@ class SummarySettings:
     relative_change: float = 0.0
     peers: list[str] = field(default_factory=list)
     guarantee: str = ""
+    baseline: str = "none"
 
     def __post_init__(self) -> None:
         if self.direction not in ("lower", "higher"):
@@ -303,6 +306,7 @@ def _summary(name: str, raw: Any) -> SummarySettings | None:
         "paper",
         "direction",
         "guarantee",
+        "baseline",
     ):
         if key in raw:
             _expect(f"{where}.{key}", raw[key], str, "a string")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from benchmarks.spec import Spec, SummarySettings
-from defenses.results import UNDEFENDED, Result, Summary, describe, paired_deltas
+from defenses.results import Result, Summary, describe
 
 REPRODUCED = "reproduced"
 PARTLY = "partly"
@@ -48,6 +49,26 @@ def _arm(results: Sequence[Result], attack: str, defense: str) -> list[Result]:
     return [r for r in matching if r.arm == first]
 
 
+def _pair_key(result: Result) -> str:
+    return json.dumps([result.seed, result.params.get("scenario", {})], sort_keys=True)
+
+
+def _paired(
+    defended: Sequence[Result], baseline: Sequence[Result], metric: str
+) -> Summary | None:
+    """Summary of defended minus baseline over runs with the same seed and setting."""
+    base = {_pair_key(r): r for r in baseline}
+    section, _, key = metric.partition(".")
+    diffs = [
+        r.get(metric) - base[_pair_key(r)].get(metric)
+        for r in defended
+        if _pair_key(r) in base
+        and key in getattr(r, section)
+        and key in getattr(base[_pair_key(r)], section)
+    ]
+    return describe(diffs) if diffs else None
+
+
 def verdict(settings: SummarySettings, defended: float, undefended: float) -> str:
     """Compare the relative change with the claimed direction and size."""
     change = (defended - undefended) / max(abs(undefended), 1e-12)
@@ -66,13 +87,12 @@ def summary_row(spec: Spec, results: Sequence[Result]) -> SummaryRow | None:
     if settings is None:
         return None
     defended = _arm(results, settings.attack, settings.defense)
-    undefended = _arm(results, settings.attack, UNDEFENDED)
+    undefended = _arm(results, settings.attack, settings.baseline)
     d_values = _values(defended, settings.metric)
     u_values = _values(undefended, settings.metric)
     if not d_values or not u_values:
         return None
-    deltas = paired_deltas([*undefended, *defended], [settings.metric])
-    delta = deltas[0][1][settings.metric] if deltas else None
+    delta = _paired(defended, undefended, settings.metric)
     d, u = describe(d_values), describe(u_values)
     peers = []
     for prefix in settings.peers:

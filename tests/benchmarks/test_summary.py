@@ -113,3 +113,34 @@ def test_tables_name_the_scenario_settings_that_vary():
     table = markdown_table([a, b], ["success.attack_acc"])
     assert "| s(dataset=digits) | atk(x=1) | none | 1 | 0.300 ± 0.000 |" in table
     assert "| s(dataset=wine) |" in table
+
+
+def test_summary_against_another_baseline():
+    results = [
+        run("uniform", 0, 0.50),
+        run("uniform", 1, 0.60),
+        run("ssd", 0, 0.40),
+        run("ssd", 1, 0.45),
+        run("none", 0, 0.9),
+    ]
+    spec = parse(
+        {
+            "scenario": "s",
+            "attacks": ["atk"],
+            "report": {
+                "summary": {
+                    "threat": "t",
+                    "metric": "success.attack_acc",
+                    "defense": "ssd",
+                    "baseline": "uniform",
+                    "relative_change": 0.1,
+                }
+            },
+        },
+        "x-quick",
+    )
+    row = summary_row(spec, results)
+    assert row is not None
+    assert row.undefended.mean == pytest.approx(0.55)
+    assert row.delta.mean == pytest.approx(-0.125)
+    assert row.verdict == REPRODUCED
