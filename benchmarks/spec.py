@@ -66,6 +66,7 @@ SUMMARY_KEYS = {
     "peers",
     "guarantee",
     "baseline",
+    "utility",
 }
 
 
@@ -105,7 +106,8 @@ class SummarySettings:
     The row compares the arm whose defense label starts with ``defense`` against the
     arm whose label starts with ``baseline`` (the undefended arm ``"none"`` unless
     the claim is against another method) on ``metric``, paired by seed and setting,
-    for the attack whose label starts with ``attack``. The verdict is *reproduced*
+    for the attack whose label starts with ``attack``; ``utility`` names the metric
+    whose paired change shows what the defense costs. The verdict is *reproduced*
     when the defended mean moved in ``direction`` ("lower" or "higher") by at least
     ``relative_change`` of the baseline's mean, *partly* when it moved that way by
     less, *not reproduced* otherwise.
@@ -121,6 +123,7 @@ class SummarySettings:
     peers: list[str] = field(default_factory=list)
     guarantee: str = ""
     baseline: str = "none"
+    utility: str = ""
 
     def __post_init__(self) -> None:
         if self.direction not in ("lower", "higher"):
@@ -307,6 +310,7 @@ def _summary(name: str, raw: Any) -> SummarySettings | None:
         "direction",
         "guarantee",
         "baseline",
+        "utility",
     ):
         if key in raw:
             _expect(f"{where}.{key}", raw[key], str, "a string")

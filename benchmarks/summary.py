@@ -29,6 +29,7 @@ class SummaryRow:
     peers: list[tuple[str, Summary]]
     guarantee: tuple[str, Summary] | None
     verdict: str
+    utility_cost: tuple[str, Summary] | None = None
 
 
 def _values(results: Sequence[Result], metric: str) -> list[float]:
@@ -104,6 +105,11 @@ def summary_row(spec: Spec, results: Sequence[Result]) -> SummaryRow | None:
         values = _values(defended, settings.guarantee)
         if values:
             guarantee = (settings.guarantee.partition(".")[2], describe(values))
+    utility_cost = None
+    if settings.utility:
+        cost = _paired(defended, undefended, settings.utility)
+        if cost is not None:
+            utility_cost = (settings.utility.partition(".")[2], cost)
     return SummaryRow(
         spec=spec.name,
         title=spec.title,
@@ -116,6 +122,7 @@ def summary_row(spec: Spec, results: Sequence[Result]) -> SummaryRow | None:
         peers=peers,
         guarantee=guarantee,
         verdict=verdict(settings, d.mean, u.mean),
+        utility_cost=utility_cost,
     )
 
 
@@ -123,15 +130,19 @@ def markdown_summary(rows: Sequence[SummaryRow], metric_names: Sequence[str]) ->
     """The summary table in Markdown."""
     lines = [
         "| defense (spec) | threat | attack | paper's claim | metric | ours: defended "
-        "| undefended | paired Δ | peers | guarantee | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| baseline | paired Δ | utility Δ | peers | guarantee | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row, metric in zip(rows, metric_names, strict=True):
         peers = "; ".join(f"{name}: {s}" for name, s in row.peers) or "–"
         guarantee = f"{row.guarantee[0]} = {row.guarantee[1]}" if row.guarantee else "–"
+        cost = (
+            f"{row.utility_cost[0]}: {row.utility_cost[1]}" if row.utility_cost else "–"
+        )
         lines.append(
             f"| {row.title} (`{row.spec}`) | {row.threat} | {row.attack} | {row.paper} "
-            f"| {metric} | {row.defended} | {row.undefended} | {row.delta} | {peers} "
+            f"| {metric} | {row.defended} | {row.undefended} | {row.delta} | {cost} "
+            f"| {peers} "
             f"| {guarantee} | **{row.verdict}** |"
         )
     return "\n".join(lines)

@@ -63,6 +63,7 @@ def test_summary_row_pairs_seeds_and_reads_peers_and_guarantee():
                     "relative_change": 0.5,
                     "peers": ["gauss", "missing"],
                     "guarantee": "certificate.bound",
+                    "utility": "utility.accuracy",
                 }
             },
         },
@@ -78,6 +79,8 @@ def test_summary_row_pairs_seeds_and_reads_peers_and_guarantee():
     assert row.guarantee is not None
     assert row.guarantee[1].mean == pytest.approx(0.2)
     assert row.verdict == REPRODUCED
+    assert row.utility_cost is not None
+    assert row.utility_cost[1].mean == pytest.approx(0.0)
 
 
 def test_bad_summaries_are_refused():
