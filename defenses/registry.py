@@ -69,10 +69,17 @@ def discover() -> None:
     global _discovered
     if _discovered:
         return
-    for module in _builtin_modules():
-        importlib.import_module(module)
-    for entry in entry_points(group=PLUGIN_GROUP):
-        importlib.import_module(entry.value)
+    modules = [
+        *_builtin_modules(),
+        *(e.value for e in entry_points(group=PLUGIN_GROUP)),
+    ]
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as error:
+            raise ImportError(
+                f"defense-suite could not load the plugin module {module!r}: {error}"
+            ) from error
     _discovered = True
 
 
