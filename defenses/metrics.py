@@ -208,3 +208,28 @@ def mean_set_size(sets: npt.ArrayLike) -> float:
     """Average number of labels in a prediction set."""
     s, _ = _sets_and_labels(sets)
     return float(s.sum(axis=1).mean())
+
+
+def true_class_logit(
+    scores: npt.ArrayLike, labels: npt.ArrayLike, floor: float = 1e-15
+) -> FloatArray:
+    r"""Logit-scaled confidence in the true class, the loss attack's score.
+
+    .. math::
+
+        s(x, y) = \log p_y - \log(1 - p_y), \qquad
+        p_y \leftarrow \mathrm{clip}(p_y, \text{floor}, 1 - \text{floor}),
+
+    monotone in the cross-entropy loss but spread out near :math:`p_y = 1`, where
+    members and non-members differ (Carlini et al., 2022).
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels)
+    if s.ndim != 2 or y.shape != (s.shape[0],):
+        raise ValueError(
+            f"scores must be (n, K) and labels (n,), got {s.shape} and {y.shape}"
+        )
+    if not 0 < floor < 0.5:
+        raise ValueError(f"floor must lie in (0, 0.5), got {floor!r}")
+    p = np.clip(s[np.arange(s.shape[0]), y], floor, 1.0 - floor)
+    return np.asarray(np.log(p) - np.log1p(-p), dtype=np.float64)

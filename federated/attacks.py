@@ -16,6 +16,7 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from defenses.metrics import true_class_logit
 from defenses.oracle import QueryOracle
 from defenses.threat import Capability
 from federated.audit import likelihood_ratio, matched_filter
@@ -85,8 +86,4 @@ class GlobalModelMIA:
 
     def run(self, view: MembershipView, rng: np.random.Generator) -> FloatArray:
         """Membership scores, higher for likelier members."""
-        scores = np.asarray(view.oracle(view.candidates), dtype=np.float64)
-        p = np.clip(
-            scores[np.arange(scores.shape[0]), view.labels], self.floor, 1 - self.floor
-        )
-        return np.asarray(np.log(p) - np.log1p(-p), dtype=np.float64)
+        return true_class_logit(view.oracle(view.candidates), view.labels, self.floor)

@@ -15,6 +15,7 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from defenses.metrics import true_class_logit
 from defenses.oracle import QueryOracle
 from defenses.threat import Capability
 
@@ -52,10 +53,7 @@ class LossThresholdAttack:
 
     def run(self, view: MembershipView, rng: np.random.Generator) -> FloatArray:
         """Membership scores (higher means more likely a member)."""
-        scores = np.asarray(view.oracle(view.candidates), dtype=np.float64)
-        p_true = scores[np.arange(scores.shape[0]), view.labels]
-        p = np.clip(p_true, self.floor, 1.0 - self.floor)
-        return np.log(p) - np.log1p(-p)
+        return true_class_logit(view.oracle(view.candidates), view.labels, self.floor)
 
 
 @dataclass(frozen=True)

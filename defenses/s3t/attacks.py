@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from defenses.metrics import true_class_logit
 from defenses.oracle import QueryOracle
 from defenses.s3t.defense import AllShardsDeadError, Unlearner
 from defenses.threat import Capability
@@ -176,8 +177,4 @@ class CanaryAttack:
 
     def run(self, view: CanaryView, rng: np.random.Generator) -> FloatArray:
         """Membership scores (higher: more likely still remembered)."""
-        scores = np.asarray(view.oracle(view.candidates), dtype=np.float64)
-        p = np.clip(
-            scores[np.arange(scores.shape[0]), view.planted], self.floor, 1 - self.floor
-        )
-        return np.log(p) - np.log1p(-p)
+        return true_class_logit(view.oracle(view.candidates), view.planted, self.floor)

@@ -113,3 +113,15 @@ def test_coverage_accuracy_and_set_size():
 def test_bad_input_is_refused(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_true_class_logit():
+    scores = np.array([[0.5, 0.5], [0.1, 0.9], [0.0, 1.0]])
+    values = metrics.true_class_logit(scores, np.array([0, 1, 1]), floor=1e-6)
+    assert values[0] == pytest.approx(0.0)
+    assert values[1] == pytest.approx(np.log(9))
+    assert values[2] == pytest.approx(np.log((1 - 1e-6) / 1e-6))
+    with pytest.raises(ValueError, match="floor must lie"):
+        metrics.true_class_logit(scores, np.array([0, 1, 1]), floor=0.6)
+    with pytest.raises(ValueError, match="labels"):
+        metrics.true_class_logit(scores, np.array([0, 1]))
