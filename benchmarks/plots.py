@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from defenses.results import UNDEFENDED, Result, summarize
+from defenses.results import UNDEFENDED, Result, Summary, paired_deltas, summarize
 
 
 def tradeoff_plot(
@@ -51,6 +51,41 @@ def tradeoff_plot(
             ax.legend(fontsize=7)
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def delta_plot(
+    results: Sequence[Result], metric: str, out: Path, title: str = ""
+) -> Path | None:
+    """Bars of the paired delta (defended minus undefended, same seed) of ``metric``.
+
+    One bar per defended arm, grouped by attack, with the standard deviation over
+    seeds as the error bar. Returns None when no defended arm has an undefended
+    partner.
+    """
+    rows: list[tuple[Result, Summary]] = []
+    for first, cells in paired_deltas(results, [metric]):
+        summary = cells[metric]
+        if summary is not None:
+            rows.append((first, summary))
+    if not rows:
+        return None
+    labels = [f"{first.attack}\n{first.defense}" for first, _ in rows]
+    means = [summary.mean for _, summary in rows]
+    stds = [summary.std for _, summary in rows]
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(rows) + 2), 4.2))
+    positions = range(len(rows))
+    ax.bar(positions, means, yerr=stds, capsize=3, color="tab:blue", alpha=0.8)
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xticks(list(positions))
+    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel(f"paired Δ {metric}")
+    ax.set_title(title or f"paired Δ {metric}", fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)

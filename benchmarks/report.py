@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.plots import tradeoff_plot
+from benchmarks.plots import delta_plot, tradeoff_plot
 from benchmarks.spec import Spec, load_spec
 from benchmarks.summary import SummaryRow, markdown_summary, summary_row
 from benchmarks.tables import default_columns, markdown_deltas, markdown_table
@@ -74,6 +74,14 @@ def _section(
             results, spec.report.x, spec.report.y, plot_dir / f"{name}.png", title
         )
         lines += ["", f"![{title}]({path.relative_to(root).as_posix()})"]
+        delta = delta_plot(
+            results,
+            spec.report.y,
+            plot_dir / f"{name}-delta.png",
+            f"{title}: paired deltas",
+        )
+        if delta is not None:
+            lines += ["", f"![paired deltas]({delta.relative_to(root).as_posix()})"]
     return [*lines, ""]
 
 

@@ -83,6 +83,8 @@ def test_run_table_plot_report_end_to_end(tmp_path, capsys):
     assert "## Summary" in report
     assert "| membership | loss-mia | AUC falls | success.auc |" in report
     assert (results / "plots" / "mini-quick.png").exists()
+    assert (results / "plots" / "mini-quick-delta.png").read_bytes()[:4] == b"\x89PNG"
+    assert "plots/mini-quick-delta.png" in report
     assert "old" not in readme.read_text()
     assert "AUC falls" in readme.read_text()
 
