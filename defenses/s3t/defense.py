@@ -411,26 +411,55 @@ class Unlearner:
             out.append(self.orders[best][: lengths[best]])
         return tuple(out)
 
-    def predict_proba(self, X: npt.ArrayLike) -> FloatArray:
-        """Class probabilities averaged over the shards that still serve."""
+    def _shard_proba(self, X: npt.ArrayLike) -> tuple[int, dict[int, torch.Tensor]]:
+        """The number of rows of ``X`` and each serving shard's class probabilities.
+
+        Shards are in ascending order; a dead shard (no live prefix) is absent. The
+        probabilities are ``softmax`` of the served model's logits, in float64.
+        """
         state = self._require()
         features = torch.as_tensor(self._features(X))
         alive = [(s, p) for s, p in enumerate(self.served()) if p]
+        out: dict[int, torch.Tensor] = {}
         if not alive:
-            raise AllShardsDeadError(
-                "every shard lost its models to deletions; call retrain() first"
-            )
-        total = torch.zeros(
-            features.shape[0], self.backbone.n_classes, dtype=torch.float64
-        )
+            return features.shape[0], out
         with torch.no_grad(), single_thread():
             embedded = self.backbone.embed(features, 0)
             for s, prefix in alive:
                 shard_stages = {p: st for (t, p), st in state.stages.items() if t == s}
                 adapters, head = served_model(shard_stages, prefix)
                 logits = self.backbone.top(embedded, 0, adapters, head)
-                total += torch.softmax(logits.double(), dim=1)
-        return (total / len(alive)).numpy()
+                out[s] = torch.softmax(logits.double(), dim=1)
+        return features.shape[0], out
+
+    def predict_proba(self, X: npt.ArrayLike) -> FloatArray:
+        """Class probabilities averaged over the shards that still serve."""
+        n, per_shard = self._shard_proba(X)
+        if not per_shard:
+            raise AllShardsDeadError(
+                "every shard lost its models to deletions; call retrain() first"
+            )
+        total = torch.zeros(n, self.backbone.n_classes, dtype=torch.float64)
+        for proba in per_shard.values():
+            total += proba
+        return (total / len(per_shard)).numpy()
+
+    def shard_predictions(self, X: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """Each shard's predicted class, shape ``(shards, n)``; -1 for a dead shard.
+
+        Row ``s`` is the arg-max of the model shard ``s`` serves (the same model
+        :meth:`predict_proba` averages), a function of that shard's surviving data
+        only. A shard whose every order lost its first slice to deletions has no
+        model and abstains (-1); when every shard is dead all rows are -1 (no error,
+        unlike :meth:`predict_proba`). These are the votes of a partitioned ensemble,
+        e.g. the part classifiers of reliable conformal prediction
+        (:mod:`defenses.composition.s3t_rps`).
+        """
+        n, per_shard = self._shard_proba(X)
+        votes = np.full((self.shards, n), -1, dtype=np.int64)
+        for s, proba in per_shard.items():
+            votes[s] = np.argmax(proba.numpy(), axis=1)
+        return votes
 
     def predict(self, X: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """Predicted labels."""
