@@ -1,0 +1,313 @@
+"""S3T shards as RPS parts: sets, certificates, exact deletion, empirical soundness."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from defenses.composition.s3t_rps import ReliableUnlearner, ShardVoter
+from defenses.data import load_digits
+from defenses.metrics import coverage, mean_set_size
+from defenses.rps import ReliableConformalClassifier
+from defenses.rps.defense import NotFittedError as RPSNotFitted
+from defenses.s3t import S3T, SISA, NotFittedError, twin_test
+from defenses.s3t.backbone import ResidualMLP, pretrain
+
+ALPHA = 0.1
+SHARDS = 8
+
+
+@dataclass(frozen=True)
+class Task:
+    backbone: ResidualMLP
+    X: np.ndarray
+    y: np.ndarray
+    ids: np.ndarray
+    cal_X: np.ndarray
+    cal_y: np.ndarray
+    test_X: np.ndarray
+    test_y: np.ndarray
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def task() -> Task:
+    data = load_digits()
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(data))
+    public, pool, cal, test = (
+        order[:200],
+        order[200:700],
+        order[700:1000],
+        order[1000:1300],
+    )
+    backbone = pretrain(
+        data.X[public], data.y[public], rng, width=24, hidden=32, n_blocks=2, epochs=5
+    )
+    return Task(
+        backbone,
+        data.X[pool],
+        data.y[pool],
+        pool.astype(np.int64),
+        data.X[cal],
+        data.y[cal],
+        data.X[test],
+        data.y[test],
+    )
+
+
+def _s3t(task: Task) -> S3T:
+    return S3T(task.backbone, SHARDS, 2, epochs=4, rank=4, lr=3e-2, batch_size=32)
+
+
+def _build(
+    task: Task,
+    labels: np.ndarray | None = None,
+    keep: np.ndarray | None = None,
+    deleted: Sequence[int] = (),
+) -> ReliableUnlearner:
+    """Fit on the pool (relabelled, restricted), delete ``deleted``, calibrate."""
+    rows = np.ones(task.ids.size, dtype=bool) if keep is None else keep
+    y = task.y if labels is None else labels
+    model = ReliableUnlearner(_s3t(task), n_calib_parts=5, alpha=ALPHA)
+    model.fit(task.X[rows], y[rows], task.ids[rows])
+    if len(deleted):
+        model.delete(list(deleted))
+    return model.calibrate(task.cal_X, task.cal_y)
+
+
+@pytest.fixture(scope="module")
+def fitted(task: Task) -> ReliableUnlearner:
+    return _build(task)
+
+
+@pytest.fixture
+def model(fitted: ReliableUnlearner) -> ReliableUnlearner:
+    return copy.deepcopy(fitted)
+
+
+def _ids_in(fitted: ReliableUnlearner, task: Task, shard: int) -> list[int]:
+    """One id of each slice of ``shard`` (located in the undeleted model)."""
+    out: dict[int, int] = {}
+    for i, (s, j) in zip(task.ids, fitted.unlearner.locate(task.ids), strict=True):
+        if s == shard:
+            out.setdefault(j, int(i))
+    return list(out.values())
+
+
+def _assert_certified_kept(
+    before: ReliableUnlearner, after: ReliableUnlearner, X: np.ndarray, radius: int
+) -> int:
+    """Every (point, class) certified at ``radius`` before keeps its membership."""
+    cert = before.certify(X)
+    certified = cert.certified(radius, 0)
+    sets = after.predict_sets(X)
+    assert certified.any()
+    changed = certified & (sets != cert.sets)
+    assert not changed.any(), f"{int(changed.sum())} certified memberships changed"
+    return int(certified.sum())
+
+
+def test_sets_and_certificates_are_rps_on_the_shard_votes(
+    task: Task, fitted: ReliableUnlearner
+) -> None:
+    votes = fitted.part_votes(task.test_X)
+    assert votes.shape == (SHARDS, task.test_y.size)
+    assert votes.min() >= 0
+    direct = ReliableConformalClassifier.from_voter(
+        ShardVoter(fitted.unlearner), np.arange(10), 64, n_calib_parts=5, alpha=ALPHA
+    ).calibrate(task.cal_X, task.cal_y)
+    sets = fitted.predict_sets(task.test_X)
+    cert = fitted.certify(task.test_X)
+    assert sets.shape == (task.test_y.size, 10)
+    assert np.array_equal(sets, direct.predict_sets(task.test_X))
+    assert np.array_equal(cert.sets, sets)
+    assert np.array_equal(cert.training, direct.certify(task.test_X).training)
+    assert np.array_equal(
+        fitted.rps.predict_votes(task.test_X).sum(axis=1),
+        np.full(task.test_y.size, SHARDS),
+    )
+    assert cert.max_train_radius == SHARDS
+    assert (cert.training >= 0).all()
+    assert cert.robust(1, 0).mean() > 0.3
+    one = sets.sum(axis=1) == 1
+    assert np.array_equal(
+        np.argmax(sets[one], axis=1),
+        np.argmax(fitted.rps.predict_votes(task.test_X[one]), axis=1),
+    )
+
+
+def test_clean_coverage_is_near_one_minus_alpha(
+    task: Task, fitted: ReliableUnlearner
+) -> None:
+    sets = fitted.predict_sets(task.test_X)
+    assert coverage(sets, task.test_y) >= 1 - ALPHA - 0.05
+    assert mean_set_size(sets) < 2.0
+    assert fitted.rps.miscoverage_bound_ <= ALPHA + 1e-9
+
+
+def test_deletion_serves_what_a_model_trained_without_the_ids_serves(
+    task: Task, model: ReliableUnlearner
+) -> None:
+    deleted = [int(i) for i in task.ids[[3, 40, 41, 250, 499]]]
+    slots = model.unlearner.locate(deleted)
+    model.delete(deleted)
+    keep = ~np.isin(task.ids, deleted)
+    twin = _build(task, keep=keep)
+    twin.deactivate(slots)
+    X = task.test_X
+    assert np.array_equal(model.part_votes(X), twin.part_votes(X))
+    assert np.array_equal(
+        model.unlearner.predict_proba(X), twin.unlearner.predict_proba(X)
+    )
+    a, b = model.certify(X), twin.certify(X)
+    assert np.array_equal(a.sets, b.sets)
+    assert np.array_equal(a.training, b.training)
+    assert np.array_equal(a.calibration, b.calibration)
+    model.retrain()
+    fresh = _build(task, keep=keep)
+    assert np.array_equal(model.part_votes(X), fresh.part_votes(X))
+    assert np.array_equal(model.certify(X).training, fresh.certify(X).training)
+    assert np.array_equal(model.predict_sets(X), fresh.predict_sets(X))
+
+
+def test_the_shards_pass_the_s3t_twin_test(task: Task) -> None:
+    def factory() -> S3T:
+        return S3T(task.backbone, 4, 2, epochs=2, rank=2, lr=3e-2, batch_size=32)
+
+    report = twin_test(factory, task.X, task.y, task.ids, int(task.ids[7]), task.test_X)
+    assert report.exact
+    assert report.switched_off_differed
+
+
+def _targeted_flips(model: ReliableUnlearner, task: Task, radius: int) -> np.ndarray:
+    """Relabel ``radius`` training points in distinct shards near a fragile point.
+
+    The target is a test point whose top-voted class is in its set, certified at
+    ``radius``, with the least vote margin; its nearest training neighbours of that
+    class, one per shard, move to its runner-up class.
+    """
+    cert = model.certify(task.test_X)
+    votes = model.rps.predict_votes(task.test_X)
+    top_class = np.argmax(votes, axis=1)
+    rows = np.arange(top_class.size)
+    held = cert.sets[rows, top_class] & (cert.training[rows, top_class] >= radius)
+    candidates = np.flatnonzero(held)
+    ranked = np.sort(votes[candidates], axis=1)
+    target = int(candidates[np.argmin(ranked[:, -1] - ranked[:, -2])])
+    top, runner = np.argsort(votes[target])[::-1][:2]
+    shards = [s for s, _ in model.unlearner.locate(task.ids)]
+    labels = task.y.copy()
+    used: set[int] = set()
+    for row in np.argsort(np.linalg.norm(task.X - task.test_X[target], axis=1)):
+        if labels[row] == top and shards[row] not in used:
+            labels[row] = runner
+            used.add(shards[row])
+        if len(used) == radius:
+            break
+    assert len(used) == radius
+    return labels
+
+
+def _shard_flips(model: ReliableUnlearner, task: Task, radius: int) -> np.ndarray:
+    """Relabel every training point of shards 0 .. radius-1 (to label + 1)."""
+    shards = np.array([s for s, _ in model.unlearner.locate(task.ids)])
+    labels = task.y.copy()
+    hit = shards < radius
+    labels[hit] = (labels[hit] + 1) % 10
+    return labels
+
+
+@pytest.mark.parametrize("radius", [1, 2])
+def test_certified_memberships_survive_targeted_label_flips(
+    task: Task, fitted: ReliableUnlearner, radius: int
+) -> None:
+    labels = _targeted_flips(fitted, task, radius)
+    poisoned = _build(task, labels=labels)
+    votes_before = fitted.part_votes(task.test_X)
+    votes_after = poisoned.part_votes(task.test_X)
+    changed = np.flatnonzero((votes_before != votes_after).any(axis=1))
+    assert 0 < changed.size <= radius
+    _assert_certified_kept(fitted, poisoned, task.test_X, radius)
+
+
+def test_certified_memberships_survive_whole_shards_relabelled(
+    task: Task, fitted: ReliableUnlearner
+) -> None:
+    labels = _shard_flips(fitted, task, 2)
+    poisoned = _build(task, labels=labels)
+    changed = (fitted.part_votes(task.test_X) != poisoned.part_votes(task.test_X)).any(
+        axis=1
+    )
+    assert changed[:2].all()
+    assert not changed[2:].any()
+    assert (
+        poisoned.predict_sets(task.test_X) != fitted.predict_sets(task.test_X)
+    ).any()
+    _assert_certified_kept(fitted, poisoned, task.test_X, 2)
+
+
+def test_a_dead_shard_abstains_and_the_certificate_still_holds(
+    task: Task, fitted: ReliableUnlearner, model: ReliableUnlearner
+) -> None:
+    victims = _ids_in(fitted, task, 0)
+    receipt = model.delete(victims)
+    assert receipt.dead_shards == (0,)
+    assert model.dead_shards == (0,)
+    votes = model.part_votes(task.test_X)
+    assert (votes[0] == -1).all()
+    assert (votes[1:] >= 0).all()
+    assert np.array_equal(
+        model.rps.predict_votes(task.test_X).sum(axis=1),
+        np.full(task.test_y.size, SHARDS - 1),
+    )
+    assert coverage(model.predict_sets(task.test_X), task.test_y) >= 1 - ALPHA - 0.05
+    labels = _shard_flips(fitted, task, 2)
+    poisoned = _build(task, labels=labels, deleted=victims)
+    assert poisoned.dead_shards == (0,)
+    assert (
+        model.part_votes(task.test_X)[1] != poisoned.part_votes(task.test_X)[1]
+    ).any()
+    _assert_certified_kept(model, poisoned, task.test_X, 1)
+
+
+def test_further_deletions_within_the_radius_keep_certified_memberships(
+    task: Task, fitted: ReliableUnlearner, model: ReliableUnlearner
+) -> None:
+    for shard in (2, 5):
+        model.delete(_ids_in(fitted, task, shard))
+    assert model.dead_shards == (2, 5)
+    _assert_certified_kept(fitted, model, task.test_X, 2)
+
+
+def test_sisa_shards_work_too(task: Task) -> None:
+    sisa = SISA(task.backbone, 4, 2, epochs=2, rank=2, lr=3e-2, batch_size=32)
+    model = ReliableUnlearner(sisa, n_calib_parts=5, alpha=ALPHA)
+    model.fit(task.X, task.y, task.ids).calibrate(task.cal_X, task.cal_y)
+    assert model.certify(task.test_X).max_train_radius == 4
+    model.delete([int(task.ids[0])])
+    assert model.predict_sets(task.test_X).shape == (task.test_y.size, 10)
+
+
+def test_misuse_is_refused(task: Task, fitted: ReliableUnlearner) -> None:
+    with pytest.raises(ValueError, match="Unlearner"):
+        ShardVoter(object())  # type: ignore[arg-type]
+    with pytest.raises(NotFittedError):
+        ReliableUnlearner(_s3t(task), n_calib_parts=5).calibrate(task.cal_X, task.cal_y)
+    with pytest.raises(ValueError, match="alpha"):
+        ReliableUnlearner(_s3t(task), alpha=1.5)
+    uncalibrated = ReliableUnlearner(copy.deepcopy(fitted.unlearner))
+    with pytest.raises(RPSNotFitted):
+        uncalibrated.predict_sets(task.test_X)
