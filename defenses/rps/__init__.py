@@ -11,11 +11,12 @@ and calibration points the set withstands.
 
 from defenses.rps.certificate import Certificate
 from defenses.rps.defense import ReliableConformalClassifier
-from defenses.rps.ensemble import PartTrainingError, TorchPartClassifier
+from defenses.rps.ensemble import PartTrainingError, PartVoter, TorchPartClassifier
 
 __all__ = [
     "Certificate",
     "PartTrainingError",
+    "PartVoter",
     "ReliableConformalClassifier",
     "TorchPartClassifier",
 ]

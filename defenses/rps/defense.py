@@ -12,6 +12,10 @@ crepes users expect::
 With ``n_train_parts = 1`` the score is the single model's ``predict_proba`` (THR /
 LAC); with ``n_calib_parts = 1`` the set is the split-conformal set; both at 1 give
 plain split conformal prediction (with the chosen rank rule).
+
+Part classifiers trained elsewhere (e.g. a sharded unlearning ensemble) plug in
+through :meth:`ReliableConformalClassifier.from_voter` and a
+:class:`~defenses.rps.ensemble.PartVoter`, whose parts may abstain.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from defenses.rps.certificate import (
 )
 from defenses.rps.ensemble import (
     PartClassifier,
+    PartVoter,
     check_estimator,
     predict_parts,
     train_parts,
@@ -116,7 +121,21 @@ class ReliableConformalClassifier:
         n_jobs: int | None = None,
     ) -> None:
         check_estimator(estimator)
-        self.estimator = estimator
+        self.estimator: Any = estimator
+        self._configure(
+            n_train_parts, n_calib_parts, alpha, quantile, softmax, random_state, n_jobs
+        )
+
+    def _configure(
+        self,
+        n_train_parts: int,
+        n_calib_parts: int,
+        alpha: float,
+        quantile: QuantileMode,
+        softmax: bool,
+        random_state: int,
+        n_jobs: int | None,
+    ) -> None:
         self.n_train_parts = _positive_int("n_train_parts", n_train_parts)
         self.n_calib_parts = _positive_int("n_calib_parts", n_calib_parts)
         self.alpha = check_alpha(alpha)
@@ -140,14 +159,98 @@ class ReliableConformalClassifier:
         self.n_jobs = n_jobs
         self.tau_hat = majority_threshold(self.n_calib_parts, self.alpha)
         self.models_: list[PartClassifier] | None = None
+        self.voter_: PartVoter | None = None
         self.thresholds_: FloatArray | None = None
         self._last_batch: (
             tuple[FloatArray, ScoreGeometry, list[PartClassifier] | None] | None
         ) = None
 
+    @classmethod
+    def from_voter(
+        cls,
+        voter: PartVoter,
+        classes: npt.ArrayLike,
+        n_features: int,
+        n_calib_parts: int = 10,
+        alpha: float = 0.1,
+        quantile: QuantileMode = "exact",
+        softmax: bool = True,
+    ) -> ReliableConformalClassifier:
+        r"""RPS on part classifiers trained elsewhere; already fitted.
+
+        Parameters
+        ----------
+        voter : PartVoter
+            ``voter.n_parts`` (``k_t``) parts; ``voter.part_votes(X)`` gives, per part
+            and point, a class index into ``classes`` or -1 when the part abstains
+            (e.g. a shard whose data were all deleted). The training certificate
+            assumes each training point can influence at most one part (parts
+            formed by a hash of the sample or its id, trained in isolation).
+        classes : array-like of shape (K,)
+            The class labels, sorted and distinct, K >= 2; index ``c`` of a vote is
+            ``classes[c]``, and :meth:`calibrate` takes labels from ``classes``.
+        n_features : int
+            Number of features of ``X``.
+        n_calib_parts, alpha, quantile, softmax
+            As in the constructor.
+
+        Returns
+        -------
+        ReliableConformalClassifier
+            Ready for :meth:`calibrate`, then :meth:`predict_sets` and
+            :meth:`certify`.
+
+        Notes
+        -----
+        Votes are **not memoised** for a voter: every :meth:`calibrate`,
+        :meth:`predict_sets`, :meth:`predict_scores` and :meth:`certify` call reads
+        ``part_votes`` afresh, so a voter whose parts changed (after a deletion) is
+        never served stale votes. The thresholds, however, are those of the last
+        :meth:`calibrate`: recalibrate after the parts change. :meth:`certify`
+        returns the sets too, so calling it alone costs one read of the votes.
+
+        With abstentions the score is :math:`\operatorname{softmax}(v / k_t)` over
+        the K classes (an abstaining part votes for none of them), and the
+        certificate covers a poisoned part moving between any class and abstain
+        (see :mod:`defenses.rps.scores`).
+        """
+        n_parts = getattr(voter, "n_parts", None)
+        if not callable(getattr(voter, "part_votes", None)):
+            raise ValueError(f"voter must have a part_votes(X) method, got {voter!r}")
+        labels = np.asarray(classes)
+        if labels.ndim != 1 or labels.size < 2:
+            raise ValueError(
+                f"classes must be a 1-d array of at least 2 labels, got shape "
+                f"{labels.shape}"
+            )
+        if np.any(labels[1:] <= labels[:-1]):
+            raise ValueError(
+                f"classes must be sorted and distinct, got {labels.tolist()}"
+            )
+        model = cls.__new__(cls)
+        model.estimator = None
+        model._configure(
+            _positive_int("voter.n_parts", n_parts),
+            n_calib_parts,
+            alpha,
+            quantile,
+            softmax,
+            0,
+            None,
+        )
+        model.voter_ = voter
+        model.classes_ = labels
+        model.n_features_in_ = _positive_int("n_features", n_features)
+        return model
+
     # ------------------------------------------------------------------ fitting
     def fit(self, X: npt.ArrayLike, y: npt.ArrayLike) -> ReliableConformalClassifier:
         """Train one classifier per hash part of (X, y)."""
+        if self.voter_ is not None:
+            raise ValueError(
+                "this classifier was built from a voter (from_voter): its parts are "
+                "trained elsewhere, so fit does not apply; call calibrate"
+            )
         features = check_features(X)
         labels = np.asarray(y)
         if labels.shape != (features.shape[0],):
@@ -185,7 +288,7 @@ class ReliableConformalClassifier:
         return int(self.classes_.size)
 
     def _check_X(self, X: npt.ArrayLike) -> FloatArray:
-        if self.models_ is None:
+        if self.models_ is None and self.voter_ is None:
             raise NotFittedError(
                 "ReliableConformalClassifier is not fitted: call fit first"
             )
@@ -210,18 +313,49 @@ class ReliableConformalClassifier:
         return np.searchsorted(self.classes_, labels).astype(np.int64)
 
     def predict_votes(self, X: npt.ArrayLike) -> IntArray:
-        """Votes of the part classifiers, shape (n, K) (the models' work)."""
+        """Votes of the part classifiers, shape (n, K) (the models' work).
+
+        With a voter, rows sum to ``n_train_parts`` minus the abstentions.
+        """
         features = self._check_X(X)
+        if self.voter_ is not None:
+            return self._voter_votes(features)
         assert self.models_ is not None
         return vote_counts(predict_parts(self.models_, features), self.n_classes)
+
+    def _voter_votes(self, features: FloatArray) -> IntArray:
+        assert self.voter_ is not None
+        k_t = self.n_train_parts
+        if self.voter_.n_parts != k_t:
+            raise ValueError(
+                f"voter.n_parts changed from {k_t} to {self.voter_.n_parts}: it must "
+                "stay fixed for the life of the ensemble (a part without data "
+                "abstains)"
+            )
+        votes = np.asarray(self.voter_.part_votes(features))
+        if votes.shape != (k_t, features.shape[0]):
+            raise ValueError(
+                f"voter.part_votes must return shape (n_parts, n) = "
+                f"({k_t}, {features.shape[0]}), got {votes.shape}"
+            )
+        if not np.issubdtype(votes.dtype, np.integer):
+            raise ValueError(
+                f"voter.part_votes must return integers, got dtype {votes.dtype}"
+            )
+        return vote_counts(votes, self.n_classes, abstain=True)
 
     def _geometry(self, features: FloatArray) -> ScoreGeometry:
         """The models' scores of ``features``; the last batch is memoised.
 
         ``predict_sets`` followed by ``certify`` on the same points (or repeated
         calls) run the part models once: the batch is kept with its scores and
-        compared exactly (and the models by identity) before reuse.
+        compared exactly (and the models by identity) before reuse. A voter's
+        votes are never memoised (its parts may change between calls).
         """
+        if self.voter_ is not None:
+            return vote_geometry(
+                self._voter_votes(features), self.n_train_parts, self.softmax, True
+            )
         cached = self._last_batch
         if (
             cached is not None
@@ -250,7 +384,9 @@ class ReliableConformalClassifier:
 
     @property
     def _max_radius(self) -> int:
-        return 0 if self.n_train_parts == 1 else self.n_train_parts
+        if self.n_train_parts == 1 and self.voter_ is None:
+            return 0
+        return self.n_train_parts
 
     def _radius(self, max_train_radius: int | None) -> int:
         radius = self._max_radius if max_train_radius is None else max_train_radius
@@ -343,7 +479,7 @@ class ReliableConformalClassifier:
         return self
 
     def _check_calibrated(self) -> PartThresholds:
-        if self.models_ is None:
+        if self.models_ is None and self.voter_ is None:
             raise NotFittedError(
                 "ReliableConformalClassifier is not fitted: call fit first"
             )

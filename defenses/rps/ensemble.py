@@ -55,6 +55,32 @@ class PartClassifier(Protocol):
         ...
 
 
+@runtime_checkable
+class PartVoter(Protocol):
+    """Part classifiers trained elsewhere, seen as one vote per part and point.
+
+    For :meth:`ReliableConformalClassifier.from_voter
+    <defenses.rps.defense.ReliableConformalClassifier.from_voter>`. The training
+    certificate holds when each training point (poisoned or not) can influence at
+    most one part, e.g. parts formed by a hash of each sample or of its id.
+
+    Attributes
+    ----------
+    n_parts : int
+        ``k_t``, fixed for the life of the ensemble (a part left without data
+        abstains instead of disappearing).
+    """
+
+    n_parts: int
+
+    def part_votes(self, X: FloatArray) -> IntArray:
+        """Class index ``0..K-1`` per part and point, or -1 (abstain).
+
+        Returns an integer array of shape ``(n_parts, n)``.
+        """
+        ...
+
+
 @dataclass(frozen=True)
 class ConstantClassifier:
     """Predicts one class everywhere (a part that holds a single class)."""

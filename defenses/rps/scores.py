@@ -20,6 +20,31 @@ enumeration):
 * lower bound: move :math:`\min(r, v_y)` votes from :math:`y` to the largest other
   class, then drain the remaining other classes, smallest first, into it.
 
+Parts may also *abstain* (an external ensemble whose part has no model, see
+:class:`defenses.rps.ensemble.PartVoter`): then :math:`a = k_t - \sum_c v_c \ge 0`
+parts vote for no class, :math:`\pi_c = v_c / k_t` still, and the softmax runs over
+the :math:`K` classes only. A changed part may move between any two of the
+:math:`K + 1` states (a class or abstain), so the reachable vectors are those
+:math:`(v', a')` with :math:`\sum_c \max(0, v_c - v'_c) + \max(0, a - a') \le r`.
+Writing :math:`s = e_y / (e_y + R)` with :math:`e_c = e^{\pi_c}` and
+:math:`R = \sum_{c \ne y} e_c`:
+
+* upper bound: a vote moved from another class to :math:`y` raises :math:`e_y` and
+  lowers :math:`R`, one moved from abstain only raises :math:`e_y`, so other
+  classes are drained first (water-filling as above, :math:`\min(r, \sum_{c \ne y}
+  v_c)` moves) and then :math:`\min(r - \text{moved}, a)` abstentions join
+  :math:`y`; moving a vote *to* abstain is never better than moving it to :math:`y`;
+* lower bound: a vote from :math:`y` to the largest other class lowers
+  :math:`e_y` and raises :math:`R` by :math:`e^{(t+1)/k_t} - e^{t/k_t}`; one from
+  abstain to it raises :math:`R` by the same amount; draining a class of
+  :math:`m > 0` votes into it raises :math:`R` by that amount *minus*
+  :math:`e^{m/k_t} - e^{(m-1)/k_t}`; moving to abstain only lowers terms. So the
+  order is: :math:`\min(r, v_y)` votes from :math:`y`, then :math:`\min(\cdot, a)`
+  abstentions, then the drain, all into the largest other class.
+
+With :math:`a = 0` these are the bounds above, bit for bit. ``softmax=False`` gives
+:math:`v_y \pm` the moves, capped at :math:`k_t` and 0.
+
 Both have closed forms, evaluated here in O(K) per (point, class) for any radius.
 Every score is computed by the same formula from (own votes, sorted other votes), so
 equal vote vectors give bit-identical scores whatever the class order: ties between
@@ -37,19 +62,31 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 
-def vote_counts(predictions: npt.ArrayLike, n_classes: int) -> IntArray:
-    """Votes per class, shape (n, K), from part predictions of shape (k_t, n)."""
+ABSTAIN = -1
+"""A part's prediction when it votes for no class."""
+
+
+def vote_counts(
+    predictions: npt.ArrayLike, n_classes: int, abstain: bool = False
+) -> IntArray:
+    """Votes per class, shape (n, K), from part predictions of shape (k_t, n).
+
+    With ``abstain=True`` a prediction may be :data:`ABSTAIN` (-1): it counts for no
+    class, so a row sums to ``k_t`` minus the abstentions.
+    """
     p = np.asarray(predictions, dtype=np.int64)
     if p.ndim != 2:
         raise ValueError(f"predictions must have shape (k_t, n), got {p.shape}")
-    if p.size and (p.min() < 0 or p.max() >= n_classes):
+    low = ABSTAIN if abstain else 0
+    if p.size and (p.min() < low or p.max() >= n_classes):
         raise ValueError(
-            f"predictions must lie in [0, {n_classes}), got [{p.min()}, {p.max()}]"
+            f"predictions must lie in [{low}, {n_classes}), got [{p.min()}, {p.max()}]"
         )
     n = p.shape[1]
-    flat = p + n_classes * np.arange(n, dtype=np.int64)[None, :]
-    counts = np.bincount(flat.ravel(), minlength=n * n_classes)
-    return counts.reshape(n, n_classes).astype(np.int64)
+    width = n_classes + 1 if abstain else n_classes
+    flat = p + (width * np.arange(n, dtype=np.int64) + (1 if abstain else 0))[None, :]
+    counts = np.bincount(flat.ravel(), minlength=n * width).reshape(n, width)
+    return np.ascontiguousarray(counts[:, 1:] if abstain else counts, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -91,6 +128,7 @@ class VoteGeometry:
         zeros = np.zeros((o.shape[0], 1), dtype=np.int64)
         derived = {
             "room": top_sum[..., -1],
+            "abstain": self.n_voters - self.own - top_sum[..., -1],
             "top_sum": top_sum,
             "depth": top_sum - np.arange(1, m + 1) * o,
             "tail": np.concatenate(
@@ -155,8 +193,10 @@ class VoteGeometry:
 
     def upper(self, radius: npt.ArrayLike, rows: IntArray | None = None) -> FloatArray:
         """Largest score after ``radius`` changed votes."""
-        moved = np.minimum(self._radius(radius, rows), self._get("room", rows))
-        own = (self.own if rows is None else self.own[rows]) + moved
+        r = self._radius(radius, rows)
+        own_votes = self.own if rows is None else self.own[rows]
+        moved = np.minimum(r, self._get("room", rows))
+        own = own_votes + np.minimum(r, self.n_voters - own_votes)
         if not self.softmax:
             return self._score(own, None)
         at = np.arange(moved.shape[0]) if rows is None else rows
@@ -177,9 +217,10 @@ class VoteGeometry:
         own = own_votes - first
         if not self.softmax:
             return self._score(own, None)
-        drained = np.minimum(r - first, self._get("drainable", rows))
+        joined = np.minimum(r - first, self._get("abstain", rows))
+        drained = np.minimum(r - first - joined, self._get("drainable", rows))
         at = np.arange(r.shape[0]) if rows is None else rows
-        top = self.others[at, 0] + first + drained
+        top = self.others[at, 0] + first + joined + drained
         m = self.others.shape[-1] - 1
         t = self._count_at_most("cum", drained, at) if m > 0 else np.zeros_like(r)
         before = self._get("before", None)[at, t]
@@ -200,25 +241,35 @@ def _reverse_cumsum(values: FloatArray) -> FloatArray:
     )
 
 
-def _check_votes(votes: npt.ArrayLike, n_voters: int) -> IntArray:
+def _check_votes(votes: npt.ArrayLike, n_voters: int, abstain: bool) -> IntArray:
     v = np.asarray(votes, dtype=np.int64)
     if v.ndim != 2 or v.shape[1] < 2:
         raise ValueError(f"votes must have shape (n, K) with K >= 2, got {v.shape}")
-    if n_voters < 1 or np.any(v.sum(axis=1) != n_voters):
+    if n_voters < 1:
+        raise ValueError(f"n_voters must be >= 1, got {n_voters}")
+    total = v.sum(axis=1)
+    if abstain:
+        if v.size and (v.min() < 0 or np.any(total > n_voters)):
+            raise ValueError(
+                f"votes must be >= 0 and each row must sum to at most "
+                f"n_voters={n_voters}"
+            )
+    elif np.any(total != n_voters) or (v.size and v.min() < 0):
         raise ValueError(f"each row of votes must sum to n_voters={n_voters}")
     return v
 
 
 def smoothed_scores(
-    votes: npt.ArrayLike, n_voters: int, softmax: bool = True
+    votes: npt.ArrayLike, n_voters: int, softmax: bool = True, abstain: bool = False
 ) -> FloatArray:
     """Scores s(x, y) of shape (n, K) from vote counts.
 
     The softmax denominator is summed over the votes in sorted order, so the score
     is a bit-exact function of (own votes, multiset of votes): equal vote vectors
-    give equal scores whatever the class order.
+    give equal scores whatever the class order. ``abstain=True`` accepts rows that
+    sum to less than ``n_voters`` (abstaining parts count for no class).
     """
-    v = _check_votes(votes, n_voters)
+    v = _check_votes(votes, n_voters, abstain)
     fractions = v / n_voters
     if not softmax:
         return np.asarray(fractions, dtype=np.float64)
@@ -228,10 +279,14 @@ def smoothed_scores(
 
 
 def vote_geometry(
-    votes: npt.ArrayLike, n_voters: int, softmax: bool = True
+    votes: npt.ArrayLike, n_voters: int, softmax: bool = True, abstain: bool = False
 ) -> VoteGeometry:
-    """Entries (point, distinct vote count) with the sorted other votes."""
-    v = _check_votes(votes, n_voters)
+    """Entries (point, distinct vote count) with the sorted other votes.
+
+    ``abstain=True`` accepts rows summing to less than ``n_voters``; the bounds
+    then cover moves into and out of the abstain state.
+    """
+    v = _check_votes(votes, n_voters, abstain)
     n, k = v.shape
     order = np.argsort(-v, axis=1, kind="stable")
     ordered = np.take_along_axis(v, order, axis=1)

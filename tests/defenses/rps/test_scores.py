@@ -36,6 +36,46 @@ def test_bounds_equal_brute_force(softmax):
                         assert lower[a, y] == pytest.approx(min(s), abs=1e-12)
 
 
+@pytest.mark.parametrize("softmax", [True, False])
+def test_bounds_with_abstentions_equal_brute_force(softmax):
+    """Every (votes, abstentions) state and every change of r parts (K + 1 states)."""
+    for k in range(1, 6):
+        for classes in range(2, 5):
+            states = np.array(list(compositions(k, classes + 1)))
+            allv, abstained = states[:, :classes], states[:, classes]
+            g = vote_geometry(allv, k, softmax, abstain=True)
+            assert np.array_equal(g.score()[g.index].shape, allv.shape)
+            scores = np.array(
+                [[score(w, k, y, softmax) for y in range(classes)] for w in allv]
+            )
+            cost = np.maximum(0, states[:, None, :] - states[None, :, :]).sum(axis=2)
+            for r in range(k + 2):
+                reach = cost[:, :, None] <= r
+                high = np.where(reach, scores[None], -np.inf).max(axis=1)
+                low = np.where(reach, scores[None], np.inf).min(axis=1)
+                assert np.allclose(g.upper(r)[g.index], high, rtol=0, atol=1e-12)
+                assert np.allclose(g.lower(r)[g.index], low, rtol=0, atol=1e-12)
+            assert abstained.max() == k
+
+
+def test_no_abstention_gives_the_same_geometry():
+    states = np.array(list(compositions(4, 3)))
+    plain = vote_geometry(states, 4)
+    open_ = vote_geometry(states, 4, abstain=True)
+    for r in range(6):
+        assert np.array_equal(plain.upper(r), open_.upper(r))
+        assert np.array_equal(plain.lower(r), open_.lower(r))
+
+
+def test_abstaining_predictions_are_counted_for_no_class():
+    votes = vote_counts(np.array([[0, -1, 2], [-1, -1, 2], [1, 0, -1]]), 3, True)
+    assert votes.tolist() == [[1, 1, 0], [1, 0, 0], [0, 0, 2]]
+    with pytest.raises(ValueError, match="predictions must lie"):
+        vote_counts(np.array([[0, -1]]), 3)
+    with pytest.raises(ValueError, match="at most n_voters"):
+        vote_geometry(np.array([[2, 2]]), 3, abstain=True)
+
+
 def test_golden_scores():
     s = smoothed_scores(np.array([[2, 0, 0]]), 2)
     e = np.e
