@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from defenses.checks import check_choice, check_int, check_real
 from defenses.metrics import membership_metrics
 from defenses.oracle import QueryOracle
 from defenses.registry import register
@@ -98,22 +99,9 @@ class FederatedGame:
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
-        if self.dataset not in DATASETS:
-            raise ValueError(
-                f"{owner}.dataset must be one of {DATASETS}, got {self.dataset!r}"
-            )
-        if (
-            isinstance(self.n_clients, bool)
-            or not isinstance(self.n_clients, int)
-            or self.n_clients < 2
-        ):
-            raise ValueError(
-                f"{owner}.n_clients must be an int >= 2, got {self.n_clients!r}"
-            )
-        if not (math.isfinite(self.alpha) and self.alpha > 0):
-            raise ValueError(
-                f"{owner}.alpha must be finite and > 0, got {self.alpha!r}"
-            )
+        check_choice(f"{owner}.dataset", self.dataset, DATASETS)
+        check_int(f"{owner}.n_clients", self.n_clients, minimum=2)
+        check_real(f"{owner}.alpha", self.alpha, 0.0, open_low=True)
         if not self.budgets or len(self.budgets) > len(GROUP_NAMES):
             raise ValueError(
                 f"{owner}.budgets must list 1 to {len(GROUP_NAMES)} group budgets, "
@@ -137,23 +125,16 @@ class FederatedGame:
             check_delta(self.delta)
         except ValueError as error:
             raise ValueError(f"{owner}.{error}") from None
-        if not 0 < self.member_fraction < 1:
-            raise ValueError(
-                f"{owner}.member_fraction must lie in (0, 1), "
-                f"got {self.member_fraction!r}"
-            )
-        if self.model not in MODELS:
-            raise ValueError(
-                f"{owner}.model must be one of {MODELS}, got {self.model!r}"
-            )
-        if (
-            isinstance(self.audit_trials, bool)
-            or not isinstance(self.audit_trials, int)
-            or self.audit_trials < 100
-        ):
-            raise ValueError(
-                f"{owner}.audit_trials must be an int >= 100, got {self.audit_trials!r}"
-            )
+        check_real(
+            f"{owner}.member_fraction",
+            self.member_fraction,
+            0.0,
+            1.0,
+            open_low=True,
+            open_high=True,
+        )
+        check_choice(f"{owner}.model", self.model, MODELS)
+        check_int(f"{owner}.audit_trials", self.audit_trials, minimum=100)
         self.config()
 
     def config(self) -> FedConfig:

@@ -21,6 +21,7 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from defenses.checks import check_int, check_real
 from defenses.metrics import accuracy, membership_metrics
 from defenses.oracle import QueryOracle
 from defenses.registry import register
@@ -115,27 +116,14 @@ class CanaryDeletion:
     lr: float = 5e-3
 
     def __post_init__(self) -> None:
-        if isinstance(self.canaries, bool) or not 2 <= self.canaries <= 100:
-            raise ValueError(
-                f"CanaryDeletion.canaries must lie in [2, 100], got {self.canaries!r}"
-            )
-        if (
-            isinstance(self.pool, bool)
-            or not isinstance(self.pool, int)
-            or self.pool < 0
-        ):
-            raise ValueError(
-                f"CanaryDeletion.pool must be an int >= 0, got {self.pool!r}"
-            )
+        check_int("CanaryDeletion.canaries", self.canaries, 2, 100)
+        check_int("CanaryDeletion.pool", self.pool, minimum=0)
         self._backbone_spec()
         for name in ("rank", "epochs", "batch_size", "repeats"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"CanaryDeletion.{name} must be a positive int, got {value!r}"
-                )
-        if not 0 < self.lr < 1:
-            raise ValueError(f"CanaryDeletion.lr must lie in (0, 1), got {self.lr!r}")
+            check_int(f"CanaryDeletion.{name}", getattr(self, name), minimum=1)
+        check_real(
+            "CanaryDeletion.lr", self.lr, 0.0, 1.0, open_low=True, open_high=True
+        )
 
     def _backbone_spec(self) -> BackboneSpec:
         return BackboneSpec(

@@ -78,10 +78,10 @@ def test_wrap_needs_the_scenario_learner() -> None:
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: CanaryDeletion(canaries=1), "canaries must lie"),
+        (lambda: CanaryDeletion(canaries=1), r"canaries must be an int in \[2, 100\]"),
         (lambda: CanaryDeletion(pool=-1), "pool must be"),
-        (lambda: CanaryDeletion(epochs=0), "epochs must be a positive int"),
-        (lambda: CanaryDeletion(lr=0.0), "lr must lie"),
+        (lambda: CanaryDeletion(epochs=0), "epochs must be an int >= 1"),
+        (lambda: CanaryDeletion(lr=0.0), r"lr must be a finite number in \(0.0, 1.0\)"),
         (lambda: CanaryDeletion(width=0), "width must be a positive int"),
         (lambda: S3TDefense(shards=0), "shards must be a positive int"),
         (lambda: S3TDefense(sequences=0), "sequences must be a positive int"),

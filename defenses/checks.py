@@ -1,0 +1,121 @@
+"""Argument checks shared by the packages' configuration objects.
+
+Every scenario, attack and defense validates its parameters when it is built, so a
+bad spec fails at once with a message naming the field, instead of deep inside a
+run. The three checks here cover what the dataclasses need: integers in a range
+(a ``bool`` is refused, though Python counts it as an ``int``), finite real numbers in
+an interval, and one choice out of a fixed set.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from typing import TypeVar
+
+import numpy as np
+
+T = TypeVar("T")
+
+
+def check_int(
+    name: str, value: object, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """Return ``value`` as an ``int``, or raise ValueError naming ``name``.
+
+    Parameters
+    ----------
+    name : str
+        The field as the user wrote it (e.g. ``"CanaryDeletion.pool"``).
+    value : object
+        The value to check: an ``int`` or numpy integer, not a ``bool``.
+    minimum, maximum : int or None
+        Inclusive bounds (None: unbounded).
+
+    Examples
+    --------
+    >>> check_int("Spec.seeds", 3, minimum=1)
+    3
+    >>> check_int("Spec.seeds", True, minimum=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: Spec.seeds must be an int >= 1, got True
+    """
+    ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
+    number = int(value) if ok else 0  # type: ignore[call-overload]
+    if (
+        not ok
+        or (minimum is not None and number < minimum)
+        or (maximum is not None and number > maximum)
+    ):
+        raise ValueError(
+            f"{name} must be an int{_interval(minimum, maximum, '[', ']')}, "
+            f"got {value!r}"
+        )
+    return number
+
+
+def check_real(
+    name: str,
+    value: object,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    open_low: bool = False,
+    open_high: bool = False,
+) -> float:
+    """Return ``value`` as a finite ``float`` in the interval, or raise ValueError.
+
+    ``low`` and ``high`` bound the interval (None: unbounded); ``open_low`` and
+    ``open_high`` exclude the endpoint.
+
+    Examples
+    --------
+    >>> check_real("Game.fraction", 0.5, 0.0, 1.0, open_low=True, open_high=True)
+    0.5
+    >>> check_real("Game.fraction", 1.0, 0.0, 1.0, open_low=True, open_high=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: Game.fraction must be a finite number in (0.0, 1.0), got 1.0
+    """
+    ok = isinstance(value, int | float | np.integer | np.floating) and not isinstance(
+        value, bool
+    )
+    number = float(value) if ok else math.nan  # type: ignore[arg-type]
+    inside = math.isfinite(number)
+    if inside and low is not None:
+        inside = number > low if open_low else number >= low
+    if inside and high is not None:
+        inside = number < high if open_high else number <= high
+    if not inside:
+        opening, closing = "(" if open_low else "[", ")" if open_high else "]"
+        bounds = _interval(low, high, opening, closing)
+        raise ValueError(f"{name} must be a finite number{bounds}, got {value!r}")
+    return number
+
+
+def check_choice(name: str, value: T, choices: Collection[T]) -> T:
+    """Return ``value`` if it is one of ``choices``, or raise ValueError listing them.
+
+    Examples
+    --------
+    >>> check_choice("Game.dataset", "iris", ("digits", "wine"))
+    Traceback (most recent call last):
+    ...
+    ValueError: Game.dataset must be one of ('digits', 'wine'), got 'iris'
+    """
+    if value not in choices:
+        listed = tuple(choices) if not isinstance(choices, tuple) else choices
+        raise ValueError(f"{name} must be one of {listed}, got {value!r}")
+    return value
+
+
+def _interval(low: float | None, high: float | None, opening: str, closing: str) -> str:
+    """`` in [a, b]``, `` >= a``, `` <= b`` or nothing, for the messages."""
+    if low is not None and high is not None:
+        return f" in {opening}{low}, {high}{closing}"
+    if low is not None:
+        return f" {'>' if opening == '(' else '>='} {low}"
+    if high is not None:
+        return f" {'<' if closing == ')' else '<='} {high}"
+    return ""
