@@ -71,6 +71,16 @@ def sum_tolerance(dtype: np.dtype[np.floating] | torch.dtype, n_classes: int) ->
     return float(1e-6 + 8.0 * eps * n_classes)
 
 
+def _row_sums(values: FloatArray) -> FloatArray:
+    """Row sums of a 2-D array as a matrix-vector product.
+
+    ``values.sum(axis=1)`` reduces row by row, which costs far more than the
+    arithmetic for short rows (K = 10); a BLAS ``gemv`` with a vector of ones does not.
+    """
+    sums: FloatArray = values @ np.ones(values.shape[1], dtype=values.dtype)
+    return sums
+
+
 def check_probabilities(
     name: str, values: FloatArray, tolerance: float, first_row: int = 0
 ) -> None:
@@ -93,7 +103,7 @@ def check_probabilities(
         )
     if values.size == 0:
         return
-    sums = values.sum(axis=1)
+    sums = _row_sums(values)
     if not np.isfinite(sums).all():
         raise ValueError(f"{name} contains NaN or inf")
     if values.min() < 0:
@@ -117,13 +127,17 @@ def _check_budget(budget: FloatArray, n: int) -> None:
 
 
 def _floored(q: FloatArray) -> FloatArray:
-    """Raise entries below :data:`FLOOR` and renormalise the rows that changed."""
+    """Raise entries below :data:`FLOOR` and renormalise the rows that changed.
+
+    A row changed exactly when raising its entries changed its sum; the others are
+    divided by 1.0, which leaves them bit for bit as they were.
+    """
     if q.size == 0 or q.min() >= FLOOR:
         return q
-    low = np.any(q < FLOOR, axis=1)
-    fixed = q.copy()
-    rows = np.maximum(fixed[low], FLOOR)
-    fixed[low] = rows / rows.sum(axis=1, keepdims=True)
+    fixed = np.maximum(q, FLOOR)
+    before = _row_sums(q)
+    after = _row_sums(fixed)
+    fixed /= np.where(after == before, 1.0, after)[:, None]
     return fixed
 
 
@@ -245,13 +259,27 @@ def _levels_dense(
     qs_rev: FloatArray,
     half: FloatArray,
 ) -> tuple[IntArray, IntArray]:
-    """Breakpoint indices by counting over every breakpoint (cheapest for small K)."""
-    k = ratio.shape[1]
+    """Breakpoint indices by testing every breakpoint (cheapest for small K).
+
+    Both tests are monotone along a row (the raising cost grows with the level, the
+    lowering cost shrinks), so each index is the first change of a boolean row. A
+    sentinel column ends every row, and ``argmin`` / ``argmax`` find the change
+    without the per-row reduction of a count, which dominates at K = 10.
+    """
+    n, k = ratio.shape
     h = half[:, None]
-    j_a = np.count_nonzero(ratio[:, 1:] * qp[:, :-1] - fp[:, :-1] <= h, axis=1)
-    lowered = ratio[:, :-1] * qs_rev[:, ::-1] + fp[:, :-1]
-    holds = lowered >= fp[:, -1:] - h
-    j_b = k - 1 - np.count_nonzero(holds, axis=1)
+    work = np.empty((n, k - 1))
+    test = np.empty((n, k), dtype=np.bool_)
+    test[:, -1] = False
+    np.multiply(ratio[:, 1:], qp[:, :-1], out=work)
+    work -= fp[:, :-1]
+    np.less_equal(work, h, out=test[:, :-1])
+    j_a = test.argmin(axis=1)
+    np.multiply(ratio[:, :-1], qs_rev[:, ::-1], out=work)
+    work += fp[:, :-1]
+    test[:, -1] = True
+    np.greater_equal(work, fp[:, -1:] - h, out=test[:, :-1])
+    j_b = test.argmax(axis=1)
     return j_a, j_b
 
 
@@ -304,6 +332,16 @@ BLOCK_ELEMENTS = 1 << 17
 so the intermediate arrays stay in cache."""
 
 
+def _cumsum_rows(values: FloatArray, out: FloatArray) -> FloatArray:
+    """Row-wise prefix sums, written into ``out`` (which may be ``values``).
+
+    torch's kernel runs 2-7x faster than ``numpy.cumsum`` along rows on CPU; both
+    arrays are shared with torch without a copy.
+    """
+    torch.cumsum(torch.from_numpy(values), 1, out=torch.from_numpy(out))
+    return out
+
+
 def _block(f: FloatArray, q: FloatArray, budget: FloatArray, out: FloatArray) -> None:
     """Water-filling on a block of rows, written into ``out``."""
     n, k = f.shape
@@ -311,9 +349,10 @@ def _block(f: FloatArray, q: FloatArray, budget: FloatArray, out: FloatArray) ->
     ratio, order = _sorted_ratios(f, q)
     fp = f.take(order)
     qp = q.take(order)
-    qs_rev = np.cumsum(qp[:, :0:-1], axis=1)
-    np.cumsum(fp, axis=1, out=fp)
-    np.cumsum(qp, axis=1, out=qp)
+    qs_rev = qp[:, :0:-1].copy()
+    _cumsum_rows(qs_rev, qs_rev)
+    _cumsum_rows(fp, fp)
+    _cumsum_rows(qp, qp)
     levels = _levels_dense if k <= DENSE_MAX_K else _levels_search
     j_a, j_b = levels(ratio, fp, qp, qs_rev, half)
 
