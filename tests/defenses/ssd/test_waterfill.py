@@ -94,6 +94,7 @@ def test_blocked_path_matches_single_block(monkeypatch):
     f, q, budget = _instances(rng, 500, 300)
     whole = water_filling(f, q, budget)
     monkeypatch.setattr(waterfill, "BLOCK_ELEMENTS", 1000)
+    monkeypatch.setattr(waterfill, "MIN_BLOCK_ROWS", 3)
     np.testing.assert_array_equal(water_filling(f, q, budget), whole)
 
 
