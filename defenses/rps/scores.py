@@ -120,50 +120,60 @@ class VoteGeometry:
     def __post_init__(self) -> None:
         table = np.exp(np.arange(self.n_voters + 2, dtype=np.float64) / self.n_voters)
         object.__setattr__(self, "_table", table)
-        o = self.others
-        m = o.shape[-1]
-        top_sum = np.cumsum(o, axis=-1)
-        ascending = np.ascontiguousarray(o[..., :0:-1])
-        cum = np.cumsum(ascending, axis=-1)
-        zeros = np.zeros((o.shape[0], 1), dtype=np.int64)
+        # Tables are kept column by column, shape (columns, E): each is built with
+        # whole-column operations, one cell per entry is a 1-d ``take`` of the
+        # flattened table (several times cheaper than 2-d fancy indexing), and a
+        # per-entry count walks the columns, stopping once every entry has.
+        o = np.ascontiguousarray(self.others.T)
+        m, e = o.shape
+        top_sum = np.cumsum(o, axis=0)
+        ascending = o[:0:-1]
+        cum = np.cumsum(ascending, axis=0)
+        room = top_sum[-1]
+        zeros = np.zeros((1, e), dtype=np.int64)
         derived = {
-            "room": top_sum[..., -1],
-            "abstain": self.n_voters - self.own - top_sum[..., -1],
-            "top_sum": top_sum,
-            "depth": top_sum - np.arange(1, m + 1) * o,
-            "tail": np.concatenate(
-                [_reverse_cumsum(self._exp(o)), zeros.astype(np.float64)], axis=-1
-            ),
-            "drainable": cum[..., -1] if m > 1 else zeros[..., 0],
-            "cum": cum,
-            "before": np.concatenate([zeros, cum], axis=-1),
-            "padded": np.concatenate([ascending, zeros], axis=-1),
-            "suffix": np.concatenate(
-                [_reverse_cumsum(self._exp(ascending)), zeros.astype(np.float64)],
-                axis=-1,
-            ),
+            "room": room,
+            "abstain": self.n_voters - self.own - room,
+            "first_other": o[0],
+            "top_sum": top_sum.ravel(),
+            "depth_columns": top_sum - np.arange(1, m + 1)[:, None] * o,
+            "tail": _suffix_sums(self._exp(o)).ravel(),
+            "drainable": cum[-1] if m > 1 else zeros[0],
+            "cum_columns": cum,
+            "zero_classes": np.count_nonzero(ascending == 0, axis=0),
+            "before": np.concatenate([zeros, cum]).ravel(),
+            "padded": np.concatenate([ascending, zeros]).ravel(),
+            "suffix": _suffix_sums(self._exp(ascending)).ravel(),
         }
-        # Rows of "depth" and "cum" are ascending; offsetting row e by e * span
-        # makes the flattened arrays sorted, so per-row counts are one searchsorted.
-        span = self.n_voters + 2
-        offsets = np.arange(o.shape[0], dtype=np.int64)[:, None] * span
-        derived["depth_flat"] = (derived["depth"] + offsets).ravel()
-        derived["cum_flat"] = (cum + offsets).ravel()
         object.__setattr__(self, "_derived", derived)
-        object.__setattr__(self, "_span", span)
 
-    def _count_at_most(self, name: str, values: IntArray, rows: IntArray) -> IntArray:
-        """Per row of the ascending table ``name``: how many entries are <= value."""
-        flat: IntArray = self.__dict__["_derived"][f"{name}_flat"]
-        width = self.others.shape[-1] if name == "depth" else self.others.shape[-1] - 1
-        span: int = self.__dict__["_span"]
-        found = np.searchsorted(flat, values + rows * span, side="right")
-        return np.asarray(found - rows * width, dtype=np.int64)
+    def _count_at_most(
+        self, name: str, values: IntArray, rows: IntArray, start: int
+    ) -> IntArray:
+        """Per row of the ascending table ``name``: how many cells are <= value.
+
+        The first ``start`` cells are known to be <= value.
+        """
+        columns: IntArray = self.__dict__["_derived"][f"{name}_columns"]
+        count = np.full(rows.shape[0], start, dtype=np.int64)
+        active = np.arange(rows.shape[0])
+        for column in columns[start:]:
+            below = column.take(rows[active]) <= values[active]
+            active = active[below]
+            if not active.size:
+                break
+            count[active] += 1
+        return count
 
     def _get(self, name: str, rows: IntArray | None) -> npt.NDArray[np.generic]:
         derived: dict[str, npt.NDArray[np.generic]] = self.__dict__["_derived"]
         values = derived[name]
-        return values if rows is None else values[rows]
+        return values if rows is None else values.take(rows)
+
+    def _cell(self, name: str, rows: IntArray, column: IntArray) -> FloatArray:
+        """Cell ``column`` of each entry in ``rows`` of a flattened table."""
+        derived: dict[str, npt.NDArray[np.generic]] = self.__dict__["_derived"]
+        return np.asarray(derived[name].take(column * self.size + rows))
 
     @property
     def size(self) -> int:
@@ -194,25 +204,25 @@ class VoteGeometry:
     def upper(self, radius: npt.ArrayLike, rows: IntArray | None = None) -> FloatArray:
         """Largest score after ``radius`` changed votes."""
         r = self._radius(radius, rows)
-        own_votes = self.own if rows is None else self.own[rows]
+        own_votes = self.own if rows is None else self.own.take(rows)
         moved = np.minimum(r, self._get("room", rows))
         own = own_votes + np.minimum(r, self.n_voters - own_votes)
         if not self.softmax:
             return self._score(own, None)
         at = np.arange(moved.shape[0]) if rows is None else rows
-        j = np.maximum(self._count_at_most("depth", moved, at), 1)
-        top = self._get("top_sum", None)[at, j - 1]
+        j = self._count_at_most("depth", moved, at, 1)
+        top = self._cell("top_sum", at, j - 1)
         kept = top - moved
         level = kept // j
         high = kept - j * level
-        tail = self._get("tail", None)[at, j]
+        tail = self._cell("tail", at, j)
         rest = (j - high) * self._exp(level) + high * self._exp(level + 1) + tail
         return self._score(own, rest)
 
     def lower(self, radius: npt.ArrayLike, rows: IntArray | None = None) -> FloatArray:
         """Smallest score after ``radius`` changed votes."""
         r = self._radius(radius, rows)
-        own_votes = self.own if rows is None else self.own[rows]
+        own_votes = self.own if rows is None else self.own.take(rows)
         first = np.minimum(r, own_votes)
         own = own_votes - first
         if not self.softmax:
@@ -220,12 +230,16 @@ class VoteGeometry:
         joined = np.minimum(r - first, self._get("abstain", rows))
         drained = np.minimum(r - first - joined, self._get("drainable", rows))
         at = np.arange(r.shape[0]) if rows is None else rows
-        top = self.others[at, 0] + first + joined + drained
+        top = self._get("first_other", at) + first + joined + drained
         m = self.others.shape[-1] - 1
-        t = self._count_at_most("cum", drained, at) if m > 0 else np.zeros_like(r)
-        before = self._get("before", None)[at, t]
-        partial = self._get("padded", None)[at, t] - (drained - before)
-        after = self._get("suffix", None)[at, np.minimum(t + 1, m)]
+        # Classes drained completely: with nothing drained, the empty ones.
+        t = np.asarray(self._get("zero_classes", at), dtype=np.int64)
+        draining = np.flatnonzero(drained > 0)
+        if draining.size:
+            t[draining] = self._count_at_most("cum", drained[draining], at[draining], 0)
+        before = self._cell("before", at, t)
+        partial = self._cell("padded", at, t) - (drained - before)
+        after = self._cell("suffix", at, np.minimum(t + 1, m))
         intact = t < m
         rest = (
             self._exp(top)
@@ -235,10 +249,11 @@ class VoteGeometry:
         return self._score(own, rest)
 
 
-def _reverse_cumsum(values: FloatArray) -> FloatArray:
-    return np.asarray(
-        np.cumsum(values[..., ::-1], axis=-1)[..., ::-1], dtype=np.float64
-    )
+def _suffix_sums(columns: FloatArray) -> FloatArray:
+    """Row ``c`` of the result: the sum of rows ``c..`` of ``columns`` (last: 0)."""
+    out = np.zeros((columns.shape[0] + 1, columns.shape[1]), dtype=np.float64)
+    np.cumsum(columns[::-1], axis=0, out=out[-2::-1])
+    return out
 
 
 def _check_votes(votes: npt.ArrayLike, n_voters: int, abstain: bool) -> IntArray:
@@ -293,8 +308,12 @@ def vote_geometry(
     first = np.ones((n, k), dtype=bool)
     first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
     point, position = np.nonzero(first)
-    keep = np.arange(k)[None, :] != position[:, None]
-    others = ordered[point][keep].reshape(point.size, k - 1)
+    # Column c of the others: the sorted votes without the entry's own position.
+    flat = ordered.ravel()
+    base = point * k
+    others = np.empty((k - 1, point.size), dtype=np.int64)
+    for c in range(k - 1):
+        others[c] = flat.take(base + c + (position <= c))
     rank = np.cumsum(first, axis=1) - 1
     sorted_rank = np.empty_like(order)
     np.put_along_axis(sorted_rank, order, np.arange(k)[None, :], axis=1)
@@ -307,7 +326,7 @@ def vote_geometry(
         entry_scores = ordered[point, position] / n_voters
     return VoteGeometry(
         ordered[point, position],
-        np.ascontiguousarray(others),
+        others.T,
         index.astype(np.int64),
         np.asarray(entry_scores, dtype=np.float64),
         n_voters,
