@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from defenses.composition.s3t_rps import ReliableUnlearner, ShardVoter
+from defenses.composition.s3t_rps_bench import s3t_rps, split_conformal
 from defenses.data import load_digits
 from defenses.metrics import coverage, mean_set_size
+from defenses.registry import available
 from defenses.rps import ReliableConformalClassifier
 from defenses.rps.defense import NotFittedError as RPSNotFitted
 from defenses.s3t import S3T, SISA, NotFittedError, twin_test
@@ -311,3 +313,71 @@ def test_misuse_is_refused(task: Task, fitted: ReliableUnlearner) -> None:
     uncalibrated = ReliableUnlearner(copy.deepcopy(fitted.unlearner))
     with pytest.raises(RPSNotFitted):
         uncalibrated.predict_sets(task.test_X)
+
+
+TINY_BENCH = {
+    "shards": 4,
+    "slices": 2,
+    "n_calib_parts": 5,
+    "deletions": 4,
+    "radii": 2,
+    "public": 100,
+    "width": 16,
+    "hidden": 16,
+    "blocks": 2,
+    "pretrain_epochs": 2,
+    "epochs": 2,
+}
+
+
+def test_the_benchmark_reports_every_variant_and_retraining_is_exact() -> None:
+    runs = list(s3t_rps(TINY_BENCH, [0]))
+    names = [r.defense for r in runs]
+    assert names == [
+        "s3t-rps(before)",
+        "s3t-cp(before)",
+        "s3t-rps(after)",
+        "s3t-cp(after)",
+        "s3t-rps(retrained)",
+        "s3t-rps(rebuilt)",
+    ]
+    by = dict(zip(names, runs, strict=True))
+    assert by["s3t-rps(retrained)"].utility["matches_rebuilt"] == 1.0
+    for name in ("s3t-rps(retrained)", "s3t-rps(rebuilt)"):
+        assert by[name].utility["dead_shards"] == 0.0
+    assert by["s3t-rps(retrained)"].certificate == by["s3t-rps(rebuilt)"].certificate
+    after = by["s3t-rps(after)"]
+    assert after.utility["deleted"] == 4.0
+    assert 0.0 < after.utility["served_fraction"] < 1.0
+    assert set(after.certificate) == {
+        "robust_fraction@rt1",
+        "robust_fraction@rt2",
+        "miscoverage_bound",
+    }
+    assert after.cost["deletion_s"] > 0.0
+    assert by["s3t-cp(after)"].certificate == {}
+    for run in runs:
+        assert 0.0 <= run.utility["coverage"] <= 1.0
+    assert "composition-s3t-rps" in available("benchmarks")
+
+
+def test_the_benchmark_refuses_bad_parameters() -> None:
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['shard'\]"):
+        list(s3t_rps({"shard": 3}, [0]))
+    with pytest.raises(ValueError, match="unlearner"):
+        list(s3t_rps({"unlearner": "retrain"}, [0]))
+    with pytest.raises(ValueError, match="alpha"):
+        list(s3t_rps({"alpha": 0.0}, [0]))
+    with pytest.raises(ValueError, match="deletions"):
+        list(s3t_rps({"deletions": 0}, [0]))
+
+
+def test_split_conformal_covers_at_one_minus_alpha() -> None:
+    rng = np.random.default_rng(1)
+    proba = rng.dirichlet(np.full(5, 0.5), size=4000)
+    labels = np.array([rng.choice(5, p=p) for p in proba])
+    cal, test = slice(0, 1000), slice(1000, None)
+    sets = split_conformal(proba[cal], labels[cal], proba[test], 0.1)
+    assert abs(coverage(sets, labels[test]) - 0.9) < 0.03
+    with pytest.raises(ValueError, match="calibration points"):
+        split_conformal(proba[:5], labels[:5], proba, 0.1)
