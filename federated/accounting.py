@@ -25,6 +25,8 @@ import warnings
 from collections.abc import Sequence
 from typing import Literal
 
+from defenses.checks import check_real
+
 Accountant = Literal["rdp", "prv"]
 ORDERS: tuple[float, ...] = (
     1.1, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0,
@@ -43,18 +45,12 @@ class UnreachableBudget(ValueError):
 
 def check_delta(delta: float) -> None:
     """Raise ValueError unless ``0 < delta < 1``."""
-    if isinstance(delta, bool) or not isinstance(delta, int | float):
-        raise ValueError(f"delta must be a number in (0, 1), got {delta!r}")
-    if not 0.0 < float(delta) < 1.0:
-        raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
+    check_real("delta", delta, 0.0, 1.0, open_low=True, open_high=True)
 
 
 def check_budget(budget: float, what: str = "budget") -> None:
     """Raise ValueError unless ``budget`` is a finite number > 0."""
-    if isinstance(budget, bool) or not isinstance(budget, int | float):
-        raise ValueError(f"{what} must be a finite number > 0, got {budget!r}")
-    if not math.isfinite(budget) or budget <= 0:
-        raise ValueError(f"{what} must be a finite number > 0, got {budget!r}")
+    check_real(what, budget, 0.0, open_low=True)
 
 
 def check_accountant(accountant: str) -> None:

@@ -32,6 +32,7 @@ import numpy.typing as npt
 import torch
 from tqdm.auto import tqdm
 
+from defenses.checks import check_int
 from defenses.civet._util import as_inputs, torch_generator, torch_threads
 from defenses.civet.certificate import support_loss_bounds
 from defenses.civet.model import VAE, kl_standard_normal, sse
@@ -41,11 +42,6 @@ logger = logging.getLogger(__name__)
 
 Method = Literal["standard", "pgd", "civet"]
 METHODS: tuple[str, ...] = get_args(Method)
-
-
-def _positive_int(owner: str, name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{owner}.{name} must be an int >= 1, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -90,15 +86,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "pgd_steps", "threads"):
-            _positive_int("TrainConfig", name, getattr(self, name))
-        if (
-            isinstance(self.warmup, bool)
-            or not isinstance(self.warmup, int)
-            or self.warmup < 0
-        ):
-            raise ValueError(
-                f"TrainConfig.warmup must be an int >= 0, got {self.warmup!r}"
-            )
+            check_int(f"TrainConfig.{name}", getattr(self, name), minimum=1)
+        check_int("TrainConfig.warmup", self.warmup, minimum=0)
         limits = {
             "lr": (0.0, math.inf, False),
             "beta": (0.0, math.inf, True),

@@ -25,11 +25,12 @@ oracle call.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
+from defenses.checks import check_int, check_real
 from defenses.oracle import QueryOracle
 from defenses.ssd.prior import PCAPrior
 from defenses.ssd.threads import single_thread
@@ -65,18 +66,6 @@ class InversionView:
     targets: IntArray
     bounds: tuple[float, float] | None
     known_defense: object | None = None
-
-
-def _check_positive_int(owner: str, name: str, value: Any, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"{owner}.{name} must be an integer >= {minimum}, got {value!r}"
-        )
-
-
-def _check_positive(owner: str, name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{owner}.{name} must be a number > 0, got {value!r}")
 
 
 def _labels(answers: npt.NDArray[np.generic]) -> IntArray:
@@ -126,9 +115,9 @@ class BoundaryRepulsion:
     def __post_init__(self) -> None:
         owner = type(self).__name__
         for name in ("n_components", "n_init", "n_dirs", "iterations"):
-            _check_positive_int(owner, name, getattr(self, name))
+            check_int(f"{owner}.{name}", getattr(self, name), minimum=1)
         for name in ("radius", "step", "clamp"):
-            _check_positive(owner, name, getattr(self, name))
+            check_real(f"{owner}.{name}", getattr(self, name), 0.0, open_low=True)
         if not (isinstance(self.growth, int | float) and self.growth >= 1):
             raise ValueError(f"{owner}.growth must be >= 1, got {self.growth!r}")
         if not (isinstance(self.inside, int | float) and 0 < self.inside <= 1):
@@ -213,13 +202,8 @@ class VotingBoundaryRepulsion(BoundaryRepulsion):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_positive_int(type(self).__name__, "repeats", self.repeats)
-        if isinstance(self.jitter, bool) or not (
-            isinstance(self.jitter, int | float) and self.jitter >= 0
-        ):
-            raise ValueError(
-                f"VotingBoundaryRepulsion.jitter must be >= 0, got {self.jitter!r}"
-            )
+        check_int(f"{type(self).__name__}.repeats", self.repeats, minimum=1)
+        check_real("VotingBoundaryRepulsion.jitter", self.jitter, 0.0)
 
     def query_labels(
         self, view: InversionView, x: FloatArray, rng: np.random.Generator
@@ -283,9 +267,9 @@ class GeneticInversion:
     def __post_init__(self) -> None:
         owner = type(self).__name__
         for name in ("n_components", "n_init", "population", "generations", "elite"):
-            _check_positive_int(owner, name, getattr(self, name))
+            check_int(f"{owner}.{name}", getattr(self, name), minimum=1)
         for name in ("sigma", "clamp"):
-            _check_positive(owner, name, getattr(self, name))
+            check_real(f"{owner}.{name}", getattr(self, name), 0.0, open_low=True)
         if self.elite >= self.population:
             raise ValueError(
                 f"{owner}.elite must be < population={self.population}, "

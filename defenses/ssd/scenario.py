@@ -31,6 +31,7 @@ import numpy.typing as npt
 import torch
 from scipy.spatial.distance import cdist
 
+from defenses.checks import check_int
 from defenses.metrics import accuracy
 from defenses.oracle import QueryOracle
 from defenses.registry import register
@@ -138,18 +139,9 @@ class _InversionGame:
         owner = type(self).__name__
         for name in ("n_targets", "per_target"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"{owner}.{name} must be an integer >= 1, got {value!r}"
-                )
-        if self.queries is not None and (
-            isinstance(self.queries, bool)
-            or not isinstance(self.queries, int)
-            or self.queries < 1
-        ):
-            raise ValueError(
-                f"{owner}.queries must be None or an integer >= 1, got {self.queries!r}"
-            )
+            check_int(f"{owner}.{name}", value, minimum=1)
+        if self.queries is not None:
+            check_int(f"{owner}.queries", self.queries, minimum=1)
 
     @property
     def threat(self) -> ThreatModel:

@@ -127,15 +127,18 @@ def test_voting_attack_jitters_only_against_hashing():
 @pytest.mark.parametrize(
     ("factory", "match"),
     [
-        (lambda: DigitsInversion(n_targets=0), "n_targets must be an integer >= 1"),
-        (lambda: DigitsInversion(queries=0), "queries must be None or an integer"),
-        (lambda: BoundaryRepulsion(iterations=0), "iterations must be an integer >= 1"),
+        (lambda: DigitsInversion(n_targets=0), "n_targets must be an int >= 1"),
+        (lambda: DigitsInversion(queries=0), "queries must be an int >= 1"),
+        (lambda: BoundaryRepulsion(iterations=0), "iterations must be an int >= 1"),
         (lambda: BoundaryRepulsion(inside=1.5), r"inside must lie in \(0, 1\]"),
         (lambda: BoundaryRepulsion(growth=0.5), "growth must be >= 1"),
         (lambda: GeneticInversion(elite=32), "elite must be < population"),
         (lambda: GeneticInversion(population=600), "population must be <= n_init"),
         (lambda: GeneticInversion(mutation_rate=0.0), "mutation_rate"),
-        (lambda: VotingBoundaryRepulsion(jitter=-1.0), "jitter must be >= 0"),
+        (
+            lambda: VotingBoundaryRepulsion(jitter=-1.0),
+            "jitter must be a finite number >= 0.0",
+        ),
         (lambda: SSDDefense(epsilon=-1.0), "epsilon must be a number"),
         (lambda: SSDDefense(seeding="x"), "seeding must be one of"),
         (lambda: SSDDefense(hash_resolution=0.1), "needs seeding='input-hash'"),
