@@ -110,7 +110,9 @@ class SummarySettings:
     whose paired change shows what the defense costs. The verdict is *reproduced*
     when the defended mean moved in ``direction`` ("lower" or "higher") by at least
     ``relative_change`` of the baseline's mean, *partly* when it moved that way by
-    less, *not reproduced* otherwise.
+    less, *not reproduced* otherwise. With ``direction = "same"`` the claim is that
+    the metric does not move: *reproduced* within ``relative_change``, *partly*
+    within twice that, *not reproduced* beyond.
     """
 
     threat: str
@@ -126,9 +128,9 @@ class SummarySettings:
     utility: str = ""
 
     def __post_init__(self) -> None:
-        if self.direction not in ("lower", "higher"):
+        if self.direction not in ("lower", "higher", "same"):
             raise SpecError(
-                f"report.summary.direction must be 'lower' or 'higher', "
+                f"report.summary.direction must be 'lower', 'higher' or 'same', "
                 f"got {self.direction!r}"
             )
         if not self.relative_change >= 0:

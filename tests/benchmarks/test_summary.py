@@ -32,6 +32,9 @@ def settings(**kw):
         ("lower", 0.0, 1.0, NOT_REPRODUCED),
         ("higher", 0.1, 1.2, REPRODUCED),
         ("higher", 0.1, 0.9, NOT_REPRODUCED),
+        ("same", 0.05, 0.97, REPRODUCED),
+        ("same", 0.05, 1.08, PARTLY),
+        ("same", 0.05, 0.85, NOT_REPRODUCED),
     ],
 )
 def test_verdict(direction, change, defended, expected):
