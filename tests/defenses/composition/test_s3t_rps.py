@@ -143,7 +143,7 @@ def test_sets_and_certificates_are_rps_on_the_shard_votes(
     )
     assert cert.max_train_radius == SHARDS
     assert (cert.training >= 0).all()
-    assert cert.robust(1, 0).mean() > 0.3
+    assert cert.robust(1, 0).mean() > 0.2
     one = sets.sum(axis=1) == 1
     assert np.array_equal(
         np.argmax(sets[one], axis=1),
