@@ -112,10 +112,12 @@ class ReliableUnlearner:
     softmax : bool
         Smooth the vote fractions with a softmax (RPS's default).
 
-    Examples
-    --------
-    ``fit`` (S3T) -> ``calibrate`` (RPS) -> ``predict_sets`` / ``certify`` ->
-    ``delete`` (S3T, then the thresholds are recomputed) -> ``predict_sets`` ...
+    Notes
+    -----
+    Life cycle: :meth:`fit` (S3T trains the shards) -> :meth:`calibrate` (RPS) ->
+    :meth:`predict_sets` / :meth:`certify` -> :meth:`delete` (S3T switches stages
+    off, then RPS recalibrates on the kept calibration data) -> :meth:`predict_sets`
+    / :meth:`certify` of the post-deletion models -> optionally :meth:`retrain`.
     """
 
     def __init__(
