@@ -327,13 +327,13 @@ def _levels_search(
 DENSE_MAX_K = 64
 """Up to this K the breakpoints are counted densely, above it binary-searched."""
 
-BLOCK_ELEMENTS = 1 << 14
-"""Rows are processed in blocks of about this many entries (128 KiB per float64
-array), so the dozen intermediate arrays of a block stay in the core's cache."""
+BLOCK_ELEMENTS = 1 << 17
+"""Rows are processed in blocks of about this many entries (1 MiB per float64 array),
+so the intermediate arrays of a block stay in cache."""
 
-MIN_BLOCK_ROWS = 128
-"""A block holds at least this many rows: for long rows (K = 1000) the per-block
-cost of some thirty numpy calls would otherwise outweigh the cache's gain."""
+DENSE_BLOCK_ELEMENTS = 1 << 15
+"""The block size when the levels are found densely (K <= :data:`DENSE_MAX_K`):
+that path makes few numpy calls per block, so smaller, cache-resident blocks win."""
 
 
 def _cumsum_rows(values: FloatArray, out: FloatArray) -> FloatArray:
@@ -382,7 +382,8 @@ def _water_filling_numpy(
     """Validate and solve block by block, so each block is read from memory once."""
     n, k = f.shape
     out = np.empty_like(f)
-    step = max(MIN_BLOCK_ROWS, BLOCK_ELEMENTS // k)
+    entries = DENSE_BLOCK_ELEMENTS if k <= DENSE_MAX_K else BLOCK_ELEMENTS
+    step = max(1, entries // k)
     for start in range(0, n, step):
         part = slice(start, start + step)
         f_part = f[part]

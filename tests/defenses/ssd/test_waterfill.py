@@ -89,12 +89,13 @@ def test_matches_cvxpy_objective_on_well_conditioned_instances():
     np.testing.assert_allclose(ours, ref, atol=1e-4)
 
 
-def test_blocked_path_matches_single_block(monkeypatch):
+@pytest.mark.parametrize("k", [20, 300])
+def test_blocked_path_matches_single_block(monkeypatch, k):
     rng = np.random.default_rng(3)
-    f, q, budget = _instances(rng, 500, 300)
+    f, q, budget = _instances(rng, 500, k)
     whole = water_filling(f, q, budget)
     monkeypatch.setattr(waterfill, "BLOCK_ELEMENTS", 1000)
-    monkeypatch.setattr(waterfill, "MIN_BLOCK_ROWS", 3)
+    monkeypatch.setattr(waterfill, "DENSE_BLOCK_ELEMENTS", 1000)
     np.testing.assert_array_equal(water_filling(f, q, budget), whole)
 
 
