@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from defenses.checks import check_choice, check_int, check_real
 from defenses.composition.s3t_rps import ReliableUnlearner
 from defenses.data import stratified_split
 from defenses.harness import measurement
@@ -106,26 +107,20 @@ class Settings:
                 f"accepted: {sorted(DEFAULTS)}"
             )
         values = {**DEFAULTS, **params}
-        if values["unlearner"] not in UNLEARNERS:
-            raise ValueError(
-                f"{BENCHMARK}.unlearner must be one of {UNLEARNERS}, "
-                f"got {values['unlearner']!r}"
+        check_choice(f"{BENCHMARK}.unlearner", values["unlearner"], UNLEARNERS)
+        for name in ("alpha", "lr"):
+            values[name] = check_real(
+                f"{BENCHMARK}.{name}",
+                values[name],
+                0.0,
+                1.0,
+                open_low=True,
+                open_high=True,
             )
         for name, value in values.items():
-            if name in ("unlearner", "alpha", "lr"):
-                continue
-            low = 0 if name == "sequences" else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(
-                    f"{BENCHMARK}.{name} must be an int >= {low}, got {value!r}"
-                )
-        for name in ("alpha", "lr"):
-            value = values[name]
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            if not (number and 0 < value < 1):
-                raise ValueError(
-                    f"{BENCHMARK}.{name} must be a number in (0, 1), got {value!r}"
-                )
+            if name not in ("unlearner", "alpha", "lr"):
+                low = 0 if name == "sequences" else 1
+                values[name] = check_int(f"{BENCHMARK}.{name}", value, minimum=low)
         if values["sequences"] == 0:
             values["sequences"] = values["slices"]
         return cls(**values)
