@@ -40,7 +40,7 @@ Entries of ``q`` below ``floor`` are raised to ``floor`` and the rows renormalis
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import overload
+from typing import NamedTuple, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -81,9 +81,16 @@ def _row_sums(values: FloatArray) -> FloatArray:
     return sums
 
 
+class RowSummary(NamedTuple):
+    """What :func:`check_probabilities` computed on the way: row sums, least entry."""
+
+    sums: FloatArray
+    smallest: float
+
+
 def check_probabilities(
     name: str, values: FloatArray, tolerance: float, first_row: int = 0
-) -> None:
+) -> RowSummary:
     """Raise ValueError unless ``values`` has finite, non-negative rows summing to 1.
 
     Parameters
@@ -96,18 +103,24 @@ def check_probabilities(
         Largest allowed ``|sum(row) - 1|``.
     first_row : int
         Index of the first row of ``values`` in the caller's array (for messages).
+
+    Returns
+    -------
+    RowSummary
+        The row sums and the smallest entry (reused by the floor of ``q``).
     """
     if values.ndim != 2 or values.shape[1] == 0:
         raise ValueError(
             f"{name} must have shape (N, K) with K >= 1, got {values.shape}"
         )
     if values.size == 0:
-        return
+        return RowSummary(np.zeros(values.shape[0]), 0.0)
     sums = _row_sums(values)
     if not np.isfinite(sums).all():
         raise ValueError(f"{name} contains NaN or inf")
-    if values.min() < 0:
-        raise ValueError(f"{name} has negative entries (min {values.min():.3g})")
+    smallest = float(values.min())
+    if smallest < 0:
+        raise ValueError(f"{name} has negative entries (min {smallest:.3g})")
     worst = int(np.argmax(np.abs(sums - 1.0)))
     if abs(sums[worst] - 1.0) > tolerance:
         raise ValueError(
@@ -115,6 +128,7 @@ def check_probabilities(
             f"row {first_row + worst} sums "
             f"to {sums[worst]!r}"
         )
+    return RowSummary(sums, smallest)
 
 
 def _check_budget(budget: FloatArray, n: int) -> None:
@@ -126,18 +140,18 @@ def _check_budget(budget: FloatArray, n: int) -> None:
         raise ValueError(f"budget must be >= 0, got min {budget.min()!r}")
 
 
-def _floored(q: FloatArray) -> FloatArray:
+def _floored(q: FloatArray, summary: RowSummary) -> FloatArray:
     """Raise entries below :data:`FLOOR` and renormalise the rows that changed.
 
-    A row changed exactly when raising its entries changed its sum; the others are
-    divided by 1.0, which leaves them bit for bit as they were.
+    ``summary`` is :func:`check_probabilities` of ``q``. A row changed exactly when
+    raising its entries changed its sum; the others are divided by 1.0, which leaves
+    them bit for bit as they were.
     """
-    if q.size == 0 or q.min() >= FLOOR:
+    if q.size == 0 or summary.smallest >= FLOOR:
         return q
     fixed = np.maximum(q, FLOOR)
-    before = _row_sums(q)
     after = _row_sums(fixed)
-    fixed /= np.where(after == before, 1.0, after)[:, None]
+    fixed /= np.where(after == summary.sums, 1.0, after)[:, None]
     return fixed
 
 
@@ -388,8 +402,7 @@ def _water_filling_numpy(
         part = slice(start, start + step)
         f_part = f[part]
         check_probabilities("f", f_part, tolerance, start)
-        check_probabilities("q", q[part], tolerance, start)
-        q_part = _floored(q[part])
+        q_part = _floored(q[part], check_probabilities("q", q[part], tolerance, start))
         if k == 1:
             out[part] = q_part
         else:
