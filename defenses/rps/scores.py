@@ -274,6 +274,22 @@ def _check_votes(votes: npt.ArrayLike, n_voters: int, abstain: bool) -> IntArray
     return v
 
 
+def _tie_exact(votes: IntArray) -> IntArray:
+    """Votes shifted so that their smallest class has none (the softmax is unchanged).
+
+    The certificate treats a bound within ``TIE`` of a threshold as reaching it,
+    which is sound only if scores that are *mathematically* equal are also equal in
+    floating point. Without abstentions every row sums to ``k_t``, so equal scores
+    come from equal vote multisets and are bit-identical. With abstentions, rows
+    that differ by a constant, e.g. (2, 1) and (1, 0) of 3 parts, have the same
+    softmax computed along different roundings; a score could then miss a
+    threshold it equals by one ulp. Since :math:`e^{a / k_t}` is transcendental,
+    two rows have equal scores exactly when they are such shifts of each other, so
+    subtracting the row minimum makes every tie bit-exact.
+    """
+    return np.asarray(votes - votes.min(axis=1, keepdims=True), dtype=np.int64)
+
+
 def smoothed_scores(
     votes: npt.ArrayLike, n_voters: int, softmax: bool = True, abstain: bool = False
 ) -> FloatArray:
@@ -282,12 +298,15 @@ def smoothed_scores(
     The softmax denominator is summed over the votes in sorted order, so the score
     is a bit-exact function of (own votes, multiset of votes): equal vote vectors
     give equal scores whatever the class order. ``abstain=True`` accepts rows that
-    sum to less than ``n_voters`` (abstaining parts count for no class).
+    sum to less than ``n_voters`` (abstaining parts count for no class); see
+    :func:`_tie_exact` for why those rows are shifted first.
     """
     v = _check_votes(votes, n_voters, abstain)
-    fractions = v / n_voters
     if not softmax:
-        return np.asarray(fractions, dtype=np.float64)
+        return np.asarray(v / n_voters, dtype=np.float64)
+    if abstain:
+        v = _tie_exact(v)
+    fractions = v / n_voters
     ordered = -np.sort(-v, axis=1)
     denominator = np.exp(ordered / n_voters).sum(axis=1, keepdims=True)
     return np.asarray(np.exp(fractions) / denominator, dtype=np.float64)
@@ -320,8 +339,9 @@ def vote_geometry(
     start = np.concatenate([[0], np.cumsum(first.sum(axis=1))[:-1]])
     index = start[:, None] + np.take_along_axis(rank, sorted_rank, axis=1)
     if softmax:
-        denominator = np.exp(ordered / n_voters).sum(axis=1)
-        entry_scores = np.exp(ordered[point, position] / n_voters) / denominator[point]
+        shifted = _tie_exact(ordered) if abstain else ordered
+        denominator = np.exp(shifted / n_voters).sum(axis=1)
+        entry_scores = np.exp(shifted[point, position] / n_voters) / denominator[point]
     else:
         entry_scores = ordered[point, position] / n_voters
     return VoteGeometry(

@@ -244,3 +244,18 @@ def test_abstentions_joining_the_runner_up_are_counted(base, y_cal, radius):
         np.array(base), np.array(y_cal), X, 3, 1, 0.3, (radius,), True
     )
     assert changed > 0
+
+
+def test_shifted_vote_rows_tie_exactly():
+    """(2, 1) and (1, 0) of 3 parts have the same softmax; with abstentions both
+    occur, and a score may not miss a threshold it equals by one ulp (found by the
+    brute force above: a certified class left the set)."""
+    scores = smoothed_scores(np.array([[2, 1], [1, 0], [4, 3]]), 7, abstain=True)
+    assert scores[0].tolist() == scores[1].tolist() == scores[2].tolist()
+    base = np.array([[1, 0, -1, 1, 1], [1, 0, 1, -1, -1], [1, 0, 1, -1, 1]])
+    X, _ = points(5)
+    certified, changed = every_change_keeps_certified(
+        base, np.array([1, 1, 1]), X, 3, 1, 0.3, (1,), True
+    )
+    assert certified > 0
+    assert changed > 0
