@@ -194,19 +194,30 @@ def fingerprint(ctx: Any) -> str:
 
 @dataclass
 class TenSEALBackend:
-    """The :class:`~crypto.heval.Backend` on TenSEAL ``CKKSVector`` ciphertexts."""
+    """The :class:`~crypto.heval.Backend` on TenSEAL ``CKKSVector`` ciphertexts.
+
+    TenSEAL's automatic modulus switching lowers the *right* operand of a binary
+    operation in place when it sits at a higher level (measured on 0.3.18): a
+    weight ciphertext used once against a deep value would be left deep for its
+    next use. Binary operations therefore put the operand with more primes on the
+    left (``copy()`` would clone the whole context and costs ~1 s).
+    """
+
+    @staticmethod
+    def _primes(a: Any) -> int:
+        return int(a.data.ciphertext()[0].coeff_modulus_size())
 
     def add(self, a: Any, b: Any) -> Any:
         """A + b."""
-        return a + b
+        return a + b if self._primes(a) >= self._primes(b) else b + a
 
     def sub(self, a: Any, b: Any) -> Any:
         """A - b."""
-        return a - b
+        return a - b if self._primes(a) >= self._primes(b) else -b + a
 
     def mul(self, a: Any, b: Any) -> Any:
         """A * b (relinearised and rescaled by TenSEAL)."""
-        return a * b
+        return a * b if self._primes(a) >= self._primes(b) else b * a
 
     def square(self, a: Any) -> Any:
         """a^2."""
@@ -227,3 +238,11 @@ class TenSEALBackend:
     def neg(self, a: Any) -> Any:
         """-a."""
         return -a
+
+    def mul_plain(self, a: Any, mask: Any) -> Any:
+        """A * mask, slot-wise with a public vector."""
+        return a * [float(m) for m in mask]
+
+    def sum_slots(self, a: Any) -> Any:
+        """Slot sum by rotate-and-add (needs Galois keys); TenSEAL replicates it."""
+        return a.sum()

@@ -72,6 +72,14 @@ class Backend(Protocol):
         """-a."""
         ...
 
+    def mul_plain(self, a: Any, mask: FloatArray) -> Any:
+        """A * m for a public vector m (slot-wise, one level)."""
+        ...
+
+    def sum_slots(self, a: Any) -> Any:
+        """The sum of a's slots, replicated over them (rotations, no level)."""
+        ...
+
 
 @dataclass
 class NumpyBackend:
@@ -122,6 +130,14 @@ class NumpyBackend:
     def neg(self, a: FloatArray) -> FloatArray:
         """-a."""
         return -a
+
+    def mul_plain(self, a: FloatArray, mask: FloatArray) -> FloatArray:
+        """A * mask."""
+        return self._n(a * mask)
+
+    def sum_slots(self, a: FloatArray) -> FloatArray:
+        """Sum of the slots, replicated."""
+        return self._n(np.full_like(a, a.sum()))
 
     def polyval(self, a: FloatArray, coefficients: Sequence[float]) -> FloatArray:
         """Horner evaluation."""
@@ -222,6 +238,16 @@ class Evaluator:
     def neg(self, a: Value) -> Value:
         """-a (no level)."""
         return Value(self.backend.neg(a.handle), a.level)
+
+    def mask(self, a: Value, m: FloatArray) -> Value:
+        """A * m for a public vector m (one level)."""
+        self.note("ct_pt_mul")
+        return Value(self.backend.mul_plain(a.handle, m), a.level + 1)
+
+    def slot_sum(self, a: Value) -> Value:
+        """Sum over the slots, replicated (rotations with Galois keys; no level)."""
+        self.note("slot_sums")
+        return Value(self.backend.sum_slots(a.handle), a.level)
 
     def shift(self, a: Value, c: float) -> Value:
         """A + c."""

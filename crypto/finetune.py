@@ -1,0 +1,493 @@
+r"""Encrypted fine-tuning steps of the whole layer, and their plaintext reference.
+
+One SGD step on a batch of ``B`` client sequences (Rho et al., 2025, Sec. 4.2, with
+SGD instead of AdamW-HE and the squared error on the logits instead of the
+polynomial cross-entropy):
+
+1. the client encrypts its embedded batch (feature-major), the one-hot labels on the
+   CLS slots and the trained weights (one replicated ciphertext per entry);
+2. the server runs :func:`crypto.backprop.forward` and
+   :func:`crypto.backprop.backward` under CKKS with its public context (Galois keys
+   for the slot sums) and applies :math:`W \leftarrow W - \eta\, c^2 \odot \bar W`
+   itself, :math:`c` being the public factor folded into each matrix
+   (:math:`\kappa` into Q and K, :math:`1/B_p` into the pooler, the LayerNorm gain
+   into :math:`W_1`), so the step is the model's own SGD step;
+3. the client only serves round trips: refreshes (decrypt and re-encrypt, the
+   stand-in for bootstrapping, counted), the rolled copies of K and V, the
+   rolled-back key and value gradients, and the refresh of the updated weights
+   before the next step.
+
+Two arms: ``lora`` trains the LoRA factors of Q, K and V and the head (pooler and
+classifier), all encrypted, with every other weight plaintext on the server;
+``full`` trains every weight matrix (Q, K, V, output, both feed-forward matrices,
+the head), all encrypted. Either runs with Gaussian-kernel or polynomial-softmax
+attention. :func:`reference_step` is the same step by torch autograd on the
+polynomial model (the HE simulation); :func:`simulated_step` is the packed
+computation in float64.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from crypto.approx import exp_poly, reciprocal_poly
+from crypto.backprop import (
+    FULL_TRAINED,
+    LORA_TRAINED,
+    Matrix,
+    Net,
+    backward,
+    fit,
+    forward,
+)
+from crypto.ckks import (
+    CKKSParams,
+    TenSEALBackend,
+    load_public,
+    make_context,
+    public_bytes,
+)
+from crypto.heval import (
+    Backend,
+    Evaluator,
+    HEWeights,
+    NumpyBackend,
+    SoftmaxPolys,
+    Value,
+    lora_factors,
+    pack,
+    roll_tokens,
+)
+from crypto.model import HEFormer
+
+FloatArray = npt.NDArray[np.float64]
+ARMS = ("lora", "full")
+TRAIN_PARAMS = CKKSParams(8192, (49, 40, 40, 40, 49), 40)
+"""N = 8192, 3 levels of 40 bits (218 bits), 49-bit special prime (precise sums)."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    """What one fine-tuning arm trains and which attention it uses."""
+
+    trained: str = "lora"
+    attention: str = "gk"
+
+    def __post_init__(self) -> None:
+        if self.trained not in ARMS:
+            raise ValueError(f"Arm.trained must be one of {ARMS}, got {self.trained!r}")
+        if self.attention not in ("gk", "softmax"):
+            raise ValueError(
+                f"Arm.attention must be 'gk' or 'softmax', got {self.attention!r}"
+            )
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The trained matrices."""
+        return LORA_TRAINED if self.trained == "lora" else FULL_TRAINED
+
+
+def _np(t: torch.Tensor) -> FloatArray:
+    return np.asarray(t.detach().numpy(), dtype=np.float64).copy()
+
+
+def _softmax_polys(model: HEFormer, X: FloatArray) -> tuple[SoftmaxPolys, float]:
+    """Polynomials of the softmax baseline calibrated on ``X``; the query scale."""
+    c = model.config
+    with torch.no_grad():
+        z = model.embed_tokens(torch.as_tensor(X, dtype=torch.float64))
+        b, n = z.shape[0], c.n_tokens
+        q = model.q(z).view(b, n, c.heads, c.head_dim).transpose(1, 2)
+        k = model.k(z).view(b, n, c.heads, c.head_dim).transpose(1, 2)
+        logits = (q @ k.transpose(-1, -2) / math.sqrt(c.head_dim)).numpy()
+    r = float(np.abs(logits).max()) * 1.25
+    sums = np.exp(logits).sum(-1)
+    scale = 1.0 / (float(sums.max()) * 1.25)
+    lo = float(sums.min()) * scale / 1.25
+    polys = SoftmaxPolys(
+        scale * exp_poly(r).coefficients, reciprocal_poly(lo).coefficients
+    )
+    return polys, 1.0 / (math.sqrt(c.head_dim) * r)
+
+
+def plain_net(model: HEFormer, arm: Arm, X: FloatArray) -> tuple[Net, dict[str, Any]]:
+    """The folded plaintext weights of ``arm`` and each matrix's fold factor ``c``.
+
+    ``X`` calibrates the softmax baseline's polynomials (unused for the kernel).
+    """
+    w = HEWeights.from_model(model)
+    cal = model.calibration
+    k_ln = 1.0 / math.sqrt(model.config.d * cal.ln_div)
+    gain = _np(model.gamma) / (2.0 * k_ln * math.sqrt(cal.ln_div) * cal.ffn_bound)
+    qk = w.kappa
+    polys = None
+    if arm.attention == "softmax":
+        polys, qk = _softmax_polys(model, X)
+    fold: dict[str, Any] = {
+        "wq": qk,
+        "wk": w.kappa if arm.attention == "gk" else 1.0,
+        "wv": 1.0,
+        "wo": 1.0,
+        "w1": gain[:, None],
+        "w2": 1.0,
+        "pool": 1.0 / cal.pool_bound,
+        "classifier": 1.0,
+    }
+    raw = {
+        "wq": _np(model.q.weight),
+        "wk": _np(model.k.weight),
+        "wv": _np(model.v.weight),
+        "wo": w.wo,
+        "w1": _np(model.w1),
+        "w2": w.w2,
+        "pool": _np(model.pool),
+        "classifier": w.classifier,
+    }
+    mats: dict[str, Matrix] = {}
+    if arm.trained == "lora":
+        factors = lora_factors(model)
+        for name in "qkv":
+            a = _np(getattr(model, name).lora_a)
+            mats[f"{name}_a"] = a * fold[f"w{name}"]
+            mats[f"{name}_b"] = factors[f"{name}_b"]
+            fold[f"{name}_a"], fold[f"{name}_b"] = fold[f"w{name}"], 1.0
+    else:
+        for name in "qkv":
+            layer = getattr(model, name)
+            raw[f"w{name}"] = raw[f"w{name}"] + _np(layer.lora_a) @ _np(layer.lora_b)
+    for name, value in raw.items():
+        mats[name] = np.asarray(value * fold[name], dtype=np.float64)
+    net = Net(
+        attention=arm.attention,
+        heads=model.config.heads,
+        n_tokens=model.config.n_tokens,
+        mats=mats,
+        trained=arm.names,
+        centre=w.centre,
+        act=w.act,
+        isqrt=w.isqrt,
+        tanh=w.tanh,
+        gk=w.gk,
+        softmax=polys,
+    )
+    return net, fold
+
+
+@dataclass
+class StepResult:
+    """Updated weights (model parametrisation), operation counts and seconds."""
+
+    weights: dict[str, FloatArray]
+    counts: dict[str, int]
+    seconds: float
+
+
+class KeyOwner:
+    """The client side of the fine-tuning protocol (holds the secret key).
+
+    ``encrypt`` hands the server ciphertexts loaded under the public context only
+    (serialised and deserialised, as over the wire); ``decrypt`` and the round
+    trips (refresh, roll, unroll) reload server ciphertexts under the secret
+    context.
+    """
+
+    def __init__(self, params: CKKSParams, n_tokens: int):
+        self.params = params
+        self.n = n_tokens
+        self.context = make_context(params, galois=True)
+        self.public = load_public(public_bytes(self.context))
+        self.bytes_up = 0
+
+    def encrypt(self, values: FloatArray) -> Any:
+        """A ciphertext of ``values`` as the server receives it."""
+        import tenseal as ts
+
+        blob = ts.ckks_vector(
+            self.context, list(np.asarray(values, dtype=float))
+        ).serialize()
+        self.bytes_up += len(blob)
+        return ts.ckks_vector_from(self.public, blob)
+
+    def decrypt(self, handle: Any) -> FloatArray:
+        """Decrypt a server ciphertext."""
+        import tenseal as ts
+
+        ct = ts.ckks_vector_from(self.context, handle.serialize())
+        return np.asarray(ct.decrypt(), dtype=np.float64)
+
+
+@dataclass
+class _Services:
+    """Round trips of one backend: fresh encryption, refresh, roll, unroll, read."""
+
+    encrypt: Callable[[FloatArray], Any]
+    decrypt: Callable[[Any], FloatArray]
+    n: int
+    slots: int
+
+    def fresh(self, values: list[Value]) -> list[Value]:
+        return [Value(self.encrypt(self._full(self.decrypt(v.handle)))) for v in values]
+
+    def _full(self, x: FloatArray) -> FloatArray:
+        if x.size == self.slots:
+            return x
+        return np.full(self.slots, x[0])
+
+    def roll(self, values: list[Value], copies: int) -> list[list[Value]]:
+        plain = [self.decrypt(v.handle) for v in values]
+        return [
+            [Value(self.encrypt(roll_tokens(p, self.n, s))) for p in plain]
+            for s in range(copies)
+        ]
+
+    def unroll(self, shifted: list[list[Value]]) -> list[Value]:
+        plain = [[self.decrypt(v.handle) for v in row] for row in shifted]
+        total = [
+            sum(roll_tokens(plain[s][i], self.n, -s) for s in range(len(plain)))
+            for i in range(len(plain[0]))
+        ]
+        return [Value(self.encrypt(np.asarray(t))) for t in total]
+
+
+def _check_batch(model: HEFormer, X: FloatArray, y: npt.ArrayLike) -> np.ndarray:
+    c = model.config
+    X = np.asarray(X, dtype=np.float64)
+    labels = np.asarray(y)
+    if X.ndim != 3 or X.shape[1:] != (c.n_tokens, c.token_dim):
+        raise ValueError(
+            f"expected sequences of shape (batch, {c.n_tokens}, {c.token_dim}), "
+            f"got {X.shape}"
+        )
+    if labels.shape != (X.shape[0],) or labels.min() < 0 or labels.max() >= c.n_classes:
+        raise ValueError(f"labels must be {X.shape[0]} ints in [0, {c.n_classes})")
+    slots = X.shape[0] * c.n_tokens
+    if slots & (slots - 1):
+        raise ValueError(
+            f"batch x tokens = {slots} must be a power of two (slot sums rotate "
+            "within the packed vector)"
+        )
+    return labels
+
+
+def _run(
+    model: HEFormer,
+    X: FloatArray,
+    y: npt.ArrayLike,
+    lr: float,
+    steps: int,
+    arm: Arm,
+    backend: Backend,
+    services: _Services,
+    max_level: int,
+) -> StepResult:
+    if not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be finite and > 0, got {lr!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    labels = _check_batch(model, X, y)
+    c = model.config
+    b, n, slots = X.shape[0], c.n_tokens, services.slots
+    net, fold = plain_net(model, arm, X)
+    with torch.no_grad():
+        z = model.embed_tokens(torch.as_tensor(X, dtype=torch.float64)).numpy()
+    mask = np.zeros(slots)
+    mask[::n] = 1.0 / b
+    onehot = np.zeros((c.n_classes, slots))
+    onehot[labels, np.arange(b) * n] = 1.0
+    ev = Evaluator(backend, max_level, services.fresh)
+    start = time.perf_counter()
+    zs = [Value(services.encrypt(p)) for p in pack(z, slots)]
+    targets = [Value(services.encrypt(t)) for t in onehot]
+    for name in net.trained:
+        M = np.asarray(net.mats[name])
+        net.mats[name] = [
+            [Value(services.encrypt(np.full(slots, x))) for x in row] for row in M
+        ]
+    for step in range(steps):
+        if step:
+            stale = [v for name in net.trained for row in net.mats[name] for v in row]
+            fresh = iter(services.fresh(stale))
+            ev.note("refresh_rounds")
+            ev.note("refreshed_values", len(stale))
+            for name in net.trained:
+                net.mats[name] = [[next(fresh) for _ in row] for row in net.mats[name]]
+        logits, cache = forward(ev, net, list(zs), services.roll)
+        [logits] = fit(ev, [logits], 1, "loss")
+        dlog = []
+        for lg, t in zip(logits, targets, strict=True):
+            dlog.append(ev.mask(ev.sub(lg, t), mask))
+        grads = backward(ev, net, cache, dlog, services.unroll)
+        flat = [v for G in grads.values() for row in G for v in row]
+        [flat] = fit(ev, [flat], 2, "SGD update")
+        at = iter(flat)
+        grads = {k: [[next(at) for _ in row] for row in G] for k, G in grads.items()}
+        for name, G in grads.items():
+            scale = np.broadcast_to(
+                np.asarray(fold[name], dtype=float), (len(G), len(G[0]))
+            )
+            W = net.mats[name]
+            assert not isinstance(W, np.ndarray)
+            net.mats[name] = [
+                [
+                    ev.sub(W[i][j], ev.scale(G[i][j], lr * float(scale[i, j]) ** 2))
+                    for j in range(len(G[0]))
+                ]
+                for i in range(len(G))
+            ]
+    seconds = time.perf_counter() - start
+    weights = {}
+    for name in net.trained:
+        W = net.mats[name]
+        assert not isinstance(W, np.ndarray)
+        folded = np.array([[services.decrypt(v.handle)[0] for v in row] for row in W])
+        weights[name] = folded / np.asarray(fold[name], dtype=float)
+    return StepResult(weights, dict(ev.counts), seconds)
+
+
+def simulated_step(
+    model: HEFormer,
+    X: FloatArray,
+    y: npt.ArrayLike,
+    lr: float,
+    arm: Arm = Arm(),
+    steps: int = 1,
+    max_level: int = TRAIN_PARAMS.levels,
+    noise: float = 0.0,
+    rng: np.random.Generator | None = None,
+) -> StepResult:
+    """The packed step in float64 (optionally with CKKS-like noise)."""
+    backend = NumpyBackend(noise, rng)
+    slots = X.shape[0] * model.config.n_tokens
+    services = _Services(
+        encrypt=lambda v: np.asarray(v, dtype=np.float64).copy(),
+        decrypt=lambda h: np.asarray(h, dtype=np.float64),
+        n=model.config.n_tokens,
+        slots=slots,
+    )
+    return _run(model, X, y, lr, steps, arm, backend, services, max_level)
+
+
+def encrypted_step(
+    model: HEFormer,
+    X: FloatArray,
+    y: npt.ArrayLike,
+    lr: float,
+    arm: Arm = Arm(),
+    steps: int = 1,
+    params: CKKSParams = TRAIN_PARAMS,
+    owner: KeyOwner | None = None,
+) -> StepResult:
+    """``steps`` encrypted SGD steps (TenSEAL), the server holding a public context."""
+    if params.slots < X.shape[0] * model.config.n_tokens:
+        raise ValueError(
+            f"{X.shape[0]} sequences of {model.config.n_tokens} tokens exceed "
+            f"{params.slots} slots"
+        )
+    owner = owner or KeyOwner(params, model.config.n_tokens)
+    services = _Services(
+        encrypt=owner.encrypt,
+        decrypt=owner.decrypt,
+        n=model.config.n_tokens,
+        slots=X.shape[0] * model.config.n_tokens,
+    )
+    return _run(model, X, y, lr, steps, arm, TenSEALBackend(), services, params.levels)
+
+
+def _effective(model: HEFormer, arm: Arm) -> dict[str, FloatArray]:
+    out: dict[str, FloatArray] = {}
+    for name in arm.names:
+        if name in ("wq", "wk", "wv"):
+            layer = getattr(model, name[1])
+            out[name] = _np(layer.weight) + _np(layer.lora_a) @ _np(layer.lora_b)
+        elif name[1:] in ("_a", "_b"):
+            layer = getattr(model, name[0])
+            out[name] = _np(layer.lora_a if name.endswith("a") else layer.lora_b)
+        else:
+            out[name] = _np(getattr(model, "out" if name == "wo" else name))
+    return out
+
+
+def reference_step(
+    model: HEFormer,
+    X: FloatArray,
+    y: npt.ArrayLike,
+    lr: float,
+    arm: Arm = Arm(),
+    steps: int = 1,
+) -> dict[str, FloatArray]:
+    """The same SGD steps by torch autograd on the polynomial model (a copy).
+
+    Only the Gaussian-kernel arms have a polynomial torch twin.
+    """
+    if arm.attention != "gk":
+        raise ValueError("the torch reference exists for the Gaussian-kernel arms")
+    labels = _check_batch(model, X, y)
+    net = copy.deepcopy(model)
+    params: list[torch.nn.Parameter]
+    if arm.trained == "lora":
+        params = net.lora_parameters() + net.head_parameters()
+    else:
+        params = [
+            net.q.weight,
+            net.k.weight,
+            net.v.weight,
+            net.out,
+            net.w1,
+            net.w2,
+            *net.head_parameters(),
+        ]
+    Xt = torch.as_tensor(X, dtype=torch.float64)
+    target = torch.nn.functional.one_hot(
+        torch.as_tensor(labels), model.config.n_classes
+    )
+    for _ in range(steps):
+        for p in net.parameters():
+            p.grad = None
+        logits = net(Xt, poly=True)
+        loss = 0.5 * ((logits - target.to(torch.float64)) ** 2).sum(1).mean()
+        loss.backward()
+        with torch.no_grad():
+            for p in params:
+                assert p.grad is not None
+                p.sub_(lr * p.grad)
+    return _effective(net, arm)
+
+
+def initial_weights(model: HEFormer, arm: Arm = Arm()) -> dict[str, FloatArray]:
+    """The trained matrices before the step (model parametrisation)."""
+    return _effective(model, arm)
+
+
+def simulated_loss(
+    model: HEFormer, X: FloatArray, y: npt.ArrayLike, arm: Arm = Arm()
+) -> float:
+    r"""Squared-error loss of the packed forward pass in float64.
+
+    :math:`\tfrac1{2B}\sum_b\lVert\ell_b-y_b\rVert^2`, for either attention.
+    """
+    labels = _check_batch(model, X, y)
+    n = model.config.n_tokens
+    net, _ = plain_net(model, arm, X)
+    with torch.no_grad():
+        z = model.embed_tokens(torch.as_tensor(X, dtype=torch.float64)).numpy()
+    slots = X.shape[0] * n
+    services = _Services(
+        encrypt=lambda v: np.asarray(v, dtype=np.float64).copy(),
+        decrypt=lambda h: np.asarray(h, dtype=np.float64),
+        n=n,
+        slots=slots,
+    )
+    ev = Evaluator(NumpyBackend(), 10**6)
+    logits, _ = forward(ev, net, [Value(p) for p in pack(z, slots)], services.roll)
+    cls = np.stack([np.asarray(v.handle)[::n] for v in logits], axis=1)
+    target = np.eye(model.config.n_classes)[labels]
+    return float(0.5 * np.mean(np.sum((cls - target) ** 2, axis=1)))

@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from crypto.data import Sequences
+from crypto.finetune import (
+    Arm,
+    encrypted_step,
+    initial_weights,
+    reference_step,
+    simulated_loss,
+    simulated_step,
+)
+from crypto.model import HEFormer, ModelConfig
+from crypto.train import TrainConfig, personalise, pretrain
+
+
+def _batch(data: tuple[Sequences, Sequences]) -> tuple[np.ndarray, np.ndarray]:
+    client = data[1]
+    return client.X[100:104], client.y[100:104]
+
+
+@pytest.mark.parametrize("trained", ["lora", "full"])
+def test_packed_steps_are_the_autograd_steps(
+    tiny_model: HEFormer, tiny_data: tuple[Sequences, Sequences], trained: str
+) -> None:
+    X, y = _batch(tiny_data)
+    arm = Arm(trained)
+    before = initial_weights(tiny_model, arm)
+    want = reference_step(tiny_model, X, y, 0.5, arm, steps=2)
+    got = simulated_step(tiny_model, X, y, 0.5, arm, steps=2)
+    assert set(got.weights) == set(arm.names)
+    for name in arm.names:
+        assert np.max(np.abs(want[name] - before[name])) > 1e-4, name
+        assert np.max(np.abs(got.weights[name] - want[name])) < 1e-9, name
+    assert got.counts["roll_rounds"] == got.counts["unroll_rounds"] == 2
+    assert got.counts["refresh_rounds"] > 0
+    assert got.counts["slot_sums"] == 2 * sum(w.size for w in before.values())
+
+
+def test_softmax_arm_gradient_matches_finite_differences(
+    tiny_model: HEFormer, tiny_data: tuple[Sequences, Sequences]
+) -> None:
+    X, y = _batch(tiny_data)
+    arm, lr, eps = Arm("full", "softmax"), 1e-3, 1e-5
+    before = initial_weights(tiny_model, arm)
+    after = simulated_step(tiny_model, X, y, lr, arm).weights
+    model = tiny_model
+    for name, attr, (i, j) in (("wv", "v.weight", (1, 2)), ("w2", "w2", (2, 1))):
+        grad = (before[name] - after[name])[i, j] / lr
+        p = model.get_parameter(attr)
+        with torch.no_grad():
+            p[i, j] += eps
+        up = simulated_loss(model, X, y, arm)
+        with torch.no_grad():
+            p[i, j] -= 2 * eps
+        down = simulated_loss(model, X, y, arm)
+        with torch.no_grad():
+            p[i, j] += eps
+        assert grad == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-9)
+
+
+def test_bad_inputs(
+    tiny_model: HEFormer, tiny_data: tuple[Sequences, Sequences]
+) -> None:
+    X, y = _batch(tiny_data)
+    with pytest.raises(ValueError, match="power of two"):
+        simulated_step(tiny_model, X[:3], y[:3], 0.1)
+    with pytest.raises(ValueError, match="lr"):
+        simulated_step(tiny_model, X, y, 0.0)
+    with pytest.raises(ValueError, match="labels"):
+        simulated_step(tiny_model, X, y + 10, 0.1)
+    with pytest.raises(ValueError, match=r"Arm\.trained"):
+        Arm("adapter")
+    with pytest.raises(ValueError, match="torch reference"):
+        reference_step(tiny_model, X, y, 0.1, Arm("full", "softmax"))
+
+
+@pytest.fixture(scope="module")
+def micro_model() -> HEFormer:
+    rng = np.random.default_rng(0)
+    X = rng.random((64, 2, 3))
+    data = Sequences(X, (X[:, 0, 0] > X[:, 1, 1]).astype(np.int64), 2)
+    g = torch.Generator().manual_seed(0)
+    model = pretrain(
+        data,
+        ModelConfig(n_tokens=2, token_dim=3, d=2, heads=1, ffn=2, n_classes=2),
+        g,
+        TrainConfig(epochs=2, batch=32),
+        TrainConfig(epochs=1, batch=32, lr=3e-3, penalty=10.0),
+    )
+    personalise(model, data, g, TrainConfig(epochs=1, batch=32, penalty=10.0))
+    return model
+
+
+def test_encrypted_steps_match_the_reference(micro_model: HEFormer) -> None:
+    rng = np.random.default_rng(1)
+    X = rng.random((4, 2, 3))
+    y = np.array([0, 1, 1, 0])
+    arm = Arm("lora")
+    before = initial_weights(micro_model, arm)
+    want = reference_step(micro_model, X, y, 0.5, arm)
+    got = encrypted_step(micro_model, X, y, 0.5, arm)
+    moved = max(np.max(np.abs(want[k] - before[k])) for k in arm.names)
+    diff = max(np.max(np.abs(got.weights[k] - want[k])) for k in arm.names)
+    assert moved > 1e-2
+    assert diff < 1e-4
+    assert got.counts["refresh_rounds"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trained", ["lora", "full"])
+def test_encrypted_steps_match_the_reference_d8(
+    tiny_model: HEFormer, tiny_data: tuple[Sequences, Sequences], trained: str
+) -> None:
+    X, y = _batch(tiny_data)
+    arm = Arm(trained)
+    want = reference_step(tiny_model, X, y, 0.5, arm, steps=2)
+    got = encrypted_step(tiny_model, X, y, 0.5, arm, steps=2)
+    for name in arm.names:
+        assert np.max(np.abs(got.weights[name] - want[name])) < 1e-4, name
