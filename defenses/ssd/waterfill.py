@@ -374,20 +374,26 @@ def _block(f: FloatArray, q: FloatArray, budget: FloatArray, out: FloatArray) ->
     levels = _levels_dense if k <= DENSE_MAX_K else _levels_search
     j_a, j_b = levels(ratio, fp, qp, qs_rev, half)
 
-    rows = np.arange(n)
+    start = np.arange(n, dtype=np.int64) * k
+    prefix_f, prefix_q = fp.ravel(), qp.ravel()
     total = fp[:, -1]
-    w_a = (fp[rows, j_a] + half) / qp[rows, j_a]
-    # the raised mass reaches q itself (w_A >= 1) exactly when ||q - f||_1 <= B
-    trivial = w_a >= 1.0
-    above_f = np.where(j_b > 0, total - fp[rows, np.maximum(j_b - 1, 0)], total)
-    above_q = np.where(j_b > 0, qs_rev[rows, np.minimum(k - 1 - j_b, k - 2)], qp[:, -1])
+    at_a = start + j_a
+    w_a = (prefix_f.take(at_a) + half) / prefix_q.take(at_a)
+    before_b = prefix_f.take(start + np.maximum(j_b - 1, 0))
+    above_f = np.where(j_b > 0, total - before_b, total)
+    suffix = qs_rev.ravel().take(start - np.arange(n) + np.minimum(k - 1 - j_b, k - 2))
+    above_q = np.where(j_b > 0, suffix, qp[:, -1])
     w_b = (above_f - half) / above_q
+    # the raised mass reaches q itself (w_A >= 1) exactly when ||q - f||_1 <= B;
+    # then w_A = w_B = 1 gives min(max(f, q), q) = q exactly
+    trivial = w_a >= 1.0
+    w_a[trivial] = 1.0
+    w_b[trivial] = 1.0
 
     np.multiply(q, w_a[:, None], out=out)
     np.maximum(out, f, out=out)
     np.multiply(q, w_b[:, None], out=ratio)
     np.minimum(out, ratio, out=out)
-    out[trivial] = q[trivial]
 
 
 def _water_filling_numpy(
