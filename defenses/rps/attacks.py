@@ -167,7 +167,10 @@ class TargetedFlip:
     ----------
     flips : int
         Neighbours relabelled per target (those already labelled as the runner-up
-        are skipped).
+        are skipped, and so is a neighbour whose class it would erase from the
+        training set: with few classes, e.g. 5 targets x 20 flips on breast
+        cancer's ~95 malignant training points, every point of a class could
+        otherwise be relabelled, and no learner is defined on one class).
     """
 
     name: ClassVar[str] = "rps-targeted-flip"
@@ -184,11 +187,19 @@ class TargetedFlip:
         truth = task.test.y[task.targets]
         runner = _runner_up(_proba(surrogate(train), targets, train.n_classes), truth)
         y = train.y.copy()
+        counts = np.bincount(y, minlength=train.n_classes)
         for x, label in zip(targets, runner, strict=True):
             distance = np.linalg.norm(train.X - x, axis=1)
             candidates = np.argsort(distance, kind="stable")
-            candidates = candidates[y[candidates] != label][: self.flips]
-            y[candidates] = label
+            flipped = 0
+            for row in candidates[y[candidates] != label]:
+                if flipped == self.flips:
+                    break
+                if counts[y[row]] > 1:
+                    counts[y[row]] -= 1
+                    counts[label] += 1
+                    y[row] = label
+                    flipped += 1
         return task.poisoned(train=Dataset(train.X, y, train.name, train.n_classes))
 
 

@@ -92,3 +92,16 @@ def test_pair_flip_checks_classes_at_poisoning_time():
     task = TINY.setup(np.random.default_rng(0))
     with pytest.raises(ValueError, match="must lie in"):
         PairFlip(source=0, target=7).poison(task, np.random.default_rng(0))
+
+
+def test_targeted_flips_never_erase_a_class():
+    """Breast cancer: 5 targets x 20 flips can exceed the ~95 malignant training
+    points (the full spec's seed 1 failed: 'fit needs at least 2 classes')."""
+    scenario = ConformalPoisoning(dataset="breast_cancer", n_targets=5)
+    task = scenario.setup(np.random.default_rng(1))
+    poisoned = TargetedFlip(flips=300).poison(task, np.random.default_rng(0))
+    after = np.bincount(poisoned.train.y, minlength=2)
+    assert after.min() == 1
+    assert np.sum(poisoned.train.y != task.train.y) > 0
+    result = run_once(scenario, TargetedFlip(flips=20), None, seed=1)
+    assert result.success["target_changed_rate"] >= 0.2
