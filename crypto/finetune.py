@@ -150,7 +150,7 @@ def plain_net(model: HEFormer, arm: Arm, X: FloatArray) -> tuple[Net, dict[str, 
         "w1": _np(model.w1),
         "w2": w.w2,
         "pool": _np(model.pool),
-        "classifier": w.classifier,
+        "classifier": _np(model.classifier),
     }
     mats: dict[str, Matrix] = {}
     if arm.trained == "lora":

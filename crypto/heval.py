@@ -315,7 +315,9 @@ class HEWeights:
     (and the client folds it into the LoRA factors it encrypts); the LayerNorm
     centring and :math:`(d\\cdot\\text{div})^{-1/2}` into one matrix; the LayerNorm
     gain, Newton's 1/2 and :math:`1/B_{\\text{ffn}}` into :math:`W_1`;
-    :math:`1/B_p` into the pooler.
+    :math:`1/B_p` into the pooler. A personal head (``personal_head``) is the
+    client's secret and is left out (zeros): it travels encrypted with the LoRA
+    factors.
     """
 
     n_tokens: int
@@ -357,6 +359,7 @@ class HEWeights:
         centre = (np.eye(c.d) - 1.0 / c.d) * k_ln
         gain = a(model.gamma) / (2.0 * k_ln * math.sqrt(cal.ln_div) * cal.ffn_bound)
         alpha, beta = a(model.act)
+        head = 0.0 if c.personal_head else 1.0  # a personal head is the client's
         return cls(
             n_tokens=c.n_tokens,
             d=c.d,
@@ -372,8 +375,8 @@ class HEWeights:
             w1=gain[:, None] * a(model.w1),
             act=np.array([0.0, alpha * cal.ffn_bound, beta * cal.ffn_bound**2]),
             w2=a(model.w2),
-            pool=a(model.pool) / cal.pool_bound,
-            classifier=a(model.classifier),
+            pool=head * a(model.pool) / cal.pool_bound,
+            classifier=head * a(model.classifier),
             gk=cal.polys["gk"].coefficients.copy(),
             isqrt=cal.polys["isqrt"].coefficients.copy(),
             tanh=cal.polys["tanh"].coefficients.copy(),
@@ -383,7 +386,11 @@ class HEWeights:
 
 
 def lora_factors(model: HEFormer) -> dict[str, FloatArray]:
-    r"""The client's secret LoRA factors, with :math:`\\kappa` folded into Q and K."""
+    r"""The client's secret weights, with :math:`\\kappa` folded into Q and K.
+
+    The LoRA factors, plus the pooler (divided by :math:`B_p`) and classifier when
+    the head is personal.
+    """
     kappa = 1.0 / math.sqrt(
         2.0 * math.sqrt(model.config.head_dim) * model.calibration.dist_bound
     )
@@ -398,6 +405,12 @@ def lora_factors(model: HEFormer) -> dict[str, FloatArray]:
         )
         out[f"{name}_b"] = np.asarray(
             layer.lora_b.detach().numpy(), dtype=np.float64
+        ).copy()
+    if model.config.personal_head:
+        pool = np.asarray(model.pool.detach().numpy(), dtype=np.float64)
+        out["pool"] = pool / model.calibration.pool_bound
+        out["classifier"] = np.asarray(
+            model.classifier.detach().numpy(), dtype=np.float64
         ).copy()
     return out
 
@@ -543,8 +556,20 @@ def forward(
     ffn = ev.linear(hidden, w.w2)
     o = [ev.add(a, b) for a, b in zip(h, ffn, strict=True)]
     o = ev.ensure(o, 4, "head")
-    pooled = [ev.poly(t, w.tanh) for t in ev.linear(o, w.pool)]
-    return ev.linear(pooled, w.classifier)
+    pooled = [ev.poly(t, w.tanh) for t in _head(ev, o, w.pool, lora.get("pool"))]
+    return _head(ev, pooled, w.classifier, lora.get("classifier"))
+
+
+def _head(
+    ev: Evaluator, xs: list[Value], public: FloatArray, secret: list[list[Value]] | None
+) -> list[Value]:
+    """A head matrix: public plaintext, or the client's encrypted personal one."""
+    if secret is None:
+        return ev.linear(xs, public)
+    return [
+        ev.total([ev.mul(xs[g], secret[g][f]) for g in range(len(xs))])
+        for f in range(len(secret[0]))
+    ]
 
 
 def pack(z: FloatArray, slots: int) -> list[FloatArray]:

@@ -76,6 +76,9 @@ class ModelConfig:
         Gaussian-kernel attention or the softmax twin.
     gk_degree, isqrt_degree, tanh_degree : int
         Polynomial degrees of the kernel, inverse square root and pooler.
+    personal_head : bool
+        Personalisation also trains the head (pooler and classifier), as in the
+        paper; the head is then the client's secret and is encrypted like LoRA.
     """
 
     n_tokens: int = 8
@@ -89,8 +92,13 @@ class ModelConfig:
     gk_degree: int = 7
     isqrt_degree: int = 3
     tanh_degree: int = 3
+    personal_head: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.personal_head, bool):
+            raise ValueError(
+                f"ModelConfig.personal_head must be a bool, got {self.personal_head!r}"
+            )
         for name in (
             "n_tokens",
             "token_dim",
@@ -383,5 +391,10 @@ class HEFormer(nn.Module):
         return [p for m in (self.q, self.k, self.v) for p in (m.lora_a, m.lora_b)]
 
     def head_parameters(self) -> list[nn.Parameter]:
-        """The pooler and classifier (frozen here; trained in the paper)."""
+        """The pooler and classifier."""
         return [self.pool, self.classifier]
+
+    def personal_parameters(self) -> list[nn.Parameter]:
+        """What personalisation trains: LoRA, plus the head if ``personal_head``."""
+        head = self.head_parameters() if self.config.personal_head else []
+        return self.lora_parameters() + head

@@ -20,6 +20,8 @@ import numpy as np
 
 from crypto.attacks import DistinguisherAttack, Guess, InversionAttack, ServerView
 from crypto.bench import attention_benchmark, lora_benchmark
+from crypto.bench_finetune import finetune_benchmark
+from crypto.bench_layer import layer_benchmark
 from crypto.data import client_transform, digit_sequences, negation_sentiment
 from crypto.defense import CKKSDefense, EmbeddingNoise
 from crypto.deploy import CryptoTask, PersonalisedLearner
@@ -37,6 +39,8 @@ register("defenses", CKKSDefense.name)(CKKSDefense)
 register("defenses", EmbeddingNoise.name)(EmbeddingNoise)
 register("benchmarks", "crypto-attention")(attention_benchmark)
 register("benchmarks", "crypto-lora")(lora_benchmark)
+register("benchmarks", "crypto-finetune")(finetune_benchmark)
+register("benchmarks", "crypto-layer")(layer_benchmark)
 register("figures", "crypto")(figures)
 
 
@@ -58,6 +62,9 @@ class PrivateInference:
         Training lengths.
     twin : bool
         Also train the softmax-attention twin.
+    personal_head : bool
+        Personalisation trains the head too (as in the paper); the client then
+        sends it encrypted with the LoRA factors.
     """
 
     name: ClassVar[str] = "crypto-private-inference"
@@ -74,6 +81,7 @@ class PrivateInference:
     pretrain_epochs: int = 15
     lora_epochs: int = 20
     twin: bool = True
+    personal_head: bool = True
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -107,6 +115,7 @@ class PrivateInference:
             heads=self.heads,
             ffn=self.ffn,
             n_classes=classes,
+            personal_head=self.personal_head,
         )
 
     @property

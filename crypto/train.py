@@ -150,13 +150,14 @@ def personalise(
     generator: torch.Generator,
     config: TrainConfig = TrainConfig(epochs=20, lr=1e-2, penalty=10.0),
 ) -> list[float]:
-    """LoRA fine-tuning: train only the Q, K, V adapters, everything else frozen.
+    """LoRA fine-tuning: Q, K, V adapters (and the head), everything else frozen.
 
-    Unlike the paper, the head stays frozen too, so the server can hold every
-    non-LoRA weight in plaintext and only the adapters are the client's secret.
+    The head is trained when the model's ``personal_head`` is set, as in the paper.
+    The trained weights are the client's secret: encrypted inference sends them
+    as ciphertexts, the server holds only the frozen rest in plaintext.
     """
     poly = model.config.attention == "gk"
-    return train(model, data, model.lora_parameters(), config, generator, poly)
+    return train(model, data, model.personal_parameters(), config, generator, poly)
 
 
 def predict_logits(model: HEFormer, X: np.ndarray, guard: bool = True) -> np.ndarray:
