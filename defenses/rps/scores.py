@@ -54,12 +54,14 @@ test and calibration scores stay exact.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+ScalarT = TypeVar("ScalarT", bound=np.generic)
 
 
 ABSTAIN = -1
@@ -126,9 +128,9 @@ class VoteGeometry:
         # per-entry count walks the columns, stopping once every entry has.
         o = np.ascontiguousarray(self.others.T)
         m, e = o.shape
-        top_sum = np.cumsum(o, axis=0)
+        top_sum = _running_sum(o)
         ascending = o[:0:-1]
-        cum = np.cumsum(ascending, axis=0)
+        cum = _running_sum(ascending)
         room = top_sum[-1]
         zeros = np.zeros((1, e), dtype=np.int64)
         derived = {
@@ -249,10 +251,24 @@ class VoteGeometry:
         return self._score(own, rest)
 
 
+def _running_sum(rows: npt.NDArray[ScalarT]) -> npt.NDArray[ScalarT]:
+    """Cumulative sums down the rows: row ``c`` is the sum of rows ``0..c``.
+
+    The same additions in the same order as ``np.cumsum(rows, axis=0)``, one whole
+    row at a time (a few times faster for these short, wide tables).
+    """
+    out = np.empty_like(rows)
+    if rows.shape[0]:
+        out[0] = rows[0]
+    for c in range(1, rows.shape[0]):
+        np.add(out[c - 1], rows[c], out=out[c])
+    return out
+
+
 def _suffix_sums(columns: FloatArray) -> FloatArray:
     """Row ``c`` of the result: the sum of rows ``c..`` of ``columns`` (last: 0)."""
     out = np.zeros((columns.shape[0] + 1, columns.shape[1]), dtype=np.float64)
-    np.cumsum(columns[::-1], axis=0, out=out[-2::-1])
+    out[-2::-1] = _running_sum(columns[::-1])
     return out
 
 
