@@ -53,6 +53,7 @@ test and calibration scores stay exact.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -95,10 +96,11 @@ def vote_counts(
 class VoteGeometry:
     """Score bounds of a batch, per *entry*: a point and one of its vote counts.
 
-    Classes of a point with equal votes have equal scores and bounds, so the work
-    is done once per distinct (point, vote count) entry; ``index`` maps each
-    (point, class) to its entry. :meth:`lower` and :meth:`upper` take a radius that
-    broadcasts against the entries (optionally restricted to ``rows``).
+    Classes of a point with equal votes have equal scores and bounds, and so have
+    points with the same sorted vote vector, so the work is done once per entry: a
+    distinct sorted vote vector and one of its distinct vote counts; ``index``
+    maps each (point, class) to its entry. :meth:`lower` and :meth:`upper` take a
+    radius that broadcasts against the entries (optionally restricted to ``rows``).
 
     Attributes
     ----------
@@ -331,8 +333,11 @@ def smoothed_scores(
 def vote_geometry(
     votes: npt.ArrayLike, n_voters: int, softmax: bool = True, abstain: bool = False
 ) -> VoteGeometry:
-    """Entries (point, distinct vote count) with the sorted other votes.
+    """Entries (distinct sorted vote vector, distinct vote count), shared by points.
 
+    Scores and bounds depend on a class's votes and the multiset of the others
+    only, so points with the same sorted vote vector share their entries (the
+    vectors are keyed by one integer when it fits in 62 bits).
     ``abstain=True`` accepts rows summing to less than ``n_voters``; the bounds
     then cover moves into and out of the abstain state.
     """
@@ -342,9 +347,11 @@ def vote_geometry(
     ordered = np.take_along_axis(v, order, axis=1)
     first = np.ones((n, k), dtype=bool)
     first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
-    point, position = np.nonzero(first)
+    rows, inverse = _distinct_rows(ordered, n_voters)
+    row_first = first[rows]
+    point, position = np.nonzero(row_first)
     # Column c of the others: the sorted votes without the entry's own position.
-    flat = ordered.ravel()
+    flat = ordered[rows].ravel()
     base = point * k
     others = np.empty((k - 1, point.size), dtype=np.int64)
     for c in range(k - 1):
@@ -352,19 +359,38 @@ def vote_geometry(
     rank = np.cumsum(first, axis=1) - 1
     sorted_rank = np.empty_like(order)
     np.put_along_axis(sorted_rank, order, np.arange(k)[None, :], axis=1)
-    start = np.concatenate([[0], np.cumsum(first.sum(axis=1))[:-1]])
-    index = start[:, None] + np.take_along_axis(rank, sorted_rank, axis=1)
+    start = np.concatenate([[0], np.cumsum(row_first.sum(axis=1))[:-1]])
+    index = start[inverse][:, None] + np.take_along_axis(rank, sorted_rank, axis=1)
+    own = flat.take(base + position)
     if softmax:
-        shifted = _tie_exact(ordered) if abstain else ordered
+        distinct = ordered[rows]
+        shifted = _tie_exact(distinct) if abstain else distinct
         denominator = np.exp(shifted / n_voters).sum(axis=1)
         entry_scores = np.exp(shifted[point, position] / n_voters) / denominator[point]
     else:
-        entry_scores = ordered[point, position] / n_voters
+        entry_scores = own / n_voters
     return VoteGeometry(
-        ordered[point, position],
+        own,
         others.T,
         index.astype(np.int64),
         np.asarray(entry_scores, dtype=np.float64),
         n_voters,
         softmax,
     )
+
+
+def _distinct_rows(ordered: IntArray, n_voters: int) -> tuple[IntArray, IntArray]:
+    """One representative row per distinct sorted vote vector, and each row's.
+
+    Returns ``(rows, inverse)`` with ``ordered[rows[inverse]] == ordered``. A vote
+    vector is keyed by its digits in base ``n_voters + 1``; when the key could
+    overflow, every row stands for itself.
+    """
+    n, k = ordered.shape
+    if k * math.log2(n_voters + 1) >= 62:
+        identity = np.arange(n, dtype=np.int64)
+        return identity, identity
+    weights = (n_voters + 1) ** np.arange(k - 1, -1, -1, dtype=np.int64)
+    keys = ordered @ weights
+    _, rows, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return rows.astype(np.int64), inverse.astype(np.int64).ravel()

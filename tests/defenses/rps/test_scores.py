@@ -76,6 +76,18 @@ def test_abstaining_predictions_are_counted_for_no_class():
         vote_geometry(np.array([[2, 2]]), 3, abstain=True)
 
 
+def test_points_with_the_same_vote_multiset_share_entries():
+    g = vote_geometry(np.array([[3, 1, 0], [0, 1, 3], [1, 3, 0], [2, 2, 0]]), 4)
+    assert g.size == 5
+    assert g.index[0, 0] == g.index[1, 2] == g.index[2, 1]
+    assert g.index[3, 0] == g.index[3, 1] != g.index[3, 2]
+    assert np.allclose(g.score()[g.index][1], smoothed_scores([[0, 1, 3]], 4)[0])
+    # 20 classes of 200 voters: the integer key would overflow, rows stay apart
+    wide = np.zeros((2, 20), dtype=np.int64)
+    wide[:, 0] = 200
+    assert vote_geometry(wide, 200).size == 4
+
+
 def test_golden_scores():
     s = smoothed_scores(np.array([[2, 0, 0]]), 2)
     e = np.e
