@@ -2,11 +2,11 @@ r"""One fine-tuning step of the HE-friendly layer on packed values: both passes.
 
 The layer of :mod:`crypto.heval` (feature-major layout, slot ``b n + i`` = token
 ``i`` of sequence ``b``), differentiated by hand so that the backward pass is made of
-the same slot-wise operations as the forward pass (Rho et al., 2025, Sec. 4 and
-App. "backpropagation under HE"). With the squared error
-:math:`L = \tfrac1{2B}\sum_b \lVert \ell_b - y_b\rVert^2` on the CLS logits, the
-gradient of the logits is :math:`m \odot (\ell - Y)` with the public mask ``m``
-(``1/B`` on CLS slots, 0 elsewhere), and, writing :math:`\bar x` for
+the same slot-wise operations as the forward pass (Rho et al., 2025, train the
+LoRA factors and the head under HE the same way, with bootstrapping). With the
+squared error :math:`L = \tfrac1{2B}\sum_b \lVert \ell_b - y_b\rVert^2` on the CLS
+logits, the gradient of the logits is :math:`m \odot (\ell - Y)` with the public
+mask ``m`` (``1/B`` on CLS slots, 0 elsewhere), and, writing :math:`\bar x` for
 :math:`\partial L/\partial x`:
 
 .. math::
