@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from crypto.bench import _int
 from crypto.data import client_transform, digit_sequences
 from crypto.finetune import (
     TRAIN_PARAMS,
@@ -41,15 +42,6 @@ from defenses.results import Result
 
 ARM_NAMES = ("lora-gk", "full-softmax", "full-gk", "lora-softmax")
 BASELINE = "full-softmax"
-
-
-def _int(params: Mapping[str, Any], key: str, default: int) -> int:
-    value = params.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"benchmark parameter {key} must be a positive int, got {value!r}"
-        )
-    return value
 
 
 def _arms(params: Mapping[str, Any]) -> list[str]:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from crypto.bench import _int
 from crypto.ckks import INTERACTIVE, NON_INTERACTIVE, CKKSParams
 from crypto.data import client_transform, digit_sequences
 from crypto.model import ModelConfig
@@ -33,15 +34,6 @@ from crypto.protocol import Client, Server
 from crypto.train import TrainConfig, personalise, predict_logits, pretrain
 from defenses.harness import measurement
 from defenses.results import Result
-
-
-def _int(params: Mapping[str, Any], key: str, default: int) -> int:
-    value = params.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"benchmark parameter {key} must be a positive int, got {value!r}"
-        )
-    return value
 
 
 def _serve(

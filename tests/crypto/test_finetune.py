@@ -121,3 +121,12 @@ def test_encrypted_steps_match_the_reference_d8(
     got = encrypted_step(tiny_model, X, y, 0.5, arm, steps=2)
     for name in arm.names:
         assert np.max(np.abs(got.weights[name] - want[name])) < 1e-4, name
+
+
+def test_finetune_benchmark_bad_params() -> None:
+    from crypto.bench_finetune import finetune_benchmark
+
+    with pytest.raises(ValueError, match="arms"):
+        list(finetune_benchmark({"arms": ["lora-relu"]}, [0]))
+    with pytest.raises(ValueError, match="batch"):
+        list(finetune_benchmark({"batch": 0}, [0]))
