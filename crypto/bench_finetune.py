@@ -58,7 +58,7 @@ def finetune_benchmark(params: Mapping[str, Any], seeds: list[int]) -> Iterable[
     """One encrypted fine-tuning step per arm, side by side, per seed."""
     d = _int(params, "d", 8)
     heads = _int(params, "heads", 1)
-    ffn = _int(params, "ffn", d)
+    ffn = _int(params, "ffn", d * _int(params, "ffn_ratio", 1))
     batch = _int(params, "batch", 4)
     steps = _int(params, "steps", 1)
     epochs = _int(params, "pretrain_epochs", 3)
