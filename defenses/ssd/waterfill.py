@@ -32,7 +32,8 @@ locates each level by a vectorized binary search over the breakpoints. There is 
 Python loop over rows. The torch version follows the paper's GPU algorithm (Alg. 3)
 with dense masks. Both compute in float64 and return the input's dtype.
 
-Entries of ``q`` below ``floor`` are raised to ``floor`` and the rows renormalised:
+Entries of ``q`` below ``floor`` are raised to ``floor`` and the rows renormalised
+(in effect: the levels absorb the row's new mass, see ``_floored``):
 :math:`\mathrm{KL}(p \| q)` is infinite wherever :math:`q_i = 0 < p_i`, so a zero
 (e.g. a float32 underflow) would make the problem infeasible for small budgets.
 """
@@ -140,19 +141,22 @@ def _check_budget(budget: FloatArray, n: int) -> None:
         raise ValueError(f"budget must be >= 0, got min {budget.min()!r}")
 
 
-def _floored(q: FloatArray, summary: RowSummary) -> FloatArray:
-    """Raise entries below :data:`FLOOR` and renormalise the rows that changed.
+def _floored(q: FloatArray, summary: RowSummary) -> tuple[FloatArray, FloatArray]:
+    r"""Raise entries below :data:`FLOOR`; return them with the new row masses.
 
-    ``summary`` is :func:`check_probabilities` of ``q``. A row changed exactly when
-    raising its entries changed its sum; the others are divided by 1.0, which leaves
-    them bit for bit as they were.
+    ``summary`` is :func:`check_probabilities` of ``q``. The rows are not divided by
+    their masses: the minimiser of :math:`\mathrm{KL}(p \| q)` is that of
+    :math:`\mathrm{KL}(p \| q / s)` (the two differ by :math:`\log s`), and the water
+    levels absorb the scale, so :func:`_block` takes the masses instead of a
+    renormalised copy. A row changed exactly when raising its entries changed its
+    sum; the others get mass 1.0 and stay bit for bit as they were.
     """
+    ones = np.ones(q.shape[0])
     if q.size == 0 or summary.smallest >= FLOOR:
-        return q
+        return q, ones
     fixed = np.maximum(q, FLOOR)
     after = _row_sums(fixed)
-    fixed /= np.where(after == summary.sums, 1.0, after)[:, None]
-    return fixed
+    return fixed, np.where(after == summary.sums, ones, after)
 
 
 def _prepare(
@@ -360,8 +364,15 @@ def _cumsum_rows(values: FloatArray, out: FloatArray) -> FloatArray:
     return out
 
 
-def _block(f: FloatArray, q: FloatArray, budget: FloatArray, out: FloatArray) -> None:
-    """Water-filling on a block of rows, written into ``out``."""
+def _block(
+    f: FloatArray, q: FloatArray, mass: FloatArray, budget: FloatArray, out: FloatArray
+) -> None:
+    """Water-filling on a block of rows, written into ``out``.
+
+    Row ``i`` of ``q`` sums to ``mass[i]`` (the floor raised some entries); the
+    levels found are those of ``q`` itself, :math:`w / s` for the normalised levels
+    :math:`w`, so only the trivial case needs the mass.
+    """
     n, k = f.shape
     half = 0.5 * budget
     ratio, order = _sorted_ratios(f, q)
@@ -384,11 +395,10 @@ def _block(f: FloatArray, q: FloatArray, budget: FloatArray, out: FloatArray) ->
     suffix = qs_rev.ravel().take(start - np.arange(n) + np.minimum(k - 1 - j_b, k - 2))
     above_q = np.where(j_b > 0, suffix, qp[:, -1])
     w_b = (above_f - half) / above_q
-    # the raised mass reaches q itself (w_A >= 1) exactly when ||q - f||_1 <= B;
-    # then w_A = w_B = 1 gives min(max(f, q), q) = q exactly
-    trivial = w_a >= 1.0
-    w_a[trivial] = 1.0
-    w_b[trivial] = 1.0
+    # the raised mass reaches q itself (w_A >= 1 for the normalised q) exactly when
+    # ||q - f||_1 <= B; then w_A = w_B = 1 / s gives min(max(f, q / s), q / s) = q / s
+    trivial = w_a * mass >= 1.0
+    w_a[trivial] = w_b[trivial] = 1.0 / mass[trivial]
 
     np.multiply(q, w_a[:, None], out=out)
     np.maximum(out, f, out=out)
@@ -408,11 +418,13 @@ def _water_filling_numpy(
         part = slice(start, start + step)
         f_part = f[part]
         check_probabilities("f", f_part, tolerance, start)
-        q_part = _floored(q[part], check_probabilities("q", q[part], tolerance, start))
+        q_part, mass = _floored(
+            q[part], check_probabilities("q", q[part], tolerance, start)
+        )
         if k == 1:
-            out[part] = q_part
+            out[part] = q_part / mass[:, None]
         else:
-            _block(f_part, q_part, budget[part], out[part])
+            _block(f_part, q_part, mass, budget[part], out[part])
     return out
 
 
