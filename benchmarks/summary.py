@@ -101,9 +101,10 @@ def summary_row(spec: Spec, results: Sequence[Result]) -> SummaryRow | None:
     d, u = describe(d_values), describe(u_values)
     peers = []
     for prefix in settings.peers:
-        values = _values(_arm(results, settings.attack, prefix), settings.metric)
+        arm = _arm(results, settings.attack, prefix)
+        values = _values(arm, settings.metric)
         if values:
-            peers.append((prefix, describe(values)))
+            peers.append((arm[0].defense, describe(values)))
     guarantee = None
     if settings.guarantee:
         values = _values(defended, settings.guarantee)

@@ -64,7 +64,7 @@ def test_summary_row_pairs_seeds_and_reads_peers_and_guarantee():
                     "defense": "ssd",
                     "attack": "atk",
                     "relative_change": 0.5,
-                    "peers": ["gauss", "missing"],
+                    "peers": ["gauss", "missing", "ssd(epsilon=2"],
                     "guarantee": "certificate.bound",
                     "utility": "utility.accuracy",
                 }
@@ -78,7 +78,8 @@ def test_summary_row_pairs_seeds_and_reads_peers_and_guarantee():
     assert row.undefended.mean == pytest.approx(0.25)
     assert row.delta.mean == pytest.approx(-0.22)
     assert row.delta.n == 2
-    assert [name for name, _ in row.peers] == ["gauss"]
+    # a peer is named by the full label of the arm its prefix matched
+    assert [name for name, _ in row.peers] == ["gauss", "ssd(epsilon=2)"]
     assert row.guarantee is not None
     assert row.guarantee[1].mean == pytest.approx(0.2)
     assert row.verdict == REPRODUCED
