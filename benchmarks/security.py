@@ -34,7 +34,9 @@ def security_report(results: Sequence[Result], system: str) -> dict[str, Any]:
             f"no results for system {system!r}; defenses in results: {known}"
         )
     threats = list(
-        {json.dumps(r.threat, sort_keys=True): r.threat for r in defended}.values()
+        {
+            json.dumps(r.threat, sort_keys=True): r.threat for r in defended if r.threat
+        }.values()
     )
     attacks = []
     for scenario, attack in dict.fromkeys((r.scenario, r.attack) for r in defended):
@@ -78,6 +80,8 @@ def security_markdown(report: dict[str, Any]) -> str:
         "## Threat models",
         "",
     ]
+    if not report["threat_models"]:
+        lines.append("- none declared (measurement benchmarks without an attack game)")
     for threat in report["threat_models"]:
         caps = ", ".join(threat.get("capabilities", [])) or "–"
         budget = {k: v for k, v in threat.get("budget", {}).items() if v is not None}

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from defenses.api import Certifiable, Scenario
 from defenses.cost import phase, recording
 from defenses.results import UNDEFENDED, Result
-from defenses.threat import Stage
+from defenses.threat import Stage, ThreatModel
 
 logger = logging.getLogger(__name__)
 
@@ -220,19 +220,21 @@ def measurement(
     cost: Mapping[str, float] | None = None,
     certificate: Mapping[str, float] | None = None,
     params: Mapping[str, Any] | None = None,
+    threat: ThreatModel | None = None,
 ) -> Result:
     """A :class:`Result` for a measurement that is not an attack game.
 
     ``variant`` plays the role of the defense column (e.g. ``"water_filling"`` or
     ``"cvxpy"``); ``"none"`` marks the reference variant that paired deltas compare
-    against.
+    against. ``threat`` is the threat model the measured system is built against,
+    when it has one (security reports print it).
     """
     return Result(
         scenario=benchmark,
         attack="-",
         defense=variant,
         seed=int(seed),
-        threat={},
+        threat={} if threat is None else threat.to_dict(),
         utility=_metrics(utility or {}, "utility"),
         success=_metrics(success or {}, "success"),
         cost=_metrics(cost or {}, "cost"),

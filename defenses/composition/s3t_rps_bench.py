@@ -47,6 +47,7 @@ from defenses.s3t.baselines import SISA
 from defenses.s3t.defense import S3T, Unlearner
 from defenses.s3t.tasks import BackboneSpec, pretrained_backbone, split_digits
 from defenses.s3t.training import single_thread
+from defenses.threat import Budget, Capability, Goal, Knowledge, Stage, ThreatModel
 
 BENCHMARK = "composition-s3t-rps"
 FloatArray = npt.NDArray[np.float64]
@@ -201,7 +202,27 @@ def _rps_record(
         certificate=certificate,
         cost=cost,
         params=params,
+        threat=THREAT,
     )
+
+
+THREAT = ThreatModel(
+    goal=Goal.INTEGRITY,
+    stage=Stage.TRAINING,
+    knowledge=Knowledge.WHITE_BOX,
+    capabilities=frozenset(
+        {
+            Capability.READ_PARAMETERS,
+            Capability.POISON_TRAIN,
+            Capability.POISON_CALIBRATION,
+            Capability.REQUEST_DELETION,
+        }
+    ),
+    budget=Budget(),
+)
+"""What the composition is built against: poisoned training and calibration points
+(any labels and features, knowing the model) and deletion requests; the certified
+radii say how many it withstands."""
 
 
 def _cp_record(
@@ -227,7 +248,9 @@ def _cp_record(
         "dead_shards": float(len(model.dead_shards)),
         "deleted": float(deleted),
     }
-    return measurement(BENCHMARK, variant, seed, utility=utility, params=params)
+    return measurement(
+        BENCHMARK, variant, seed, utility=utility, params=params, threat=THREAT
+    )
 
 
 def _timed_build(

@@ -89,4 +89,5 @@ def shielded_federated(
                 success=membership_metrics(guess, task.is_member),
                 certificate=certificate,
                 params=dict(params),
+                threat=scenario.threat,
             )

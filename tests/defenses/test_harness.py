@@ -5,7 +5,14 @@ import pytest
 from defenses.harness import evaluate, label, measurement, run_once
 from defenses.results import paired_deltas
 from defenses.testing import ContractError, check_pair
-from defenses.threat import ThreatModelViolation
+from defenses.threat import (
+    Capability,
+    Goal,
+    Knowledge,
+    Stage,
+    ThreatModel,
+    ThreatModelViolation,
+)
 
 from .toy import Blur, MutatingDefense, NeedsWeights, ReadScores, ToyScenario
 
@@ -65,6 +72,19 @@ def test_measurement_records_validate_metrics():
     assert record.params == {"benchmark": {"K": 10}}
     with pytest.raises(ValueError, match="must be finite"):
         measurement("speed", "fast", 0, cost={"time_s": float("inf")})
+    assert record.threat == {}
+
+
+def test_measurement_records_carry_a_threat_model_when_given():
+    threat = ThreatModel(
+        goal=Goal.INTEGRITY,
+        stage=Stage.TRAINING,
+        knowledge=Knowledge.BLACK_BOX,
+        capabilities=frozenset({Capability.POISON_TRAIN}),
+    )
+    record = measurement("certify", "rps", 0, threat=threat)
+    assert record.threat == threat.to_dict()
+    assert record.threat["capabilities"] == ["poison-train"]
 
 
 def test_check_pair_accepts_a_sound_pair():
