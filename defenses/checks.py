@@ -4,7 +4,8 @@ Every scenario, attack and defense validates its parameters when it is built, so
 bad spec fails at once with a message naming the field, instead of deep inside a
 run. The three checks here cover what the dataclasses need: integers in a range
 (a ``bool`` is refused, though Python counts it as an ``int``), finite real numbers in
-an interval, and one choice out of a fixed set.
+an interval, one choice out of a fixed set, and no unknown keys in a benchmark's
+parameters.
 """
 
 from __future__ import annotations
@@ -108,6 +109,23 @@ def check_choice(name: str, value: T, choices: Collection[T]) -> T:
         listed = tuple(choices) if not isinstance(choices, tuple) else choices
         raise ValueError(f"{name} must be one of {listed}, got {value!r}")
     return value
+
+
+def check_keys(owner: str, params: Collection[str], accepted: Collection[str]) -> None:
+    """Raise ValueError naming every key of ``params`` not in ``accepted``.
+
+    Examples
+    --------
+    >>> check_keys("ssd-perf", {"K": 10, "rows": 5}, {"K", "N"})
+    Traceback (most recent call last):
+    ...
+    ValueError: ssd-perf: unknown parameter(s) ['rows']; accepted: ['K', 'N']
+    """
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ValueError(
+            f"{owner}: unknown parameter(s) {unknown}; accepted: {sorted(accepted)}"
+        )
 
 
 def _interval(low: float | None, high: float | None, opening: str, closing: str) -> str:

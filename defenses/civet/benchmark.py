@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from defenses.checks import check_keys
 from defenses.civet.attacks import JointPGD
 from defenses.civet.baselines import PGDTraining
 from defenses.civet.certificate import certify
@@ -86,12 +87,7 @@ def eps_sweep(params: Mapping[str, Any], seeds: Sequence[int]) -> Iterator[Resul
         "attack_steps",
         "attack_restarts",
     }
-    unknown = sorted(set(params) - known - set(SCENARIO_KEYS))
-    if unknown:
-        raise ValueError(
-            f"civet-eps: unknown parameter(s) {unknown}; "
-            f"accepted: {sorted(known | set(SCENARIO_KEYS))}"
-        )
+    check_keys("civet-eps", params, known | set(SCENARIO_KEYS))
     radii = _floats("eval_eps", params.get("eval_eps", [0.0, 0.05, 0.1]))
     methods = list(params.get("methods", list(VARIANTS)))
     if not methods or any(m not in VARIANTS for m in methods):

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from defenses.checks import check_choice, check_int, check_real
+from defenses.checks import check_choice, check_int, check_keys, check_real
 from defenses.composition.s3t_rps import ReliableUnlearner
 from defenses.data import stratified_split
 from defenses.harness import measurement
@@ -101,12 +101,7 @@ class Settings:
     @classmethod
     def parse(cls, params: Mapping[str, Any]) -> Settings:
         """Fill defaults and check every value."""
-        unknown = sorted(set(params) - set(DEFAULTS))
-        if unknown:
-            raise ValueError(
-                f"{BENCHMARK}: unknown parameter(s) {unknown}; "
-                f"accepted: {sorted(DEFAULTS)}"
-            )
+        check_keys(BENCHMARK, params, DEFAULTS)
         values = {**DEFAULTS, **params}
         check_choice(f"{BENCHMARK}.unlearner", values["unlearner"], UNLEARNERS)
         for name in ("alpha", "lr"):

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from defenses.checks import check_keys
 from defenses.harness import measurement
 from defenses.metrics import accuracy, membership_metrics
 from defenses.oracle import QueryOracle
@@ -45,9 +46,7 @@ def shielded_federated(
     seeds : sequence of int
         One run per seed; the shield and the DP model share the seed's streams.
     """
-    unknown = sorted(set(params) - {"epsilons", "sigma", *SCENARIO_KEYS})
-    if unknown:
-        raise ValueError(f"{BENCHMARK}: unknown parameter(s) {unknown}")
+    check_keys(BENCHMARK, params, {"epsilons", "sigma", *SCENARIO_KEYS})
     scenario = FederatedMembership(
         **{k: params[k] for k in SCENARIO_KEYS if k in params}
     )

@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 from tqdm.auto import tqdm
 
+from defenses.checks import check_keys
 from defenses.harness import measurement
 from defenses.metrics import accuracy
 from defenses.results import Result
@@ -97,12 +98,7 @@ class Settings:
     @classmethod
     def parse(cls, params: Mapping[str, Any]) -> Settings:
         """Fill defaults and check every value."""
-        unknown = sorted(set(params) - set(DEFAULTS))
-        if unknown:
-            raise ValueError(
-                f"s3t-deletion has no parameter(s) {unknown}; "
-                f"accepted: {sorted(DEFAULTS)}"
-            )
+        check_keys("s3t-deletion", params, DEFAULTS)
         values = {**DEFAULTS, **params}
         if values["sequences"] == 0:
             values["sequences"] = values["slices"]

@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from defenses.checks import check_keys
 from defenses.harness import measurement
 from defenses.registry import register
 from defenses.results import Result
@@ -87,11 +88,7 @@ def speed(params: dict[str, Any], seeds: list[int]) -> Iterator[Result]:
         One measurement per seed.
     """
     allowed = {"K", "N", "repeats", "cvxpy_rows", "max_budget", "torch"}
-    unknown = sorted(set(params) - allowed)
-    if unknown:
-        raise ValueError(
-            f"{BENCHMARK}: unknown parameter(s) {unknown}; allowed: {sorted(allowed)}"
-        )
+    check_keys(BENCHMARK, params, allowed)
     k = _positive_int(params, "K", 10)
     n = _positive_int(params, "N", 10_000)
     repeats = _positive_int(params, "repeats", 5)

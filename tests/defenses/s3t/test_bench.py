@@ -71,7 +71,7 @@ def test_figures_draw_pngs(uniform, tmp_path) -> None:
 @pytest.mark.parametrize(
     ("params", "match"),
     [
-        ({"bogus": 1}, "no parameter"),
+        ({"bogus": 1}, r"unknown parameter\(s\)"),
         ({"streams": 0}, "streams must be a positive int"),
         ({"skew": "heavy"}, "skew must be"),
         ({"zipf": 0.0}, "zipf must be > 0"),
