@@ -186,7 +186,7 @@ class VoteGeometry:
 
     def _exp(self, votes: npt.ArrayLike) -> FloatArray:
         table: FloatArray = self.__dict__["_table"]
-        return np.asarray(table[np.asarray(votes, dtype=np.int64)], dtype=np.float64)
+        return np.asarray(table.take(np.asarray(votes, dtype=np.int64)))
 
     def _score(self, own: IntArray, rest: FloatArray | None) -> FloatArray:
         if rest is None:
