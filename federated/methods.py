@@ -25,6 +25,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from defenses.api import DefenseKind
+from defenses.checks import check_choice, check_real
 from federated.accounting import (
     ACCOUNTANTS,
     Accountant,
@@ -91,20 +92,6 @@ class FedAvgLearner:
         )
 
 
-def _check_sigma(owner: str, sigma: float) -> None:
-    if isinstance(sigma, bool) or not isinstance(sigma, int | float):
-        raise ValueError(f"{owner}.sigma must be a finite number > 0, got {sigma!r}")
-    if not (math.isfinite(sigma) and sigma > 0):
-        raise ValueError(f"{owner}.sigma must be a finite number > 0, got {sigma!r}")
-
-
-def _check_accountant(owner: str, accountant: str) -> None:
-    if accountant not in ACCOUNTANTS:
-        raise ValueError(
-            f"{owner}.accountant must be one of {ACCOUNTANTS}, got {accountant!r}"
-        )
-
-
 def realised_certificate(
     system: FederatedModel, task: BudgetedTask, accountant: Accountant
 ) -> dict[str, float]:
@@ -135,7 +122,7 @@ class ScheduledLearner:
     """FedAvg whose clients run local DP-SGD on per-client schedules."""
 
     inner: FedAvgLearner
-    method: TimeAdaptiveDP | IDPFedAvg | DPFedAvg
+    method: DPSGDMethod
 
     def schedules(self, task: BudgetedTask) -> list[ClientSchedule]:
         """Solve every client's schedule (before any training)."""
@@ -169,8 +156,38 @@ class ScheduledLearner:
         return model
 
 
+class DPSGDMethod:
+    """What the DP-SGD trainers share.
+
+    Checked ``sigma`` and ``accountant``, the wrapping into a
+    :class:`ScheduledLearner`, and the realised certificate. Each subclass is a
+    frozen dataclass declaring the two fields and its :meth:`policy` (how a client
+    spends its budget over the rounds).
+    """
+
+    sigma: float
+    accountant: Accountant
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        check_real(f"{owner}.sigma", self.sigma, 0.0, open_low=True)
+        check_choice(f"{owner}.accountant", self.accountant, ACCOUNTANTS)
+
+    def policy(self) -> Policy:
+        """How each client spends its budget over the rounds."""
+        raise NotImplementedError
+
+    def wrap(self, learner: FedAvgLearner) -> ScheduledLearner:
+        """Return the learner whose clients run DP-SGD on this method's schedules."""
+        return ScheduledLearner(learner, self)
+
+    def certify(self, system: FederatedModel, task: BudgetedTask) -> dict[str, float]:
+        """Realised per-client epsilon against the budgets."""
+        return realised_certificate(system, task, self.accountant)
+
+
 @dataclass(frozen=True)
-class TimeAdaptiveDP:
+class TimeAdaptiveDP(DPSGDMethod):
     """Time-adaptive privacy spending: save early, spend later (Kiani et al., 2025).
 
     Parameters
@@ -196,8 +213,7 @@ class TimeAdaptiveDP:
     accountant: Accountant = "rdp"
 
     def __post_init__(self) -> None:
-        _check_sigma("TimeAdaptiveDP", self.sigma)
-        _check_accountant("TimeAdaptiveDP", self.accountant)
+        super().__post_init__()
         self.policy()
 
     def policy(self) -> Policy:
@@ -205,17 +221,9 @@ class TimeAdaptiveDP:
         cls = StrictOnly if self.strict_only else TimeAdaptive
         return cls(self.save_fraction, self.save_ratio)
 
-    def wrap(self, learner: FedAvgLearner) -> ScheduledLearner:
-        """Return the learner that trains with time-adaptive DP-SGD clients."""
-        return ScheduledLearner(learner, self)
-
-    def certify(self, system: FederatedModel, task: BudgetedTask) -> dict[str, float]:
-        """Realised per-client epsilon against the budgets."""
-        return realised_certificate(system, task, self.accountant)
-
 
 @dataclass(frozen=True)
-class IDPFedAvg:
+class IDPFedAvg(DPSGDMethod):
     """Individual budgets, each spent uniformly over the rounds (IDP-FedAvg).
 
     Parameters
@@ -231,25 +239,13 @@ class IDPFedAvg:
     sigma: float = 1.0
     accountant: Accountant = "rdp"
 
-    def __post_init__(self) -> None:
-        _check_sigma("IDPFedAvg", self.sigma)
-        _check_accountant("IDPFedAvg", self.accountant)
-
     def policy(self) -> Policy:
         """Uniform spending."""
         return Uniform()
 
-    def wrap(self, learner: FedAvgLearner) -> ScheduledLearner:
-        """Return the learner with uniform individual-budget DP-SGD clients."""
-        return ScheduledLearner(learner, self)
-
-    def certify(self, system: FederatedModel, task: BudgetedTask) -> dict[str, float]:
-        """Realised per-client epsilon against the budgets."""
-        return realised_certificate(system, task, self.accountant)
-
 
 @dataclass(frozen=True)
-class DPFedAvg:
+class DPFedAvg(DPSGDMethod):
     """Every client held to the strictest budget, spent uniformly (DP-FedAvg).
 
     Parameters
@@ -265,17 +261,9 @@ class DPFedAvg:
     sigma: float = 1.0
     accountant: Accountant = "rdp"
 
-    def __post_init__(self) -> None:
-        _check_sigma("DPFedAvg", self.sigma)
-        _check_accountant("DPFedAvg", self.accountant)
-
     def policy(self) -> Policy:
-        """Uniform spending."""
+        """Uniform spending, every client at the strictest budget."""
         return Uniform()
-
-    def wrap(self, learner: FedAvgLearner) -> ScheduledLearner:
-        """Return the learner with all clients at the strictest budget."""
-        return ScheduledLearner(learner, self)
 
     def certify(self, system: FederatedModel, task: BudgetedTask) -> dict[str, float]:
         """Realised epsilon (all clients at the strictest budget)."""
