@@ -16,8 +16,7 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from defenses.metrics import true_class_logit
-from defenses.oracle import QueryOracle
+from defenses.reference.attacks import LossThresholdAttack
 from defenses.threat import Capability
 from federated.audit import likelihood_ratio, matched_filter
 
@@ -39,15 +38,6 @@ class AuditView:
 
 
 @dataclass(frozen=True)
-class MembershipView:
-    """A query oracle on the global model and labelled candidates."""
-
-    oracle: QueryOracle
-    candidates: FloatArray
-    labels: npt.NDArray[np.int64]
-
-
-@dataclass(frozen=True)
 class CanaryObserver:
     """Score canary trials by likelihood ratio and matched filter (2 x trials)."""
 
@@ -65,8 +55,11 @@ class CanaryObserver:
 
 
 @dataclass(frozen=True)
-class GlobalModelMIA:
+class GlobalModelMIA(LossThresholdAttack):
     """Loss-threshold membership inference on the global model.
+
+    The reference pair's :class:`~defenses.reference.attacks.LossThresholdAttack`
+    under the federated name, with a floor suited to the softmax models here.
 
     Parameters
     ----------
@@ -75,15 +68,4 @@ class GlobalModelMIA:
     """
 
     name: ClassVar[str] = "federated-loss-mia"
-    requires: ClassVar[frozenset[Capability]] = frozenset({Capability.QUERY_SCORES})
     floor: float = 1e-12
-
-    def __post_init__(self) -> None:
-        if not 0 < self.floor < 0.5:
-            raise ValueError(
-                f"GlobalModelMIA.floor must lie in (0, 0.5), got {self.floor!r}"
-            )
-
-    def run(self, view: MembershipView, rng: np.random.Generator) -> FloatArray:
-        """Membership scores, higher for likelier members."""
-        return true_class_logit(view.oracle(view.candidates), view.labels, self.floor)

@@ -28,11 +28,12 @@ import numpy.typing as npt
 from defenses.checks import check_choice, check_int, check_real
 from defenses.metrics import membership_metrics
 from defenses.oracle import QueryOracle
+from defenses.reference.attacks import MembershipView
 from defenses.registry import register
 from defenses.threat import Capability, Goal, Knowledge, Stage, ThreatModel
 from federated import benchmarks, figures
 from federated.accounting import check_budget, check_delta
-from federated.attacks import AuditView, CanaryObserver, GlobalModelMIA, MembershipView
+from federated.attacks import AuditView, CanaryObserver, GlobalModelMIA
 from federated.audit import inclusion_profile, lower_bound, observe_canary
 from federated.client import MODELS, SAMPLINGS
 from federated.methods import (

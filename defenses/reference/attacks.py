@@ -48,7 +48,7 @@ class LossThresholdAttack:
     def __post_init__(self) -> None:
         if not 0 < self.floor < 0.5:
             raise ValueError(
-                f"LossThresholdAttack.floor must lie in (0, 0.5), got {self.floor!r}"
+                f"{type(self).__name__}.floor must lie in (0, 0.5), got {self.floor!r}"
             )
 
     def run(self, view: MembershipView, rng: np.random.Generator) -> FloatArray:
