@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from defenses.checks import check_real
 from federated.accounting import (
     Accountant,
     Phase,
@@ -116,15 +117,6 @@ class Uniform:
         return 1.0
 
 
-def _check_saving(owner: str, save_fraction: float, save_ratio: float) -> None:
-    if not 0.0 < save_fraction < 1.0:
-        raise ValueError(
-            f"{owner}.save_fraction must lie in (0, 1), got {save_fraction!r}"
-        )
-    if not 0.0 < save_ratio <= 1.0:
-        raise ValueError(f"{owner}.save_ratio must lie in (0, 1], got {save_ratio!r}")
-
-
 @dataclass(frozen=True)
 class TimeAdaptive:
     """Save, then spend: every client saves first, then spends what it saved.
@@ -145,7 +137,16 @@ class TimeAdaptive:
     save_ratio: float = 0.7
 
     def __post_init__(self) -> None:
-        _check_saving("TimeAdaptive", self.save_fraction, self.save_ratio)
+        owner = type(self).__name__
+        check_real(
+            f"{owner}.save_fraction",
+            self.save_fraction,
+            0.0,
+            1.0,
+            open_low=True,
+            open_high=True,
+        )
+        check_real(f"{owner}.save_ratio", self.save_ratio, 0.0, 1.0, open_low=True)
 
     def saves(self, budget: float, budgets: Sequence[float]) -> bool:
         """Every client saves."""
@@ -153,23 +154,13 @@ class TimeAdaptive:
 
 
 @dataclass(frozen=True)
-class StrictOnly:
+class StrictOnly(TimeAdaptive):
     """Only clients at the strictest budget save; the others spend uniformly.
 
-    Parameters
-    ----------
-    save_fraction : float
-        Fraction of rounds in the saving phase, in (0, 1).
-    save_ratio : float
-        Saving rate over uniform rate, in (0, 1].
+    The parameters are :class:`TimeAdaptive`'s.
     """
 
     name: ClassVar[str] = "strict-only"
-    save_fraction: float = 0.5
-    save_ratio: float = 0.7
-
-    def __post_init__(self) -> None:
-        _check_saving("StrictOnly", self.save_fraction, self.save_ratio)
 
     def saves(self, budget: float, budgets: Sequence[float]) -> bool:
         """Only the strictest group saves."""
