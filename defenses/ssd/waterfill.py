@@ -25,27 +25,29 @@ solved in closed form as in their Appendix B:
   :math:`w` with breakpoints at the ratios :math:`r_i = f_i / q_i`, so one sort of the
   ratios and prefix sums give both levels: :math:`O(K \log K)` per row.
 
-The numpy version sorts the ratios once per row (the column index rides in the
-lowest mantissa bits of the ratio, so one float sort yields the permutation), builds
-prefix sums of :math:`f` and :math:`q` and a suffix sum of :math:`q` in ratio order, and
-locates each level by a vectorized binary search over the breakpoints. There is no
-Python loop over rows. The torch version follows the paper's GPU algorithm (Alg. 3)
-with dense masks. Both compute in float64 and return the input's dtype.
+The numpy version finds both levels without sorting: one compiled loop per row
+(:func:`defenses.ssd.kernels.project_rows`) computes the ratios and the input checks'
+statistics in one read, then runs Newton's method on each level, whose steps are the
+closed form on a shrinking active set and which ends exactly at its solution; rows that
+need many steps fall back to sorting their surviving ratios. The torch version
+follows the paper's GPU algorithm (Alg. 3): one sort, prefix sums and dense masks.
+Both compute in float64 and return the input's dtype.
 
 Entries of ``q`` below ``floor`` are raised to ``floor`` and the rows renormalised
-(in effect: the levels absorb the row's new mass, see ``_floored``):
-:math:`\mathrm{KL}(p \| q)` is infinite wherever :math:`q_i = 0 < p_i`, so a zero
-(e.g. a float32 underflow) would make the problem infeasible for small budgets.
+(in effect: the levels absorb the row's new mass): :math:`\mathrm{KL}(p \| q)` is
+infinite wherever :math:`q_i = 0 < p_i`, so a zero (e.g. a float32 underflow) would
+make the problem infeasible for small budgets.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple, overload
+from typing import overload
 
 import numpy as np
 import numpy.typing as npt
 import torch
+
+from defenses.ssd.kernels import project_rows
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -82,16 +84,32 @@ def _row_sums(values: FloatArray) -> FloatArray:
     return sums
 
 
-class RowSummary(NamedTuple):
-    """What :func:`check_probabilities` computed on the way: row sums, least entry."""
+def _check_rows(
+    name: str,
+    sums: FloatArray,
+    smallest: float,
+    tolerance: float,
+    first_row: int = 0,
+) -> None:
+    """Raise ValueError unless rows sum to 1 and the least entry is non-negative.
 
-    sums: FloatArray
-    smallest: float
+    NaN and inf entries show as non-finite sums; ``first_row`` offsets the row index
+    in the message (for a block of a larger array).
+    """
+    if not np.isfinite(sums).all():
+        raise ValueError(f"{name} contains NaN or inf")
+    if smallest < 0:
+        raise ValueError(f"{name} has negative entries (min {smallest:.3g})")
+    worst = int(np.argmax(np.abs(sums - 1.0)))
+    if abs(sums[worst] - 1.0) > tolerance:
+        raise ValueError(
+            f"{name} rows must sum to 1 (within {tolerance:.1e}); "
+            f"row {first_row + worst} sums "
+            f"to {sums[worst]!r}"
+        )
 
 
-def check_probabilities(
-    name: str, values: FloatArray, tolerance: float, first_row: int = 0
-) -> RowSummary:
+def check_probabilities(name: str, values: FloatArray, tolerance: float) -> None:
     """Raise ValueError unless ``values`` has finite, non-negative rows summing to 1.
 
     Parameters
@@ -102,34 +120,13 @@ def check_probabilities(
         The rows to check.
     tolerance : float
         Largest allowed ``|sum(row) - 1|``.
-    first_row : int
-        Index of the first row of ``values`` in the caller's array (for messages).
-
-    Returns
-    -------
-    RowSummary
-        The row sums and the smallest entry (reused by the floor of ``q``).
     """
     if values.ndim != 2 or values.shape[1] == 0:
         raise ValueError(
             f"{name} must have shape (N, K) with K >= 1, got {values.shape}"
         )
-    if values.size == 0:
-        return RowSummary(np.zeros(values.shape[0]), 0.0)
-    sums = _row_sums(values)
-    if not np.isfinite(sums).all():
-        raise ValueError(f"{name} contains NaN or inf")
-    smallest = float(values.min())
-    if smallest < 0:
-        raise ValueError(f"{name} has negative entries (min {smallest:.3g})")
-    worst = int(np.argmax(np.abs(sums - 1.0)))
-    if abs(sums[worst] - 1.0) > tolerance:
-        raise ValueError(
-            f"{name} rows must sum to 1 (within {tolerance:.1e}); "
-            f"row {first_row + worst} sums "
-            f"to {sums[worst]!r}"
-        )
-    return RowSummary(sums, smallest)
+    if values.size:
+        _check_rows(name, _row_sums(values), float(values.min()), tolerance)
 
 
 def _check_budget(budget: FloatArray, n: int) -> None:
@@ -139,24 +136,6 @@ def _check_budget(budget: FloatArray, n: int) -> None:
         raise ValueError("budget contains NaN or inf")
     if budget.size and budget.min() < 0:
         raise ValueError(f"budget must be >= 0, got min {budget.min()!r}")
-
-
-def _floored(q: FloatArray, summary: RowSummary) -> tuple[FloatArray, FloatArray]:
-    r"""Raise entries below :data:`FLOOR`; return them with the new row masses.
-
-    ``summary`` is :func:`check_probabilities` of ``q``. The rows are not divided by
-    their masses: the minimiser of :math:`\mathrm{KL}(p \| q)` is that of
-    :math:`\mathrm{KL}(p \| q / s)` (the two differ by :math:`\log s`), and the water
-    levels absorb the scale, so :func:`_block` takes the masses instead of a
-    renormalised copy. A row changed exactly when raising its entries changed its
-    sum; the others get mass 1.0 and stay bit for bit as they were.
-    """
-    ones = np.ones(q.shape[0])
-    if q.size == 0 or summary.smallest >= FLOOR:
-        return q, ones
-    fixed = np.maximum(q, FLOOR)
-    after = _row_sums(fixed)
-    return fixed, np.where(after == summary.sums, ones, after)
 
 
 def _prepare(
@@ -169,8 +148,8 @@ def _prepare(
         raise ValueError(
             f"f and q must be real arrays, got {f_in.dtype} and {q_in.dtype}"
         )
-    f64 = np.asarray(f_in, dtype=np.float64)
-    q64 = np.asarray(q_in, dtype=np.float64)
+    f64 = np.ascontiguousarray(f_in, dtype=np.float64)
+    q64 = np.ascontiguousarray(q_in, dtype=np.float64)
     if f64.ndim != 2 or f64.shape != q64.shape or f64.shape[1] == 0:
         raise ValueError(
             f"f and q must have the same shape (N, K) with K >= 1, got {f64.shape} and "
@@ -228,203 +207,21 @@ def _prepare_torch(
     return f64, q64, b64
 
 
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
-
-
-def _first_true(
-    steps: int, lo: IntArray, hi: IntArray, test: Callable[[IntArray], BoolArray]
-) -> IntArray:
-    """Per row, the smallest index in ``[lo, hi]`` where a monotone test holds.
-
-    ``test`` is False then True along the index and is taken to hold at ``hi``;
-    ``steps`` halvings must cover the range (``bit_length(hi - lo) + 1``).
-    """
-    for _ in range(steps):
-        mid = (lo + hi) >> 1
-        ok = test(mid) | (lo >= hi)
-        hi = np.where(ok, mid, hi)
-        lo = np.where(ok, lo, mid + 1)
-    return lo
-
-
-def _sorted_ratios(
-    f: FloatArray, q: FloatArray
-) -> tuple[FloatArray, npt.NDArray[np.int64]]:
-    """Ratios ``f/q`` sorted per row, and the flat indices of the sorting permutation.
-
-    The column index is written into the lowest ``ceil(log2 K)`` mantissa bits of each
-    non-negative ratio (which keeps the float order up to a relative ``2**-42`` at
-    ``K = 1000``), so a single float sort gives the order and the permutation.
-    """
-    n, k = f.shape
-    bits = max(1, int(k - 1).bit_length())
-    mask = np.int64((1 << bits) - 1)
-    ratio = f / q
-    raw = ratio.view(np.int64)
-    raw &= ~mask
-    raw |= np.arange(k, dtype=np.int64)
-    ratio.sort(axis=1)
-    index = raw & mask
-    index += (np.arange(n, dtype=np.int64) * k)[:, None]
-    return ratio, index
-
-
-def _levels_dense(
-    ratio: FloatArray,
-    fp: FloatArray,
-    qp: FloatArray,
-    qs_rev: FloatArray,
-    half: FloatArray,
-) -> tuple[IntArray, IntArray]:
-    """Breakpoint indices by testing every breakpoint (cheapest for small K).
-
-    Both tests are monotone along a row (the raising cost grows with the level, the
-    lowering cost shrinks), so each index is the first change of a boolean row. A
-    sentinel column ends every row, and ``argmin`` / ``argmax`` find the change
-    without the per-row reduction of a count, which dominates at K = 10.
-    """
-    n, k = ratio.shape
-    h = half[:, None]
-    work = np.empty((n, k - 1))
-    test = np.empty((n, k), dtype=np.bool_)
-    test[:, -1] = False
-    np.multiply(ratio[:, 1:], qp[:, :-1], out=work)
-    work -= fp[:, :-1]
-    np.less_equal(work, h, out=test[:, :-1])
-    j_a = test.argmin(axis=1)
-    np.multiply(ratio[:, :-1], qs_rev[:, ::-1], out=work)
-    work += fp[:, :-1]
-    test[:, -1] = True
-    np.greater_equal(work, fp[:, -1:] - h, out=test[:, :-1])
-    j_b = test.argmax(axis=1)
-    return j_a, j_b
-
-
-def _levels_search(
-    ratio: FloatArray,
-    fp: FloatArray,
-    qp: FloatArray,
-    qs_rev: FloatArray,
-    half: FloatArray,
-) -> tuple[IntArray, IntArray]:
-    """Breakpoint indices by binary search (O(N log K) gathers, for large K)."""
-    n, k = ratio.shape
-    flat_r, flat_fp, flat_qp, flat_qs = (
-        ratio.ravel(),
-        fp.ravel(),
-        qp.ravel(),
-        qs_rev.ravel(),
-    )
-    base = np.arange(n, dtype=np.int64) * k
-    base_s = np.arange(n, dtype=np.int64) * (k - 1)
-    total = flat_fp[base + k - 1]
-    steps = int(k).bit_length() + 1
-    zeros = np.zeros(n, dtype=np.int64)
-
-    def raise_fails(index: IntArray) -> BoolArray:
-        at = base + index
-        level = flat_r[base + np.minimum(index + 1, k - 1)]
-        out: BoolArray = level * flat_qp[at] - flat_fp[at] > half
-        return out
-
-    def lower_holds(index: IntArray) -> BoolArray:
-        safe = np.minimum(index, k - 2)
-        above_f = total - flat_fp[base + safe]
-        above_q = flat_qs[base_s + (k - 2 - safe)]
-        cost = above_f - flat_r[base + safe] * above_q
-        out: BoolArray = (index >= k - 1) | (cost <= half)
-        return out
-
-    last = np.full(n, k - 1, dtype=np.int64)
-    j_a = _first_true(steps, zeros, last, raise_fails)
-    j_b = _first_true(steps, zeros, last, lower_holds)
-    return j_a, j_b
-
-
-DENSE_MAX_K = 64
-"""Up to this K the breakpoints are counted densely, above it binary-searched."""
-
-BLOCK_ELEMENTS = 1 << 17
-"""Rows are processed in blocks of about this many entries (1 MiB per float64 array),
-so the intermediate arrays of a block stay in cache."""
-
-DENSE_BLOCK_ELEMENTS = 1 << 15
-"""The block size when the levels are found densely (K <= :data:`DENSE_MAX_K`):
-that path makes few numpy calls per block, so smaller, cache-resident blocks win."""
-
-
-def _cumsum_rows(values: FloatArray, out: FloatArray) -> FloatArray:
-    """Row-wise prefix sums, written into ``out`` (which may be ``values``).
-
-    torch's kernel runs 2-7x faster than ``numpy.cumsum`` along rows on CPU; both
-    arrays are shared with torch without a copy.
-    """
-    torch.cumsum(torch.from_numpy(values), 1, out=torch.from_numpy(out))
-    return out
-
-
-def _block(
-    f: FloatArray, q: FloatArray, mass: FloatArray, budget: FloatArray, out: FloatArray
-) -> None:
-    """Water-filling on a block of rows, written into ``out``.
-
-    Row ``i`` of ``q`` sums to ``mass[i]`` (the floor raised some entries); the
-    levels found are those of ``q`` itself, :math:`w / s` for the normalised levels
-    :math:`w`, so only the trivial case needs the mass.
-    """
-    n, k = f.shape
-    half = 0.5 * budget
-    ratio, order = _sorted_ratios(f, q)
-    fp = f.take(order)
-    qp = q.take(order)
-    qs_rev = qp[:, :0:-1].copy()
-    _cumsum_rows(qs_rev, qs_rev)
-    _cumsum_rows(fp, fp)
-    _cumsum_rows(qp, qp)
-    levels = _levels_dense if k <= DENSE_MAX_K else _levels_search
-    j_a, j_b = levels(ratio, fp, qp, qs_rev, half)
-
-    start = np.arange(n, dtype=np.int64) * k
-    prefix_f, prefix_q = fp.ravel(), qp.ravel()
-    total = fp[:, -1]
-    at_a = start + j_a
-    w_a = (prefix_f.take(at_a) + half) / prefix_q.take(at_a)
-    before_b = prefix_f.take(start + np.maximum(j_b - 1, 0))
-    above_f = np.where(j_b > 0, total - before_b, total)
-    suffix = qs_rev.ravel().take(start - np.arange(n) + np.minimum(k - 1 - j_b, k - 2))
-    above_q = np.where(j_b > 0, suffix, qp[:, -1])
-    w_b = (above_f - half) / above_q
-    # the raised mass reaches q itself (w_A >= 1 for the normalised q) exactly when
-    # ||q - f||_1 <= B; then w_A = w_B = 1 / s gives min(max(f, q / s), q / s) = q / s
-    trivial = w_a * mass >= 1.0
-    w_a[trivial] = w_b[trivial] = 1.0 / mass[trivial]
-
-    np.multiply(q, w_a[:, None], out=out)
-    np.maximum(out, f, out=out)
-    np.multiply(q, w_b[:, None], out=ratio)
-    np.minimum(out, ratio, out=out)
+MAX_NEWTON_STEPS = 32
+"""Newton steps per level before a row falls back to sorting its surviving ratios."""
 
 
 def _water_filling_numpy(
     f: FloatArray, q: FloatArray, budget: FloatArray, tolerance: float
 ) -> FloatArray:
-    """Validate and solve block by block, so each block is read from memory once."""
-    n, k = f.shape
+    """Solve every row in one compiled pass, then check the inputs' row statistics."""
     out = np.empty_like(f)
-    entries = DENSE_BLOCK_ELEMENTS if k <= DENSE_MAX_K else BLOCK_ELEMENTS
-    step = max(1, entries // k)
-    for start in range(0, n, step):
-        part = slice(start, start + step)
-        f_part = f[part]
-        check_probabilities("f", f_part, tolerance, start)
-        q_part, mass = _floored(
-            q[part], check_probabilities("q", q[part], tolerance, start)
-        )
-        if k == 1:
-            out[part] = q_part / mass[:, None]
-        else:
-            _block(f_part, q_part, mass, budget[part], out[part])
+    stats = np.empty((f.shape[0], 4))
+    project_rows(f, q, FLOOR, 0.5 * budget, MAX_NEWTON_STEPS, stats, out)
+    if f.size:
+        for name, column in (("f", 0), ("q", 1)):
+            smallest = float(stats[:, column + 2].min())
+            _check_rows(name, stats[:, column], smallest, tolerance)
     return out
 
 

@@ -89,22 +89,29 @@ def test_matches_cvxpy_objective_on_well_conditioned_instances():
     np.testing.assert_allclose(ours, ref, atol=1e-4)
 
 
-@pytest.mark.parametrize("k", [20, 300])
-def test_blocked_path_matches_single_block(monkeypatch, k):
+@pytest.mark.parametrize("steps", [0, 1, 2])
+@pytest.mark.parametrize("k", [2, 20, 300])
+def test_sorting_fallback_matches_newton(monkeypatch, k, steps):
     rng = np.random.default_rng(3)
-    f, q, budget = _instances(rng, 500, k)
-    whole = water_filling(f, q, budget)
-    monkeypatch.setattr(waterfill, "BLOCK_ELEMENTS", 1000)
-    monkeypatch.setattr(waterfill, "DENSE_BLOCK_ELEMENTS", 1000)
-    np.testing.assert_array_equal(water_filling(f, q, budget), whole)
+    f, q, budget = _instances(rng, 500, k, alpha=0.3)
+    newton = water_filling(f, q, budget)
+    monkeypatch.setattr(waterfill, "MAX_NEWTON_STEPS", steps)
+    np.testing.assert_allclose(water_filling(f, q, budget), newton, atol=1e-14)
 
 
-def test_dense_and_search_levels_agree(monkeypatch):
-    rng = np.random.default_rng(4)
-    f, q, budget = _instances(rng, 300, 60, alpha=0.2)
-    dense = water_filling(f, q, budget)
-    monkeypatch.setattr(waterfill, "DENSE_MAX_K", 1)
-    np.testing.assert_allclose(water_filling(f, q, budget), dense, atol=1e-14)
+def test_tied_ratios_match_the_sorting_algorithm():
+    # equal ratios (f = c q on blocks of coordinates) put Newton's levels on kinks
+    rng = np.random.default_rng(9)
+    q = rng.dirichlet(np.full(12, 1.0), 200)
+    scale = np.repeat(rng.choice([0.0, 0.5, 1.0, 2.0], size=(200, 4)), 3, axis=1)
+    scale[:, :3] = 1.0
+    f = scale * q
+    f /= f.sum(axis=1, keepdims=True)
+    budget = rng.uniform(0.0, 1.5, 200)
+    expected = water_filling(torch.from_numpy(f), torch.from_numpy(q), budget)
+    p = water_filling(f, q, budget)
+    np.testing.assert_allclose(p, expected.numpy(), atol=1e-13)
+    assert np.all(np.abs(p - f).sum(axis=1) <= budget + 1e-13)
 
 
 def _simplex(k_max: int = 12):

@@ -1,0 +1,209 @@
+r"""Compiled row loop of the water-filling projection (see :mod:`.waterfill`).
+
+For one row, with :math:`q` floored (:math:`\max(q_i, \text{floor})`, mass :math:`s`)
+and :math:`h = B/2`, the two water levels are the roots of
+
+.. math::
+
+    g_A(w) = \sum_i (w q_i - f_i)_+ = h, \qquad g_B(w) = \sum_i (f_i - w q_i)_+ = h,
+
+two convex piecewise-linear functions (increasing and decreasing) with kinks at the
+ratios :math:`r_i = f_i / q_i`. Both equal :math:`\mathrm{TV}(q/s, f)` at
+:math:`w_0 = 1/s`, so the row is trivial exactly when :math:`g_A(w_0) \le h`.
+Otherwise Newton's method started at :math:`w_0` converges monotonically, from
+above for :math:`w_A` and from below for :math:`w_B` (a tangent of a convex function
+lies below it), and each step is the paper's closed form on the current active set:
+
+.. math::
+
+    w_A \leftarrow \frac{\sum_{r_i < w_A} f_i + h}{\sum_{r_i < w_A} q_i}, \qquad
+    w_B \leftarrow \frac{\sum_{r_i > w_B} f_i - h}{\sum_{r_i > w_B} q_i}.
+
+The active sets only shrink, so each step scans the survivors of the previous one,
+and the iteration ends, at the closed form's solution, when a step removes no
+index. A row costs a few passes over :math:`K` entries and no sort (typically 3 and
+7 steps at K = 1000 on random rows). Newton can need up to K steps on adversarial
+rows (ratios spread geometrically), so after ``max_steps`` steps the survivors are
+sorted and walked as in the paper's Algorithm 2, bounding a row at
+:math:`O(K \log K)`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from defenses.jit import compiled
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@compiled
+def _walk_below(
+    ratio: FloatArray, f: FloatArray, q: FloatArray, alive: IntArray, h: float
+) -> float:
+    """``w_A`` from the survivors ``alive`` by sorting them (Algorithm 2, ascending)."""
+    order = alive[np.argsort(ratio[alive])]
+    below_f = 0.0
+    below_q = 0.0
+    last = order.shape[0] - 1
+    for j in range(last + 1):
+        col = order[j]
+        below_f += f[col]
+        below_q += q[col]
+        if j == last or ratio[order[j + 1]] * below_q - below_f > h:
+            break
+    return (below_f + h) / below_q
+
+
+@compiled
+def _walk_above(
+    ratio: FloatArray, f: FloatArray, q: FloatArray, alive: IntArray, h: float
+) -> float:
+    """``w_B`` from the survivors ``alive`` by sorting them (Algorithm 2, descending)."""
+    order = alive[np.argsort(ratio[alive])]
+    above_f = 0.0
+    above_q = 0.0
+    for j in range(order.shape[0] - 1, -1, -1):
+        col = order[j]
+        above_f += f[col]
+        above_q += q[col]
+        if j == 0 or above_f - ratio[order[j - 1]] * above_q > h:
+            break
+    return (above_f - h) / above_q
+
+
+@compiled
+def _level(
+    ratio: FloatArray,
+    f: FloatArray,
+    q: FloatArray,
+    alive: IntArray,
+    count: int,
+    sum_f: float,
+    sum_q: float,
+    h: float,
+    raising: bool,
+    max_steps: int,
+) -> float:
+    """Newton's iteration for one level from the active set ``alive[:count]``.
+
+    ``sum_f`` and ``sum_q`` are the sums over that set. ``raising`` selects
+    :math:`w_A` (keep :math:`r_i < w`, add ``h``) or :math:`w_B` (keep
+    :math:`r_i > w`, subtract ``h``). ``alive`` is compacted in place. An empty set
+    (a row whose ``f`` and ``q`` agree up to rounding) leaves that side unclipped.
+    """
+    if count == 0:
+        return 0.0 if raising else np.inf
+    sign = 1.0 if raising else -1.0
+    for _ in range(max_steps):
+        level = (sum_f + sign * h) / sum_q
+        kept = 0
+        sum_f = 0.0
+        sum_q = 0.0
+        if raising:
+            for j in range(count):
+                col = alive[j]
+                keep = ratio[col] < level
+                alive[kept] = col
+                kept += np.int64(keep)
+                sum_f += f[col] * np.float64(keep)
+                sum_q += q[col] * np.float64(keep)
+        else:
+            for j in range(count):
+                col = alive[j]
+                keep = ratio[col] > level
+                alive[kept] = col
+                kept += np.int64(keep)
+                sum_f += f[col] * np.float64(keep)
+                sum_q += q[col] * np.float64(keep)
+        if kept == count or kept == 0:
+            return level
+        count = kept
+    if raising:
+        return _walk_below(ratio, f, q, alive[:count], h)
+    return _walk_above(ratio, f, q, alive[:count], h)
+
+
+@compiled
+def project_rows(
+    f: FloatArray,
+    q: FloatArray,
+    floor: float,
+    half: FloatArray,
+    max_steps: int,
+    stats: FloatArray,
+    out: FloatArray,
+) -> None:
+    """Water-fill every row of ``f`` towards ``q``, writing ``out`` and ``stats``.
+
+    ``stats`` (shape (N, 4)) receives the sums and least entries of the rows of ``f``
+    and ``q``, for the caller's input checks (NaN and inf show in the sums); rows that
+    fail them hold meaningless output. Rows of ``q`` are floored at ``floor`` and the
+    levels are those of the unnormalised floored row, so only the trivial case
+    divides by its mass (a row with no raised entry counts as mass 1.0 and stays bit
+    for bit as given).
+    """
+    n, k = f.shape
+    ratio = np.empty(k)
+    floored = np.empty(k)
+    below = np.empty(k, dtype=np.int64)
+    above = np.empty(k, dtype=np.int64)
+    for row in range(n):
+        f_row = f[row]
+        sum_f = 0.0
+        sum_q = 0.0
+        least_f = np.inf
+        least_q = np.inf
+        mass = 0.0
+        raised = False
+        for col in range(k):
+            fv = f_row[col]
+            qv = q[row, col]
+            sum_f += fv
+            sum_q += qv
+            least_f = min(least_f, fv)
+            least_q = min(least_q, qv)
+            raised |= qv < floor
+            qv = max(qv, floor)
+            mass += qv
+            floored[col] = qv
+            ratio[col] = fv / qv
+        stats[row, 0] = sum_f
+        stats[row, 1] = sum_q
+        stats[row, 2] = least_f
+        stats[row, 3] = least_q
+        if not raised:
+            mass = 1.0
+        start = 1.0 / mass
+        h = half[row]
+        n_below = n_above = 0
+        below_f = below_q = above_f = above_q = 0.0
+        for col in range(k):
+            r = ratio[col]
+            lower = r < start
+            upper = r > start
+            below[n_below] = col
+            above[n_above] = col
+            n_below += np.int64(lower)
+            n_above += np.int64(upper)
+            in_below = np.float64(lower)
+            in_above = np.float64(upper)
+            below_f += f_row[col] * in_below
+            below_q += floored[col] * in_below
+            above_f += f_row[col] * in_above
+            above_q += floored[col] * in_above
+        if start * below_q - below_f <= h:
+            for col in range(k):
+                out[row, col] = floored[col] * start
+            continue
+        w_a = _level(
+            ratio, f_row, floored, below, n_below, below_f, below_q, h, True, max_steps
+        )
+        w_b = _level(
+            ratio, f_row, floored, above, n_above, above_f, above_q, h, False, max_steps
+        )
+        for col in range(k):
+            qv = floored[col]
+            out[row, col] = min(max(f_row[col], w_a * qv), w_b * qv)
