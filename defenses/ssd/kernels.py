@@ -43,7 +43,7 @@ IntArray = npt.NDArray[np.int64]
 def _walk_below(
     ratio: FloatArray, f: FloatArray, q: FloatArray, alive: IntArray, h: float
 ) -> float:
-    """``w_A`` from the survivors ``alive`` by sorting them (Algorithm 2, ascending)."""
+    """``w_A`` from the survivors ``alive`` by sorting them (Algorithm 2, upwards)."""
     order = alive[np.argsort(ratio[alive])]
     below_f = 0.0
     below_q = 0.0
@@ -61,7 +61,7 @@ def _walk_below(
 def _walk_above(
     ratio: FloatArray, f: FloatArray, q: FloatArray, alive: IntArray, h: float
 ) -> float:
-    """``w_B`` from the survivors ``alive`` by sorting them (Algorithm 2, descending)."""
+    """``w_B`` from the survivors ``alive`` by sorting them (Algorithm 2, downwards)."""
     order = alive[np.argsort(ratio[alive])]
     above_f = 0.0
     above_q = 0.0

@@ -54,8 +54,6 @@ FloatArray = npt.NDArray[np.float64]
 FLOOR = 1e-12
 """Smallest entry of ``q`` used in the projection (zeros are raised to it)."""
 
-_MAX_COLUMNS = 1 << 20
-
 
 def sum_tolerance(dtype: np.dtype[np.floating] | torch.dtype, n_classes: int) -> float:
     """Tolerance on ``|sum(row) - 1|`` for probability rows of a given dtype.
@@ -155,8 +153,6 @@ def _prepare(
             f"f and q must have the same shape (N, K) with K >= 1, got {f64.shape} and "
             f"{q64.shape}"
         )
-    if f64.shape[1] >= _MAX_COLUMNS:
-        raise ValueError(f"K must be < {_MAX_COLUMNS}, got {f64.shape[1]}")
     b64 = np.asarray(budget, dtype=np.float64)
     _check_budget(b64, f64.shape[0])
     return f64, q64, b64, np.dtype(dtype)
