@@ -107,7 +107,7 @@ def _level(
                 col = alive[j]
                 keep = ratio[col] < level
                 alive[kept] = col
-                kept += np.int64(keep)
+                kept += int(keep)
                 sum_f += f[col] * np.float64(keep)
                 sum_q += q[col] * np.float64(keep)
         else:
@@ -115,7 +115,7 @@ def _level(
                 col = alive[j]
                 keep = ratio[col] > level
                 alive[kept] = col
-                kept += np.int64(keep)
+                kept += int(keep)
                 sum_f += f[col] * np.float64(keep)
                 sum_q += q[col] * np.float64(keep)
         if kept == count or kept == 0:
@@ -186,8 +186,8 @@ def project_rows(
             upper = r > start
             below[n_below] = col
             above[n_above] = col
-            n_below += np.int64(lower)
-            n_above += np.int64(upper)
+            n_below += int(lower)
+            n_above += int(upper)
             in_below = np.float64(lower)
             in_above = np.float64(upper)
             below_f += f_row[col] * in_below
