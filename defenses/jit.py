@@ -19,3 +19,13 @@ Kernel = TypeVar("Kernel", bound=Callable[..., object])
 def compiled(function: Kernel) -> Kernel:
     """Compile ``function`` with numba (nopython, cached, releasing the GIL)."""
     return cast(Kernel, numba.njit(cache=True, nogil=True)(function))
+
+
+def inlined(function: Kernel) -> Kernel:
+    """Compile a helper of kernels, inlined into each caller.
+
+    A call between compiled functions passes every array as a reference-counted
+    structure; for small helpers called per element that bookkeeping costs more
+    than their arithmetic.
+    """
+    return cast(Kernel, numba.njit(cache=True, nogil=True, inline="always")(function))

@@ -76,6 +76,21 @@ class ScoreGeometry(Protocol):
         """Largest reachable score."""
         ...
 
+    def largest(
+        self,
+        thresholds: PartThresholds,
+        in_set: BoolArray,
+        joint: bool,
+        ceiling: IntArray | None = None,
+    ) -> IntArray:
+        """Largest r_t certified per entry with r_c = 0 (or with r_c = r_t).
+
+        That is, the largest radius at which :meth:`PartThresholds.certified`
+        holds (certification is monotone in both radii; radius 0 always counts),
+        at most ``thresholds.radius`` and ``ceiling`` (a known bound per entry).
+        """
+        ...
+
 
 @dataclass(frozen=True)
 class ProbaGeometry:
@@ -116,6 +131,20 @@ class ProbaGeometry:
     def upper(self, radius: npt.ArrayLike, rows: IntArray | None = None) -> FloatArray:
         """The score at radius 0, else 1."""
         return self._at(radius, rows, 1.0)
+
+    def largest(
+        self,
+        thresholds: PartThresholds,
+        in_set: BoolArray,
+        joint: bool,
+        ceiling: IntArray | None = None,
+    ) -> IntArray:
+        """0 everywhere: a single model certifies nothing beyond radius 0.
+
+        From radius 1 on its bounds are [0, 1], and no threshold bound of scores in
+        [0, 1] lies below 0 or above 1 by more than ``TIE``.
+        """
+        return np.zeros(self.size, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -220,39 +249,6 @@ class PartThresholds:
         not_out = np.searchsorted(self.lower[:, train_radius], high + TIE, side="right")
         out[outside] = self.tau_hat - k_c + (k_c - not_out)
         return np.where(out >= 0, np.minimum(out, self.guard), -1).astype(np.int64)
-
-    def largest(
-        self,
-        geometry: ScoreGeometry,
-        in_set: BoolArray,
-        joint: bool,
-        ceiling: IntArray | None = None,
-    ) -> IntArray:
-        """Largest r_t certified per entry with r_c = 0 (or with r_c = r_t).
-
-        Certification is monotone in both radii, so a galloping search (probes 1,
-        2, 4, 8, ... until one fails, then bisection) finds it; radius 0 is always
-        certified. ``ceiling`` is a known upper bound per entry.
-        """
-        result = np.zeros(geometry.size, dtype=np.int64)
-        top = self.radius if ceiling is None else np.minimum(ceiling, self.radius)
-        hi = np.broadcast_to(np.asarray(top) + 1, result.shape).astype(np.int64)
-        rows = np.flatnonzero(hi > 1)
-        lo, hi = result[rows], hi[rows]
-        galloping = np.ones(rows.size, dtype=bool)
-        while rows.size:
-            probe = np.where(
-                galloping, np.minimum(lo + np.maximum(lo, 1), hi - 1), (lo + hi) // 2
-            )
-            ok = self.certified(geometry, in_set, probe, probe if joint else 0, rows)
-            lo = np.where(ok, probe, lo)
-            hi = np.where(ok, hi, probe)
-            galloping &= ok
-            done = hi - lo <= 1
-            result[rows[done]] = lo[done]
-            keep = ~done
-            rows, lo, hi, galloping = rows[keep], lo[keep], hi[keep], galloping[keep]
-        return result
 
 
 @dataclass(frozen=True)

@@ -525,10 +525,10 @@ class ReliableConformalClassifier:
         geometry = self._geometry(features)
         in_set = np.asarray(geometry.score() >= thresholds.cut)
         index = geometry.index
-        training = thresholds.largest(geometry, in_set, joint=False)
+        training = geometry.largest(thresholds, in_set, joint=False)
         calibration = thresholds.calibration_radius(geometry, in_set, 0)
         ceiling = np.minimum(training, calibration)
-        joint = thresholds.largest(geometry, in_set, joint=True, ceiling=ceiling)
+        joint = geometry.largest(thresholds, in_set, joint=True, ceiling=ceiling)
         return Certificate(
             sets=in_set[index],
             training=training[index],

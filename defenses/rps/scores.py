@@ -45,7 +45,8 @@ Writing :math:`s = e_y / (e_y + R)` with :math:`e_c = e^{\pi_c}` and
 With :math:`a = 0` these are the bounds above, bit for bit. ``softmax=False`` gives
 :math:`v_y \pm` the moves, capped at :math:`k_t` and 0.
 
-Both have closed forms, evaluated here in O(K) per (point, class) for any radius.
+Both have closed forms, evaluated in O(K) per (point, class) for any radius by
+compiled loops (:mod:`defenses.rps.kernels`).
 Every score is computed by the same formula from (own votes, sorted other votes), so
 equal vote vectors give bit-identical scores whatever the class order: ties between
 test and calibration scores stay exact.
@@ -55,14 +56,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
+from defenses.rps.certificate import TIE
+from defenses.rps.kernels import (
+    bounds,
+    descending_rows,
+    largest_radius,
+    vote_entries,
+)
+
+if TYPE_CHECKING:
+    from defenses.rps.certificate import PartThresholds
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-ScalarT = TypeVar("ScalarT", bound=np.generic)
+BoolArray = npt.NDArray[np.bool_]
 
 
 ABSTAIN = -1
@@ -124,154 +136,78 @@ class VoteGeometry:
     def __post_init__(self) -> None:
         table = np.exp(np.arange(self.n_voters + 2, dtype=np.float64) / self.n_voters)
         object.__setattr__(self, "_table", table)
-        # Tables are kept column by column, shape (columns, E): each is built with
-        # whole-column operations, one cell per entry is a 1-d ``take`` of the
-        # flattened table (several times cheaper than 2-d fancy indexing), and a
-        # per-entry count walks the columns, stopping once every entry has.
-        o = np.ascontiguousarray(self.others.T)
-        m, e = o.shape
-        top_sum = _running_sum(o)
-        ascending = o[:0:-1]
-        cum = _running_sum(ascending)
-        room = top_sum[-1]
-        zeros = np.zeros((1, e), dtype=np.int64)
-        derived = {
-            "room": room,
-            "abstain": self.n_voters - self.own - room,
-            "first_other": o[0],
-            "top_sum": top_sum.ravel(),
-            "depth_columns": top_sum - np.arange(1, m + 1)[:, None] * o,
-            "tail": _suffix_sums(self._exp(o)).ravel(),
-            "drainable": cum[-1] if m > 1 else zeros[0],
-            "cum_columns": cum,
-            "zero_classes": np.count_nonzero(ascending == 0, axis=0),
-            "before": np.concatenate([zeros, cum]).ravel(),
-            "padded": np.concatenate([ascending, zeros]).ravel(),
-            "suffix": _suffix_sums(self._exp(ascending)).ravel(),
-        }
-        object.__setattr__(self, "_derived", derived)
-
-    def _count_at_most(
-        self, name: str, values: IntArray, rows: IntArray, start: int
-    ) -> IntArray:
-        """Per row of the ascending table ``name``: how many cells are <= value.
-
-        The first ``start`` cells are known to be <= value.
-        """
-        columns: IntArray = self.__dict__["_derived"][f"{name}_columns"]
-        count = np.full(rows.shape[0], start, dtype=np.int64)
-        active = np.arange(rows.shape[0])
-        for column in columns[start:]:
-            below = column.take(rows[active]) <= values[active]
-            active = active[below]
-            if not active.size:
-                break
-            count[active] += 1
-        return count
-
-    def _get(self, name: str, rows: IntArray | None) -> npt.NDArray[np.generic]:
-        derived: dict[str, npt.NDArray[np.generic]] = self.__dict__["_derived"]
-        values = derived[name]
-        return values if rows is None else values.take(rows)
-
-    def _cell(self, name: str, rows: IntArray, column: IntArray) -> FloatArray:
-        """Cell ``column`` of each entry in ``rows`` of a flattened table."""
-        derived: dict[str, npt.NDArray[np.generic]] = self.__dict__["_derived"]
-        return np.asarray(derived[name].take(column * self.size + rows))
 
     @property
     def size(self) -> int:
         """Number of entries."""
         return int(self.own.shape[0])
 
-    def _exp(self, votes: npt.ArrayLike) -> FloatArray:
-        table: FloatArray = self.__dict__["_table"]
-        return np.asarray(table.take(np.asarray(votes, dtype=np.int64)))
-
-    def _score(self, own: IntArray, rest: FloatArray | None) -> FloatArray:
-        if rest is None:
-            return np.asarray(own / self.n_voters, dtype=np.float64)
-        e = self._exp(own)
-        return np.asarray(e / (e + rest), dtype=np.float64)
-
-    def _radius(self, radius: npt.ArrayLike, rows: IntArray | None) -> IntArray:
-        r = np.asarray(radius, dtype=np.int64)
-        if np.any(r < 0):
-            raise ValueError("radius must be >= 0")
-        n = self.size if rows is None else int(rows.shape[0])
-        return np.broadcast_to(r, (n,))
-
     def score(self) -> FloatArray:
         """The smoothed score of each entry."""
         return self.scores
 
+    def _bounds(
+        self, radius: npt.ArrayLike, rows: IntArray | None, upper: bool
+    ) -> FloatArray:
+        chosen = np.arange(self.size) if rows is None else np.asarray(rows, np.int64)
+        r = np.asarray(radius, dtype=np.int64)
+        if np.any(r < 0):
+            raise ValueError("radius must be >= 0")
+        out = np.empty(chosen.shape[0])
+        bounds(
+            self.own,
+            self.others,
+            chosen,
+            np.ascontiguousarray(np.broadcast_to(r, chosen.shape)),
+            self.n_voters,
+            self.__dict__["_table"],
+            self.softmax,
+            upper,
+            out,
+        )
+        return out
+
     def upper(self, radius: npt.ArrayLike, rows: IntArray | None = None) -> FloatArray:
         """Largest score after ``radius`` changed votes."""
-        r = self._radius(radius, rows)
-        own_votes = self.own if rows is None else self.own.take(rows)
-        moved = np.minimum(r, self._get("room", rows))
-        own = own_votes + np.minimum(r, self.n_voters - own_votes)
-        if not self.softmax:
-            return self._score(own, None)
-        at = np.arange(moved.shape[0]) if rows is None else rows
-        j = self._count_at_most("depth", moved, at, 1)
-        top = self._cell("top_sum", at, j - 1)
-        kept = top - moved
-        level = kept // j
-        high = kept - j * level
-        tail = self._cell("tail", at, j)
-        rest = (j - high) * self._exp(level) + high * self._exp(level + 1) + tail
-        return self._score(own, rest)
+        return self._bounds(radius, rows, True)
 
     def lower(self, radius: npt.ArrayLike, rows: IntArray | None = None) -> FloatArray:
         """Smallest score after ``radius`` changed votes."""
-        r = self._radius(radius, rows)
-        own_votes = self.own if rows is None else self.own.take(rows)
-        first = np.minimum(r, own_votes)
-        own = own_votes - first
-        if not self.softmax:
-            return self._score(own, None)
-        joined = np.minimum(r - first, self._get("abstain", rows))
-        drained = np.minimum(r - first - joined, self._get("drainable", rows))
-        at = np.arange(r.shape[0]) if rows is None else rows
-        top = self._get("first_other", at) + first + joined + drained
-        m = self.others.shape[-1] - 1
-        # Classes drained completely: with nothing drained, the empty ones.
-        t = np.asarray(self._get("zero_classes", at), dtype=np.int64)
-        draining = np.flatnonzero(drained > 0)
-        if draining.size:
-            t[draining] = self._count_at_most("cum", drained[draining], at[draining], 0)
-        before = self._cell("before", at, t)
-        partial = self._cell("padded", at, t) - (drained - before)
-        after = self._cell("suffix", at, np.minimum(t + 1, m))
-        intact = t < m
-        rest = (
-            self._exp(top)
-            + t.astype(np.float64)
-            + np.where(intact, self._exp(partial) + after, 0.0)
+        return self._bounds(radius, rows, False)
+
+    def largest(
+        self,
+        thresholds: PartThresholds,
+        in_set: BoolArray,
+        joint: bool,
+        ceiling: IntArray | None = None,
+    ) -> IntArray:
+        """Largest certified training radius per entry (``ScoreGeometry.largest``).
+
+        A compiled galloping search per entry
+        (:func:`defenses.rps.kernels.largest_radius`).
+        """
+        top = np.full(self.size, thresholds.radius, dtype=np.int64)
+        if ceiling is not None:
+            np.minimum(top, ceiling, out=top)
+        out = np.zeros(self.size, dtype=np.int64)
+        largest_radius(
+            self.own,
+            self.others,
+            np.ascontiguousarray(in_set),
+            top,
+            joint,
+            self.n_voters,
+            self.__dict__["_table"],
+            self.softmax,
+            np.ascontiguousarray(thresholds.lower),
+            np.ascontiguousarray(thresholds.upper),
+            thresholds.tau_hat,
+            thresholds.guard,
+            TIE,
+            out,
         )
-        return self._score(own, rest)
-
-
-def _running_sum(rows: npt.NDArray[ScalarT]) -> npt.NDArray[ScalarT]:
-    """Cumulative sums down the rows: row ``c`` is the sum of rows ``0..c``.
-
-    The same additions in the same order as ``np.cumsum(rows, axis=0)``, one whole
-    row at a time (a few times faster for these short, wide tables).
-    """
-    out = np.empty_like(rows)
-    if rows.shape[0]:
-        out[0] = rows[0]
-    for c in range(1, rows.shape[0]):
-        np.add(out[c - 1], rows[c], out=out[c])
-    return out
-
-
-def _suffix_sums(columns: FloatArray) -> FloatArray:
-    """Row ``c`` of the result: the sum of rows ``c..`` of ``columns`` (last: 0)."""
-    out = np.zeros((columns.shape[0] + 1, columns.shape[1]), dtype=np.float64)
-    out[-2::-1] = _running_sum(columns[::-1])
-    return out
+        return out
 
 
 def _check_votes(votes: npt.ArrayLike, n_voters: int, abstain: bool) -> IntArray:
@@ -342,26 +278,9 @@ def vote_geometry(
     then cover moves into and out of the abstain state.
     """
     v = _check_votes(votes, n_voters, abstain)
-    n, k = v.shape
-    order = np.argsort(-v, axis=1, kind="stable")
-    ordered = np.take_along_axis(v, order, axis=1)
-    first = np.ones((n, k), dtype=bool)
-    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    ordered = descending_rows(v)
     rows, inverse = _distinct_rows(ordered, n_voters)
-    row_first = first[rows]
-    point, position = np.nonzero(row_first)
-    # Column c of the others: the sorted votes without the entry's own position.
-    flat = ordered[rows].ravel()
-    base = point * k
-    others = np.empty((k - 1, point.size), dtype=np.int64)
-    for c in range(k - 1):
-        others[c] = flat.take(base + c + (position <= c))
-    rank = np.cumsum(first, axis=1) - 1
-    sorted_rank = np.empty_like(order)
-    np.put_along_axis(sorted_rank, order, np.arange(k)[None, :], axis=1)
-    start = np.concatenate([[0], np.cumsum(row_first.sum(axis=1))[:-1]])
-    index = start[inverse][:, None] + np.take_along_axis(rank, sorted_rank, axis=1)
-    own = flat.take(base + position)
+    own, others, index, point, position = vote_entries(ordered, rows, inverse, v)
     if softmax:
         distinct = ordered[rows]
         shifted = _tie_exact(distinct) if abstain else distinct
@@ -371,8 +290,8 @@ def vote_geometry(
         entry_scores = own / n_voters
     return VoteGeometry(
         own,
-        others.T,
-        index.astype(np.int64),
+        others,
+        index,
         np.asarray(entry_scores, dtype=np.float64),
         n_voters,
         softmax,

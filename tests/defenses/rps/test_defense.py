@@ -51,6 +51,14 @@ def test_sets_certificate_and_coverage(fitted, digits_split):
     assert fitted.miscoverage_bound_ <= 0.1
 
 
+def test_compiled_search_equals_the_radius_by_radius_check(fitted, digits_split):
+    cert = fitted.certify(digits_split[2][0])
+    assert cert.training.max() >= 2
+    for r in range(cert.max_train_radius + 1):
+        assert np.array_equal(cert.certified(r, 0), cert.training >= r), r
+        assert np.array_equal(cert.certified(r, r), cert.joint >= r), r
+
+
 def test_calibration_radius_is_capped_by_majority_margin(fitted, digits_split):
     cert = fitted.certify(digits_split[2][0])
     tau_hat = fitted.tau_hat

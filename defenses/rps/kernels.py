@@ -1,0 +1,337 @@
+r"""Compiled per-entry bounds and certified radii of the vote scores.
+
+An *entry* (see :class:`defenses.rps.scores.VoteGeometry`) is a class's own vote
+count ``own`` and the other classes' votes ``others``, sorted descending
+(:math:`o_0 \ge o_1 \ge \dots \ge o_{m-1}`, :math:`m = K - 1`), of
+:math:`k_t` parts of which :math:`a = k_t - \text{own} - \sum_c o_c` abstain.
+``table[v]`` is :math:`e^{v / k_t}`. The closed forms are those derived in
+:mod:`defenses.rps.scores`, evaluated one entry at a time in :math:`O(K)`:
+
+* :func:`upper_bound`: ``r`` votes join the class (from the others first, then from
+  the abstaining parts); the others, drained from the top, end at levels
+  :math:`L` or :math:`L + 1` over their top :math:`j` classes;
+* :func:`lower_bound`: ``r`` votes leave the class, then abstentions join, then the
+  smallest others drain, all into the largest other class.
+
+:func:`largest_radius` finds each entry's largest certified training radius by a
+galloping search over these bounds against the calibration parts' threshold bounds
+(:class:`defenses.rps.certificate.PartThresholds`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from defenses.jit import compiled, inlined
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+@inlined
+def _entry_sums(
+    others: IntArray, entry: int, table: FloatArray, tail: FloatArray
+) -> int:
+    r"""Fill ``tail`` for one entry and return the number of other votes.
+
+    ``tail[c]`` is :math:`\sum_{i \ge c} e^{o_i / k_t}`, added from class ``m - 1``
+    to ``c`` (``tail[m] = 0``), and ``tail[m + 1 + c]`` is
+    :math:`\sum_{1 \le i \le c} e^{o_i / k_t}`, added from class 1 to ``c``. The
+    order of the additions is fixed, so equal entries get bit-identical bounds.
+    """
+    m = others.shape[1]
+    room = 0
+    total = 0.0
+    tail[m] = 0.0
+    for c in range(m - 1, -1, -1):
+        room += others[entry, c]
+        total += table[others[entry, c]]
+        tail[c] = total
+    head = 0.0
+    tail[m + 1] = 0.0
+    for c in range(1, m):
+        head += table[others[entry, c]]
+        tail[m + 1 + c] = head
+    return room
+
+
+@inlined
+def upper_bound(
+    own_votes: int,
+    others: IntArray,
+    entry: int,
+    room: int,
+    tail: FloatArray,
+    n_voters: int,
+    table: FloatArray,
+    softmax: bool,
+    radius: int,
+) -> float:
+    """Largest score of the entry after ``radius`` changed votes."""
+    m = others.shape[1]
+    own = own_votes + min(radius, n_voters - own_votes)
+    if not softmax:
+        return own / n_voters
+    moved = min(radius, room)
+    top = others[entry, 0]
+    j = 1
+    while j < m and top + others[entry, j] - (j + 1) * others[entry, j] <= moved:
+        top += others[entry, j]
+        j += 1
+    kept = top - moved
+    level = kept // j
+    high = kept - j * level
+    rest = (j - high) * table[level] + high * table[level + 1] + tail[j]
+    mine = table[own]
+    return float(mine / (mine + rest))
+
+
+@inlined
+def lower_bound(
+    own_votes: int,
+    others: IntArray,
+    entry: int,
+    room: int,
+    tail: FloatArray,
+    n_voters: int,
+    table: FloatArray,
+    softmax: bool,
+    radius: int,
+) -> float:
+    """Smallest score of the entry after ``radius`` changed votes."""
+    m = others.shape[1]
+    first = min(radius, own_votes)
+    own = own_votes - first
+    if not softmax:
+        return own / n_voters
+    drainable = room - others[entry, 0]
+    joined = min(radius - first, n_voters - own_votes - room)
+    drained = min(radius - first - joined, drainable)
+    top = others[entry, 0] + first + joined + drained
+    # the others but the largest, ascending: classes m - 1, ..., 1 of the entry
+    length = m - 1
+    emptied = 0
+    before = 0
+    if drained == 0:
+        while emptied < length and others[entry, m - 1 - emptied] == 0:
+            emptied += 1
+    else:
+        while emptied < length and before + others[entry, m - 1 - emptied] <= drained:
+            before += others[entry, m - 1 - emptied]
+            emptied += 1
+    rest = table[top] + float(emptied)
+    if emptied < length:
+        partial = others[entry, m - 1 - emptied] - (drained - before)
+        rest += table[partial] + tail[m + 1 + (m - 2 - emptied)]
+    mine = table[own]
+    return float(mine / (mine + rest))
+
+
+@compiled
+def bounds(
+    own: IntArray,
+    others: IntArray,
+    rows: IntArray,
+    radius: IntArray,
+    n_voters: int,
+    table: FloatArray,
+    softmax: bool,
+    upper: bool,
+    out: FloatArray,
+) -> None:
+    """``out[i]``: the upper (or lower) bound of entry ``rows[i]`` at ``radius[i]``."""
+    tail = np.empty(2 * others.shape[1] + 1)
+    for i in range(rows.shape[0]):
+        entry = rows[i]
+        room = _entry_sums(others, entry, table, tail)
+        if upper:
+            out[i] = upper_bound(
+                own[entry],
+                others,
+                entry,
+                room,
+                tail,
+                n_voters,
+                table,
+                softmax,
+                radius[i],
+            )
+        else:
+            out[i] = lower_bound(
+                own[entry],
+                others,
+                entry,
+                room,
+                tail,
+                n_voters,
+                table,
+                softmax,
+                radius[i],
+            )
+
+
+@inlined
+def _certified(
+    own_votes: int,
+    others: IntArray,
+    entry: int,
+    room: int,
+    tail: FloatArray,
+    member: bool,
+    r_t: int,
+    r_c: int,
+    n_voters: int,
+    table: FloatArray,
+    softmax: bool,
+    lower: FloatArray,
+    upper: FloatArray,
+    tau_hat: int,
+    guard: int,
+    tie: float,
+) -> bool:
+    """:meth:`PartThresholds.certified` for one entry (``r_t`` within the tables)."""
+    if r_c > 0 and r_c > guard:
+        return False
+    if member:
+        keep_at = tau_hat + r_c
+        if keep_at >= lower.shape[0]:
+            return False
+        low = lower_bound(
+            own_votes, others, entry, room, tail, n_voters, table, softmax, r_t
+        )
+        return bool(low >= upper[keep_at, r_t] - tie)
+    drop_at = tau_hat - r_c
+    if drop_at < 0:
+        return False
+    high = upper_bound(
+        own_votes, others, entry, room, tail, n_voters, table, softmax, r_t
+    )
+    return bool(high < lower[drop_at, r_t] - tie)
+
+
+@compiled
+def largest_radius(
+    own: IntArray,
+    others: IntArray,
+    in_set: BoolArray,
+    ceiling: IntArray,
+    joint: bool,
+    n_voters: int,
+    table: FloatArray,
+    softmax: bool,
+    lower: FloatArray,
+    upper: FloatArray,
+    tau_hat: int,
+    guard: int,
+    tie: float,
+    out: IntArray,
+) -> None:
+    """Largest certified ``r_t`` per entry, with ``r_c = 0`` or ``r_c = r_t``.
+
+    Certification is monotone in the radii, so probes 1, 2, 4, ... run until one
+    fails, then bisection; radius 0 is always certified and ``ceiling[i]`` (at most
+    the tables' last column) bounds the search.
+    """
+    tail = np.empty(2 * others.shape[1] + 1)
+    for entry in range(own.shape[0]):
+        lo = 0
+        hi = ceiling[entry] + 1
+        if hi <= 1:
+            out[entry] = 0
+            continue
+        room = _entry_sums(others, entry, table, tail)
+        galloping = True
+        while hi - lo > 1:
+            probe = min(lo + max(lo, 1), hi - 1) if galloping else (lo + hi) // 2
+            ok = _certified(
+                own[entry],
+                others,
+                entry,
+                room,
+                tail,
+                in_set[entry],
+                probe,
+                probe if joint else 0,
+                n_voters,
+                table,
+                softmax,
+                lower,
+                upper,
+                tau_hat,
+                guard,
+                tie,
+            )
+            if ok:
+                lo = probe
+            else:
+                hi = probe
+                galloping = False
+        out[entry] = lo
+
+
+@compiled
+def descending_rows(votes: IntArray) -> IntArray:
+    """Each row of ``votes`` sorted descending (insertion sort: rows are short)."""
+    n, k = votes.shape
+    out = np.empty((n, k), dtype=np.int64)
+    for p in range(n):
+        for c in range(k):
+            value = votes[p, c]
+            j = c
+            while j > 0 and out[p, j - 1] < value:
+                out[p, j] = out[p, j - 1]
+                j -= 1
+            out[p, j] = value
+    return out
+
+
+@compiled
+def vote_entries(
+    ordered: IntArray, rows: IntArray, inverse: IntArray, votes: IntArray
+) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray]:
+    """The entries of the distinct sorted rows ``ordered[rows]``, and each point's.
+
+    Returns ``own``, ``others`` (the sorted row without the entry's position),
+    ``index`` (n, K) of each (point, class), and each entry's distinct row and
+    position in it. Entries run row by row, one per distinct vote count, in
+    descending order; point ``p`` has row ``inverse[p]``.
+    """
+    n, k = votes.shape
+    d = rows.shape[0]
+    start = np.zeros(d + 1, dtype=np.int64)
+    for i in range(d):
+        distinct = 1
+        for c in range(1, k):
+            distinct += int(ordered[rows[i], c] != ordered[rows[i], c - 1])
+        start[i + 1] = start[i] + distinct
+    size = start[d]
+    own = np.empty(size, dtype=np.int64)
+    others = np.empty((size, k - 1), dtype=np.int64)
+    entry_row = np.empty(size, dtype=np.int64)
+    entry_position = np.empty(size, dtype=np.int64)
+    for i in range(d):
+        r = rows[i]
+        at = start[i]
+        for c in range(k):
+            if c > 0 and ordered[r, c] == ordered[r, c - 1]:
+                continue
+            own[at] = ordered[r, c]
+            entry_row[at] = i
+            entry_position[at] = c
+            for o in range(k - 1):
+                others[at, o] = ordered[r, o + int(o >= c)]
+            at += 1
+    index = np.empty((n, k), dtype=np.int64)
+    for p in range(n):
+        r = rows[inverse[p]]
+        for c in range(k):
+            greater = 0
+            for o in range(k):
+                value = ordered[r, o]
+                if value <= votes[p, c]:
+                    break
+                greater += int(o == 0 or value != ordered[r, o - 1])
+            index[p, c] = start[inverse[p]] + greater
+    return own, others, index, entry_row, entry_position
