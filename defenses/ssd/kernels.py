@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from defenses.jit import compiled
+from defenses.jit import compiled, inlined
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -74,7 +74,7 @@ def _walk_above(
     return (above_f - h) / above_q
 
 
-@compiled
+@inlined
 def _level(
     ratio: FloatArray,
     f: FloatArray,
