@@ -40,38 +40,36 @@ IntArray = npt.NDArray[np.int64]
 
 
 @compiled
-def _walk_below(
-    ratio: FloatArray, f: FloatArray, q: FloatArray, alive: IntArray, h: float
+def _walk(
+    ratio: FloatArray,
+    f: FloatArray,
+    q: FloatArray,
+    alive: IntArray,
+    h: float,
+    raising: bool,
 ) -> float:
-    """``w_A`` from the survivors ``alive`` by sorting them (Algorithm 2, upwards)."""
+    """A level from the survivors ``alive`` by sorting them (Algorithm 2).
+
+    :math:`w_A` walks the ratios upwards and stops where raising to the next one
+    would cost more than ``h``; :math:`w_B` walks them downwards, lowering.
+    """
     order = alive[np.argsort(ratio[alive])]
-    below_f = 0.0
-    below_q = 0.0
+    if not raising:
+        order = order[::-1]
+    sum_f = 0.0
+    sum_q = 0.0
     last = order.shape[0] - 1
     for j in range(last + 1):
         col = order[j]
-        below_f += f[col]
-        below_q += q[col]
-        if j == last or ratio[order[j + 1]] * below_q - below_f > h:
+        sum_f += f[col]
+        sum_q += q[col]
+        if j == last:
             break
-    return (below_f + h) / below_q
-
-
-@compiled
-def _walk_above(
-    ratio: FloatArray, f: FloatArray, q: FloatArray, alive: IntArray, h: float
-) -> float:
-    """``w_B`` from the survivors ``alive`` by sorting them (Algorithm 2, downwards)."""
-    order = alive[np.argsort(ratio[alive])]
-    above_f = 0.0
-    above_q = 0.0
-    for j in range(order.shape[0] - 1, -1, -1):
-        col = order[j]
-        above_f += f[col]
-        above_q += q[col]
-        if j == 0 or above_f - ratio[order[j - 1]] * above_q > h:
+        step = ratio[order[j + 1]] * sum_q
+        if (step - sum_f if raising else sum_f - step) > h:
             break
-    return (above_f - h) / above_q
+    sign = 1.0 if raising else -1.0
+    return (sum_f + sign * h) / sum_q
 
 
 @inlined
@@ -121,9 +119,7 @@ def _level(
         if kept == count or kept == 0:
             return level
         count = kept
-    if raising:
-        return _walk_below(ratio, f, q, alive[:count], h)
-    return _walk_above(ratio, f, q, alive[:count], h)
+    return _walk(ratio, f, q, alive[:count], h, raising)
 
 
 @compiled
