@@ -22,10 +22,9 @@ lies below it), and each step is the paper's closed form on the current active s
 The active sets only shrink, so each step scans the survivors of the previous one,
 and the iteration ends, at the closed form's solution, when a step removes no
 index. A row costs a few passes over :math:`K` entries and no sort (typically 3 and
-7 steps at K = 1000 on random rows). Newton can need up to K steps on adversarial
-rows (ratios spread geometrically), so after ``max_steps`` steps the survivors are
-sorted and walked as in the paper's Algorithm 2, bounding a row at
-:math:`O(K \log K)`.
+7 steps at K = 1000 on random rows). A step is only sure to remove one index, so
+after ``max_steps`` steps the survivors are sorted and walked as in the paper's
+Algorithm 2, which bounds a row at :math:`O(K \log K)`.
 """
 
 from __future__ import annotations
@@ -89,7 +88,8 @@ def _level(
 
     ``sum_f`` and ``sum_q`` are the sums over that set. ``raising`` selects
     :math:`w_A` (keep :math:`r_i < w`, add ``h``) or :math:`w_B` (keep
-    :math:`r_i > w`, subtract ``h``). ``alive`` is compacted in place. An empty set
+    :math:`r_i > w`, subtract ``h``); the sign of :math:`r_i - w` (exact for finite
+    floats) tests both. ``alive`` is compacted in place. An empty set
     (a row whose ``f`` and ``q`` agree up to rounding) leaves that side unclipped.
     """
     if count == 0:
@@ -100,22 +100,13 @@ def _level(
         kept = 0
         sum_f = 0.0
         sum_q = 0.0
-        if raising:
-            for j in range(count):
-                col = alive[j]
-                keep = ratio[col] < level
-                alive[kept] = col
-                kept += int(keep)
-                sum_f += f[col] * np.float64(keep)
-                sum_q += q[col] * np.float64(keep)
-        else:
-            for j in range(count):
-                col = alive[j]
-                keep = ratio[col] > level
-                alive[kept] = col
-                kept += int(keep)
-                sum_f += f[col] * np.float64(keep)
-                sum_q += q[col] * np.float64(keep)
+        for j in range(count):
+            col = alive[j]
+            keep = sign * (ratio[col] - level) < 0.0
+            alive[kept] = col
+            kept += int(keep)
+            sum_f += f[col] * np.float64(keep)
+            sum_q += q[col] * np.float64(keep)
         if kept == count or kept == 0:
             return level
         count = kept
