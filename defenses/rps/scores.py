@@ -150,6 +150,7 @@ class VoteGeometry:
         self, radius: npt.ArrayLike, rows: IntArray | None, upper: bool
     ) -> FloatArray:
         chosen = np.arange(self.size) if rows is None else np.asarray(rows, np.int64)
+        chosen = np.ascontiguousarray(chosen)
         r = np.asarray(radius, dtype=np.int64)
         if np.any(r < 0):
             raise ValueError("radius must be >= 0")
@@ -211,7 +212,7 @@ class VoteGeometry:
 
 
 def _check_votes(votes: npt.ArrayLike, n_voters: int, abstain: bool) -> IntArray:
-    v = np.asarray(votes, dtype=np.int64)
+    v = np.ascontiguousarray(votes, dtype=np.int64)
     if v.ndim != 2 or v.shape[1] < 2:
         raise ValueError(f"votes must have shape (n, K) with K >= 2, got {v.shape}")
     if n_voters < 1:
