@@ -15,13 +15,15 @@ All three certify exactness by a lineage audit of the served system.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from defenses.api import DefenseKind, Learner
+from defenses.checks import check_choice, check_int
 from defenses.s3t.attacks import lineage_audit
 from defenses.s3t.backbone import ResidualMLP
 from defenses.s3t.baselines import SISA, FullRetrain
@@ -29,6 +31,7 @@ from defenses.s3t.defense import S3T, Selection, Unlearner
 
 FloatArray = npt.NDArray[np.float64]
 Policy = Literal["always", "when_dead"]
+POLICIES: tuple[Policy, ...] = ("always", "when_dead")
 
 
 class UnlearningTask(Protocol):
@@ -108,7 +111,7 @@ def _base(learner: Learner[Any, Any], who: str) -> NoUnlearning:
 class UnlearningLearner:
     """Fit an exact-unlearning model, serve the task's deletions, retrain by policy."""
 
-    defense: S3TDefense | SISADefense | FullRetrainDefense
+    defense: UnlearningDefense
     base: NoUnlearning
 
     def fit(self, task: UnlearningTask, rng: np.random.Generator) -> Unlearner:
@@ -122,31 +125,39 @@ class UnlearningLearner:
         return model
 
 
-def _certify(system: Unlearner, task: UnlearningTask) -> dict[str, float]:
-    report = lineage_audit(system, task.forget.tolist())
-    served = system.served()
-    return {
-        "exact": float(report.clean),
-        "stored_groups": float(len(system.lineage())),
-        "served_depth": float(np.mean([len(p) for p in served]) / system.slices),
-    }
+class UnlearningDefense(ABC):
+    """What the three unlearning defenses share: how they wrap and what they certify.
 
+    A subclass names itself, holds its ``retrain`` policy and builds its unfitted
+    model; :meth:`wrap` swaps the undefended training for it and :meth:`certify`
+    audits the served system's lineage.
+    """
 
-def _check_sizes(who: str, first: int, slices: int, name: str = "shards") -> None:
-    for field, value in ((name, first), ("slices", slices)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{who}.{field} must be a positive int, got {value!r}")
+    name: ClassVar[str]
+    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
+    retrain: Policy
 
+    @abstractmethod
+    def build(self, backbone: ResidualMLP, base: NoUnlearning, seed: int) -> Unlearner:
+        """The unfitted model, with the undefended learner's training settings."""
 
-def _check_policy(who: str, policy: str) -> None:
-    if policy not in ("always", "when_dead"):
-        raise ValueError(
-            f"{who}.retrain must be 'always' or 'when_dead', got {policy!r}"
-        )
+    def wrap(self, learner: Learner[Any, Any]) -> UnlearningLearner:
+        """Replace the undefended training by this defense's model."""
+        return UnlearningLearner(self, _base(learner, self.name))
+
+    def certify(self, system: Unlearner, task: UnlearningTask) -> dict[str, float]:
+        """Exactness (1.0: no stored component saw a deleted id) and what is served."""
+        report = lineage_audit(system, task.forget.tolist())
+        served = system.served()
+        return {
+            "exact": float(report.clean),
+            "stored_groups": float(len(system.lineage())),
+            "served_depth": float(np.mean([len(p) for p in served]) / system.slices),
+        }
 
 
 @dataclass(frozen=True)
-class S3TDefense:
+class S3TDefense(UnlearningDefense):
     """S3T as a harness defense (see :class:`defenses.s3t.defense.S3T`).
 
     Parameters
@@ -162,7 +173,6 @@ class S3TDefense:
     """
 
     name: ClassVar[str] = "s3t-s3t"
-    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
     shards: int = 3
     slices: int = 3
     sequences: int | None = None
@@ -170,15 +180,12 @@ class S3TDefense:
     retrain: Policy = "when_dead"
 
     def __post_init__(self) -> None:
-        _check_policy("S3TDefense", self.retrain)
-        _check_sizes("S3TDefense", self.shards, self.slices)
+        check_choice("S3TDefense.retrain", self.retrain, POLICIES)
+        check_int("S3TDefense.shards", self.shards, minimum=1)
+        check_int("S3TDefense.slices", self.slices, minimum=1)
         if self.sequences is not None:
-            _check_sizes("S3TDefense", self.sequences, self.slices, "sequences")
-        if self.selection not in ("cyclic", "bms"):
-            raise ValueError(
-                "S3TDefense.selection must be 'cyclic' or 'bms', "
-                f"got {self.selection!r}"
-            )
+            check_int("S3TDefense.sequences", self.sequences, minimum=1)
+        check_choice("S3TDefense.selection", self.selection, ("cyclic", "bms"))
 
     def build(self, backbone: ResidualMLP, base: NoUnlearning, seed: int) -> Unlearner:
         """The unfitted model."""
@@ -195,28 +202,20 @@ class S3TDefense:
             seed=seed,
         )
 
-    def wrap(self, learner: Learner[Any, Any]) -> UnlearningLearner:
-        """Replace the undefended training by S3T."""
-        return UnlearningLearner(self, _base(learner, self.name))
-
-    def certify(self, system: Unlearner, task: UnlearningTask) -> dict[str, float]:
-        """Exactness (1.0: no stored component saw a deleted id) and what is served."""
-        return _certify(system, task)
-
 
 @dataclass(frozen=True)
-class SISADefense:
+class SISADefense(UnlearningDefense):
     """SISA as a harness defense (see :class:`defenses.s3t.baselines.SISA`)."""
 
     name: ClassVar[str] = "s3t-sisa"
-    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
     shards: int = 3
     slices: int = 3
     retrain: Policy = "always"
 
     def __post_init__(self) -> None:
-        _check_policy("SISADefense", self.retrain)
-        _check_sizes("SISADefense", self.shards, self.slices)
+        check_choice("SISADefense.retrain", self.retrain, POLICIES)
+        check_int("SISADefense.shards", self.shards, minimum=1)
+        check_int("SISADefense.slices", self.slices, minimum=1)
 
     def build(self, backbone: ResidualMLP, base: NoUnlearning, seed: int) -> Unlearner:
         """The unfitted model."""
@@ -231,22 +230,13 @@ class SISADefense:
             seed=seed,
         )
 
-    def wrap(self, learner: Learner[Any, Any]) -> UnlearningLearner:
-        """Replace the undefended training by SISA."""
-        return UnlearningLearner(self, _base(learner, self.name))
-
-    def certify(self, system: Unlearner, task: UnlearningTask) -> dict[str, float]:
-        """Exactness (1.0: no stored component saw a deleted id) and what is served."""
-        return _certify(system, task)
-
 
 @dataclass(frozen=True)
-class FullRetrainDefense:
+class FullRetrainDefense(UnlearningDefense):
     """Retrain from scratch without the deleted points."""
 
     name: ClassVar[str] = "s3t-full-retrain"
-    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
-    retrain: ClassVar[Policy] = "always"
+    retrain: Policy = field(default="always", init=False)
 
     def build(self, backbone: ResidualMLP, base: NoUnlearning, seed: int) -> Unlearner:
         """The unfitted model."""
@@ -258,11 +248,3 @@ class FullRetrainDefense:
             lr=base.lr,
             seed=seed,
         )
-
-    def wrap(self, learner: Learner[Any, Any]) -> UnlearningLearner:
-        """Replace the undefended training by full retraining."""
-        return UnlearningLearner(self, _base(learner, self.name))
-
-    def certify(self, system: Unlearner, task: UnlearningTask) -> dict[str, float]:
-        """Exactness (1.0: no stored component saw a deleted id) and what is served."""
-        return _certify(system, task)

@@ -37,14 +37,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from defenses.checks import check_int
+
 Norm = Literal["layer", "batch"]
 BlockLoRA = tuple[Tensor, Tensor, Tensor, Tensor]
 """Adapter of one block: ``(A1, B1, A2, B2)`` for its first and second linear map."""
-
-
-def _positive_int(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 class Block(nn.Module):
@@ -103,7 +100,7 @@ class ResidualMLP(nn.Module):
             ("n_blocks", n_blocks),
             ("n_classes", n_classes),
         ):
-            _positive_int(f"ResidualMLP.{name}", value)
+            check_int(f"ResidualMLP.{name}", value, minimum=1)
         if n_classes < 2:
             raise ValueError(f"ResidualMLP.n_classes must be >= 2, got {n_classes}")
         if norm not in ("layer", "batch"):
@@ -166,7 +163,7 @@ def block_groups(n_blocks: int, n_groups: int) -> list[tuple[int, ...]]:
     >>> block_groups(6, 4)
     [(4, 5), (2, 3), (1,), (0,)]
     """
-    _positive_int("n_groups", n_groups)
+    check_int("n_groups", n_groups, minimum=1)
     if n_groups > n_blocks:
         raise ValueError(
             f"cannot split {n_blocks} blocks into {n_groups} groups; "
@@ -228,7 +225,7 @@ def pretrain(
             f"pretrain needs X of shape (n, d) and y of shape (n,), n > 0; got "
             f"{tuple(features.shape)} and {tuple(labels.shape)}"
         )
-    _positive_int("epochs", epochs)
+    check_int("epochs", epochs, minimum=1)
     gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
     model = ResidualMLP(
         features.shape[1], width, hidden, n_blocks, n_classes, norm, generator=gen

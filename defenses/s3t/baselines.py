@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 from typing import ClassVar
 
+from defenses.checks import check_int
 from defenses.s3t.backbone import ResidualMLP
-from defenses.s3t.defense import Unlearner, _positive
+from defenses.s3t.defense import Unlearner
 from defenses.s3t.parallel import Executor
 from defenses.s3t.training import Mode
 
@@ -47,7 +48,7 @@ class SISA(Unlearner):
             backbone,
             shards=shards,
             slices=slices,
-            orders=[tuple(range(_positive("slices", slices)))],
+            orders=[tuple(range(check_int("slices", slices, minimum=1)))],
             rank=rank,
             epochs=epochs,
             batch_size=batch_size,

@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 from tqdm.auto import tqdm
 
-from defenses.checks import check_keys
+from defenses.checks import check_int, check_keys
 from defenses.harness import measurement
 from defenses.metrics import accuracy
 from defenses.results import Result
@@ -105,10 +105,7 @@ class Settings:
         for name, value in values.items():
             if name in ("skew", "zipf", "lr", "pool"):
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"s3t-deletion.{name} must be a positive int, got {value!r}"
-                )
+            check_int(f"s3t-deletion.{name}", value, minimum=1)
         if values["skew"] not in ("uniform", "zipf"):
             raise ValueError(
                 f"s3t-deletion.skew must be 'uniform' or 'zipf', got {values['skew']!r}"

@@ -43,6 +43,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from defenses.checks import check_int
 from defenses.cost import count, phase
 from defenses.s3t import partition, store
 from defenses.s3t.backbone import ResidualMLP, block_groups, fingerprint, frozen_copy
@@ -153,12 +154,6 @@ class RetrainReceipt:
     seconds: float
 
 
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 class Unlearner:
     """Sharded, sliced, staged LoRA training with exact deletion (shared engine).
 
@@ -190,8 +185,8 @@ class Unlearner:
                 f"backbone must be a defenses.s3t.backbone.ResidualMLP, got "
                 f"{type(backbone).__name__}"
             )
-        self.shards = _positive("shards", shards)
-        self.slices = _positive("slices", slices)
+        self.shards = check_int("shards", shards, minimum=1)
+        self.slices = check_int("slices", slices, minimum=1)
         self.groups = tuple(block_groups(backbone.n_blocks, slices))
         self.config = TrainConfig(rank, epochs, batch_size, lr)
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -199,7 +194,7 @@ class Unlearner:
         if executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
         self.seed, self.executor = seed, executor
-        self.n_jobs = _positive("n_jobs", n_jobs)
+        self.n_jobs = check_int("n_jobs", n_jobs, minimum=1)
         self.ray_address = ray_address
         self.orders: tuple[Order, ...] = tuple(tuple(int(j) for j in o) for o in orders)
         self.shared_state = backbone.training and backbone.has_shared_state()
@@ -824,8 +819,10 @@ class S3T(Unlearner):
         store: str | os.PathLike[str] | None = None,
         allow_shared_state: bool = False,
     ) -> None:
-        budget = _positive("slices", slices) if sequences is None else sequences
-        _positive("sequences", budget)
+        budget = (
+            check_int("slices", slices, minimum=1) if sequences is None else sequences
+        )
+        check_int("sequences", budget, minimum=1)
         if selection == "cyclic":
             if slice_prior is not None:
                 raise ValueError("slice_prior is used by selection='bms' only")

@@ -34,15 +34,16 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import linear_sum_assignment
 
+from defenses.checks import check_int
+
 Order = tuple[int, ...]
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 
 def _check_budget(slices: int, budget: int) -> None:
-    for name, value in (("slices", slices), ("sequences", budget)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    check_int("slices", slices, minimum=1)
+    check_int("sequences", budget, minimum=1)
 
 
 def _rotate_right(items: list[int], r: int) -> list[int]:
@@ -134,8 +135,7 @@ def harmonic(n: int) -> float:
 def deletion_rate_theory(shards: int, slices: int, distinct_first: int) -> float:
     """Expected deletions until every shard is dead: ``m L H_{m B'}``."""
     _check_budget(slices, distinct_first)
-    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
-        raise ValueError(f"shards must be a positive integer, got {shards!r}")
+    check_int("shards", shards, minimum=1)
     return shards * slices * harmonic(shards * min(distinct_first, slices))
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from defenses.checks import check_int
 from defenses.data import Dataset, load_digits, stratified_split
 from defenses.s3t.backbone import ResidualMLP, pretrain
 
@@ -41,11 +42,7 @@ class BackboneSpec:
 
     def __post_init__(self) -> None:
         for name in ("public", "width", "hidden", "blocks", "epochs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"BackboneSpec.{name} must be a positive int, got {value!r}"
-                )
+            check_int(f"BackboneSpec.{name}", getattr(self, name), minimum=1)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from defenses.checks import check_int
 from defenses.s3t.backbone import BlockLoRA, ResidualMLP, fresh_lora
 
 Mode = Literal["slice", "all"]
@@ -62,9 +63,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("rank", "epochs", "batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_int(name, getattr(self, name), minimum=1)
         if not (isinstance(self.lr, int | float) and 0 < self.lr < 1):
             raise ValueError(f"lr must lie in (0, 1), got {self.lr!r}")
 

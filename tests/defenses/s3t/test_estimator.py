@@ -181,9 +181,9 @@ def test_bad_fit_input(tiny, fast, kwargs, fit, match) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"shards": 0}, "shards must be a positive integer"),
+        ({"shards": 0}, "shards must be an int >= 1"),
         ({"slices": 5}, "slices must be <= the backbone's n_blocks"),
-        ({"sequences": 0}, "sequences must be a positive integer"),
+        ({"sequences": 0}, "sequences must be an int >= 1"),
         ({"selection": "random"}, "selection must be"),
         ({"slice_prior": [0.5, 0.5]}, "selection='bms' only"),
         ({"selection": "bms", "slice_prior": [1.0]}, "one value per slice"),

@@ -82,12 +82,12 @@ def test_wrap_needs_the_scenario_learner() -> None:
         (lambda: CanaryDeletion(pool=-1), "pool must be"),
         (lambda: CanaryDeletion(epochs=0), "epochs must be an int >= 1"),
         (lambda: CanaryDeletion(lr=0.0), r"lr must be a finite number in \(0.0, 1.0\)"),
-        (lambda: CanaryDeletion(width=0), "width must be a positive int"),
-        (lambda: S3TDefense(shards=0), "shards must be a positive int"),
-        (lambda: S3TDefense(sequences=0), "sequences must be a positive int"),
+        (lambda: CanaryDeletion(width=0), "width must be an int >= 1"),
+        (lambda: S3TDefense(shards=0), "shards must be an int >= 1"),
+        (lambda: S3TDefense(sequences=0), "sequences must be an int >= 1"),
         (lambda: S3TDefense(selection="x"), "selection must be"),  # type: ignore[arg-type]
         (lambda: S3TDefense(retrain="never"), "retrain must be"),  # type: ignore[arg-type]
-        (lambda: SISADefense(slices=0), "slices must be a positive int"),
+        (lambda: SISADefense(slices=0), "slices must be an int >= 1"),
     ],
 )
 def test_bad_parameters(call, match: str) -> None:

@@ -131,13 +131,13 @@ def test_skewed_prior_and_bms_outlive_cyclic_when_budget_is_small() -> None:
     ("call", "match"),
     [
         (lambda: cyclic_orders(3, 7), "exceeds the 6 orders"),
-        (lambda: cyclic_orders(0, 1), "slices must be a positive integer"),
-        (lambda: cyclic_orders(3, 0), "sequences must be a positive integer"),
+        (lambda: cyclic_orders(0, 1), "slices must be an int >= 1"),
+        (lambda: cyclic_orders(3, 0), "sequences must be an int >= 1"),
         (lambda: bms_orders([0.5, 0.5], 3), "at most slices=2"),
         (lambda: bms_orders([0.5, -0.1], 1), "finite values >= 0"),
         (lambda: bms_orders([0.0, 0.0], 1), "must not all be zero"),
         (lambda: bms_orders([0.5, 0.5], 1, horizon=0.0), "horizon must be > 0"),
-        (lambda: deletion_rate_theory(0, 3, 1), "shards must be a positive integer"),
+        (lambda: deletion_rate_theory(0, 3, 1), "shards must be an int >= 1"),
         (lambda: simulate_deletion_rate(2, [], np.random.default_rng(0)), "empty"),
         (
             lambda: simulate_deletion_rate(
