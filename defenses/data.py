@@ -19,6 +19,8 @@ import numpy as np
 import numpy.typing as npt
 from sklearn import datasets as _sk
 
+from defenses.checks import check_int
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -107,11 +109,6 @@ def load(name: str) -> Dataset:
     return LOADERS[name]()
 
 
-def _positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 def make_identities(
     rng: np.random.Generator,
     n_classes: int = 50,
@@ -129,9 +126,9 @@ def make_identities(
     (Dataset, ndarray of shape (n_classes, dim))
         The samples (shuffled) and the private prototypes.
     """
-    _positive("n_classes", n_classes)
-    _positive("dim", dim)
-    _positive("per_class", per_class)
+    check_int("n_classes", n_classes, 1)
+    check_int("dim", dim, 1)
+    check_int("per_class", per_class, 1)
     if not spread > 0:
         raise ValueError(f"spread must be > 0, got {spread!r}")
     prototypes = rng.standard_normal((n_classes, dim))
@@ -164,7 +161,7 @@ def make_coarse_to_fine(
         ("dim", dim),
         ("per_class", per_class),
     ):
-        _positive(name, value)
+        check_int(name, value, 1)
     for name, spread in (
         ("coarse_spread", coarse_spread),
         ("fine_spread", fine_spread),

@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from defenses.checks import check_int
 from defenses.civet._util import (
     as_inputs,
     check_probability,
@@ -128,8 +129,7 @@ def _inputs(view: VAEView) -> torch.Tensor:
 
 def _check(owner: str, **values: int) -> None:
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{owner}.{name} must be an int >= 1, got {value!r}")
+        check_int(f"{owner}.{name}", value, 1)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import numpy.typing as npt
 import torch
 from scipy.special import expit
 
+from defenses.checks import check_int
 from defenses.civet import figures
 from defenses.civet.attacks import (
     EOTPGD,
@@ -167,11 +168,7 @@ class CivetScenario:
                 f"got {self.train_fraction!r}"
             )
         for name in ("n_eval", "mc_samples", "latent_dim"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"CivetScenario.{name} must be an int >= 1, got {value!r}"
-                )
+            check_int(f"CivetScenario.{name}", getattr(self, name), 1)
         self.train_config()
 
     def train_config(self) -> TrainConfig:

@@ -18,6 +18,7 @@ import numpy.typing as npt
 from sklearn.linear_model import LogisticRegression
 
 from defenses.api import DefenseKind
+from defenses.checks import check_int
 from defenses.rps.baselines import EnsembleConformalClassifier, SplitConformalClassifier
 from defenses.rps.defense import ReliableConformalClassifier
 from defenses.rps.quantile import QUANTILE_MODES, QuantileMode, check_alpha
@@ -159,11 +160,6 @@ def _check_learner(learner: Any, who: str) -> SplitConformalLearner:
     return learner
 
 
-def _parts(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
-
 @dataclass(frozen=True)
 class RPS:
     """Reliable prediction sets (Scholten & Günnemann, ICLR 2025) as a defense.
@@ -188,8 +184,8 @@ class RPS:
     softmax: bool = True
 
     def __post_init__(self) -> None:
-        _parts("RPS.n_train_parts", self.n_train_parts)
-        _parts("RPS.n_calib_parts", self.n_calib_parts)
+        check_int("RPS.n_train_parts", self.n_train_parts, 1)
+        check_int("RPS.n_calib_parts", self.n_calib_parts, 1)
         if self.quantile not in QUANTILE_MODES:
             raise ValueError(
                 f"RPS.quantile must be one of {QUANTILE_MODES}, got {self.quantile!r}"
@@ -271,7 +267,7 @@ class BaggingEnsemble:
     n_models: int = 20
 
     def __post_init__(self) -> None:
-        _parts("BaggingEnsemble.n_models", self.n_models)
+        check_int("BaggingEnsemble.n_models", self.n_models, 1)
 
     def wrap(self, learner: Any) -> EnsembleLearner:
         """Return the bagged learner with the wrapped learner's estimator and alpha."""

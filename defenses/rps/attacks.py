@@ -37,6 +37,7 @@ import numpy.typing as npt
 from sklearn.linear_model import LogisticRegression
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
+from defenses.checks import check_int
 from defenses.data import Dataset
 from defenses.rps.defense import ReliableConformalClassifier
 from defenses.rps.partition import part_of
@@ -59,11 +60,6 @@ def _fraction(owner: str, value: float) -> None:
         or not 0 < value <= 1
     ):
         raise ValueError(f"{owner}.fraction must lie in (0, 1], got {value!r}")
-
-
-def _count(owner: str, name: str, value: int, low: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{owner}.{name} must be an integer >= {low}, got {value!r}")
 
 
 def surrogate(train: Dataset) -> LogisticRegression:
@@ -136,8 +132,8 @@ class PairFlip:
     fraction: float = 0.5
 
     def __post_init__(self) -> None:
-        _count("PairFlip", "source", self.source, 0)
-        _count("PairFlip", "target", self.target, 0)
+        check_int("PairFlip.source", self.source, 0)
+        check_int("PairFlip.target", self.target, 0)
         if self.source == self.target:
             raise ValueError(
                 f"PairFlip.source and target must differ, got {self.source}"
@@ -178,7 +174,7 @@ class TargetedFlip:
     flips: int = 5
 
     def __post_init__(self) -> None:
-        _count("TargetedFlip", "flips", self.flips)
+        check_int("TargetedFlip.flips", self.flips, 1)
 
     def poison(self, task: ConformalTask, rng: np.random.Generator) -> ConformalTask:
         """Return the task with the targets' neighbourhoods relabelled."""
@@ -307,11 +303,11 @@ class WorstCase:
     copies: int = 10
 
     def __post_init__(self) -> None:
-        _count("WorstCase", "n_train_parts", self.n_train_parts)
-        _count("WorstCase", "n_calib_parts", self.n_calib_parts)
-        _count("WorstCase", "train_parts", self.train_parts, 0)
-        _count("WorstCase", "calib_parts", self.calib_parts, 0)
-        _count("WorstCase", "copies", self.copies)
+        check_int("WorstCase.n_train_parts", self.n_train_parts, 1)
+        check_int("WorstCase.n_calib_parts", self.n_calib_parts, 1)
+        check_int("WorstCase.train_parts", self.train_parts, 0)
+        check_int("WorstCase.calib_parts", self.calib_parts, 0)
+        check_int("WorstCase.copies", self.copies, 1)
         if (
             self.train_parts > self.n_train_parts
             or self.calib_parts > self.n_calib_parts

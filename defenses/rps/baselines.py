@@ -21,6 +21,7 @@ import numpy.typing as npt
 from sklearn.base import clone
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
+from defenses.checks import check_int
 from defenses.rps.defense import NotFittedError, proba_columns
 from defenses.rps.partition import check_features
 from defenses.rps.quantile import check_alpha, textbook_rank
@@ -158,8 +159,7 @@ class EnsembleConformalClassifier(_Conformal):
         random_state: int = 0,
     ) -> None:
         super().__init__(alpha)
-        if isinstance(n_models, bool) or not isinstance(n_models, int) or n_models < 1:
-            raise ValueError(f"n_models must be an integer >= 1, got {n_models!r}")
+        check_int("n_models", n_models, 1)
         self.estimator = estimator
         self.n_models = n_models
         self.random_state = random_state

@@ -25,6 +25,7 @@ from sklearn.linear_model import LogisticRegression
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 from tqdm.auto import tqdm
 
+from defenses.checks import check_int
 from defenses.data import load, stratified_split
 from defenses.harness import measurement
 from defenses.metrics import coverage, mean_set_size
@@ -41,12 +42,7 @@ logger = logging.getLogger(__name__)
 
 
 def _int(params: dict[str, Any], key: str, default: int) -> int:
-    value = params.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"benchmark parameter {key!r} must be an integer >= 1, got {value!r}"
-        )
-    return int(value)
+    return check_int(f"benchmark parameter {key!r}", params.get(key, default), 1)
 
 
 def _float(params: dict[str, Any], key: str, default: float) -> float:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from defenses.checks import check_int
 from defenses.rps.certificate import (
     Certificate,
     PartThresholds,
@@ -60,12 +61,6 @@ BoolArray = npt.NDArray[np.bool_]
 
 class NotFittedError(RuntimeError):
     """The classifier is used before ``fit`` (or ``calibrate``)."""
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
 
 
 def proba_columns(model: Any, X: FloatArray, n_classes: int) -> FloatArray:
@@ -136,8 +131,8 @@ class ReliableConformalClassifier:
         random_state: int,
         n_jobs: int | None,
     ) -> None:
-        self.n_train_parts = _positive_int("n_train_parts", n_train_parts)
-        self.n_calib_parts = _positive_int("n_calib_parts", n_calib_parts)
+        self.n_train_parts = check_int("n_train_parts", n_train_parts, 1)
+        self.n_calib_parts = check_int("n_calib_parts", n_calib_parts, 1)
         self.alpha = check_alpha(alpha)
         if quantile not in QUANTILE_MODES:
             raise ValueError(
@@ -230,7 +225,7 @@ class ReliableConformalClassifier:
         model = cls.__new__(cls)
         model.estimator = None
         model._configure(
-            _positive_int("voter.n_parts", n_parts),
+            check_int("voter.n_parts", n_parts, 1),
             n_calib_parts,
             alpha,
             quantile,
@@ -240,7 +235,7 @@ class ReliableConformalClassifier:
         )
         model.voter_ = voter
         model.classes_ = labels
-        model.n_features_in_ = _positive_int("n_features", n_features)
+        model.n_features_in_ = check_int("n_features", n_features, 1)
         return model
 
     # ------------------------------------------------------------------ fitting

@@ -50,6 +50,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy import special, stats
 
+from defenses.checks import check_int
+
 QuantileMode = Literal["exact", "official", "markov"]
 QUANTILE_MODES: tuple[str, ...] = get_args(QuantileMode)
 
@@ -74,8 +76,7 @@ def majority_threshold(n_parts: int, alpha: float) -> int:
     :math:`F(0) = \alpha` exactly) from falling out through rounding.
     """
     a = check_alpha(alpha)
-    if isinstance(n_parts, bool) or not isinstance(n_parts, int) or n_parts < 1:
-        raise ValueError(f"n_parts must be an integer >= 1, got {n_parts!r}")
+    check_int("n_parts", n_parts, 1)
     cdf = stats.binom.cdf(np.arange(n_parts + 1), n_parts, 1.0 - a)
     return int(np.flatnonzero(cdf <= a + 1e-12).max())
 

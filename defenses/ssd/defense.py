@@ -45,6 +45,7 @@ import numpy.typing as npt
 import torch
 from scipy.special import entr
 
+from defenses.checks import check_int
 from defenses.ssd.solver import solve_reference
 from defenses.ssd.waterfill import (
     FLOOR,
@@ -77,8 +78,7 @@ def default_temperature(n_classes: int) -> float:
     paper's :math:`T = 0.1` at K = 1000 and keeps the pseudo-label about as random at
     small K (0.15 at K = 50, 0.20 at K = 10, 0.25 at K = 5).
     """
-    if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 1:
-        raise ValueError(f"n_classes must be a positive integer, got {n_classes!r}")
+    check_int("n_classes", n_classes, 1)
     if n_classes < 3:
         return 1.0
     return 0.9 / math.log(9.0 * (n_classes - 1))

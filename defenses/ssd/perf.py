@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from defenses.checks import check_keys
+from defenses.checks import check_int, check_keys
 from defenses.harness import measurement
 from defenses.registry import register
 from defenses.results import Result
@@ -43,10 +43,7 @@ FloatArray = npt.NDArray[np.float64]
 
 
 def _positive_int(params: dict[str, Any], name: str, default: int) -> int:
-    value = params.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{BENCHMARK}: {name} must be an integer >= 1, got {value!r}")
-    return value
+    return check_int(f"{BENCHMARK}.{name}", params.get(name, default), 1)
 
 
 def _cpu_time(function: Callable[[], object]) -> float:

@@ -69,7 +69,7 @@ def test_speed_benchmark_records():
 def test_speed_benchmark_rejects_bad_params():
     with pytest.raises(ValueError, match="unknown parameter"):
         list(speed({"K": 4, "bogus": 1}, [0]))
-    with pytest.raises(ValueError, match="K must be an integer"):
+    with pytest.raises(ValueError, match="K must be an int >= 1"):
         list(speed({"K": 0}, [0]))
     with pytest.raises(ValueError, match="max_budget"):
         list(speed({"K": 4, "max_budget": 3.0}, [0]))
