@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from defenses.checks import check_int
+
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -58,8 +60,7 @@ def chebyshev_fit(
     """
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
         raise ValueError(f"need finite lo < hi, got lo={lo!r}, hi={hi!r}")
-    if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
-        raise ValueError(f"degree must be an int >= 1, got {degree!r}")
+    check_int("degree", degree, 1)
     k = np.arange(degree + 1)
     nodes = 0.5 * (lo + hi) + 0.5 * (hi - lo) * np.cos(
         (2 * k + 1) * np.pi / (2 * (degree + 1))

@@ -42,6 +42,7 @@ from crypto.lora_he import (
     lora_gradient,
     simulate_step,
 )
+from defenses.checks import check_int
 from defenses.harness import measurement
 from defenses.results import Result
 
@@ -52,12 +53,7 @@ LORA_PARAMS = CKKSParams(8192, (40, 30, 30, 30, 30, 40), 30)
 
 
 def _int(params: Mapping[str, Any], key: str, default: int) -> int:
-    value = params.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"benchmark parameter {key} must be a positive int, got {value!r}"
-        )
-    return value
+    return check_int(f"benchmark parameter {key}", params.get(key, default), 1)
 
 
 def _exact_attention(

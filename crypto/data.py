@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from defenses.checks import check_int
 from defenses.data import load_digits
 
 FloatArray = npt.NDArray[np.float64]
@@ -98,10 +99,8 @@ def negation_sentiment(
     ``lexicon_shift`` the client's lexicon swaps the two halves of each polarity's
     word list (a personal vocabulary the pretrained model never saw in that role).
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
-    if isinstance(length, bool) or not isinstance(length, int) or length < 2:
-        raise ValueError(f"length must be an int >= 2, got {length!r}")
+    check_int("n", n, 1)
+    check_int("length", length, 2)
     index = {w: i for i, w in enumerate(VOCABULARY)}
     pos = list(POSITIVE[:3]) if not lexicon_shift else list(POSITIVE[3:])
     neg = list(NEGATIVE[:3]) if not lexicon_shift else list(NEGATIVE[3:])

@@ -68,6 +68,7 @@ from crypto.heval import (
     roll_tokens,
 )
 from crypto.model import HEFormer
+from defenses.checks import check_int
 
 FloatArray = npt.NDArray[np.float64]
 ARMS = ("lora", "full")
@@ -291,8 +292,7 @@ def _run(
 ) -> StepResult:
     if not (math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be finite and > 0, got {lr!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    check_int("steps", steps, 1)
     labels = _check_batch(model, X, y)
     c = model.config
     b, n, slots = X.shape[0], c.n_tokens, services.slots

@@ -41,6 +41,7 @@ from crypto.approx import (
     inverse_sqrt_poly,
     tanh_poly,
 )
+from defenses.checks import check_int
 
 FloatArray = npt.NDArray[np.float64]
 ATTENTIONS = ("gk", "softmax")
@@ -54,11 +55,6 @@ the guard only has to stop divergence: on that extension the degree-7 kernel fit
 stays within 1e-2 of the exponential (bound 8), the tanh fit within 0.21 (0.07
 inside) and the inverse square root within 0.28 above 1."""
 POOL_EXTRA = 2.0
-
-
-def _positive_int(owner: str, name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -117,8 +113,8 @@ class ModelConfig:
             "isqrt_degree",
             "tanh_degree",
         ):
-            _positive_int("ModelConfig", name, getattr(self, name))
-        _positive_int("ModelConfig", "n_classes", self.n_classes)
+            check_int(f"ModelConfig.{name}", getattr(self, name), 1)
+        check_int("ModelConfig.n_classes", self.n_classes, 1)
         if self.n_classes < 2:
             raise ValueError(
                 f"ModelConfig.n_classes must be >= 2, got {self.n_classes!r}"

@@ -27,6 +27,7 @@ from crypto.defense import CKKSDefense, EmbeddingNoise
 from crypto.deploy import CryptoTask, PersonalisedLearner
 from crypto.figures import figures
 from crypto.model import ModelConfig
+from defenses.checks import check_int
 from defenses.metrics import accuracy
 from defenses.registry import register
 from defenses.threat import Capability, Goal, Knowledge, Stage, ThreatModel
@@ -98,11 +99,7 @@ class PrivateInference:
                 f"10, got {self.test_size!r}"
             )
         for name in ("pretrain_epochs", "lora_epochs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"PrivateInference.{name} must be an int >= 1, got {value!r}"
-                )
+            check_int(f"PrivateInference.{name}", getattr(self, name), 1)
         self.config  # noqa: B018 - validates the model shape
 
     @property

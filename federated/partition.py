@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from defenses.checks import check_int
+
 IntArray = npt.NDArray[np.int64]
 
 
@@ -33,8 +35,7 @@ def dirichlet_split(
     labels = np.asarray(y)
     if labels.ndim != 1 or labels.size == 0:
         raise ValueError(f"y must be a non-empty 1-D array, got shape {labels.shape}")
-    if isinstance(n_clients, bool) or not isinstance(n_clients, int) or n_clients < 1:
-        raise ValueError(f"n_clients must be an int >= 1, got {n_clients!r}")
+    check_int("n_clients", n_clients, 1)
     if not (np.isfinite(alpha) and alpha > 0):
         raise ValueError(f"alpha must be finite and > 0, got {alpha!r}")
     if n_clients * min_size > labels.size:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from defenses.checks import check_real
+from defenses.checks import check_int, check_real
 from federated.accounting import (
     Accountant,
     Phase,
@@ -193,9 +193,8 @@ def plan_client(
     check_budget(budget)
     check_delta(delta)
     check_accountant(accountant)
-    for what, value in (("rounds", rounds), ("steps", steps)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{what} must be an int >= 1, got {value!r}")
+    check_int("rounds", rounds, 1)
+    check_int("steps", steps, 1)
     if not math.isfinite(sigma) or sigma <= 0:
         raise ValueError(f"sigma must be finite and > 0, got {sigma!r}")
     if not 0 <= save_rounds < rounds:

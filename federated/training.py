@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm.auto import tqdm
 
+from defenses.checks import check_int
 from federated.accounting import Phase, merge
 from federated.client import (
     MODELS,
@@ -75,9 +76,7 @@ class FedConfig:
 
     def __post_init__(self) -> None:
         for name in ("rounds", "local_steps", "hidden"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"FedConfig.{name} must be an int >= 1, got {value!r}")
+            check_int(f"FedConfig.{name}", getattr(self, name), 1)
         for name in ("lr", "clip"):
             value = getattr(self, name)
             if not (

@@ -385,9 +385,7 @@ class ReliableConformalClassifier:
 
     def _radius(self, max_train_radius: int | None) -> int:
         radius = self._max_radius if max_train_radius is None else max_train_radius
-        if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
-            raise ValueError(f"max_train_radius must be an int >= 0, got {radius!r}")
-        return min(radius, self._max_radius)
+        return min(check_int("max_train_radius", radius, 0), self._max_radius)
 
     # -------------------------------------------------------------- calibrating
     def calibrate(

@@ -189,8 +189,7 @@ class Unlearner:
         self.slices = check_int("slices", slices, minimum=1)
         self.groups = tuple(block_groups(backbone.n_blocks, slices))
         self.config = TrainConfig(rank, epochs, batch_size, lr)
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        check_int("seed", seed, 0)
         if executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
         self.seed, self.executor = seed, executor
