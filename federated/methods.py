@@ -127,12 +127,9 @@ class ScheduledLearner:
     def schedules(self, task: BudgetedTask) -> list[ClientSchedule]:
         """Solve every client's schedule (before any training)."""
         check_task_budgets(task)
-        budgets = list(task.budgets)
-        if isinstance(self.method, DPFedAvg):
-            budgets = [min(budgets)] * len(budgets)
         cfg = self.inner.config
         return plan_schedules(
-            budgets,
+            self.method.client_budgets(task),
             self.method.policy(),
             delta=task.delta,
             rounds=cfg.rounds,
@@ -176,6 +173,10 @@ class DPSGDMethod:
     def policy(self) -> Policy:
         """How each client spends its budget over the rounds."""
         raise NotImplementedError
+
+    def client_budgets(self, task: BudgetedTask) -> list[float]:
+        """The budget each client's schedule spends (its own, by default)."""
+        return list(task.budgets)
 
     def wrap(self, learner: FedAvgLearner) -> ScheduledLearner:
         """Return the learner whose clients run DP-SGD on this method's schedules."""
@@ -245,7 +246,7 @@ class IDPFedAvg(DPSGDMethod):
 
 
 @dataclass(frozen=True)
-class DPFedAvg(DPSGDMethod):
+class DPFedAvg(IDPFedAvg):
     """Every client held to the strictest budget, spent uniformly (DP-FedAvg).
 
     Parameters
@@ -257,13 +258,10 @@ class DPFedAvg(DPSGDMethod):
     """
 
     name: ClassVar[str] = "federated-dp-fedavg"
-    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
-    sigma: float = 1.0
-    accountant: Accountant = "rdp"
 
-    def policy(self) -> Policy:
-        """Uniform spending, every client at the strictest budget."""
-        return Uniform()
+    def client_budgets(self, task: BudgetedTask) -> list[float]:
+        """The strictest budget, for every client."""
+        return [min(task.budgets)] * len(task.budgets)
 
     def certify(self, system: FederatedModel, task: BudgetedTask) -> dict[str, float]:
         """Realised epsilon (all clients at the strictest budget)."""
