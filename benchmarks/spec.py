@@ -99,6 +99,10 @@ def sweep(params: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
         yield dict(zip(keys, combo, strict=True))
 
 
+DIRECTIONS = ("lower", "higher", "same", "within")
+"""How a summary row's metric must move for the claim to hold."""
+
+
 @dataclass(frozen=True)
 class SummarySettings:
     """One row of the report's summary table: the headline claim and its verdict.
@@ -112,7 +116,9 @@ class SummarySettings:
     ``relative_change`` of the baseline's mean, *partly* when it moved that way by
     less, *not reproduced* otherwise. With ``direction = "same"`` the claim is that
     the metric does not move: *reproduced* within ``relative_change``, *partly*
-    within twice that, *not reproduced* beyond.
+    within twice that, *not reproduced* beyond. With ``direction = "within"`` the
+    claim is a cost budget: the defended mean exceeds the baseline's by at most
+    ``relative_change`` of it (e.g. 0.5: at most 1.5x), *partly* within twice that.
     """
 
     threat: str
@@ -128,9 +134,9 @@ class SummarySettings:
     utility: str = ""
 
     def __post_init__(self) -> None:
-        if self.direction not in ("lower", "higher", "same"):
+        if self.direction not in DIRECTIONS:
             raise SpecError(
-                f"report.summary.direction must be 'lower', 'higher' or 'same', "
+                f"report.summary.direction must be one of {DIRECTIONS}, "
                 f"got {self.direction!r}"
             )
         if not self.relative_change >= 0:

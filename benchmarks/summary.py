@@ -73,10 +73,11 @@ def _paired(
 def verdict(settings: SummarySettings, defended: float, undefended: float) -> str:
     """Compare the relative change with the claimed direction and size."""
     change = (defended - undefended) / max(abs(undefended), 1e-12)
-    if settings.direction == "same":
-        if abs(change) <= settings.relative_change:
+    if settings.direction in ("same", "within"):
+        moved = abs(change) if settings.direction == "same" else change
+        if moved <= settings.relative_change:
             return REPRODUCED
-        return PARTLY if abs(change) <= 2 * settings.relative_change else NOT_REPRODUCED
+        return PARTLY if moved <= 2 * settings.relative_change else NOT_REPRODUCED
     if settings.direction == "higher":
         change = -change
     if change <= -settings.relative_change and change < 0:

@@ -35,6 +35,10 @@ def settings(**kw):
         ("same", 0.05, 0.97, REPRODUCED),
         ("same", 0.05, 1.08, PARTLY),
         ("same", 0.05, 0.85, NOT_REPRODUCED),
+        ("within", 0.5, 1.4, REPRODUCED),
+        ("within", 0.5, 0.7, REPRODUCED),
+        ("within", 0.5, 1.9, PARTLY),
+        ("within", 0.5, 2.1, NOT_REPRODUCED),
     ],
 )
 def test_verdict(direction, change, defended, expected):
