@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from defenses.checks import check_int
+from defenses.checks import check_int, check_real
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -172,8 +172,7 @@ def gaussian_kernel_poly(bound: float, degree: int = 7) -> PolyApprox:
     With :math:`u = \\lVert q - k\\rVert^2 / (2\\sqrt{d_h}\\,\\text{bound})` this is the
     Gaussian-kernel attention score of Rho et al. (2025), Eq. (GK).
     """
-    if not (math.isfinite(bound) and bound > 0):
-        raise ValueError(f"bound must be finite and > 0, got {bound!r}")
+    check_real("bound", bound, 0.0, open_low=True)
     return PolyApprox(
         chebyshev_fit(lambda u: np.exp(-bound * u), 0.0, 1.0, degree), 0.0, 1.0
     )
@@ -181,15 +180,13 @@ def gaussian_kernel_poly(bound: float, degree: int = 7) -> PolyApprox:
 
 def inverse_sqrt_poly(lo: float, degree: int = 3) -> PolyApprox:
     r"""Fit :math:`s \\mapsto s^{-1/2}` on :math:`[lo, 1]` (Newton steps follow)."""
-    if not (math.isfinite(lo) and 0 < lo < 1):
-        raise ValueError(f"lo must lie in (0, 1), got {lo!r}")
+    check_real("lo", lo, 0.0, 1.0, open_low=True, open_high=True)
     return PolyApprox(chebyshev_fit(lambda s: s**-0.5, lo, 1.0, degree), lo, 1.0)
 
 
 def tanh_poly(bound: float, degree: int = 3) -> PolyApprox:
     r"""Fit :math:`\\tanh(\\text{bound}\\cdot t)` on :math:`t \\in [-1, 1]`."""
-    if not (math.isfinite(bound) and bound > 0):
-        raise ValueError(f"bound must be finite and > 0, got {bound!r}")
+    check_real("bound", bound, 0.0, open_low=True)
     return PolyApprox(
         chebyshev_fit(lambda t: np.tanh(bound * t), -1.0, 1.0, degree), -1.0, 1.0
     )
@@ -197,8 +194,7 @@ def tanh_poly(bound: float, degree: int = 3) -> PolyApprox:
 
 def exp_poly(bound: float, degree: int = 7) -> PolyApprox:
     r"""Fit :math:`e^{\\text{bound}\\cdot t}` on :math:`t \\in [-1, 1]` (softmax)."""
-    if not (math.isfinite(bound) and bound > 0):
-        raise ValueError(f"bound must be finite and > 0, got {bound!r}")
+    check_real("bound", bound, 0.0, open_low=True)
     return PolyApprox(
         chebyshev_fit(lambda t: np.exp(bound * t), -1.0, 1.0, degree), -1.0, 1.0
     )
@@ -206,6 +202,5 @@ def exp_poly(bound: float, degree: int = 7) -> PolyApprox:
 
 def reciprocal_poly(lo: float, degree: int = 3) -> PolyApprox:
     r"""Fit :math:`s \\mapsto 1/s` on :math:`[lo, 1]` (Newton steps follow)."""
-    if not (math.isfinite(lo) and 0 < lo < 1):
-        raise ValueError(f"lo must lie in (0, 1), got {lo!r}")
+    check_real("lo", lo, 0.0, 1.0, open_low=True, open_high=True)
     return PolyApprox(chebyshev_fit(lambda s: 1.0 / s, lo, 1.0, degree), lo, 1.0)

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from crypto.ckks import HE_STANDARD_128, INTERACTIVE, CKKSParams
 from crypto.deploy import EncryptedDeployment, EncryptedLearner, NoisyLearner
 from defenses.api import DefenseKind
+from defenses.checks import check_real
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,7 @@ class EmbeddingNoise:
     sigma: float = 0.5
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.sigma, int | float) and self.sigma > 0):
-            raise ValueError(f"EmbeddingNoise.sigma must be > 0, got {self.sigma!r}")
+        check_real("EmbeddingNoise.sigma", self.sigma, 0.0, open_low=True)
 
     def wrap(self, learner: Any) -> NoisyLearner:
         """Return a learner whose client perturbs its uploads."""

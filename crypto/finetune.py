@@ -68,7 +68,7 @@ from crypto.heval import (
     roll_tokens,
 )
 from crypto.model import HEFormer
-from defenses.checks import check_int
+from defenses.checks import check_int, check_real
 
 FloatArray = npt.NDArray[np.float64]
 ARMS = ("lora", "full")
@@ -290,8 +290,7 @@ def _run(
     services: _Services,
     max_level: int,
 ) -> StepResult:
-    if not (math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr must be finite and > 0, got {lr!r}")
+    check_real("lr", lr, 0.0, open_low=True)
     check_int("steps", steps, 1)
     labels = _check_batch(model, X, y)
     c = model.config

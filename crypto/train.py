@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from crypto.data import Sequences
 from crypto.model import HEFormer, ModelConfig
+from defenses.checks import check_real
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +62,7 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig.epochs must be an int >= 1, got {self.epochs!r}"
             )
-        if not self.lr > 0:
-            raise ValueError(f"TrainConfig.lr must be > 0, got {self.lr!r}")
+        check_real("TrainConfig.lr", self.lr, 0.0, open_low=True)
         if (
             isinstance(self.batch, bool)
             or not isinstance(self.batch, int)

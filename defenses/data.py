@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 from sklearn import datasets as _sk
 
-from defenses.checks import check_int
+from defenses.checks import check_int, check_real
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -129,8 +129,7 @@ def make_identities(
     check_int("n_classes", n_classes, 1)
     check_int("dim", dim, 1)
     check_int("per_class", per_class, 1)
-    if not spread > 0:
-        raise ValueError(f"spread must be > 0, got {spread!r}")
+    check_real("spread", spread, 0.0, open_low=True)
     prototypes = rng.standard_normal((n_classes, dim))
     y = np.repeat(np.arange(n_classes, dtype=np.int64), per_class)
     X = prototypes[y] + spread * rng.standard_normal((y.size, dim))
@@ -167,8 +166,7 @@ def make_coarse_to_fine(
         ("fine_spread", fine_spread),
         ("noise", noise),
     ):
-        if not spread > 0:
-            raise ValueError(f"{name} must be > 0, got {spread!r}")
+        check_real(name, spread, 0.0, open_low=True)
     coarse_means = coarse_spread * rng.standard_normal((n_coarse, dim))
     fine_of = np.repeat(np.arange(n_coarse), fine_per_coarse)
     fine_means = coarse_means[fine_of] + fine_spread * rng.standard_normal(

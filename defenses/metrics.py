@@ -17,6 +17,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
+from defenses.checks import check_real
+
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 
@@ -74,8 +76,7 @@ def auc(scores: npt.ArrayLike, truth: npt.ArrayLike) -> float:
 
 def tpr_at_fpr(scores: npt.ArrayLike, truth: npt.ArrayLike, fpr: float) -> float:
     """Highest TPR over thresholds whose FPR is at most ``fpr``."""
-    if not 0 <= fpr <= 1:
-        raise ValueError(f"fpr must lie in [0, 1], got {fpr}")
+    check_real("fpr", fpr, 0.0, 1.0)
     fprs, tprs = roc(scores, truth)
     return float(tprs[fprs <= fpr + 1e-12].max())
 
@@ -94,8 +95,7 @@ def clopper_pearson(
         raise ValueError(f"trials must be > 0, got {trials}")
     if not 0 <= successes <= trials:
         raise ValueError(f"successes must lie in [0, trials={trials}], got {successes}")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    check_real("confidence", confidence, 0.0, 1.0, open_low=True, open_high=True)
     a = 1 - confidence
     low = (
         0.0
@@ -133,8 +133,7 @@ def epsilon_lower_bound(
     bound holds with the given confidence.
     """
     for name, value in (("tpr", tpr), ("fpr", fpr)):
-        if not 0 <= value <= 1:
-            raise ValueError(f"{name} must lie in [0, 1], got {value}")
+        check_real(name, value, 0.0, 1.0)
     if not 0 <= delta < 1:
         raise ValueError(f"delta must lie in [0, 1), got {delta}")
     if (n_pos is None) != (n_neg is None):

@@ -30,6 +30,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from defenses.checks import check_real
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 Params = list[FloatArray]
@@ -142,12 +144,8 @@ class StepPlan:
             raise ValueError(f"rate must lie in (0, 1], got {self.rate!r}")
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps!r}")
-        if self.sigma is not None and not (
-            math.isfinite(self.sigma) and self.sigma > 0
-        ):
-            raise ValueError(
-                f"sigma must be finite and > 0 or None, got {self.sigma!r}"
-            )
+        if self.sigma is not None:
+            check_real("sigma", self.sigma, 0.0, open_low=True)
 
 
 def init_params(
@@ -315,10 +313,8 @@ def local_train(
     """
     if sampling not in SAMPLINGS:
         raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
-    if not (math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr must be finite and > 0, got {lr!r}")
-    if not (math.isfinite(clip) and clip > 0):
-        raise ValueError(f"clip must be finite and > 0, got {clip!r}")
+    check_real("lr", lr, 0.0, open_low=True)
+    check_real("clip", clip, 0.0, open_low=True)
     current = [np.asarray(p, dtype=np.float64) for p in params]
     if len(current) == 2:
         return _train_softmax(current, data, plan, lr, clip, rng, sampling)

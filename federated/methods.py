@@ -18,7 +18,6 @@ recomputed from the history the loop recorded.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
@@ -353,15 +352,9 @@ class FlowerCentralDP:
     clipping_norm: float = 1.0
 
     def __post_init__(self) -> None:
-        if not (
-            isinstance(self.clipping_norm, int | float)
-            and math.isfinite(self.clipping_norm)
-            and self.clipping_norm > 0
-        ):
-            raise ValueError(
-                f"FlowerCentralDP.clipping_norm must be finite and > 0, "
-                f"got {self.clipping_norm!r}"
-            )
+        check_real(
+            "FlowerCentralDP.clipping_norm", self.clipping_norm, 0.0, open_low=True
+        )
 
     def wrap(self, learner: FedAvgLearner) -> CentralDPLearner:
         """Return the learner with central DP aggregation."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from defenses.checks import check_int
+from defenses.checks import check_int, check_real
 
 IntArray = npt.NDArray[np.int64]
 
@@ -36,8 +36,7 @@ def dirichlet_split(
     if labels.ndim != 1 or labels.size == 0:
         raise ValueError(f"y must be a non-empty 1-D array, got shape {labels.shape}")
     check_int("n_clients", n_clients, 1)
-    if not (np.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"alpha must be finite and > 0, got {alpha!r}")
+    check_real("alpha", alpha, 0.0, open_low=True)
     if n_clients * min_size > labels.size:
         raise ValueError(
             f"{labels.size} records cannot give {n_clients} clients {min_size} each"

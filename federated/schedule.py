@@ -25,7 +25,6 @@ budget and never more. [R] reconstructed: the paper's own rules for choosing
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -195,8 +194,7 @@ def plan_client(
     check_accountant(accountant)
     check_int("rounds", rounds, 1)
     check_int("steps", steps, 1)
-    if not math.isfinite(sigma) or sigma <= 0:
-        raise ValueError(f"sigma must be finite and > 0, got {sigma!r}")
+    check_real("sigma", sigma, 0.0, open_low=True)
     if not 0 <= save_rounds < rounds:
         raise ValueError(
             f"save_rounds must lie in [0, rounds={rounds}), got {save_rounds}"

@@ -13,14 +13,13 @@ accuracy after every round.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from defenses.checks import check_int
+from defenses.checks import check_int, check_real
 from federated.accounting import Phase, merge
 from federated.client import (
     MODELS,
@@ -78,13 +77,7 @@ class FedConfig:
         for name in ("rounds", "local_steps", "hidden"):
             check_int(f"FedConfig.{name}", getattr(self, name), 1)
         for name in ("lr", "clip"):
-            value = getattr(self, name)
-            if not (
-                isinstance(value, int | float) and math.isfinite(value) and value > 0
-            ):
-                raise ValueError(
-                    f"FedConfig.{name} must be finite and > 0, got {value!r}"
-                )
+            check_real(f"FedConfig.{name}", getattr(self, name), 0.0, open_low=True)
         if not 0.0 < self.batch_rate <= 1.0:
             raise ValueError(
                 f"FedConfig.batch_rate must lie in (0, 1], got {self.batch_rate!r}"

@@ -27,6 +27,7 @@ import numpy.typing as npt
 import torch
 
 from defenses.api import DefenseKind
+from defenses.checks import check_real
 from defenses.civet._util import check_eps, torch_generator
 from defenses.civet.certificate import Certificate, certify
 from defenses.civet.model import VAE, conv_vae, mlp_vae
@@ -214,12 +215,7 @@ class CertifyingTrainer:
                 check_eps(self.eps)
             except (TypeError, ValueError) as error:
                 raise ValueError(f"{name}.eps: {error}") from error
-        if (
-            isinstance(self.kappa, bool)
-            or not isinstance(self.kappa, int | float)
-            or not 0 <= self.kappa <= 1
-        ):
-            raise ValueError(f"{name}.kappa must lie in [0, 1], got {self.kappa!r}")
+        check_real(f"{name}.kappa", self.kappa, 0.0, 1.0)
 
     def certify(self, system: TrainedVAE, task: CertifiedTask) -> dict[str, float]:
         """Certified bounds of the fitted VAE at the task's radius and level."""

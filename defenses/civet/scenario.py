@@ -27,7 +27,7 @@ import numpy.typing as npt
 import torch
 from scipy.special import expit
 
-from defenses.checks import check_int
+from defenses.checks import check_int, check_real
 from defenses.civet import figures
 from defenses.civet.attacks import (
     EOTPGD,
@@ -158,14 +158,15 @@ class CivetScenario:
             )
         if self.arch == "conv" and self.data != "digits":
             raise ValueError("CivetScenario.arch='conv' needs data='digits' (images)")
-        if not (isinstance(self.eps, int | float) and 0 <= self.eps <= 1):
-            raise ValueError(f"CivetScenario.eps must lie in [0, 1], got {self.eps!r}")
-        if not (isinstance(self.p, float) and 0 < self.p < 1):
-            raise ValueError(f"CivetScenario.p must lie in (0, 1), got {self.p!r}")
-        if not (isinstance(self.train_fraction, float) and 0 < self.train_fraction < 1):
-            raise ValueError(
-                "CivetScenario.train_fraction must lie in (0, 1), "
-                f"got {self.train_fraction!r}"
+        check_real("CivetScenario.eps", self.eps, 0.0, 1.0)
+        for name in ("p", "train_fraction"):
+            check_real(
+                f"CivetScenario.{name}",
+                getattr(self, name),
+                0.0,
+                1.0,
+                open_low=True,
+                open_high=True,
             )
         for name in ("n_eval", "mc_samples", "latent_dim"):
             check_int(f"CivetScenario.{name}", getattr(self, name), 1)

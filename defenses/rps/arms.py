@@ -18,7 +18,7 @@ import numpy.typing as npt
 from sklearn.linear_model import LogisticRegression
 
 from defenses.api import DefenseKind
-from defenses.checks import check_int
+from defenses.checks import check_int, check_real
 from defenses.rps.baselines import EnsembleConformalClassifier, SplitConformalClassifier
 from defenses.rps.defense import ReliableConformalClassifier
 from defenses.rps.quantile import QUANTILE_MODES, QuantileMode, check_alpha
@@ -120,8 +120,7 @@ class SplitConformalLearner:
 
     def __post_init__(self) -> None:
         check_alpha(self.alpha)
-        if not self.C > 0:
-            raise ValueError(f"SplitConformalLearner.C must be > 0, got {self.C!r}")
+        check_real("SplitConformalLearner.C", self.C, 0.0, open_low=True)
 
     def fit(self, task: ConformalTask, rng: np.random.Generator) -> ConformalSystem:
         """Fit on ``task.train``, calibrate on ``task.calib``."""

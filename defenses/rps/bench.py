@@ -25,7 +25,7 @@ from sklearn.linear_model import LogisticRegression
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 from tqdm.auto import tqdm
 
-from defenses.checks import check_int
+from defenses.checks import check_int, check_real
 from defenses.data import load, stratified_split
 from defenses.harness import measurement
 from defenses.metrics import coverage, mean_set_size
@@ -46,16 +46,14 @@ def _int(params: dict[str, Any], key: str, default: int) -> int:
 
 
 def _float(params: dict[str, Any], key: str, default: float) -> float:
-    value = params.get(key, default)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not 0 < value < 1
-    ):
-        raise ValueError(
-            f"benchmark parameter {key!r} must lie in (0, 1), got {value!r}"
-        )
-    return float(value)
+    return check_real(
+        f"benchmark parameter {key!r}",
+        params.get(key, default),
+        0.0,
+        1.0,
+        open_low=True,
+        open_high=True,
+    )
 
 
 def _estimator() -> LogisticRegression:

@@ -31,6 +31,7 @@ from joblib import Parallel, delayed  # type: ignore[import-untyped]
 from sklearn.base import BaseEstimator, clone
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
+from defenses.checks import check_real
 from defenses.rps.partition import IntArray, partition
 
 if TYPE_CHECKING:
@@ -115,8 +116,7 @@ class TorchPartClassifier:
             raise ValueError(f"factory must be callable, got {factory!r}")
         if epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {epochs}")
-        if not lr > 0:
-            raise ValueError(f"lr must be > 0, got {lr}")
+        check_real("lr", lr, 0.0, open_low=True)
         self.factory = factory
         self.epochs = epochs
         self.lr = lr

@@ -50,7 +50,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import special, stats
 
-from defenses.checks import check_int
+from defenses.checks import check_int, check_real
 
 QuantileMode = Literal["exact", "official", "markov"]
 QUANTILE_MODES: tuple[str, ...] = get_args(QuantileMode)
@@ -61,11 +61,7 @@ _NODES = 16
 
 def check_alpha(alpha: float) -> float:
     """Return ``alpha`` as a float in (0, 1), or raise ValueError."""
-    if isinstance(alpha, bool) or not isinstance(alpha, int | float | np.floating):
-        raise ValueError(f"alpha must be a number in (0, 1), got {alpha!r}")
-    if not 0.0 < float(alpha) < 1.0:
-        raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}")
-    return float(alpha)
+    return check_real("alpha", alpha, 0.0, 1.0, open_low=True, open_high=True)
 
 
 @functools.cache

@@ -20,6 +20,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from defenses.checks import check_real
 from defenses.data import LOADERS, load, stratified_split
 from defenses.metrics import coverage, mean_set_size
 from defenses.registry import register
@@ -96,18 +97,15 @@ class ConformalPoisoning:
                 f"ConformalPoisoning.dataset must be one of {sorted(LOADERS)}, "
                 f"got {self.dataset!r}"
             )
-        if not 0 < self.alpha < 1:
-            raise ValueError(
-                f"ConformalPoisoning.alpha must lie in (0, 1), got {self.alpha!r}"
+        for field in ("alpha", "train_fraction", "calib_fraction"):
+            check_real(
+                f"ConformalPoisoning.{field}",
+                getattr(self, field),
+                0.0,
+                1.0,
+                open_low=True,
+                open_high=True,
             )
-        for field, value in (
-            ("train_fraction", self.train_fraction),
-            ("calib_fraction", self.calib_fraction),
-        ):
-            if not 0 < value < 1:
-                raise ValueError(
-                    f"ConformalPoisoning.{field} must lie in (0, 1), got {value!r}"
-                )
         if self.train_fraction + self.calib_fraction >= 1:
             raise ValueError(
                 "ConformalPoisoning.train_fraction + calib_fraction must be < 1 "

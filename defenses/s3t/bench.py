@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 from tqdm.auto import tqdm
 
-from defenses.checks import check_int, check_keys
+from defenses.checks import check_int, check_keys, check_real
 from defenses.harness import measurement
 from defenses.metrics import accuracy
 from defenses.results import Result
@@ -110,8 +110,7 @@ class Settings:
             raise ValueError(
                 f"s3t-deletion.skew must be 'uniform' or 'zipf', got {values['skew']!r}"
             )
-        if not values["zipf"] > 0:
-            raise ValueError(f"s3t-deletion.zipf must be > 0, got {values['zipf']!r}")
+        check_real("s3t-deletion.zipf", values["zipf"], 0.0, open_low=True)
         if not isinstance(values["pool"], int) or values["pool"] < 0:
             raise ValueError(
                 f"s3t-deletion.pool must be an int >= 0, got {values['pool']!r}"

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from defenses.checks import check_int
+from defenses.checks import check_int, check_real
 from defenses.s3t.backbone import BlockLoRA, ResidualMLP, fresh_lora
 
 Mode = Literal["slice", "all"]
@@ -64,8 +64,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("rank", "epochs", "batch_size"):
             check_int(name, getattr(self, name), minimum=1)
-        if not (isinstance(self.lr, int | float) and 0 < self.lr < 1):
-            raise ValueError(f"lr must lie in (0, 1), got {self.lr!r}")
+        check_real("lr", self.lr, 0.0, 1.0, open_low=True, open_high=True)
 
 
 @dataclass(frozen=True)

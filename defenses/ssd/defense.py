@@ -45,7 +45,7 @@ import numpy.typing as npt
 import torch
 from scipy.special import entr
 
-from defenses.checks import check_int
+from defenses.checks import check_int, check_real
 from defenses.ssd.solver import solve_reference
 from defenses.ssd.waterfill import (
     FLOOR,
@@ -157,10 +157,7 @@ class StealthyShield:
         seeding: Seeding = "random",
         hash_resolution: float | None = None,
     ) -> None:
-        if isinstance(epsilon, bool) or not isinstance(epsilon, int | float):
-            raise ValueError(f"epsilon must be a number > 0, got {epsilon!r}")
-        if not (math.isfinite(epsilon) and epsilon > 0):
-            raise ValueError(f"epsilon must be finite and > 0, got {epsilon!r}")
+        check_real("epsilon", epsilon, 0.0, open_low=True)
         if temperature is not None and not (
             isinstance(temperature, int | float)
             and not isinstance(temperature, bool)

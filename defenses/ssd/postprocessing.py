@@ -9,7 +9,6 @@ through it. :class:`SSDDefense` is the paper's defense; the peers and ablations 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -17,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from defenses.api import DefenseKind, Learner
+from defenses.checks import check_real
 from defenses.data import Dataset
 from defenses.ssd.defense import SEEDINGS, Seeding, StealthyShield
 
@@ -95,15 +95,7 @@ class PostProcessedLearner:
 
 def check_number(owner: str, name: str, value: Any, low: float, high: float) -> None:
     """Raise ValueError unless ``value`` is a finite number in ``[low, high]``."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or not low <= value <= high
-    ):
-        raise ValueError(
-            f"{owner}.{name} must be a number in [{low}, {high}], got {value!r}"
-        )
+    check_real(f"{owner}.{name}", value, low, high)
 
 
 @dataclass(frozen=True, eq=False)

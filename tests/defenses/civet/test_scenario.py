@@ -100,8 +100,8 @@ def test_null_guess_scores_exactly_chance() -> None:
         ({"data": "mnist"}, "data must be one of"),
         ({"arch": "resnet"}, "arch must be 'mlp' or 'conv'"),
         ({"arch": "conv", "data": "blobs"}, "needs data='digits'"),
-        ({"eps": -0.1}, r"eps must lie in \[0, 1\]"),
-        ({"p": 1.0}, r"p must lie in \(0, 1\)"),
+        ({"eps": -0.1}, r"eps must be a finite number in \[0\.0, 1\.0\]"),
+        ({"p": 1.0}, r"p must be a finite number in \(0\.0, 1\.0\)"),
         ({"n_eval": 0}, "n_eval must be an int >= 1"),
         ({"epochs": 0}, "epochs must be an int >= 1"),
         ({"train_fraction": 1.0}, "train_fraction"),
@@ -113,7 +113,7 @@ def test_scenario_rejects_bad_parameters(kwargs: dict[str, object], match: str) 
 
 
 def test_defense_parameters_are_validated() -> None:
-    with pytest.raises(ValueError, match="kappa must lie in"):
+    with pytest.raises(ValueError, match="kappa must be a finite number in"):
         CivetTraining(kappa=2.0)
     with pytest.raises(ValueError, match="eps"):
         CivetTraining(eps=-1.0)

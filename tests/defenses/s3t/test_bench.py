@@ -74,7 +74,7 @@ def test_figures_draw_pngs(uniform, tmp_path) -> None:
         ({"bogus": 1}, r"unknown parameter\(s\)"),
         ({"streams": 0}, "streams must be an int >= 1"),
         ({"skew": "heavy"}, "skew must be"),
-        ({"zipf": 0.0}, "zipf must be > 0"),
+        ({"zipf": 0.0}, r"zipf must be a finite number > 0\.0"),
         ({"pool": -1}, "pool must be"),
     ],
 )

@@ -188,7 +188,7 @@ def test_bad_fit_input(tiny, fast, kwargs, fit, match) -> None:
         ({"slice_prior": [0.5, 0.5]}, "selection='bms' only"),
         ({"selection": "bms", "slice_prior": [1.0]}, "one value per slice"),
         ({"executor": "gpu"}, "executor must be one of"),
-        ({"lr": 2.0}, "lr must lie in"),
+        ({"lr": 2.0}, "lr must be a finite number in"),
         ({"seed": -1}, "seed must be"),
     ],
 )

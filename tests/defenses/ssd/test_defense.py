@@ -161,7 +161,7 @@ def test_shield_never_returns_nan(k, epsilon, seed):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"epsilon": 0.0}, "epsilon must be finite and > 0"),
+        ({"epsilon": 0.0}, r"epsilon must be a finite number > 0\.0"),
         ({"epsilon": float("nan")}, "epsilon"),
         ({"temperature": -1.0}, "temperature"),
         ({"seeding": "lsh"}, "seeding must be one of"),

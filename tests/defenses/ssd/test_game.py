@@ -139,13 +139,13 @@ def test_voting_attack_jitters_only_against_hashing():
             lambda: VotingBoundaryRepulsion(jitter=-1.0),
             "jitter must be a finite number >= 0.0",
         ),
-        (lambda: SSDDefense(epsilon=-1.0), "epsilon must be a number"),
+        (lambda: SSDDefense(epsilon=-1.0), "epsilon must be a finite number"),
         (lambda: SSDDefense(seeding="x"), "seeding must be one of"),
         (lambda: SSDDefense(hash_resolution=0.1), "needs seeding='input-hash'"),
-        (lambda: ARTGaussianNoise(scale=0.0), "scale must be a number"),
+        (lambda: ARTGaussianNoise(scale=0.0), "scale must be a finite number"),
         (lambda: ARTRounded(decimals=-1), "decimals must be an int"),
-        (lambda: ARTHighConfidence(cutoff=2.0), "cutoff must be a number"),
-        (lambda: ARTReverseSigmoid(beta=0.0), "beta must be a number"),
+        (lambda: ARTHighConfidence(cutoff=2.0), "cutoff must be a finite number"),
+        (lambda: ARTReverseSigmoid(beta=0.0), "beta must be a finite number"),
     ],
 )
 def test_bad_parameters(factory, match):
