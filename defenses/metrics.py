@@ -134,8 +134,7 @@ def epsilon_lower_bound(
     """
     for name, value in (("tpr", tpr), ("fpr", fpr)):
         check_real(name, value, 0.0, 1.0)
-    if not 0 <= delta < 1:
-        raise ValueError(f"delta must lie in [0, 1), got {delta}")
+    check_real("delta", delta, 0.0, 1.0, open_high=True)
     if (n_pos is None) != (n_neg is None):
         raise ValueError("give both n_pos and n_neg, or neither")
     if n_pos is not None and n_neg is not None:

@@ -140,8 +140,7 @@ class StepPlan:
     sigma: float | None
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.rate <= 1.0:
-            raise ValueError(f"rate must lie in (0, 1], got {self.rate!r}")
+        check_real("rate", self.rate, 0.0, 1.0, open_low=True)
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps!r}")
         if self.sigma is not None:

@@ -78,10 +78,7 @@ class FedConfig:
             check_int(f"FedConfig.{name}", getattr(self, name), 1)
         for name in ("lr", "clip"):
             check_real(f"FedConfig.{name}", getattr(self, name), 0.0, open_low=True)
-        if not 0.0 < self.batch_rate <= 1.0:
-            raise ValueError(
-                f"FedConfig.batch_rate must lie in (0, 1], got {self.batch_rate!r}"
-            )
+        check_real("FedConfig.batch_rate", self.batch_rate, 0.0, 1.0, open_low=True)
         if self.model not in MODELS:
             raise ValueError(
                 f"FedConfig.model must be one of {MODELS}, got {self.model!r}"

@@ -158,27 +158,12 @@ class StealthyShield:
         hash_resolution: float | None = None,
     ) -> None:
         check_real("epsilon", epsilon, 0.0, open_low=True)
-        if temperature is not None and not (
-            isinstance(temperature, int | float)
-            and not isinstance(temperature, bool)
-            and math.isfinite(temperature)
-            and temperature > 0
-        ):
-            raise ValueError(
-                f"temperature must be None or finite and > 0, got {temperature!r}"
-            )
+        if temperature is not None:
+            check_real("temperature", temperature, 0.0, open_low=True)
         if seeding not in SEEDINGS:
             raise ValueError(f"seeding must be one of {SEEDINGS}, got {seeding!r}")
-        if hash_resolution is not None and not (
-            isinstance(hash_resolution, int | float)
-            and not isinstance(hash_resolution, bool)
-            and math.isfinite(hash_resolution)
-            and hash_resolution > 0
-        ):
-            raise ValueError(
-                f"hash_resolution must be None or finite and > 0, "
-                f"got {hash_resolution!r}"
-            )
+        if hash_resolution is not None:
+            check_real("hash_resolution", hash_resolution, 0.0, open_low=True)
         if hash_resolution is not None and seeding != "input-hash":
             raise ValueError("hash_resolution needs seeding='input-hash'")
         if seed is not None and (

@@ -108,7 +108,10 @@ def test_coverage_accuracy_and_set_size():
             lambda: metrics.epsilon_lower_bound(1.2, 0.1, 0.0),
             "tpr must be a finite number",
         ),
-        (lambda: metrics.epsilon_lower_bound(0.5, 0.1, 1.0), "delta must lie"),
+        (
+            lambda: metrics.epsilon_lower_bound(0.5, 0.1, 1.0),
+            "delta must be a finite number",
+        ),
         (lambda: metrics.epsilon_lower_bound(0.5, 0.1, 0, n_pos=10), "both n_pos"),
         (lambda: metrics.clopper_pearson(11, 10), "successes must lie"),
         (lambda: metrics.accuracy([], []), "empty"),
