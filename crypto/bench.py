@@ -23,9 +23,11 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
 from crypto.approx import exp_poly, gaussian_kernel_poly, reciprocal_poly
 from crypto.ckks import CKKSParams, TenSEALBackend, make_context
+from crypto.data import Sequences, client_transform
 from crypto.heval import (
     Evaluator,
     SoftmaxPolys,
@@ -42,6 +44,8 @@ from crypto.lora_he import (
     lora_gradient,
     simulate_step,
 )
+from crypto.model import HEFormer, ModelConfig
+from crypto.train import TrainConfig, personalise, pretrain
 from defenses.checks import check_int
 from defenses.harness import measurement
 from defenses.results import Result
@@ -54,6 +58,43 @@ LORA_PARAMS = CKKSParams(8192, (40, 30, 30, 30, 30, 40), 30)
 
 def _int(params: Mapping[str, Any], key: str, default: int) -> int:
     return check_int(f"benchmark parameter {key}", params.get(key, default), 1)
+
+
+def personalised_model(
+    data: Sequences,
+    seed: int,
+    config: ModelConfig,
+    pretrain_epochs: int,
+    polish_epochs: int,
+    personal: int,
+    personal_epochs: int,
+) -> tuple[HEFormer, Sequences]:
+    """The crypto benchmarks' model for one seed, and the client's data.
+
+    The digit sequences are shuffled by ``seed``: the first 600 are the server's
+    public data, the rest (client-transformed) the client's. The model is pretrained
+    on the public part (``pretrain_epochs`` exact, ``polish_epochs`` polynomial) and
+    personalised on the client's first ``personal`` sequences; later client rows are
+    left for the benchmark's batch.
+    """
+    order = np.random.default_rng(seed).permutation(len(data))
+    public = data.subset(order[:600])
+    client = client_transform(data.subset(order[600:]))
+    g = torch.Generator().manual_seed(seed)
+    model = pretrain(
+        public,
+        config,
+        g,
+        TrainConfig(epochs=pretrain_epochs, batch=128),
+        TrainConfig(epochs=polish_epochs, lr=3e-3, batch=128, penalty=10.0),
+    )
+    personalise(
+        model,
+        client.subset(np.arange(personal)),
+        g,
+        TrainConfig(epochs=personal_epochs, penalty=10.0),
+    )
+    return model, client
 
 
 def _exact_attention(

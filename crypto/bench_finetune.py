@@ -23,10 +23,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
-import torch
 
-from crypto.bench import _int
-from crypto.data import client_transform, digit_sequences
+from crypto.bench import _int, personalised_model
+from crypto.data import digit_sequences
 from crypto.finetune import (
     TRAIN_PARAMS,
     Arm,
@@ -36,7 +35,6 @@ from crypto.finetune import (
     simulated_step,
 )
 from crypto.model import ModelConfig
-from crypto.train import TrainConfig, personalise, pretrain
 from defenses.harness import measurement
 from defenses.results import Result
 
@@ -67,20 +65,8 @@ def finetune_benchmark(params: Mapping[str, Any], seeds: list[int]) -> Iterable[
     settings = {"d": d, "heads": heads, "ffn": ffn, "batch": batch, "steps": steps}
     data = digit_sequences()
     for seed in seeds:
-        rng = np.random.default_rng(seed)
-        order = rng.permutation(len(data))
-        public = data.subset(order[:600])
-        client = client_transform(data.subset(order[600:]))
-        g = torch.Generator().manual_seed(seed)
-        model = pretrain(
-            public,
-            ModelConfig(d=d, heads=heads, ffn=ffn),
-            g,
-            TrainConfig(epochs=epochs, batch=128),
-            TrainConfig(epochs=1, lr=3e-3, batch=128, penalty=10.0),
-        )
-        personalise(
-            model, client.subset(np.arange(200)), g, TrainConfig(epochs=2, penalty=10.0)
+        model, client = personalised_model(
+            data, seed, ModelConfig(d=d, heads=heads, ffn=ffn), epochs, 1, 200, 2
         )
         X, y = client.X[200 : 200 + batch], client.y[200 : 200 + batch]
         owner = KeyOwner(TRAIN_PARAMS, model.config.n_tokens)

@@ -24,14 +24,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
-import torch
 
-from crypto.bench import _int
+from crypto.bench import _int, personalised_model
 from crypto.ckks import INTERACTIVE, NON_INTERACTIVE, CKKSParams
-from crypto.data import client_transform, digit_sequences
+from crypto.data import digit_sequences
 from crypto.model import ModelConfig
 from crypto.protocol import Client, Server
-from crypto.train import TrainConfig, personalise, predict_logits, pretrain
+from crypto.train import predict_logits
 from defenses.harness import measurement
 from defenses.results import Result
 
@@ -71,20 +70,8 @@ def layer_benchmark(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Res
     settings = {"d": d, "batch": batch}
     data = digit_sequences()
     for seed in seeds:
-        rng = np.random.default_rng(seed)
-        order = rng.permutation(len(data))
-        public = data.subset(order[:600])
-        client = client_transform(data.subset(order[600:]))
-        g = torch.Generator().manual_seed(seed)
-        model = pretrain(
-            public,
-            ModelConfig(d=d, heads=1, ffn=d),
-            g,
-            TrainConfig(epochs=epochs, batch=128),
-            TrainConfig(epochs=2, lr=3e-3, batch=128, penalty=10.0),
-        )
-        personalise(
-            model, client.subset(np.arange(300)), g, TrainConfig(epochs=3, penalty=10.0)
+        model, client = personalised_model(
+            data, seed, ModelConfig(d=d, heads=1, ffn=d), epochs, 2, 300, 3
         )
         X = client.X[300 : 300 + batch]
         for name, chain, interactive in (
