@@ -401,30 +401,29 @@ def backward(
     """Encrypted gradient sums of every trained matrix (replicated over the slots)."""
     grads: dict[str, list[list[Value]]] = {}
     m = net.mats
-    dlog, pooled = fit(ev, [dlogits, cache["pooled"]], 1, "classifier grad")
-    if "classifier" in net.trained:
-        grads["classifier"] = outer_sums(ev, pooled, dlog)
-    dpooled = matmul_t(ev, dlog, m["classifier"])
-    [t] = fit(ev, [cache["t"]], 2, "tanh derivative")
-    slope = [ev.poly(x, derivative(net.tanh)) for x in t]
-    dpooled, slope = fit(ev, [dpooled, slope], 1, "pooler grad")
-    dt = [ev.mul(a, b) for a, b in zip(dpooled, slope, strict=True)]
-    o, dt = fit(ev, [cache["o"], dt], 1, "pool grad")
-    if "pool" in net.trained:
-        grads["pool"] = outer_sums(ev, o, dt)
-    do = matmul_t(ev, dt, m["pool"])
-    hid, do = fit(ev, [cache["hid"], do], 1, "w2 grad")
-    if "w2" in net.trained:
-        grads["w2"] = outer_sums(ev, hid, do)
-    dhid = matmul_t(ev, do, m["w2"])
-    [a] = fit(ev, [cache["a"]], 1, "activation derivative")
-    slope = [ev.poly(x, derivative(net.act)) for x in a]
-    dhid, slope = fit(ev, [dhid, slope], 1, "activation grad")
-    da = [ev.mul(x, g) for x, g in zip(dhid, slope, strict=True)]
-    u, da = fit(ev, [cache["u"], da], 1, "w1 grad")
-    if "w1" in net.trained:
-        grads["w1"] = outer_sums(ev, u, da)
-    du = matmul_t(ev, da, m["w1"])
+
+    def dense(name: str, inputs: list[Value], dout: list[Value]) -> list[Value]:
+        """Back through ``inputs @ W[name]``; record W's gradient sums if trained."""
+        x, dout = fit(ev, [inputs, dout], 1, f"{name} grad")
+        if name in net.trained:
+            grads[name] = outer_sums(ev, x, dout)
+        return matmul_t(ev, dout, m[name])
+
+    def elementwise(
+        pre: list[Value], poly: FloatArray, dout: list[Value], need: int, stage: str
+    ) -> list[Value]:
+        """Back through ``poly`` applied to ``pre`` (the chain rule, slot-wise)."""
+        [pre] = fit(ev, [pre], need, f"{stage} derivative")
+        slope = [ev.poly(x, derivative(poly)) for x in pre]
+        dout, slope = fit(ev, [dout, slope], 1, f"{stage} grad")
+        return [ev.mul(a, b) for a, b in zip(dout, slope, strict=True)]
+
+    dpooled = dense("classifier", cache["pooled"], dlogits)
+    dt = elementwise(cache["t"], net.tanh, dpooled, 2, "tanh")
+    do = dense("pool", cache["o"], dt)
+    dhid = dense("w2", cache["hid"], do)
+    da = elementwise(cache["a"], net.act, dhid, 1, "activation")
+    du = dense("w1", cache["u"], da)
     # LayerNorm: u = c * y, y = Y(s), s = sum c^2.
     du, c, [y] = fit(ev, [du, cache["c"], [cache["y"]]], 1, "LayerNorm grad")
     dc = [ev.mul(x, y) for x in du]
@@ -441,10 +440,7 @@ def backward(
     dc = [ev.add(x, ev.add(tw, tw)) for x, tw in zip(dc, twice, strict=True)]
     [dc] = fit(ev, [dc], 1, "centring")
     dh = [ev.add(a, b) for a, b in zip(do, ev.linear(dc, net.centre.T), strict=True)]
-    att, dh = fit(ev, [cache["att"], dh], 1, "wo grad")
-    if "wo" in net.trained:
-        grads["wo"] = outer_sums(ev, att, dh)
-    datt = matmul_t(ev, dh, m["wo"])
+    datt = dense("wo", cache["att"], dh)
     if net.attention == "gk":
         dq, dks, dvs = _gk_backward(ev, net, datt, cache)
     else:
