@@ -1,44 +1,12 @@
-"""Small torch helpers shared by the CIVET modules: threads, generators, checks."""
+"""Input checks shared by the CIVET modules: eps, p and the input batch."""
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import numpy.typing as npt
 import torch
-
-
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run the block with ``n`` intra-op torch threads, then restore the old count.
-
-    Tiny models on a loaded 2-core machine run much faster on one thread.
-    """
-    if n < 1:
-        raise ValueError(f"threads must be >= 1, got {n!r}")
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def torch_generator(rng: np.random.Generator | torch.Generator) -> torch.Generator:
-    """A CPU :class:`torch.Generator` seeded from ``rng`` (or ``rng`` itself)."""
-    if isinstance(rng, torch.Generator):
-        return rng
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(
-            "rng must be a numpy.random.Generator or a torch.Generator, "
-            f"got {type(rng).__name__}"
-        )
-    generator = torch.Generator()
-    generator.manual_seed(int(rng.integers(2**62)))
-    return generator
 
 
 def check_eps(eps: float) -> float:

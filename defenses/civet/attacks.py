@@ -31,14 +31,10 @@ import numpy.typing as npt
 import torch
 
 from defenses.checks import check_int
-from defenses.civet._util import (
-    as_inputs,
-    check_probability,
-    torch_generator,
-    torch_threads,
-)
+from defenses.civet._util import as_inputs, check_probability
 from defenses.civet.model import VAE, sse
 from defenses.metrics import clopper_pearson
+from defenses.threads import torch_generator, torch_threads
 from defenses.threat import Capability
 
 FloatArray = npt.NDArray[np.float64]

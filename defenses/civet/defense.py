@@ -28,11 +28,12 @@ import torch
 
 from defenses.api import DefenseKind
 from defenses.checks import check_real
-from defenses.civet._util import check_eps, torch_generator
+from defenses.civet._util import check_eps
 from defenses.civet.certificate import Certificate, certify
 from defenses.civet.model import VAE, conv_vae, mlp_vae
 from defenses.civet.support import check_levels
 from defenses.civet.training import METHODS, Method, TrainConfig, TrainLog, train_vae
+from defenses.threads import torch_generator
 
 __all__ = [
     "Certificate",

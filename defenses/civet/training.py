@@ -33,10 +33,11 @@ import torch
 from tqdm.auto import tqdm
 
 from defenses.checks import check_int
-from defenses.civet._util import as_inputs, torch_generator, torch_threads
+from defenses.civet._util import as_inputs
 from defenses.civet.certificate import support_loss_bounds
 from defenses.civet.model import VAE, kl_standard_normal, sse
 from defenses.civet.support import check_levels, layer_cake_weights
+from defenses.threads import torch_generator, torch_threads
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ import numpy.typing as npt
 from defenses.checks import check_int, check_real
 from defenses.oracle import QueryOracle
 from defenses.ssd.prior import PCAPrior
-from defenses.ssd.threads import single_thread
+from defenses.threads import single_thread
 from defenses.threat import Capability
 
 FloatArray = npt.NDArray[np.float64]

@@ -2,7 +2,7 @@
 
 Both are float32 and train full-batch with Adam for a fixed number of epochs, seeded
 by a :class:`torch.Generator` drawn from the caller's :class:`numpy.random.Generator`,
-and run single-threaded (:func:`~defenses.ssd.threads.single_thread`).
+and run single-threaded (:func:`~defenses.threads.single_thread`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from defenses.ssd.threads import single_thread
+from defenses.threads import single_thread
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

@@ -35,8 +35,8 @@ from defenses.harness import measurement
 from defenses.registry import register
 from defenses.results import Result
 from defenses.ssd.solver import kl_objective, solve_reference
-from defenses.ssd.threads import single_thread
 from defenses.ssd.waterfill import water_filling
+from defenses.threads import single_thread
 
 BENCHMARK = "ssd-perf"
 FloatArray = npt.NDArray[np.float64]

@@ -54,7 +54,7 @@ from defenses.ssd.baselines import (
 from defenses.ssd.mlp import predict_proba, train_mlp
 from defenses.ssd.postprocessing import Deployed, SSDDefense
 from defenses.ssd.tasks import InversionTask, build_task
-from defenses.ssd.threads import single_thread
+from defenses.threads import single_thread
 from defenses.threat import Budget, Capability, Goal, Knowledge, Stage, ThreatModel
 
 FloatArray = npt.NDArray[np.float64]

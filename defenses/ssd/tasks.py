@@ -25,7 +25,7 @@ import torch
 
 from defenses.data import Dataset, load_digits, make_identities, stratified_split
 from defenses.ssd.mlp import features, predict_proba, train_mlp
-from defenses.ssd.threads import single_thread
+from defenses.threads import single_thread
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
