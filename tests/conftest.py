@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+from defenses.testing import SLOW_ENV
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -15,6 +19,7 @@ def pytest_collection_modifyitems(
     config: pytest.Config, items: list[pytest.Item]
 ) -> None:
     if config.getoption("--runslow"):
+        os.environ[SLOW_ENV] = "1"
         return
     skip = pytest.mark.skip(reason="slow: run with --runslow")
     for item in items:
