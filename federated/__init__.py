@@ -10,7 +10,7 @@ Modules: :mod:`~federated.accounting` (Opacus RDP/PRV accounting and rate solver
 :mod:`~federated.schedule` (uniform, time-adaptive, strict-only schedules),
 :mod:`~federated.client` (local DP-SGD: numpy and Opacus backends),
 :mod:`~federated.training` (the framework-free FedAvg loop),
-:mod:`~federated.methods` (the method and its baselines as defenses),
+:mod:`~federated.arms` (the method and its baselines as defenses),
 :mod:`~federated.app` (the Flower ServerApp/ClientApp), :mod:`~federated.audit`
 (canary audit), :mod:`~federated.scenario` (harness wiring). Flower and Opacus are
 imported lazily, so importing this package needs neither.

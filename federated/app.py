@@ -56,7 +56,7 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, 
 
 from federated.accounting import Phase, epsilon, merge
 from federated.client import LocalData, Params, StepPlan, init_params, local_train
-from federated.methods import central_noise_multiplier
+from federated.arms import central_noise_multiplier
 from federated.schedule import (
     ClientSchedule,
     Policy,
@@ -308,7 +308,7 @@ def run_in_process(config: AppConfig) -> AppRun:
     if config.dp_wrapper:
         raise ValueError(
             "run_in_process has no Flower DP wrapper; use "
-            "federated.methods.FlowerCentralDP for its in-process equivalent"
+            "federated.arms.FlowerCentralDP for its in-process equivalent"
         )
     task = build_task(config)
     schedules = plan(config, task)

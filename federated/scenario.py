@@ -1,7 +1,7 @@
 """Harness wiring of the time-adaptive DP federated-learning package.
 
 Two games share one federated task (:mod:`federated.tasks`) and learner (FedAvg
-without DP; the DP methods of :mod:`federated.methods` wrap it):
+without DP; the DP methods of :mod:`federated.arms` wrap it):
 
 * ``federated-audit`` - the canary audit of the strictest client's accountant by an
   observer of its updates (:mod:`federated.audit`); success is the epsilon lower
@@ -31,12 +31,12 @@ from defenses.oracle import QueryOracle
 from defenses.reference.attacks import MembershipView
 from defenses.registry import register
 from defenses.threat import Capability, Goal, Knowledge, Stage, ThreatModel
-from federated import benchmarks, figures
+from federated import benchmark, figures
 from federated.accounting import check_budget, check_delta
 from federated.attacks import AuditView, CanaryObserver, GlobalModelMIA
 from federated.audit import inclusion_profile, lower_bound, observe_canary
 from federated.client import MODELS, SAMPLINGS
-from federated.methods import (
+from federated.arms import (
     DPFedAvg,
     FedAvgLearner,
     FlowerCentralDP,
@@ -52,8 +52,8 @@ register("attacks", CanaryObserver.name)(CanaryObserver)
 register("attacks", GlobalModelMIA.name)(GlobalModelMIA)
 for _defense in (TimeAdaptiveDP, IDPFedAvg, DPFedAvg, FlowerCentralDP):
     register("defenses", _defense.name)(_defense)
-register("benchmarks", "federated-audit-controls")(benchmarks.audit_controls)
-register("benchmarks", "federated-flower")(benchmarks.flower_side_by_side)
+register("benchmarks", "federated-audit-controls")(benchmark.audit_controls)
+register("benchmarks", "federated-flower")(benchmark.flower_side_by_side)
 register("figures", "federated")(figures.figures)
 
 

@@ -3,7 +3,7 @@ import pytest
 
 from federated.accounting import epsilon
 from federated.audit import canary_audit, likelihood_ratio, lower_bound, observe_canary
-from federated.benchmarks import audit_controls
+from federated.benchmark import audit_controls
 from federated.client import StepPlan
 from federated.schedule import TimeAdaptive, plan_schedules
 

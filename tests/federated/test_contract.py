@@ -5,7 +5,7 @@ from defenses.harness import run_once
 from defenses.registry import available, create
 from defenses.testing import check_pair
 from federated.attacks import CanaryObserver, GlobalModelMIA
-from federated.methods import DPFedAvg, FlowerCentralDP, IDPFedAvg, TimeAdaptiveDP
+from federated.arms import DPFedAvg, FlowerCentralDP, IDPFedAvg, TimeAdaptiveDP
 from federated.scenario import FederatedAudit, FederatedMembership
 
 TINY = {

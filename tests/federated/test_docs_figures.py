@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from defenses.registry import load
-from federated.benchmarks import audit_controls
+from federated.benchmark import audit_controls
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "federated.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
