@@ -1,8 +1,11 @@
 """Register the composition benchmarks."""
 
-from defenses.composition.s3t_rps_bench import BENCHMARK as S3T_RPS
-from defenses.composition.s3t_rps_bench import s3t_rps
-from defenses.composition.shielded_federated import BENCHMARK, shielded_federated
+from defenses.composition.benchmark.s3t_rps import BENCHMARK as S3T_RPS
+from defenses.composition.benchmark.s3t_rps import s3t_rps
+from defenses.composition.benchmark.shielded_federated import (
+    BENCHMARK,
+    shielded_federated,
+)
 from defenses.registry import register
 
 register("benchmarks", BENCHMARK)(shielded_federated)

@@ -22,7 +22,7 @@ from defenses.checks import check_int, check_real
 from defenses.rps.baselines import EnsembleConformalClassifier, SplitConformalClassifier
 from defenses.rps.defense import ReliableConformalClassifier
 from defenses.rps.quantile import QUANTILE_MODES, QuantileMode, check_alpha
-from defenses.rps.task import ConformalTask, changed_rows, checksum, touched_parts
+from defenses.rps.tasks import ConformalTask, changed_rows, checksum, touched_parts
 
 BoolArray = npt.NDArray[np.bool_]
 

@@ -41,7 +41,7 @@ from defenses.checks import check_int
 from defenses.data import Dataset
 from defenses.rps.defense import ReliableConformalClassifier
 from defenses.rps.partition import part_of
-from defenses.rps.task import ConformalTask, checksum
+from defenses.rps.tasks import ConformalTask, checksum
 from defenses.threat import Capability
 
 FloatArray = npt.NDArray[np.float64]

@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from defenses.checks import check_int
+from defenses.rps.calibration import calibrate_parts
 from defenses.rps.certificate import (
     Certificate,
     PartThresholds,
@@ -38,17 +39,16 @@ from defenses.rps.ensemble import (
     PartVoter,
     check_estimator,
     predict_parts,
+    proba_columns,
     train_parts,
+    voter_votes,
 )
 from defenses.rps.partition import check_features, partition
 from defenses.rps.quantile import (
     QUANTILE_MODES,
     QuantileMode,
     check_alpha,
-    majority_miscoverage,
     majority_threshold,
-    minimum_part_size,
-    part_rank,
 )
 from defenses.rps.scores import vote_counts, vote_geometry
 
@@ -61,22 +61,6 @@ BoolArray = npt.NDArray[np.bool_]
 
 class NotFittedError(RuntimeError):
     """The classifier is used before ``fit`` (or ``calibrate``)."""
-
-
-def proba_columns(model: Any, X: FloatArray, n_classes: int) -> FloatArray:
-    """``predict_proba`` of a single model, spread over all ``n_classes`` columns."""
-    if not hasattr(model, "predict_proba"):
-        labels = np.asarray(model.predict(X), dtype=np.int64)
-        out = np.zeros((X.shape[0], n_classes))
-        out[np.arange(X.shape[0]), labels] = 1.0
-        return out
-    proba = np.asarray(model.predict_proba(X), dtype=np.float64)
-    known = np.asarray(
-        getattr(model, "classes_", np.arange(proba.shape[1])), dtype=np.int64
-    )
-    out = np.zeros((X.shape[0], n_classes))
-    out[:, known] = proba
-    return out
 
 
 class ReliableConformalClassifier:
@@ -320,24 +304,7 @@ class ReliableConformalClassifier:
 
     def _voter_votes(self, features: FloatArray) -> IntArray:
         assert self.voter_ is not None
-        k_t = self.n_train_parts
-        if self.voter_.n_parts != k_t:
-            raise ValueError(
-                f"voter.n_parts changed from {k_t} to {self.voter_.n_parts}: it must "
-                "stay fixed for the life of the ensemble (a part without data "
-                "abstains)"
-            )
-        votes = np.asarray(self.voter_.part_votes(features))
-        if votes.shape != (k_t, features.shape[0]):
-            raise ValueError(
-                f"voter.part_votes must return shape (n_parts, n) = "
-                f"({k_t}, {features.shape[0]}), got {votes.shape}"
-            )
-        if not np.issubdtype(votes.dtype, np.integer):
-            raise ValueError(
-                f"voter.part_votes must return integers, got dtype {votes.dtype}"
-            )
-        return vote_counts(votes, self.n_classes, abstain=True)
+        return voter_votes(self.voter_, features, self.n_train_parts, self.n_classes)
 
     def _geometry(self, features: FloatArray) -> ScoreGeometry:
         """The models' scores of ``features``; the last batch is memoised.
@@ -425,42 +392,22 @@ class ReliableConformalClassifier:
                 f"({features.shape[0]})"
             )
         parts = partition(features, labels, k_c)
-        sizes = np.array([p.size for p in parts], dtype=np.int64)
-        ranks = np.array(
-            [part_rank(int(n), self.alpha, k_c, self.quantile) for n in sizes]
-        )
-        n_min = minimum_part_size(self.alpha, k_c, self.quantile)
-        if np.any(ranks < 1):
-            worst = int(np.argmin(sizes))
-            raise ValueError(
-                f"calibration part {worst} holds {sizes[worst]} points; quantile "
-                f"{self.quantile!r} at alpha={self.alpha} with {k_c} parts needs at "
-                f"least {n_min} per part: use more calibration data or fewer parts"
-            )
         entries = geometry.index[np.arange(features.shape[0]), labels]
-        steps = self._radius(max_train_radius) + 1
-        cal_lower = np.empty((features.shape[0], steps))
-        cal_upper = np.empty((features.shape[0], steps))
-        cal_lower[:, 0] = cal_upper[:, 0] = geometry.score()[entries]
-        for r in range(1, steps):
-            cal_lower[:, r] = geometry.lower(r, rows=entries)
-            cal_upper[:, r] = geometry.upper(r, rows=entries)
-        tau_lower = np.empty((k_c, steps))
-        tau_upper = np.empty((k_c, steps))
-        for i, (members, rank) in enumerate(zip(parts, ranks, strict=True)):
-            tau_lower[i] = np.sort(cal_lower[members], axis=0)[rank - 1]
-            tau_upper[i] = np.sort(cal_upper[members], axis=0)[rank - 1]
-        self.calib_part_sizes_ = sizes
-        self.ranks_ = ranks
-        self.guard_ = int(sizes.min() - n_min)
-        self.part_thresholds_ = PartThresholds(
-            np.sort(tau_lower, axis=0),
-            np.sort(tau_upper, axis=0),
-            self.tau_hat,
-            self.guard_,
+        calibration = calibrate_parts(
+            parts,
+            entries,
+            geometry,
+            self.alpha,
+            self.quantile,
+            self._radius(max_train_radius),
         )
-        self.thresholds_ = tau_lower[:, 0].copy()
-        self.miscoverage_bound_ = majority_miscoverage(ranks, sizes, self.alpha)
+        sizes = calibration.sizes
+        self.calib_part_sizes_ = sizes
+        self.ranks_ = calibration.ranks
+        self.guard_ = calibration.guard
+        self.part_thresholds_ = calibration.part_thresholds
+        self.thresholds_ = calibration.thresholds
+        self.miscoverage_bound_ = calibration.miscoverage_bound
         logger.info(
             "calibrated %d parts (sizes %d..%d), tau_hat=%d, exact miscoverage %.4f",
             k_c,

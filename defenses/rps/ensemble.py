@@ -33,6 +33,7 @@ from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from defenses.checks import check_real
 from defenses.rps.partition import IntArray, partition
+from defenses.rps.scores import vote_counts
 
 if TYPE_CHECKING:
     import torch
@@ -249,3 +250,42 @@ def train_parts(
 def predict_parts(models: Sequence[PartClassifier], X: FloatArray) -> IntArray:
     """Predictions of every part, shape (k_t, n)."""
     return np.stack([np.asarray(m.predict(X), dtype=np.int64) for m in models])
+
+
+def proba_columns(model: Any, X: FloatArray, n_classes: int) -> FloatArray:
+    """``predict_proba`` of a single model, spread over all ``n_classes`` columns."""
+    if not hasattr(model, "predict_proba"):
+        labels = np.asarray(model.predict(X), dtype=np.int64)
+        out = np.zeros((X.shape[0], n_classes))
+        out[np.arange(X.shape[0]), labels] = 1.0
+        return out
+    proba = np.asarray(model.predict_proba(X), dtype=np.float64)
+    known = np.asarray(
+        getattr(model, "classes_", np.arange(proba.shape[1])), dtype=np.int64
+    )
+    out = np.zeros((X.shape[0], n_classes))
+    out[:, known] = proba
+    return out
+
+
+def voter_votes(
+    voter: PartVoter, features: FloatArray, n_parts: int, n_classes: int
+) -> IntArray:
+    """Vote counts (n, K) of a :class:`PartVoter`, checked against its contract."""
+    if voter.n_parts != n_parts:
+        raise ValueError(
+            f"voter.n_parts changed from {n_parts} to {voter.n_parts}: it must "
+            "stay fixed for the life of the ensemble (a part without data "
+            "abstains)"
+        )
+    votes = np.asarray(voter.part_votes(features))
+    if votes.shape != (n_parts, features.shape[0]):
+        raise ValueError(
+            f"voter.part_votes must return shape (n_parts, n) = "
+            f"({n_parts}, {features.shape[0]}), got {votes.shape}"
+        )
+    if not np.issubdtype(votes.dtype, np.integer):
+        raise ValueError(
+            f"voter.part_votes must return integers, got dtype {votes.dtype}"
+        )
+    return vote_counts(votes, n_classes, abstain=True)

@@ -24,7 +24,7 @@ from defenses.checks import check_real
 from defenses.data import LOADERS, load, stratified_split
 from defenses.metrics import coverage, mean_set_size
 from defenses.registry import register
-from defenses.rps import bench, figures
+from defenses.rps import benchmark, figures
 from defenses.rps.arms import (
     RPS,
     BaggingEnsemble,
@@ -39,7 +39,7 @@ from defenses.rps.attacks import (
     TargetedFlip,
     WorstCase,
 )
-from defenses.rps.task import ConformalTask
+from defenses.rps.tasks import ConformalTask
 from defenses.threat import Capability, Goal, Knowledge, Stage, ThreatModel
 
 for _attack in (
@@ -53,9 +53,9 @@ for _attack in (
     register("attacks", _attack.name)(_attack)
 register("defenses", RPS.name)(RPS)
 register("defenses", BaggingEnsemble.name)(BaggingEnsemble)
-register("benchmarks", "rps-coverage")(bench.coverage_study)
-register("benchmarks", "rps-tradeoff")(bench.tradeoff)
-register("benchmarks", "rps-perf")(bench.performance)
+register("benchmarks", "rps-coverage")(benchmark.coverage_study)
+register("benchmarks", "rps-tradeoff")(benchmark.tradeoff)
+register("benchmarks", "rps-perf")(benchmark.performance)
 register("figures", "rps")(figures.figures)
 
 

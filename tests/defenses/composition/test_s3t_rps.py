@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from defenses.composition.benchmark.s3t_rps import s3t_rps, split_conformal
 from defenses.composition.s3t_rps import ReliableUnlearner, ShardVoter
-from defenses.composition.s3t_rps_bench import s3t_rps, split_conformal
 from defenses.data import load_digits
 from defenses.metrics import coverage, mean_set_size
 from defenses.registry import available

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from defenses.composition.shielded_federated import shielded_federated
+from defenses.composition.benchmark.shielded_federated import shielded_federated
 
 
 def test_shield_keeps_the_dp_certificate_and_reports_its_cost():

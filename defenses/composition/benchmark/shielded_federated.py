@@ -24,7 +24,7 @@ from defenses.oracle import QueryOracle
 from defenses.reference.attacks import LossThresholdAttack, MembershipView
 from defenses.results import Result
 from defenses.ssd import StealthyShield
-from federated.methods import TimeAdaptiveDP
+from federated.arms import TimeAdaptiveDP
 from federated.scenario import FederatedMembership
 
 BENCHMARK = "composition-ssd-federated"
