@@ -31,8 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from defenses.api import DefenseKind, Learner
-from defenses.ssd.defense import StealthyShield
-from defenses.ssd.postprocessing import (
+from defenses.ssd.arms import (
     Deployed,
     HasValidation,
     PostProcessedLearner,
@@ -40,6 +39,7 @@ from defenses.ssd.postprocessing import (
     SSDDefense,
     check_number,
 )
+from defenses.ssd.defense import StealthyShield
 
 FloatArray = npt.NDArray[np.float64]
 

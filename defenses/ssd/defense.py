@@ -35,10 +35,8 @@ query also share its answer (a coarse stand-in for locality-sensitive hashing).
 
 from __future__ import annotations
 
-import hashlib
 import math
-from collections.abc import Callable
-from typing import Any, Literal, Protocol, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -46,7 +44,10 @@ import torch
 from scipy.special import entr
 
 from defenses.checks import check_int, check_real
+from defenses.ssd.seeding import hash_uniforms, input_keys
+from defenses.ssd.sklearn import ShieldedClassifier
 from defenses.ssd.solver import solve_reference
+from defenses.ssd.torch import ShieldedCallable, ShieldedModule
 from defenses.ssd.waterfill import (
     FLOOR,
     check_probabilities,
@@ -107,16 +108,6 @@ def _softmax_rows(z: FloatArray) -> FloatArray:
     shifted /= shifted.sum(axis=1, keepdims=True)
     out: FloatArray = shifted
     return out
-
-
-def _input_keys(inputs: Any, n: int, resolution: float | None) -> list[bytes]:
-    """One byte string per row of ``inputs`` (rounded to ``resolution`` if given)."""
-    if isinstance(inputs, torch.Tensor):
-        inputs = inputs.detach().cpu().numpy()
-    rows = np.ascontiguousarray(np.asarray(inputs, dtype=np.float64).reshape(n, -1))
-    if resolution is not None:
-        rows = np.ascontiguousarray(np.round(rows / resolution).astype(np.int64))
-    return [row.tobytes() for row in rows]
 
 
 class StealthyShield:
@@ -281,14 +272,8 @@ class StealthyShield:
     def _uniforms(self, n: int, inputs: Any, probs: FloatArray) -> FloatArray:
         if self.seeding == "random":
             return self._rng.random(n)
-        keys = _input_keys(probs if inputs is None else inputs, n, self.hash_resolution)
-        words = [
-            int.from_bytes(
-                hashlib.blake2b(k, key=self._key, digest_size=8).digest(), "little"
-            )
-            for k in keys
-        ]
-        return np.asarray(words, dtype=np.float64) / 2.0**64
+        keys = input_keys(probs if inputs is None else inputs, n, self.hash_resolution)
+        return hash_uniforms(keys, self._key)
 
     def pseudo_labels(
         self, probs: npt.ArrayLike, inputs: Any = None
@@ -398,77 +383,3 @@ class StealthyShield:
             "model must be a torch.nn.Module, have predict_proba, or be callable; got "
             f"{type(model).__name__}"
         )
-
-
-class ShieldedModule(torch.nn.Module):
-    """A torch module whose forward pass answers SSD-defended probabilities.
-
-    The output is detached from the autograd graph: it is an API answer.
-    """
-
-    def __init__(
-        self, model: torch.nn.Module, shield: StealthyShield, logits: bool = True
-    ) -> None:
-        super().__init__()
-        self.model = model
-        self.shield = shield
-        self.logits = logits
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Defended probabilities of shape (N, K)."""
-        with torch.no_grad():
-            out = self.model(x)
-            probs = torch.softmax(out.double(), dim=-1) if self.logits else out
-        return self.shield(probs, inputs=x).to(out.dtype)
-
-
-class _ProbabilisticModel(Protocol):
-    def predict_proba(self, X: Any) -> Any:
-        """Class probabilities."""
-        ...
-
-
-class ShieldedClassifier:
-    """A scikit-learn-style classifier whose probabilities pass through SSD."""
-
-    def __init__(self, model: _ProbabilisticModel, shield: StealthyShield) -> None:
-        self.model = model
-        self.shield = shield
-
-    @property
-    def classes_(self) -> Any:
-        """The wrapped classifier's ``classes_``."""
-        return getattr(self.model, "classes_", np.arange(self.shield.n_classes))
-
-    def predict_proba(self, X: Any) -> npt.NDArray[np.floating]:
-        """Defended probabilities."""
-        return self.shield(np.asarray(self.model.predict_proba(X)), inputs=X)
-
-    def predict(self, X: Any) -> Any:
-        """Arg-max label of the defended probabilities, in ``classes_``."""
-        return np.asarray(self.classes_)[np.argmax(self.predict_proba(X), axis=1)]
-
-
-class ShieldedCallable:
-    """Any callable returning probabilities (or logits), defended by SSD."""
-
-    def __init__(
-        self, model: Callable[[Any], Any], shield: StealthyShield, logits: bool = False
-    ) -> None:
-        self.model = model
-        self.shield = shield
-        self.logits = logits
-
-    def __call__(self, x: Any) -> Any:
-        """Defended probabilities for the batch ``x``."""
-        out = self.model(x)
-        if isinstance(out, torch.Tensor):
-            probs_t = (
-                torch.softmax(out.double(), dim=-1).to(out.dtype)
-                if self.logits
-                else out
-            )
-            return self.shield(probs_t, inputs=x)
-        arr = np.asarray(out, dtype=np.float64)
-        probs = _softmax_rows(arr) if self.logits else arr
-        return self.shield(probs, inputs=x)

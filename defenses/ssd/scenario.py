@@ -35,7 +35,8 @@ from defenses.checks import check_int
 from defenses.metrics import accuracy
 from defenses.oracle import QueryOracle
 from defenses.registry import register
-from defenses.ssd import figures, perf  # noqa: F401  (they register themselves)
+from defenses.ssd import benchmark, figures  # noqa: F401  (they register themselves)
+from defenses.ssd.arms import Deployed, SSDDefense
 from defenses.ssd.attacks import (
     BoundaryRepulsion,
     GeneticInversion,
@@ -51,9 +52,7 @@ from defenses.ssd.baselines import (
     SSDConstantBudget,
     SSDNoTemperature,
 )
-from defenses.ssd.mlp import predict_proba, train_mlp
-from defenses.ssd.postprocessing import Deployed, SSDDefense
-from defenses.ssd.tasks import InversionTask, build_task
+from defenses.ssd.tasks import InversionTask, build_task, predict_proba, train_mlp
 from defenses.threads import single_thread
 from defenses.threat import Budget, Capability, Goal, Knowledge, Stage, ThreatModel
 

@@ -11,7 +11,7 @@ from defenses.ssd.baselines import (
     class_labels,
     gaussian_noise,
 )
-from defenses.ssd.perf import speed
+from defenses.ssd.benchmark import speed
 
 
 def _probs(n: int = 40, k: int = 5, seed: int = 0) -> np.ndarray:

@@ -11,14 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.linear_model import LogisticRegression
 
-from defenses.ssd.defense import (
-    ShieldedCallable,
-    ShieldedClassifier,
-    ShieldedModule,
-    StealthyShield,
-    default_temperature,
-    entropy,
-)
+from defenses.ssd.defense import StealthyShield, default_temperature, entropy
+from defenses.ssd.sklearn import ShieldedClassifier
+from defenses.ssd.torch import ShieldedCallable, ShieldedModule
 
 VAL = np.array([[0.9, 0.05, 0.05], [0.1, 0.8, 0.1], [0.05, 0.15, 0.8], [0.8, 0.1, 0.1]])
 LABELS = np.array([0, 1, 2, 0])

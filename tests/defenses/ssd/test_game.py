@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from defenses.harness import run_once
+from defenses.ssd.arms import SSDDefense
 from defenses.ssd.attacks import (
     BoundaryRepulsion,
     GeneticInversion,
@@ -21,7 +22,6 @@ from defenses.ssd.baselines import (
     SSDConstantBudget,
     SSDNoTemperature,
 )
-from defenses.ssd.postprocessing import SSDDefense
 from defenses.ssd.scenario import DigitsInversion, IdentitiesInversion
 from defenses.testing import check_pair
 
