@@ -33,7 +33,7 @@ from defenses.s3t.arms import (
 )
 from defenses.s3t.attacks import CanaryAttack, CanaryView
 from defenses.s3t.backbone import ResidualMLP
-from defenses.s3t.bench import deletion_benchmark
+from defenses.s3t.benchmark import deletion_benchmark
 from defenses.s3t.defense import Unlearner
 from defenses.s3t.figures import figures
 from defenses.s3t.tasks import (

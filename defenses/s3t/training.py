@@ -122,6 +122,19 @@ def served_model(
     return adapters, stages[prefix].head
 
 
+def shard_probabilities(
+    backbone: ResidualMLP,
+    stages: Mapping[Order, StageState],
+    prefix: Order,
+    X: Tensor,
+) -> Tensor:
+    """Class probabilities (float64 softmax) of the model one shard serves."""
+    adapters, head = served_model(stages, prefix)
+    with torch.no_grad(), single_thread():
+        logits = backbone.top(backbone.embed(X, 0), 0, adapters, head)
+    return torch.softmax(logits.double(), dim=1)
+
+
 def train_stage(
     job: ShardJob, prefix: Order, stages: Mapping[Order, StageState]
 ) -> StageState:
@@ -205,7 +218,7 @@ def train_shard(job: ShardJob) -> dict[Order, StageState]:
 
 
 def slice_data(
-    X: npt.NDArray[np.float32], y: npt.NDArray[np.int64], ids: Sequence[object]
+    X: npt.NDArray[np.generic], y: npt.NDArray[np.int64], ids: Sequence[object]
 ) -> SliceData:
     """Pack one slice's rows (already in key order) as tensors."""
     return SliceData(torch.as_tensor(X), torch.as_tensor(y), tuple(ids))

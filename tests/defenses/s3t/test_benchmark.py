@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from defenses.s3t.bench import deletion_benchmark
+from defenses.s3t.benchmark import deletion_benchmark
 from defenses.s3t.figures import figures
 
 TINY = {

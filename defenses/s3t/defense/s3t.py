@@ -1,0 +1,109 @@
+"""The S3T estimator: the engine with ``B`` selected slice orders per shard."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import ClassVar, Literal
+
+import numpy as np
+
+from defenses.checks import check_int
+from defenses.s3t.backbone import ResidualMLP
+from defenses.s3t.defense.unlearner import Unlearner
+from defenses.s3t.parallel import Executor
+from defenses.s3t.sequences import bms_orders, cyclic_orders
+from defenses.s3t.training import Mode
+
+Selection = Literal["cyclic", "bms"]
+
+
+class S3T(Unlearner):
+    """Sequence-aware sharded sliced training (Chowdhury et al., ICLR 2025).
+
+    Parameters
+    ----------
+    backbone : ResidualMLP
+        The frozen pretrained backbone (copied; put it in eval mode).
+    shards, slices : int
+        ``m`` shards of ``L`` slices; ``L`` at most the backbone's number of blocks.
+    sequences : int or None
+        Budget ``B`` of slice orders per shard (``L`` if None).
+    rank : int
+        LoRA rank.
+    selection : {"cyclic", "bms"}
+        Order selection: cyclic rotation, or bipartite matching on ``slice_prior``.
+    slice_prior : sequence of float or None
+        Deletion probability of each slice index (BMS only; uniform if None).
+    epochs, batch_size, lr : int, int, float
+        Adam settings of every stage.
+    seed : int
+        Seeds the partition and every stage.
+    executor : {"serial", "process", "ray"}
+        Where shards train (in parallel except "serial"); ``n_jobs`` workers;
+        ``ray_address`` of a Ray cluster (local Ray if None).
+    store : path or None
+        If given, every fit, deletion and retraining is saved there atomically.
+    allow_shared_state : bool
+        Accept a backbone whose buffers training updates (negative control only).
+    """
+
+    mode: ClassVar[Mode] = "slice"
+
+    def __init__(
+        self,
+        backbone: ResidualMLP,
+        shards: int = 3,
+        slices: int = 3,
+        sequences: int | None = None,
+        rank: int = 4,
+        selection: Selection = "cyclic",
+        *,
+        slice_prior: Sequence[float] | None = None,
+        epochs: int = 20,
+        batch_size: int = 64,
+        lr: float = 3e-3,
+        seed: int = 0,
+        executor: Executor = "serial",
+        n_jobs: int = 1,
+        ray_address: str | None = None,
+        store: str | os.PathLike[str] | None = None,
+        allow_shared_state: bool = False,
+    ) -> None:
+        budget = (
+            check_int("slices", slices, minimum=1) if sequences is None else sequences
+        )
+        check_int("sequences", budget, minimum=1)
+        if selection == "cyclic":
+            if slice_prior is not None:
+                raise ValueError("slice_prior is used by selection='bms' only")
+            orders = cyclic_orders(slices, budget)
+        elif selection == "bms":
+            prior = (
+                np.full(slices, 1.0 / slices) if slice_prior is None else slice_prior
+            )
+            if len(prior) != slices:
+                raise ValueError(
+                    f"slice_prior must have one value per slice ({slices}), "
+                    f"got {len(prior)}"
+                )
+            orders = bms_orders(prior, budget)
+        else:
+            raise ValueError(f"selection must be 'cyclic' or 'bms', got {selection!r}")
+        self.sequences, self.selection = budget, selection
+        super().__init__(
+            backbone,
+            shards=shards,
+            slices=slices,
+            orders=orders,
+            rank=rank,
+            epochs=epochs,
+            batch_size=batch_size,
+            lr=lr,
+            seed=seed,
+            executor=executor,
+            n_jobs=n_jobs,
+            ray_address=ray_address,
+            store_path=store,
+            allow_shared_state=allow_shared_state,
+        )

@@ -1,0 +1,456 @@
+"""The engine of S3T, SISA and full retraining: fit, serve, delete, retrain.
+
+See :mod:`defenses.s3t.defense` for the algorithm; :mod:`.state` holds the deletion
+bookkeeping, :mod:`.persist` the state files' payload, :mod:`.inputs` the checks of
+what the user passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from defenses.checks import check_int
+from defenses.cost import count, phase
+from defenses.s3t import partition, store
+from defenses.s3t.backbone import ResidualMLP, block_groups, fingerprint, frozen_copy
+from defenses.s3t.defense import inputs, persist
+from defenses.s3t.defense.state import (
+    AllShardsDeadError,
+    DeletionReceipt,
+    NotFittedError,
+    RetrainReceipt,
+    Slot,
+    State,
+    deletion_receipt,
+    find_rows,
+    forget_rows,
+    partition_data,
+    prefixes,
+    served_prefixes,
+    stage_lineage,
+    stage_tensors,
+    switch_off,
+)
+from defenses.s3t.parallel import EXECUTORS, Executor, run_jobs
+from defenses.s3t.training import (
+    Mode,
+    Order,
+    ShardJob,
+    StageKey,
+    StageState,
+    TrainConfig,
+    shard_probabilities,
+)
+
+logger = logging.getLogger(__name__)
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class Unlearner:
+    """Sharded, sliced, staged LoRA training with exact deletion (shared engine).
+
+    Use :class:`S3T`, :class:`SISA` or :class:`FullRetrain`.
+    """
+
+    mode: ClassVar[Mode]
+
+    def __init__(
+        self,
+        backbone: ResidualMLP,
+        *,
+        shards: int,
+        slices: int,
+        orders: Sequence[Order],
+        rank: int,
+        epochs: int,
+        batch_size: int,
+        lr: float,
+        seed: int,
+        executor: Executor,
+        n_jobs: int,
+        ray_address: str | None,
+        store_path: str | os.PathLike[str] | None,
+        allow_shared_state: bool,
+    ) -> None:
+        if not isinstance(backbone, ResidualMLP):
+            raise ValueError(
+                f"backbone must be a defenses.s3t.backbone.ResidualMLP, got "
+                f"{type(backbone).__name__}"
+            )
+        self.shards = check_int("shards", shards, minimum=1)
+        self.slices = check_int("slices", slices, minimum=1)
+        self.groups = tuple(block_groups(backbone.n_blocks, slices))
+        self.config = TrainConfig(rank, epochs, batch_size, lr)
+        check_int("seed", seed, 0)
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+        self.seed, self.executor = seed, executor
+        self.n_jobs = check_int("n_jobs", n_jobs, minimum=1)
+        self.ray_address = ray_address
+        self.orders: tuple[Order, ...] = tuple(tuple(int(j) for j in o) for o in orders)
+        self.shared_state = backbone.training and backbone.has_shared_state()
+        if self.shared_state and not allow_shared_state:
+            raise ValueError(
+                "the backbone is in training mode and has buffers (BatchNorm running "
+                "statistics) that every stage would update: a leak across deletions. "
+                "Call backbone.eval() first (allow_shared_state=True only for the "
+                "negative-control audit)"
+            )
+        if self.shared_state and executor != "serial":
+            raise ValueError("a backbone with shared state needs executor='serial'")
+        self.backbone = frozen_copy(backbone)
+        self.fingerprint = fingerprint(self.backbone)
+        self.salt = f"s3t-partition-{seed}"
+        self.store = None if store_path is None else os.fspath(store_path)
+        self._state: State | None = None
+
+    # ------------------------------------------------------------------ config
+    def _config(self) -> dict[str, Any]:
+        return {
+            "class": type(self).__name__,
+            "mode": self.mode,
+            "shards": self.shards,
+            "slices": self.slices,
+            "orders": [list(o) for o in self.orders],
+            "train": dataclasses.asdict(self.config),
+            "seed": self.seed,
+            "backbone": self.fingerprint,
+        }
+
+    @property
+    def fitted(self) -> bool:
+        """Whether :meth:`fit` has run."""
+        return self._state is not None
+
+    def _require(self) -> State:
+        if self._state is None:
+            raise NotFittedError(
+                f"this {type(self).__name__} is not fitted; call fit first"
+            )
+        return self._state
+
+    # ------------------------------------------------------------------ fit
+    def fit(
+        self,
+        X: npt.ArrayLike,
+        y: npt.ArrayLike,
+        ids: npt.ArrayLike,
+        groups: npt.ArrayLike | None = None,
+    ) -> Unlearner:
+        """Partition the data and train every stage of every order of every shard.
+
+        Parameters
+        ----------
+        X : array of shape (n, d)
+            Fine-tuning features.
+        y : array of shape (n,)
+            Integer labels.
+        ids : array of shape (n,)
+            Unique sample ids (integers or strings): the handles for deletion.
+        groups : array of shape (n,) or None
+            Partition key (e.g. a user id): samples of one group share a slice, so
+            deleting a user touches one slice. The sample ids by default.
+        """
+        features = inputs.features(X, self.backbone.in_dim)
+        n = features.shape[0]
+        labels = inputs.labels(y, n, self.backbone.n_classes)
+        idx, source = inputs.fit_ids(ids, groups, n)
+        if self.shards * self.slices > n:
+            raise ValueError(
+                f"shards x slices = {self.shards * self.slices} exceeds the "
+                f"{n} samples; every slice needs data"
+            )
+        data = partition_data(
+            features, labels, idx, source, self.salt, self.shards, self.slices
+        )
+        empty = data.empty_cells(self.shards, self.slices)
+        if empty:
+            raise ValueError(
+                f"{len(empty)} (shard, slice) cells got no samples, e.g. {empty[:3]}: "
+                f"too few samples ({n}) for {self.shards} shards x {self.slices} slices"
+            )
+        full = tuple(
+            tuple(self.slices for _ in self.orders) for _ in range(self.shards)
+        )
+        state = State(data, {}, full, frozenset(), frozenset())
+        with phase("train"):
+            stages, _ = self._train(state, range(self.shards))
+        self._commit(
+            dataclasses.replace(
+                state, stages=stages, shared_lineage=self._shared(state, stages)
+            )
+        )
+        return self
+
+    def _shared(
+        self, state: State, stages: Mapping[StageKey, StageState]
+    ) -> frozenset[object]:
+        if not self.shared_state:
+            return frozenset()
+        seen = frozenset(i for stage in stages.values() for i in stage.lineage)
+        return state.shared_lineage | seen
+
+    def _train(
+        self, state: State, shards: Iterable[int]
+    ) -> tuple[dict[StageKey, StageState], tuple[StageKey, ...]]:
+        jobs = []
+        for s in shards:
+            existing = {p: st for (t, p), st in state.stages.items() if t == s}
+            missing = tuple(p for p in prefixes(self.orders) if p not in existing)
+            if not missing:
+                continue
+            for j in range(self.slices):
+                if not state.data.rows_of(s, j).size:
+                    logger.warning(
+                        "shard %d slice %d is empty; its stages do not train", s, j
+                    )
+            jobs.append(
+                ShardJob(
+                    shard=s,
+                    prefixes=missing,
+                    existing=existing,
+                    slices=state.data.slices_of(s, self.slices),
+                    backbone=self.backbone,
+                    groups=self.groups,
+                    mode=self.mode,
+                    config=self.config,
+                    seed=self.seed,
+                )
+            )
+        results = run_jobs(jobs, self.executor, self.n_jobs, self.ray_address)
+        stages = dict(state.stages)
+        trained = []
+        for job, new in zip(jobs, results, strict=True):
+            for prefix, stage in new.items():
+                stages[(job.shard, prefix)] = stage
+                trained.append((job.shard, prefix))
+                count("stages_trained")
+                count("sample_passes", stage.passes)
+        return stages, tuple(trained)
+
+    # ------------------------------------------------------------------ serve
+    def served(self) -> tuple[Order, ...]:
+        """The prefix each shard serves (longest live prefix; empty if dead)."""
+        return served_prefixes(self._require().live, self.orders)
+
+    def _shard_proba(self, X: npt.ArrayLike) -> tuple[int, dict[int, torch.Tensor]]:
+        """The number of rows of ``X`` and each serving shard's class probabilities.
+
+        Shards are in ascending order; a dead shard (no live prefix) is absent. The
+        probabilities are ``softmax`` of the served model's logits, in float64.
+        """
+        state = self._require()
+        features = torch.as_tensor(inputs.features(X, self.backbone.in_dim))
+        alive = [(s, p) for s, p in enumerate(self.served()) if p]
+        out: dict[int, torch.Tensor] = {}
+        for s, prefix in alive:
+            shard_stages = {p: st for (t, p), st in state.stages.items() if t == s}
+            out[s] = shard_probabilities(self.backbone, shard_stages, prefix, features)
+        return features.shape[0], out
+
+    def predict_proba(self, X: npt.ArrayLike) -> FloatArray:
+        """Class probabilities averaged over the shards that still serve."""
+        n, per_shard = self._shard_proba(X)
+        if not per_shard:
+            raise AllShardsDeadError(
+                "every shard lost its models to deletions; call retrain() first"
+            )
+        total = torch.zeros(n, self.backbone.n_classes, dtype=torch.float64)
+        for proba in per_shard.values():
+            total += proba
+        return (total / len(per_shard)).numpy()
+
+    def shard_predictions(self, X: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """Each shard's predicted class, shape ``(shards, n)``; -1 for a dead shard.
+
+        Row ``s`` is the arg-max of the model shard ``s`` serves (the same model
+        :meth:`predict_proba` averages), a function of that shard's surviving data
+        only. A shard whose every order lost its first slice to deletions has no
+        model and abstains (-1); when every shard is dead all rows are -1 (no error,
+        unlike :meth:`predict_proba`). These are the votes of a partitioned ensemble,
+        e.g. the part classifiers of reliable conformal prediction
+        (:mod:`defenses.composition.s3t_rps`).
+        """
+        n, per_shard = self._shard_proba(X)
+        votes = np.full((self.shards, n), -1, dtype=np.int64)
+        for s, proba in per_shard.items():
+            votes[s] = np.argmax(proba.numpy(), axis=1)
+        return votes
+
+    def predict(self, X: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """Predicted labels."""
+        labels: npt.NDArray[np.int64] = np.argmax(self.predict_proba(X), axis=1)
+        return labels.astype(np.int64)
+
+    # ------------------------------------------------------------------ delete
+    def _rows(self, state: State, ids: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        return find_rows(state, partition.check_ids(ids).tolist(), self.salt)
+
+    def locate(self, ids: npt.ArrayLike) -> tuple[Slot, ...]:
+        """The (shard, slice) of each id."""
+        state = self._require()
+        rows = self._rows(state, ids)
+        return tuple((int(state.data.shard[r]), int(state.data.slice[r])) for r in rows)
+
+    def delete(self, ids: npt.ArrayLike) -> DeletionReceipt:
+        """Forget ``ids``: erase their rows and every stage that saw them.
+
+        Atomic: on any error (unknown or already deleted id, a failed save) the
+        model, and its state file, are as they were.
+
+        Raises
+        ------
+        KeyError
+            An id is unknown or already deleted.
+        """
+        began = time.perf_counter()
+        with phase("unlearn"):
+            state = self._require()
+            rows = self._rows(state, ids)
+            slots = tuple(
+                sorted(
+                    {(int(state.data.shard[r]), int(state.data.slice[r])) for r in rows}
+                )
+            )
+            deleted = tuple(state.data.ids[r] for r in rows)
+            new, dropped = switch_off(state, self.orders, slots)
+            self._commit(forget_rows(new, rows, self.salt))
+        count("deletions", len(deleted))
+        receipt = deletion_receipt(
+            self._require().live, self.orders, deleted, slots, dropped, began
+        )
+        logger.info(
+            "deleted %d ids; %d stages off; dead shards %s",
+            len(deleted),
+            len(dropped),
+            receipt.dead_shards,
+        )
+        return receipt
+
+    def deactivate(self, slots: Iterable[Slot]) -> DeletionReceipt:
+        """Switch off every stage trained on the given (shard, slice) cells.
+
+        No data are removed: this is the operator ``Deact_j`` of the exactness audit
+        (a twin trained without a point is deactivated at the point's slice).
+        """
+        began = time.perf_counter()
+        state = self._require()
+        cells = tuple(sorted({(int(s), int(j)) for s, j in slots}))
+        for s, j in cells:
+            if not (0 <= s < self.shards and 0 <= j < self.slices):
+                raise ValueError(
+                    f"slot ({s}, {j}) out of range: {self.shards} shards x "
+                    f"{self.slices} slices"
+                )
+        new, dropped = switch_off(state, self.orders, cells)
+        self._commit(new)
+        return deletion_receipt(
+            self._require().live, self.orders, (), cells, dropped, began
+        )
+
+    # ------------------------------------------------------------------ retrain
+    def retrain(self, only_dead: bool = False) -> RetrainReceipt:
+        """Retrain the switched-off stages on the surviving data.
+
+        Afterwards the model equals, bit for bit, a fresh :meth:`fit` on the
+        surviving data with the same seed (the partition and the stage seeds do not
+        depend on the removed points). ``only_dead`` retrains only shards that have
+        no model left.
+        """
+        state = self._require()
+        began = time.perf_counter()
+        served = self.served()
+        shards = [s for s in range(self.shards) if not (only_dead and served[s])]
+        with phase("retrain"):
+            stages, trained = self._train(state, shards)
+        live = tuple(
+            tuple(self.slices for _ in self.orders) if s in shards else state.live[s]
+            for s in range(self.shards)
+        )
+        new = dataclasses.replace(
+            state, stages=stages, live=live, shared_lineage=self._shared(state, stages)
+        )
+        self._commit(new)
+        return RetrainReceipt(
+            stages=trained,
+            passes=sum(stages[k].passes for k in trained),
+            seconds=time.perf_counter() - began,
+        )
+
+    # ------------------------------------------------------------------ audit
+    def lineage(self) -> dict[str, frozenset[object]]:
+        """Every stored parameter group and stage head, and the ids it was trained on.
+
+        Keys are ``shard<s>/prefix<p>/block<i>`` (an adapter) and
+        ``shard<s>/prefix<p>/head``; ``backbone/buffers`` appears when the backbone
+        has shared state updated by training (the leak the audit must catch).
+        """
+        return stage_lineage(self._require())
+
+    def active_state(self) -> dict[str, torch.Tensor]:
+        """Every tensor the model holds: backbone, stored adapters and heads."""
+        backbone = {f"backbone/{k}": v for k, v in self.backbone.state_dict().items()}
+        return {**backbone, **stage_tensors(self._require())}
+
+    def stages(self) -> Mapping[StageKey, StageState]:
+        """The stored stages by (shard, prefix) (read-only)."""
+        return MappingProxyType(dict(self._require().stages))
+
+    def training_seconds(self) -> tuple[float, ...]:
+        """Wall time spent training each shard's stored stages."""
+        state = self._require()
+        per = [0.0] * self.shards
+        for (s, _), stage in state.stages.items():
+            per[s] += stage.seconds
+        return tuple(per)
+
+    def training_ids(self) -> frozenset[object]:
+        """The ids of the surviving fine-tuning data."""
+        return frozenset(self._require().data.ids)
+
+    # ------------------------------------------------------------------ persist
+    def _commit(self, state: State) -> None:
+        if self.store is not None:
+            store.write_atomic(self.store, store.encode(self._payload(state)))
+        self._state = state
+
+    def _payload(self, state: State) -> dict[str, Any]:
+        return persist.encode(state, self._config())
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the state atomically to ``path``."""
+        store.write_atomic(path, store.encode(self._payload(self._require())))
+
+    def load(self, path: str | os.PathLike[str]) -> Unlearner:
+        """Replace the state by the one saved at ``path``.
+
+        Raises
+        ------
+        StateFileError
+            The file is corrupted or was saved by a model with another class,
+            configuration or backbone. The model is left as it was.
+        """
+        payload = store.read(path)
+        try:
+            state = persist.decode(
+                payload, self._config(), self.shards, self.slices, len(self.orders)
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            if isinstance(error, store.StateFileError):
+                raise
+            raise store.StateFileError(
+                f"{path}: malformed state ({error!r})"
+            ) from error
+        self._state = state
+        return self
