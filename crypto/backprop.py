@@ -20,14 +20,7 @@ mask ``m`` (``1/B`` on CLS slots, 0 elsewhere), and, writing :math:`\bar x` for
 
 where :math:`Y(s) = p(s)(3 - s p(s)^2)` is the (doubled) Newton-refined inverse square
 root, :math:`C` the centring matrix, :math:`\sum_t` a slot sum (rotate-and-add with
-Galois keys). Gaussian-kernel attention per shift ``s`` (rolled copies
-:math:`k_s, v_s`, :math:`w_s = g(u_s)`, :math:`u_s = \sum_f (q_f - k_{s,f})^2`):
-
-.. math::
-
-    \bar v_{s} = \bar o_{att}\, w_s, \quad
-    \bar u_s = g'(u_s) \textstyle\sum_f \bar o_{att,f} v_{s,f}, \quad
-    \bar q = \textstyle\sum_s 2\bar u_s (q - k_s), \quad \bar k_s = -2\bar u_s(q-k_s).
+Galois keys). The attention passes are in :mod:`crypto.attention_grad`.
 
 The rolled gradients :math:`\bar k_s, \bar v_s` are rolled back and summed by the key
 owner (a counted round trip; the layout stays rotation-free, like the forward roll).
@@ -36,141 +29,28 @@ LoRA factors get :math:`\bar A = \sum_t z\,(\bar q B^T)^T` and
 :math:`\bar W = \sum_t x\,\bar y^T`. Every stage first *fits* its operands into the
 modulus chain: values that would overrun it are refreshed by the key owner
 (client-aided, counted), never bootstrapped.
-
-The polynomial-softmax baseline (:func:`crypto.heval.softmax_attention`) is
-differentiated the same way, with :math:`\partial(1/S)/\partial S = -y^2` evaluated on
-the refined reciprocal :math:`y`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from crypto.heval import Evaluator, SoftmaxPolys, Value
+from crypto.attention_grad import (
+    gk_backward,
+    gk_forward,
+    softmax_backward,
+    softmax_forward,
+)
+from crypto.evaluator import Evaluator, Value
+from crypto.net import Net, derivative, fit, matmul, matmul_t, outer_sums
 
 FloatArray = npt.NDArray[np.float64]
-Matrix = FloatArray | list[list[Value]]
 Unroll = Callable[[list[list[Value]]], list[Value]]
 Roll = Callable[[list[Value], int], list[list[Value]]]
-LORA_TRAINED = ("q_a", "q_b", "k_a", "k_b", "v_a", "v_b", "pool", "classifier")
-FULL_TRAINED = ("wq", "wk", "wv", "wo", "w1", "w2", "pool", "classifier")
-
-
-def derivative(coefficients: FloatArray) -> FloatArray:
-    """Coefficients (low to high) of the derivative polynomial."""
-    c = np.asarray(coefficients, dtype=np.float64)
-    if c.size < 2:
-        raise ValueError("a polynomial of degree >= 1 is needed")
-    out: FloatArray = c[1:] * np.arange(1, c.size)
-    return out
-
-
-@dataclass
-class Net:
-    """HE-ready weights of one fine-tuning arm (scales folded as in ``HEWeights``).
-
-    Parameters
-    ----------
-    attention : {"gk", "softmax"}
-        Gaussian kernel or the polynomial-softmax baseline.
-    heads, n_tokens : int
-        Attention heads and sequence length.
-    mats : dict
-        ``wq, wk, wv, wo, w1, w2, pool, classifier`` and, in the LoRA arm,
-        ``q_a, q_b, k_a, k_b, v_a, v_b``; a trained matrix holds encrypted (or
-        simulated) entries, one replicated value each, a frozen one a public array.
-    trained : tuple of str
-        Names of the trained matrices.
-    centre, act, isqrt, tanh, gk : arrays
-        Public LayerNorm centring matrix and polynomial coefficients.
-    softmax : SoftmaxPolys or None
-        Polynomials of the softmax baseline (``attention == "softmax"``).
-    """
-
-    attention: str
-    heads: int
-    n_tokens: int
-    mats: dict[str, Matrix]
-    trained: tuple[str, ...]
-    centre: FloatArray
-    act: FloatArray
-    isqrt: FloatArray
-    tanh: FloatArray
-    gk: FloatArray
-    softmax: SoftmaxPolys | None = None
-
-    def __post_init__(self) -> None:
-        if self.attention not in ("gk", "softmax"):
-            raise ValueError(
-                f"Net.attention must be gk or softmax, not {self.attention}"
-            )
-        if self.attention == "softmax" and self.softmax is None:
-            raise ValueError("the softmax arm needs its SoftmaxPolys")
-        missing = [t for t in self.trained if t not in self.mats]
-        if missing:
-            raise ValueError(f"trained matrices {missing} are not in Net.mats")
-
-    @property
-    def lora(self) -> bool:
-        """Whether Q, K, V carry LoRA factors."""
-        return "q_a" in self.mats
-
-
-def matmul(ev: Evaluator, xs: list[Value], W: Matrix) -> list[Value]:
-    r""":math:`y_f = \sum_g x_g W_{gf}`: plaintext products or encrypted ones."""
-    if isinstance(W, np.ndarray):
-        zero = ~W.any(axis=0)
-        if not zero.any():
-            return ev.linear(xs, W)
-        out = [ev.scale(xs[0], 0.0)] * W.shape[1]
-        live = np.flatnonzero(~zero)
-        if live.size:
-            for f, y in zip(live, ev.linear(xs, W[:, live]), strict=True):
-                out[f] = y
-        return out
-    if len(W) != len(xs):
-        raise ValueError(f"matmul: {len(xs)} inputs for {len(W)} weight rows")
-    return [
-        ev.total([ev.mul(xs[g], W[g][f]) for g in range(len(xs))])
-        for f in range(len(W[0]))
-    ]
-
-
-def matmul_t(ev: Evaluator, dys: list[Value], W: Matrix) -> list[Value]:
-    r""":math:`\bar x_g = \sum_f \bar y_f W_{gf}` (the transpose product)."""
-    if isinstance(W, np.ndarray):
-        return matmul(ev, dys, W.T)
-    return [
-        ev.total([ev.mul(dys[f], W[g][f]) for f in range(len(dys))])
-        for g in range(len(W))
-    ]
-
-
-def outer_sums(ev: Evaluator, xs: list[Value], dys: list[Value]) -> list[list[Value]]:
-    r""":math:`G_{gf} = \sum_t x_g[t]\, \bar y_f[t]` (one product and slot sum each)."""
-    return [[ev.slot_sum(ev.mul(x, dy)) for dy in dys] for x in xs]
-
-
-def fit(
-    ev: Evaluator, groups: list[list[Value]], need: int, stage: str
-) -> list[list[Value]]:
-    """Refresh (in one counted round trip) the values that lack ``need`` levels."""
-    flat = [v for g in groups for v in g]
-    stale = [i for i, v in enumerate(flat) if v.level + need > ev.max_level]
-    if stale:
-        fresh = ev.ensure([flat[i] for i in stale], need, stage)
-        for i, v in zip(stale, fresh, strict=True):
-            flat[i] = v
-    out, at = [], 0
-    for g in groups:
-        out.append(flat[at : at + len(g)])
-        at += len(g)
-    return out
 
 
 def _project(
@@ -183,169 +63,6 @@ def _project(
         up = matmul(ev, low, net.mats[f"{name}_b"])
         out = [ev.add(a, b) for a, b in zip(out, up, strict=True)]
     return out
-
-
-def _heads(net: Net, d: int) -> list[list[int]]:
-    dh = d // net.heads
-    return [list(range(h * dh, (h + 1) * dh)) for h in range(net.heads)]
-
-
-def _gk_forward(
-    ev: Evaluator,
-    net: Net,
-    q: list[Value],
-    ks: list[list[Value]],
-    vs: list[list[Value]],
-    cache: dict[str, Any],
-) -> list[Value]:
-    d, n = len(q), len(ks)
-    q, *ks = fit(ev, [q, *ks], 1, "kernel distance")
-    out: list[Value] = [Value(None)] * d
-    per_head = []
-    for cols in _heads(net, d):
-        diff = [[ev.sub(q[f], ks[s][f]) for f in cols] for s in range(n)]
-        [u] = fit(
-            ev,
-            [[ev.total([ev.square(x) for x in diff[s]]) for s in range(n)]],
-            3,
-            "kernel",
-        )
-        w = [ev.poly(x, net.gk) for x in u]
-        w, *vh = fit(ev, [w, *[[vs[s][f] for f in cols] for s in range(n)]], 1, "kv")
-        for i, f in enumerate(cols):
-            out[f] = ev.total([ev.mul(w[s], vh[s][i]) for s in range(n)])
-        per_head.append({"diff": diff, "u": u, "w": w, "v": vh})
-    cache["attention"] = per_head
-    return out
-
-
-def _gk_backward(
-    ev: Evaluator, net: Net, datt: list[Value], cache: dict[str, Any]
-) -> tuple[list[Value], list[list[Value]], list[list[Value]]]:
-    d = len(datt)
-    per_head = cache["attention"]
-    n = len(per_head[0]["u"])
-    dq: list[Value] = [Value(None)] * d
-    dks = [[Value(None)] * d for _ in range(n)]
-    dvs = [[Value(None)] * d for _ in range(n)]
-    gk_d = derivative(net.gk)
-    for cols, saved in zip(_heads(net, d), per_head, strict=True):
-        dcol = [datt[f] for f in cols]
-        dcol, *vh = fit(ev, [dcol, *saved["v"]], 1, "kernel grad")
-        g = [
-            ev.total([ev.mul(dcol[i], vh[s][i]) for i in range(len(cols))])
-            for s in range(n)
-        ]
-        dcol, w = fit(ev, [dcol, saved["w"]], 1, "value grad")
-        for s in range(n):
-            for i, f in enumerate(cols):
-                dvs[s][f] = ev.mul(dcol[i], w[s])
-        [u] = fit(ev, [saved["u"]], 3, "kernel derivative")
-        slope = [ev.poly(x, gk_d) for x in u]
-        g, slope = fit(ev, [g, slope], 1, "distance grad")
-        du = [ev.mul(a, b) for a, b in zip(g, slope, strict=True)]
-        for s in range(n):
-            [dus], diff = fit(ev, [[du[s]], saved["diff"][s]], 1, "difference grad")
-            for i, f in enumerate(cols):
-                half = ev.mul(dus, diff[i])
-                ddiff = ev.add(half, half)
-                dks[s][f] = ev.neg(ddiff)
-                dq[f] = ddiff if s == 0 else ev.add(dq[f], ddiff)
-    return dq, dks, dvs
-
-
-def _softmax_forward(
-    ev: Evaluator,
-    net: Net,
-    q: list[Value],
-    ks: list[list[Value]],
-    vs: list[list[Value]],
-    cache: dict[str, Any],
-) -> list[Value]:
-    assert net.softmax is not None
-    polys = net.softmax
-    d, n = len(q), len(ks)
-    out: list[Value] = [Value(None)] * d
-    per_head = []
-    for cols in _heads(net, d):
-        qh, *kh = fit(
-            ev,
-            [[q[f] for f in cols], *[[k[f] for f in cols] for k in ks]],
-            1,
-            "softmax scores",
-        )
-        [scores] = fit(
-            ev,
-            [
-                [
-                    ev.total([ev.mul(a, b) for a, b in zip(qh, kh[s], strict=True)])
-                    for s in range(n)
-                ]
-            ],
-            3,
-            "softmax exp",
-        )
-        e = [ev.poly(x, polys.exp) for x in scores]
-        [[total]] = fit(ev, [[ev.total(e)]], 2, "softmax reciprocal")
-        y = ev.poly(total, polys.recip)
-        for _ in range(polys.newton):
-            [[total, y]] = fit(ev, [[total, y]], 2, "softmax Newton")
-            y = ev.mul(y, ev.shift(ev.neg(ev.mul(total, y)), 2.0))
-        e, *vh = fit(ev, [e, *[[vs[s][f] for f in cols] for s in range(n)]], 1, "kv")
-        acc = [
-            ev.total([ev.mul(e[s], vh[s][i]) for s in range(n)])
-            for i in range(len(cols))
-        ]
-        acc, [y] = fit(ev, [acc, [y]], 1, "softmax normalise")
-        for i, f in enumerate(cols):
-            out[f] = ev.mul(acc[i], y)
-        per_head.append(
-            {"q": qh, "k": kh, "v": vh, "scores": scores, "e": e, "y": y, "acc": acc}
-        )
-    cache["attention"] = per_head
-    return out
-
-
-def _softmax_backward(
-    ev: Evaluator, net: Net, datt: list[Value], cache: dict[str, Any]
-) -> tuple[list[Value], list[list[Value]], list[list[Value]]]:
-    assert net.softmax is not None
-    d = len(datt)
-    per_head = cache["attention"]
-    n = len(per_head[0]["scores"])
-    dq: list[Value] = [Value(None)] * d
-    dks = [[Value(None)] * d for _ in range(n)]
-    dvs = [[Value(None)] * d for _ in range(n)]
-    exp_d = derivative(net.softmax.exp)
-    for cols, sv in zip(_heads(net, d), per_head, strict=True):
-        dcol = [datt[f] for f in cols]
-        dcol, [y] = fit(ev, [dcol, [sv["y"]]], 1, "softmax grad")
-        dacc = [ev.mul(x, y) for x in dcol]
-        dcol, acc = fit(ev, [dcol, sv["acc"]], 1, "softmax grad")
-        dy = ev.total([ev.mul(a, b) for a, b in zip(dcol, acc, strict=True)])
-        [[y]] = fit(ev, [[sv["y"]]], 1, "softmax grad")
-        [[dy, ysq]] = fit(ev, [[dy, ev.square(y)]], 1, "softmax grad")
-        dtotal = ev.neg(ev.mul(dy, ysq))
-        dacc, *vh = fit(ev, [dacc, *sv["v"]], 1, "softmax value")
-        de = [
-            ev.total([ev.mul(dacc[i], vh[s][i]) for i in range(len(cols))])
-            for s in range(n)
-        ]
-        de = [ev.add(x, dtotal) for x in de]
-        [scores] = fit(ev, [sv["scores"]], 3, "exp derivative")
-        slope = [ev.poly(x, exp_d) for x in scores]
-        de, slope = fit(ev, [de, slope], 1, "score grad")
-        dsc = [ev.mul(a, b) for a, b in zip(de, slope, strict=True)]
-        dsc, *kh = fit(ev, [dsc, *sv["k"]], 1, "query grad")
-        for i, f in enumerate(cols):
-            dq[f] = ev.total([ev.mul(dsc[s], kh[s][i]) for s in range(n)])
-        dsc, qh = fit(ev, [dsc, sv["q"]], 1, "key grad")
-        dacc, e = fit(ev, [dacc, sv["e"]], 1, "value grad")
-        for s in range(n):
-            for i, f in enumerate(cols):
-                dks[s][f] = ev.mul(dsc[s], qh[i])
-                dvs[s][f] = ev.mul(dacc[i], e[s])
-    return dq, dks, dvs
 
 
 def forward(
@@ -363,9 +80,9 @@ def forward(
     ev.note("roll_rounds")
     ks, vs = [r[:d] for r in rolled], [r[d:] for r in rolled]
     if net.attention == "gk":
-        att = _gk_forward(ev, net, q, ks, vs, cache)
+        att = gk_forward(ev, net, q, ks, vs, cache)
     else:
-        att = _softmax_forward(ev, net, q, ks, vs, cache)
+        att = softmax_forward(ev, net, q, ks, vs, cache)
     [att] = fit(ev, [att], 1, "output projection")
     h = [ev.add(a, b) for a, b in zip(z, matmul(ev, att, net.mats["wo"]), strict=True)]
     [h] = fit(ev, [h], 2, "LayerNorm statistics")
@@ -442,9 +159,9 @@ def backward(
     dh = [ev.add(a, b) for a, b in zip(do, ev.linear(dc, net.centre.T), strict=True)]
     datt = dense("wo", cache["att"], dh)
     if net.attention == "gk":
-        dq, dks, dvs = _gk_backward(ev, net, datt, cache)
+        dq, dks, dvs = gk_backward(ev, net, datt, cache)
     else:
-        dq, dks, dvs = _softmax_backward(ev, net, datt, cache)
+        dq, dks, dvs = softmax_backward(ev, net, datt, cache)
     d = len(dq)
     back = unroll([dks[s] + dvs[s] for s in range(len(dks))])
     ev.note("unroll_rounds")

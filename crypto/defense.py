@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from crypto.arms import EncryptedDeployment, EncryptedLearner, NoisyLearner
 from crypto.ckks import HE_STANDARD_128, INTERACTIVE, CKKSParams
-from crypto.deploy import EncryptedDeployment, EncryptedLearner, NoisyLearner
 from defenses.api import DefenseKind
 from defenses.checks import check_real
 

@@ -26,19 +26,6 @@ LORA_CAPTION = (
     "full encrypted weights."
 )
 
-GAME_CAPTION = (
-    "Served accuracy (GK model), frozen model, softmax twin and the server's label "
-    "advantage per arm (mean and std over seeds)."
-)
-ATTENTION_CAPTION = (
-    "Encrypted attention per sequence: Gaussian kernel (N=8192) vs polynomial "
-    "softmax (N=16384 non-interactive; N=8192 with client-aided refreshes)."
-)
-LORA_CAPTION = (
-    "Encrypted forward and weight-gradient time of one linear layer: LoRA (r=2) vs "
-    "full encrypted weights."
-)
-
 
 def _mean(values: list[float]) -> tuple[float, float]:
     return float(np.mean(values)), float(np.std(values))

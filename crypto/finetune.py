@@ -29,7 +29,6 @@ computation in float64.
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,16 +38,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from crypto.approx import exp_poly, reciprocal_poly
-from crypto.backprop import (
-    FULL_TRAINED,
-    LORA_TRAINED,
-    Matrix,
-    Net,
-    backward,
-    fit,
-    forward,
-)
+from crypto.backprop import backward, forward
 from crypto.ckks import (
     CKKSParams,
     TenSEALBackend,
@@ -56,131 +46,16 @@ from crypto.ckks import (
     make_context,
     public_bytes,
 )
-from crypto.heval import (
-    Backend,
-    Evaluator,
-    HEWeights,
-    NumpyBackend,
-    SoftmaxPolys,
-    Value,
-    lora_factors,
-    pack,
-    roll_tokens,
-)
+from crypto.evaluator import Backend, Evaluator, NumpyBackend, Value
+from crypto.folding import LORA_GK, Arm, effective_weights, plain_net
 from crypto.model import HEFormer
+from crypto.net import fit
+from crypto.packing import pack, roll_tokens
 from defenses.checks import check_int, check_real
 
 FloatArray = npt.NDArray[np.float64]
-ARMS = ("lora", "full")
 TRAIN_PARAMS = CKKSParams(8192, (49, 40, 40, 40, 49), 40)
 """N = 8192, 3 levels of 40 bits (218 bits), 49-bit special prime (precise sums)."""
-
-
-@dataclass(frozen=True)
-class Arm:
-    """What one fine-tuning arm trains and which attention it uses."""
-
-    trained: str = "lora"
-    attention: str = "gk"
-
-    def __post_init__(self) -> None:
-        if self.trained not in ARMS:
-            raise ValueError(f"Arm.trained must be one of {ARMS}, got {self.trained!r}")
-        if self.attention not in ("gk", "softmax"):
-            raise ValueError(
-                f"Arm.attention must be 'gk' or 'softmax', got {self.attention!r}"
-            )
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The trained matrices."""
-        return LORA_TRAINED if self.trained == "lora" else FULL_TRAINED
-
-
-def _np(t: torch.Tensor) -> FloatArray:
-    return np.asarray(t.detach().numpy(), dtype=np.float64).copy()
-
-
-def _softmax_polys(model: HEFormer, X: FloatArray) -> tuple[SoftmaxPolys, float]:
-    """Polynomials of the softmax baseline calibrated on ``X``; the query scale."""
-    c = model.config
-    with torch.no_grad():
-        z = model.embed_tokens(torch.as_tensor(X, dtype=torch.float64))
-        b, n = z.shape[0], c.n_tokens
-        q = model.q(z).view(b, n, c.heads, c.head_dim).transpose(1, 2)
-        k = model.k(z).view(b, n, c.heads, c.head_dim).transpose(1, 2)
-        logits = (q @ k.transpose(-1, -2) / math.sqrt(c.head_dim)).numpy()
-    r = float(np.abs(logits).max()) * 1.25
-    sums = np.exp(logits).sum(-1)
-    scale = 1.0 / (float(sums.max()) * 1.25)
-    lo = float(sums.min()) * scale / 1.25
-    polys = SoftmaxPolys(
-        scale * exp_poly(r).coefficients, reciprocal_poly(lo).coefficients
-    )
-    return polys, 1.0 / (math.sqrt(c.head_dim) * r)
-
-
-def plain_net(model: HEFormer, arm: Arm, X: FloatArray) -> tuple[Net, dict[str, Any]]:
-    """The folded plaintext weights of ``arm`` and each matrix's fold factor ``c``.
-
-    ``X`` calibrates the softmax baseline's polynomials (unused for the kernel).
-    """
-    w = HEWeights.from_model(model)
-    cal = model.calibration
-    k_ln = 1.0 / math.sqrt(model.config.d * cal.ln_div)
-    gain = _np(model.gamma) / (2.0 * k_ln * math.sqrt(cal.ln_div) * cal.ffn_bound)
-    qk = w.kappa
-    polys = None
-    if arm.attention == "softmax":
-        polys, qk = _softmax_polys(model, X)
-    fold: dict[str, Any] = {
-        "wq": qk,
-        "wk": w.kappa if arm.attention == "gk" else 1.0,
-        "wv": 1.0,
-        "wo": 1.0,
-        "w1": gain[:, None],
-        "w2": 1.0,
-        "pool": 1.0 / cal.pool_bound,
-        "classifier": 1.0,
-    }
-    raw = {
-        "wq": _np(model.q.weight),
-        "wk": _np(model.k.weight),
-        "wv": _np(model.v.weight),
-        "wo": w.wo,
-        "w1": _np(model.w1),
-        "w2": w.w2,
-        "pool": _np(model.pool),
-        "classifier": _np(model.classifier),
-    }
-    mats: dict[str, Matrix] = {}
-    if arm.trained == "lora":
-        factors = lora_factors(model)
-        for name in "qkv":
-            a = _np(getattr(model, name).lora_a)
-            mats[f"{name}_a"] = a * fold[f"w{name}"]
-            mats[f"{name}_b"] = factors[f"{name}_b"]
-            fold[f"{name}_a"], fold[f"{name}_b"] = fold[f"w{name}"], 1.0
-    else:
-        for name in "qkv":
-            layer = getattr(model, name)
-            raw[f"w{name}"] = raw[f"w{name}"] + _np(layer.lora_a) @ _np(layer.lora_b)
-    for name, value in raw.items():
-        mats[name] = np.asarray(value * fold[name], dtype=np.float64)
-    net = Net(
-        attention=arm.attention,
-        heads=model.config.heads,
-        n_tokens=model.config.n_tokens,
-        mats=mats,
-        trained=arm.names,
-        centre=w.centre,
-        act=w.act,
-        isqrt=w.isqrt,
-        tanh=w.tanh,
-        gk=w.gk,
-        softmax=polys,
-    )
-    return net, fold
 
 
 @dataclass
@@ -357,7 +232,7 @@ def simulated_step(
     X: FloatArray,
     y: npt.ArrayLike,
     lr: float,
-    arm: Arm = Arm(),
+    arm: Arm = LORA_GK,
     steps: int = 1,
     max_level: int = TRAIN_PARAMS.levels,
     noise: float = 0.0,
@@ -380,7 +255,7 @@ def encrypted_step(
     X: FloatArray,
     y: npt.ArrayLike,
     lr: float,
-    arm: Arm = Arm(),
+    arm: Arm = LORA_GK,
     steps: int = 1,
     params: CKKSParams = TRAIN_PARAMS,
     owner: KeyOwner | None = None,
@@ -401,26 +276,12 @@ def encrypted_step(
     return _run(model, X, y, lr, steps, arm, TenSEALBackend(), services, params.levels)
 
 
-def _effective(model: HEFormer, arm: Arm) -> dict[str, FloatArray]:
-    out: dict[str, FloatArray] = {}
-    for name in arm.names:
-        if name in ("wq", "wk", "wv"):
-            layer = getattr(model, name[1])
-            out[name] = _np(layer.weight) + _np(layer.lora_a) @ _np(layer.lora_b)
-        elif name[1:] in ("_a", "_b"):
-            layer = getattr(model, name[0])
-            out[name] = _np(layer.lora_a if name.endswith("a") else layer.lora_b)
-        else:
-            out[name] = _np(getattr(model, "out" if name == "wo" else name))
-    return out
-
-
 def reference_step(
     model: HEFormer,
     X: FloatArray,
     y: npt.ArrayLike,
     lr: float,
-    arm: Arm = Arm(),
+    arm: Arm = LORA_GK,
     steps: int = 1,
 ) -> dict[str, FloatArray]:
     """The same SGD steps by torch autograd on the polynomial model (a copy).
@@ -458,16 +319,11 @@ def reference_step(
             for p in params:
                 assert p.grad is not None
                 p.sub_(lr * p.grad)
-    return _effective(net, arm)
-
-
-def initial_weights(model: HEFormer, arm: Arm = Arm()) -> dict[str, FloatArray]:
-    """The trained matrices before the step (model parametrisation)."""
-    return _effective(model, arm)
+    return effective_weights(net, arm)
 
 
 def simulated_loss(
-    model: HEFormer, X: FloatArray, y: npt.ArrayLike, arm: Arm = Arm()
+    model: HEFormer, X: FloatArray, y: npt.ArrayLike, arm: Arm = LORA_GK
 ) -> float:
     r"""Squared-error loss of the packed forward pass in float64.
 

@@ -18,11 +18,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from crypto.ckks import (
     CKKSParams,
@@ -32,18 +31,13 @@ from crypto.ckks import (
     make_context,
     public_bytes,
 )
-from crypto.heval import (
-    Evaluator,
-    HEWeights,
-    Value,
-    forward,
-    lora_factors,
-    pack,
-    roll_tokens,
-)
-from crypto.model import HEFormer
-from crypto.train import predict_logits
+from crypto.evaluator import Evaluator, Value
+from crypto.heval import HEWeights, forward, lora_factors
+from crypto.packing import pack, roll_tokens
 from defenses.cost import count
+
+if TYPE_CHECKING:
+    from crypto.model import HEFormer
 
 logger = logging.getLogger(__name__)
 FloatArray = npt.NDArray[np.float64]
@@ -116,6 +110,10 @@ class Client:
 
     def embed(self, X: FloatArray) -> FloatArray:
         """Public embedding z = x W_e + P, after the range guard on the plaintext."""
+        import torch
+
+        from crypto.train import predict_logits
+
         predict_logits(self.model, X, guard=True)
         with torch.no_grad():
             z = self.model.embed_tokens(torch.as_tensor(X, dtype=torch.float64))

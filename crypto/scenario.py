@@ -18,15 +18,16 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from crypto.arms import CryptoTask, PersonalisedLearner
 from crypto.attacks import DistinguisherAttack, Guess, InversionAttack, ServerView
-from crypto.bench import attention_benchmark, lora_benchmark
-from crypto.bench_finetune import finetune_benchmark
-from crypto.bench_layer import layer_benchmark
-from crypto.data import client_transform, digit_sequences, negation_sentiment
+from crypto.benchmark.attention import attention_benchmark
+from crypto.benchmark.finetune import finetune_benchmark
+from crypto.benchmark.layer import layer_benchmark
+from crypto.benchmark.lora import lora_benchmark
 from crypto.defense import CKKSDefense, EmbeddingNoise
-from crypto.deploy import CryptoTask, PersonalisedLearner
 from crypto.figures import figures
 from crypto.model import ModelConfig
+from crypto.tasks import client_transform, digit_sequences, negation_sentiment
 from defenses.checks import check_int
 from defenses.metrics import accuracy
 from defenses.registry import register

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from crypto.data import Sequences
 from crypto.model import HEFormer, ModelConfig
+from crypto.tasks import Sequences
 from defenses.checks import check_real
 
 logger = logging.getLogger(__name__)

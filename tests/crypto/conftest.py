@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from crypto.data import Sequences, client_transform, digit_sequences
 from crypto.model import HEFormer, ModelConfig
+from crypto.tasks import Sequences, client_transform, digit_sequences
 from crypto.train import TrainConfig, personalise, pretrain
 
 

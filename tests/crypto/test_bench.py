@@ -9,20 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crypto.approx import exp_poly, gaussian_kernel_poly, reciprocal_poly
-from crypto.bench import _exact_attention, attention_benchmark
+from crypto.benchmark.attention import _exact_attention, attention_benchmark
 from crypto.ckks import CKKSParams, make_context
+from crypto.evaluator import DepthError, Evaluator, NumpyBackend, Value
 from crypto.figures import figures
-from crypto.heval import (
-    DepthError,
-    Evaluator,
-    NumpyBackend,
-    SoftmaxPolys,
-    Value,
-    gk_attention,
-    roll_tokens,
-    softmax_attention,
-)
+from crypto.heval import SoftmaxPolys, gk_attention, softmax_attention
 from crypto.lora_he import encrypted_steps, full_forward, lora_forward, simulate_step
+from crypto.packing import roll_tokens
 from defenses.harness import measurement
 
 

@@ -7,15 +7,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crypto.approx import RangeError
-from crypto.data import (
+from crypto.evaluator import DepthError
+from crypto.heval import simulate
+from crypto.model import HEFormer, ModelConfig
+from crypto.packing import pack, roll_tokens
+from crypto.tasks import (
     VOCABULARY,
     Sequences,
     client_transform,
     digit_sequences,
     negation_sentiment,
 )
-from crypto.heval import DepthError, pack, roll_tokens, simulate
-from crypto.model import HEFormer, ModelConfig
 from crypto.train import TrainConfig, predict_logits
 
 

@@ -4,16 +4,15 @@ import numpy as np
 import pytest
 import torch
 
-from crypto.data import Sequences
 from crypto.finetune import (
-    Arm,
     encrypted_step,
-    initial_weights,
     reference_step,
     simulated_loss,
     simulated_step,
 )
+from crypto.folding import Arm, initial_weights
 from crypto.model import HEFormer, ModelConfig
+from crypto.tasks import Sequences
 from crypto.train import TrainConfig, personalise, pretrain
 
 
@@ -124,7 +123,7 @@ def test_encrypted_steps_match_the_reference_d8(
 
 
 def test_finetune_benchmark_bad_params() -> None:
-    from crypto.bench_finetune import finetune_benchmark
+    from crypto.benchmark.finetune import finetune_benchmark
 
     with pytest.raises(ValueError, match="arms"):
         list(finetune_benchmark({"arms": ["lora-relu"]}, [0]))

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from crypto.attacks import audit
-from crypto.bench_layer import layer_benchmark
+from crypto.benchmark.layer import layer_benchmark
 from crypto.ckks import NON_INTERACTIVE
-from crypto.data import Sequences
 from crypto.model import HEFormer, ModelConfig
 from crypto.protocol import Client, Server
+from crypto.tasks import Sequences
 from crypto.train import TrainConfig, personalise, predict_logits, pretrain
 
 

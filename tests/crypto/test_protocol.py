@@ -5,9 +5,9 @@ import pytest
 
 from crypto.attacks import audit
 from crypto.ckks import INTERACTIVE, make_context, public_bytes
-from crypto.data import Sequences
 from crypto.model import HEFormer
 from crypto.protocol import Client, Message, Server
+from crypto.tasks import Sequences
 from crypto.train import predict_logits
 
 

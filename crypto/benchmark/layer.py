@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from crypto.bench import _int, personalised_model
+from crypto.benchmark.personalised import int_param, personalised_model
 from crypto.ckks import INTERACTIVE, NON_INTERACTIVE, CKKSParams
-from crypto.data import digit_sequences
 from crypto.model import ModelConfig
 from crypto.protocol import Client, Server
+from crypto.tasks import digit_sequences
 from crypto.train import predict_logits
 from defenses.harness import measurement
 from defenses.results import Result
@@ -64,9 +64,9 @@ def _serve(
 
 def layer_benchmark(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Result]:
     """The encrypted layer in both configurations, per seed."""
-    d = _int(params, "d", 4)
-    batch = _int(params, "batch", 8)
-    epochs = _int(params, "pretrain_epochs", 6)
+    d = int_param(params, "d", 4)
+    batch = int_param(params, "batch", 8)
+    epochs = int_param(params, "pretrain_epochs", 6)
     settings = {"d": d, "batch": batch}
     data = digit_sequences()
     for seed in seeds:

@@ -13,19 +13,11 @@ import numpy.typing as npt
 import torch
 
 from crypto.ckks import CKKSParams
-from crypto.data import Sequences
-from crypto.heval import (
-    Evaluator,
-    HEWeights,
-    NumpyBackend,
-    Value,
-    forward,
-    lora_factors,
-    pack,
-    roll_tokens,
-    unit,
-)
+from crypto.evaluator import Evaluator, NumpyBackend, Value
+from crypto.heval import HEWeights, forward, lora_factors
 from crypto.model import HEFormer, ModelConfig
+from crypto.packing import pack, roll_tokens, unit
+from crypto.tasks import Sequences
 from crypto.train import TrainConfig, personalise, predict_logits, pretrain
 from defenses.cost import phase
 

@@ -24,17 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from crypto.bench import _int, personalised_model
-from crypto.data import digit_sequences
-from crypto.finetune import (
-    TRAIN_PARAMS,
-    Arm,
-    KeyOwner,
-    encrypted_step,
-    initial_weights,
-    simulated_step,
-)
+from crypto.benchmark.personalised import int_param, personalised_model
+from crypto.finetune import TRAIN_PARAMS, KeyOwner, encrypted_step, simulated_step
+from crypto.folding import Arm, initial_weights
 from crypto.model import ModelConfig
+from crypto.tasks import digit_sequences
 from defenses.harness import measurement
 from defenses.results import Result
 
@@ -54,12 +48,12 @@ def _arms(params: Mapping[str, Any]) -> list[str]:
 
 def finetune_benchmark(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Result]:
     """One encrypted fine-tuning step per arm, side by side, per seed."""
-    d = _int(params, "d", 8)
-    heads = _int(params, "heads", 1)
-    ffn = _int(params, "ffn", d * _int(params, "ffn_ratio", 1))
-    batch = _int(params, "batch", 4)
-    steps = _int(params, "steps", 1)
-    epochs = _int(params, "pretrain_epochs", 3)
+    d = int_param(params, "d", 8)
+    heads = int_param(params, "heads", 1)
+    ffn = int_param(params, "ffn", d * int_param(params, "ffn_ratio", 1))
+    batch = int_param(params, "batch", 4)
+    steps = int_param(params, "steps", 1)
+    epochs = int_param(params, "pretrain_epochs", 3)
     lr = float(params.get("lr", 0.5))
     arms = _arms(params)
     settings = {"d": d, "heads": heads, "ffn": ffn, "batch": batch, "steps": steps}
