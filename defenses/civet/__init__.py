@@ -15,8 +15,8 @@ for the harness wiring.
 from defenses.civet.bounds import Box, UnsupportedLayerError, ibp
 from defenses.civet.certificate import Certificate, certify
 from defenses.civet.crown import crown
+from defenses.civet.defense import TrainConfig, TrainLog, train_vae
 from defenses.civet.model import VAE, conv_vae, mlp_vae
-from defenses.civet.training import TrainConfig, TrainLog, train_vae
 
 __all__ = [
     "VAE",

@@ -30,9 +30,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from defenses.checks import check_int
-from defenses.civet._util import as_inputs, check_probability
-from defenses.civet.model import VAE, sse
+from defenses.checks import check_int, check_real
+from defenses.civet.model import VAE, as_inputs, sse
 from defenses.metrics import clopper_pearson
 from defenses.threads import torch_generator, torch_threads
 from defenses.threat import Capability
@@ -382,8 +381,8 @@ def fraction_under(
     losses: FloatArray, bound: FloatArray, p: float, confidence: float = 0.99
 ) -> MCCheck:
     """Per input, the fraction of sampled losses at most ``bound``, and its test."""
-    check_probability(p)
-    check_probability(confidence, "confidence")
+    check_real("p", p, 0.0, 1.0, open_low=True, open_high=True)
+    check_real("confidence", confidence, 0.0, 1.0, open_low=True, open_high=True)
     samples = losses.shape[0]
     hits = (losses <= bound[None]).sum(axis=0)
     upper = np.array([clopper_pearson(int(h), samples, confidence)[1] for h in hits])
@@ -420,7 +419,7 @@ def mc_check(
         Confidence of the two-sided Clopper-Pearson interval, in (0, 1); an input
         fails when the whole interval lies below ``p``.
     """
-    check_probability(p)
+    check_real("p", p, 0.0, 1.0, open_low=True, open_high=True)
     _check("mc_check", samples=samples)
     dtype = next(model.parameters()).dtype
     clean = as_inputs(x, model.n_features, model.domain, dtype)

@@ -1,56 +1,39 @@
-"""Baselines the paper compares CIVET with.
+r"""The plain method the paper compares CIVET with: PGD adversarial training.
 
-* Standard training is the undefended learner itself (``method="standard"``).
-* :class:`PGDTraining`: adversarial training with PGD on the reconstruction loss
-  (Madry et al., 2018), the empirical defense CIVET is compared with; it improves
-  the attacked error but not the certificate, which :meth:`certify` reports too.
+Standard training is the undefended learner itself (``method="standard"`` of
+:func:`defenses.civet.defense.train_vae`). PGD adversarial training (Madry et al.,
+2018) replaces the clean input of the robust term by :math:`x^\star`, the
+signed-gradient PGD maximiser of the reconstruction error over
+:math:`B_\infty(x, \varepsilon) \cap [0, 1]^n` for the step's noise draw; it
+improves the attacked error but not the certificate (Xu et al., ICLR 2025).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+import torch
 
-from defenses.api import DefenseKind
-from defenses.civet.defense import CertifyingTrainer, VAELearner, replace_training
+from defenses.civet.model import VAE, sse
 
 
-@dataclass(frozen=True)
-class PGDTraining(CertifyingTrainer):
-    """PGD adversarial training of the VAE.
-
-    Parameters
-    ----------
-    eps : float or None
-        Training radius; None keeps the learner's.
-    kappa : float
-        Final weight of the adversarial loss, in [0, 1].
-    steps : int
-        Inner PGD steps, >= 1.
-    """
-
-    name: ClassVar[str] = "civet-pgd-train"
-    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
-    steps: int = 7
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if (
-            isinstance(self.steps, bool)
-            or not isinstance(self.steps, int)
-            or self.steps < 1
-        ):
-            raise ValueError(
-                f"PGDTraining.steps must be an int >= 1, got {self.steps!r}"
-            )
-
-    def wrap(self, learner: VAELearner) -> VAELearner:
-        """Return a copy of ``learner`` that trains with ``method="pgd"``."""
-        return replace_training(
-            learner,
-            "pgd",
-            "PGDTraining",
-            eps=self.eps,
-            kappa=self.kappa,
-            pgd_steps=self.steps,
+def pgd_inputs(
+    model: VAE,
+    x: torch.Tensor,
+    nu: torch.Tensor,
+    eps: float,
+    steps: int,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Signed-gradient PGD on the squared error to ``x`` for fixed noise ``nu``."""
+    low, high = model.domain
+    lower, upper = (x - eps).clamp(low, high), (x + eps).clamp(low, high)
+    start = torch.rand(x.shape, generator=generator, dtype=x.dtype)
+    adv = lower + (upper - lower) * start
+    step = 2.5 * eps / steps
+    for _ in range(steps):
+        adv.requires_grad_(True)
+        loss = sse(model(adv, nu), x).sum()
+        (grad,) = torch.autograd.grad(loss, adv)
+        adv = torch.minimum(
+            torch.maximum(adv.detach() + step * grad.sign(), lower), upper
         )
+    return adv.detach()

@@ -15,17 +15,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from defenses.checks import check_keys
-from defenses.civet.attacks import JointPGD
-from defenses.civet.baselines import PGDTraining
+from defenses.civet.arms import (
+    CivetTraining,
+    PGDTraining,
+    TrainedVAE,
+    VAELearner,
+    certificate_metrics,
+)
+from defenses.civet.attacks import JointPGD, VAEGuess, VAEView
 from defenses.civet.certificate import certify
-from defenses.civet.defense import CivetTraining, certificate_metrics
+from defenses.civet.tasks import VAETask
 from defenses.harness import measurement
 from defenses.results import Result
 
@@ -48,6 +54,39 @@ SCENARIO_KEYS = (
 )
 
 
+class Game(Protocol):
+    """What the sweep needs of the scenario (``CivetScenario``)."""
+
+    @property
+    def arch(self) -> str:
+        """VAE architecture name."""
+        ...
+
+    def setup(self, rng: np.random.Generator) -> VAETask:
+        """Split the data and pick the inputs under attack."""
+        ...
+
+    def learner(self) -> VAELearner:
+        """The undefended learner."""
+        ...
+
+    def utility(self, system: TrainedVAE, task: VAETask) -> dict[str, float]:
+        """Clean error and the certificate of the fitted system."""
+        ...
+
+    def expose(
+        self, system: TrainedVAE, task: VAETask, known_defense: object | None
+    ) -> VAEView:
+        """The adversary's view of the fitted system."""
+        ...
+
+    def judge(
+        self, system: TrainedVAE, task: VAETask, guess: VAEGuess | None
+    ) -> dict[str, float]:
+        """Damage, violations and the Monte-Carlo check of a guess."""
+        ...
+
+
 def _floats(name: str, values: Any) -> list[float]:
     items = values if isinstance(values, list | tuple) else [values]
     out = [float(v) for v in items]
@@ -58,8 +97,16 @@ def _floats(name: str, values: Any) -> list[float]:
     return out
 
 
-def eps_sweep(params: Mapping[str, Any], seeds: Sequence[int]) -> Iterator[Result]:
+def eps_sweep(
+    params: Mapping[str, Any],
+    seeds: Sequence[int],
+    game: Callable[..., Game],
+) -> Iterator[Result]:
     """Train standard, PGD and CIVET VAEs; certify and attack them across radii.
+
+    ``game`` builds the scenario from its fields (the scenario module passes
+    :class:`~defenses.civet.scenario.CivetScenario`, so this module never imports
+    it).
 
     Parameters (``params``)
     -----------------------
@@ -77,8 +124,6 @@ def eps_sweep(params: Mapping[str, Any], seeds: Sequence[int]) -> Iterator[Resul
     any :class:`~defenses.civet.scenario.CivetScenario` field
         ``eps`` is the training radius.
     """
-    from defenses.civet.scenario import CivetScenario
-
     known = {
         "eval_eps",
         "methods",
@@ -95,7 +140,7 @@ def eps_sweep(params: Mapping[str, Any], seeds: Sequence[int]) -> Iterator[Resul
             f"methods must be a subset of {list(VARIANTS)}, got {methods!r}"
         )
     methods = [m for m in VARIANTS if m in methods]
-    scenario = CivetScenario(**{k: params[k] for k in SCENARIO_KEYS if k in params})
+    scenario = game(**{k: params[k] for k in SCENARIO_KEYS if k in params})
     kappa = float(params.get("kappa", 0.5))
     trainers: dict[str, CivetTraining | PGDTraining] = {
         "pgd": PGDTraining(kappa=kappa, steps=int(params.get("pgd_steps", 7))),

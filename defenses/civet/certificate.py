@@ -27,10 +27,10 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from defenses.civet._util import as_inputs, check_eps, check_probability
+from defenses.checks import check_real
 from defenses.civet.bounds import Box, ibp
 from defenses.civet.crown import crown
-from defenses.civet.model import VAE
+from defenses.civet.model import VAE, as_inputs
 from defenses.civet.support import (
     check_levels,
     exact_halfwidths,
@@ -210,8 +210,8 @@ def certify(
         raise ValueError(f"relaxation must be one of {RELAXATIONS}, got {relaxation!r}")
     if support not in SUPPORTS:
         raise ValueError(f"support must be one of {SUPPORTS}, got {support!r}")
-    eps = check_eps(eps)
-    p = check_probability(p)
+    eps = check_real("eps", eps, 0.0)
+    p = check_real("p", p, 0.0, 1.0, open_low=True, open_high=True)
     every = tuple(sorted(set(check_levels(levels)) | {p}))
     inputs = as_inputs(x, model.n_features, model.domain, torch.float64)
     exact = copy.deepcopy(model).double().eval()

@@ -1,263 +1,234 @@
-r"""CIVET as a defense: certified training of VAEs, and the certificate it states.
+r"""CIVET's trainer: standard, PGD-adversarial, or certified training of a VAE.
 
 Xu, Banerjee, Vasisht, Singh, "Support is All You Need for Certified VAE Training",
-ICLR 2025. The method has two halves, both re-exported here for standalone use:
+ICLR 2025. :func:`train_vae` is the training half of the method (the certificate it
+optimises is :func:`defenses.civet.certificate.certify`).
 
-* :func:`certify` (:mod:`defenses.civet.certificate`): per input, a bound
-  :math:`U_p(x)` on the reconstruction error that holds with probability at least
-  :math:`p` over the latent noise for every input perturbation within
-  :math:`\varepsilon` (L-infinity), via box support sets at the latent layer;
-* :func:`train_vae` (:mod:`defenses.civet.training`) with ``method="civet"``: the
-  standard loss mixed with the certified bound over nested supports, and KL, with
-  epsilon and weight ramps (``"standard"`` and ``"pgd"`` are the baselines).
+All three minimise a mix of a task term and :math:`\beta\,\mathrm{KL}(q(z\mid x)\,\|
+\,N(0, I))`, with the squared reconstruction error :math:`\ell` to the clean input:
 
-:class:`CivetTraining` plugs this into the harness: it wraps a
-:class:`VAELearner` so that it trains with ``method="civet"``, and certifies the
-fitted system.
+* ``standard``: :math:`\ell(D(\mu(x) + \sigma(x)\odot\nu), x)`, one noise draw;
+* ``pgd`` (adversarial training, Madry et al. 2018):
+  :math:`(1-\kappa_t)\,\ell(x) + \kappa_t\,\ell(x^\star)`, where :math:`x^\star`
+  maximises the loss over :math:`B_\infty(x, \varepsilon_t) \cap [0,1]^n` for the
+  step's noise draw (signed-gradient PGD with a random start);
+* ``civet`` (Xu et al., ICLR 2025): :math:`(1-\kappa_t)\,\ell(x) + \kappa_t
+  \sum_j (p_j - p_{j-1})\,U_{p_j}(x; \varepsilon_t)`, the certified bounds over
+  nested supports weighted by their probability mass (the layer-cake bound without
+  its constant tail).
+
+The radius :math:`\varepsilon_t` and the weight :math:`\kappa_t` stay at 0 for
+``warmup`` epochs, then ramp linearly to ``eps`` and ``kappa`` over a fraction
+``ramp`` of all steps (the usual IBP-training schedule, Gowal et al. 2018).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
 import torch
+from tqdm.auto import tqdm
 
-from defenses.api import DefenseKind
-from defenses.checks import check_real
-from defenses.civet._util import check_eps
-from defenses.civet.certificate import Certificate, certify
-from defenses.civet.model import VAE, conv_vae, mlp_vae
-from defenses.civet.support import check_levels
-from defenses.civet.training import METHODS, Method, TrainConfig, TrainLog, train_vae
-from defenses.threads import torch_generator
+from defenses.checks import check_int
+from defenses.civet.baselines import pgd_inputs
+from defenses.civet.certificate import support_loss_bounds
+from defenses.civet.model import VAE, as_inputs, kl_standard_normal, sse
+from defenses.civet.support import check_levels, layer_cake_weights
+from defenses.threads import torch_generator, torch_threads
 
-__all__ = [
-    "Certificate",
-    "CivetTraining",
-    "TrainConfig",
-    "TrainedVAE",
-    "VAELearner",
-    "certificate_metrics",
-    "certify",
-    "train_vae",
-]
+logger = logging.getLogger(__name__)
 
-FloatArray = npt.NDArray[np.float64]
-
-
-class VAETaskLike(Protocol):
-    """What a learner needs from a task: training rows and, for conv, their shape."""
-
-    @property
-    def train(self) -> FloatArray:
-        """Training inputs, shape (n, n_features), in [0, 1]."""
-        ...
-
-    @property
-    def image_shape(self) -> tuple[int, int] | None:
-        """Image height and width if the rows are flattened images."""
-        ...
+Method = Literal["standard", "pgd", "civet"]
+METHODS: tuple[str, ...] = get_args(Method)
 
 
 @dataclass(frozen=True)
-class TrainedVAE:
-    """A fitted system: the VAE, how it was trained, and its training log."""
-
-    model: VAE
-    method: str
-    log: TrainLog
-
-
-@dataclass(frozen=True)
-class VAELearner:
-    """Build a VAE and train it on ``task.train`` with ``method``.
+class TrainConfig:
+    """Hyper-parameters of :func:`train_vae`.
 
     Parameters
     ----------
-    arch : {"mlp", "conv"}
-        MLP encoder/decoder, or the small convolutional one (needs
-        ``task.image_shape``).
-    latent_dim : int
-        Latent dimension, >= 1.
-    hidden : tuple of int
-        MLP widths (for "conv", the last one is the dense width).
-    method : {"standard", "pgd", "civet"}
-        Training objective.
-    config : TrainConfig
-        Training hyper-parameters.
-    """
-
-    arch: str = "mlp"
-    latent_dim: int = 4
-    hidden: tuple[int, ...] = (64, 32)
-    method: Method = "standard"
-    config: TrainConfig = dataclasses.field(default_factory=TrainConfig)
-
-    def __post_init__(self) -> None:
-        if self.arch not in ("mlp", "conv"):
-            raise ValueError(
-                f"VAELearner.arch must be 'mlp' or 'conv', got {self.arch!r}"
-            )
-        if self.method not in METHODS:
-            raise ValueError(
-                f"VAELearner.method must be one of {METHODS}, got {self.method!r}"
-            )
-        if (
-            isinstance(self.latent_dim, bool)
-            or not isinstance(self.latent_dim, int)
-            or self.latent_dim < 1
-        ):
-            raise ValueError(
-                f"VAELearner.latent_dim must be an int >= 1, got {self.latent_dim!r}"
-            )
-
-    def build(self, task: VAETaskLike, generator: torch.Generator) -> VAE:
-        """A freshly initialised VAE for the task's input size."""
-        n_features = int(task.train.shape[1])
-        if self.arch == "mlp":
-            return mlp_vae(n_features, self.latent_dim, self.hidden, generator)
-        if task.image_shape is None:
-            raise ValueError("VAELearner.arch='conv' needs a task with an image_shape")
-        return conv_vae(
-            task.image_shape,
-            self.latent_dim,
-            hidden=self.hidden[-1],
-            generator=generator,
-        )
-
-    def fit(self, task: VAETaskLike, rng: np.random.Generator) -> TrainedVAE:
-        """Initialise and train a VAE using only the randomness of ``rng``."""
-        generator = torch_generator(rng)
-        model = self.build(task, generator)
-        log = train_vae(model, task.train, self.method, self.config, generator)
-        return TrainedVAE(model, self.method, log)
-
-
-def certificate_metrics(
-    certificate: Certificate, reference: FloatArray | None = None
-) -> dict[str, float]:
-    """Summary numbers of a certificate (means over inputs).
-
-    ``reference`` (per-input loss of a trivial predictor, e.g. the mean image)
-    adds the fraction of inputs certified below it.
-    """
-    out = {
-        "bound": float(np.mean(certificate.bound)),
-        "bound_max": float(np.max(certificate.bound)),
-        "expected_bound": float(np.mean(certificate.expected_bound)),
-        "ceiling": float(np.mean(certificate.ceiling)),
-        "eps": certificate.eps,
-        "p": certificate.p,
-        "k": certificate.k,
-    }
-    if reference is not None:
-        out["below_reference_rate"] = float(np.mean(certificate.bound < reference))
-    return out
-
-
-class CertifiedTask(Protocol):
-    """What :meth:`CivetTraining.certify` needs from a task."""
-
-    @property
-    def x_eval(self) -> FloatArray:
-        """Inputs to certify."""
-        ...
-
-    @property
-    def eps(self) -> float:
-        """Radius of the threat model."""
-        ...
-
-    @property
-    def p(self) -> float:
-        """Probability level."""
-        ...
-
-    @property
-    def reference_loss(self) -> FloatArray:
-        """Per-input loss of the mean-image predictor."""
-        ...
-
-
-def replace_training(
-    learner: Any, method: Method, owner: str, **changes: Any
-) -> VAELearner:
-    """A copy of ``learner`` training with ``method`` and the non-None ``changes``.
-
-    Raises
-    ------
-    TypeError
-        If ``learner`` is not a :class:`VAELearner` (``owner`` names the defense).
-    """
-    if not isinstance(learner, VAELearner):
-        raise TypeError(
-            f"{owner}.wrap needs a VAELearner, got {type(learner).__name__}"
-        )
-    kept = {k: v for k, v in changes.items() if v is not None}
-    config = dataclasses.replace(learner.config, **kept)
-    return dataclasses.replace(learner, method=method, config=config)
-
-
-@dataclass(frozen=True)
-class CertifyingTrainer:
-    """Shared parts of the training defenses: validation and certification."""
-
-    eps: float | None = None
-    kappa: float = 0.5
-
-    def __post_init__(self) -> None:
-        name = type(self).__name__
-        if self.eps is not None:
-            try:
-                check_eps(self.eps)
-            except (TypeError, ValueError) as error:
-                raise ValueError(f"{name}.eps: {error}") from error
-        check_real(f"{name}.kappa", self.kappa, 0.0, 1.0)
-
-    def certify(self, system: TrainedVAE, task: CertifiedTask) -> dict[str, float]:
-        """Certified bounds of the fitted VAE at the task's radius and level."""
-        result = certify(system.model, task.x_eval, task.eps, task.p)
-        return certificate_metrics(result, task.reference_loss)
-
-
-@dataclass(frozen=True)
-class CivetTraining(CertifyingTrainer):
-    """Certified training of the VAE (CIVET), and its certificate.
-
-    Parameters
-    ----------
-    eps : float or None
-        Training radius; None keeps the learner's (the scenario sets it to the
-        threat model's radius).
+    epochs, batch_size : int
+        Passes over the data and mini-batch size, >= 1.
+    lr : float
+        Adam learning rate, > 0.
+    beta : float
+        Weight of the KL term, >= 0.
+    eps : float
+        Training radius (L-infinity) reached at the end of the ramp, >= 0.
     kappa : float
-        Final weight of the certified term, in [0, 1]: larger gives tighter
-        certificates and worse clean reconstructions.
+        Weight of the robust / certified term at the end of the ramp, in [0, 1].
+    warmup : int
+        Epochs of plain training before the ramp starts, >= 0.
+    ramp : float
+        Fraction of all steps over which eps and kappa ramp up, in (0, 1].
     levels : tuple of float
-        Nested support levels of the certified term.
+        Nested support levels of the certified term (strictly increasing, in (0, 1)).
+    pgd_steps : int
+        Inner PGD steps of adversarial training, >= 1.
+    threads : int
+        Torch threads used while training, >= 1.
     """
 
-    name: ClassVar[str] = "civet-train"
-    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
+    epochs: int = 60
+    batch_size: int = 64
+    lr: float = 2e-3
+    beta: float = 0.05
+    eps: float = 0.1
+    kappa: float = 0.5
+    warmup: int = 5
+    ramp: float = 0.5
     levels: tuple[float, ...] = (0.5, 0.75, 0.9, 0.95)
+    pgd_steps: int = 7
+    threads: int = 1
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        try:
-            object.__setattr__(self, "levels", check_levels(tuple(self.levels)))
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"CivetTraining.levels: {error}") from error
+        for name in ("epochs", "batch_size", "pgd_steps", "threads"):
+            check_int(f"TrainConfig.{name}", getattr(self, name), minimum=1)
+        check_int("TrainConfig.warmup", self.warmup, minimum=0)
+        limits = {
+            "lr": (0.0, math.inf, False),
+            "beta": (0.0, math.inf, True),
+            "eps": (0.0, math.inf, True),
+            "kappa": (0.0, 1.0, True),
+            "ramp": (0.0, 1.0, False),
+        }
+        for name, (low, high, closed) in limits.items():
+            value = getattr(self, name)
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            ok = number and math.isfinite(value) and value <= high
+            ok = ok and (value >= low if closed else value > low)
+            if not ok:
+                left = "[" if closed else "("
+                right = ")" if math.isinf(high) else "]"
+                raise ValueError(
+                    f"TrainConfig.{name} must be a finite number in {left}{low}, "
+                    f"{high}{right}, got {value!r}"
+                )
+        object.__setattr__(self, "levels", check_levels(tuple(self.levels)))
 
-    def wrap(self, learner: VAELearner) -> VAELearner:
-        """Return a copy of ``learner`` that trains with ``method="civet"``."""
-        return replace_training(
-            learner,
-            "civet",
-            "CivetTraining",
-            eps=self.eps,
-            kappa=self.kappa,
-            levels=self.levels,
-        )
+
+@dataclass(frozen=True)
+class TrainLog:
+    """What one training run did and how long each epoch took."""
+
+    method: str
+    epoch_seconds: tuple[float, ...]
+    losses: tuple[float, ...]
+
+    @property
+    def seconds_per_epoch(self) -> float:
+        """Median wall time of one epoch."""
+        return float(np.median(self.epoch_seconds))
+
+
+def schedule(step: int, steps_per_epoch: int, config: TrainConfig) -> float:
+    """Fraction of the final eps and kappa used at ``step`` (0 during warm-up)."""
+    total = config.epochs * steps_per_epoch
+    start = config.warmup * steps_per_epoch
+    length = max(1, round(config.ramp * total))
+    return min(1.0, max(0.0, (step - start) / length))
+
+
+def _objective(
+    method: str, model: VAE, config: TrainConfig, generator: torch.Generator
+) -> Callable[[torch.Tensor, float], torch.Tensor]:
+    weights = layer_cake_weights(config.levels).to(next(model.parameters()).dtype)
+
+    def loss(x: torch.Tensor, frac: float) -> torch.Tensor:
+        mu, logvar = model.encode(x)
+        nu = torch.randn(mu.shape, generator=generator, dtype=mu.dtype)
+        plain = sse(model.decode(mu + torch.exp(0.5 * logvar) * nu), x)
+        kl = kl_standard_normal(mu, logvar)
+        kappa, eps = config.kappa * frac, config.eps * frac
+        if method == "standard" or kappa == 0.0:
+            return (plain + config.beta * kl).mean()
+        if method == "pgd":
+            adv = pgd_inputs(model, x, nu, eps, config.pgd_steps, generator)
+            robust = sse(model(adv, nu), x)
+        else:
+            bounds = support_loss_bounds(model, x, x, eps, config.levels)
+            robust = (weights[:, None] * bounds).sum(dim=0)
+        return ((1 - kappa) * plain + kappa * robust + config.beta * kl).mean()
+
+    return loss
+
+
+def train_vae(
+    model: VAE,
+    X: torch.Tensor | npt.ArrayLike,
+    method: Method = "civet",
+    config: TrainConfig | None = None,
+    rng: np.random.Generator | torch.Generator | None = None,
+    progress: bool = True,
+) -> TrainLog:
+    """Train ``model`` in place on the rows of ``X`` with ``method``.
+
+    Parameters
+    ----------
+    model : VAE
+        The model to train (its parameters are updated in place).
+    X : array-like of shape (n, n_features)
+        Training inputs inside the model's input domain.
+    method : {"standard", "pgd", "civet"}
+        Training objective (see the module docstring).
+    config : TrainConfig or None
+        Hyper-parameters (defaults if None).
+    rng : numpy or torch generator, or None
+        Source of all randomness (batch order, noise, PGD starts); same state, same
+        model, bit for bit. None means a fresh unseeded generator.
+    progress : bool
+        Show a progress bar over epochs (hidden when output is not a terminal).
+
+    Returns
+    -------
+    TrainLog
+        Per-epoch wall time and mean training objective.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    cfg = config or TrainConfig()
+    dtype = next(model.parameters()).dtype
+    data = as_inputs(X, model.n_features, model.domain, dtype)
+    generator = torch_generator(rng if rng is not None else torch.Generator())
+    objective = _objective(method, model, cfg, generator)
+    optimiser = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    n = data.shape[0]
+    per_epoch = math.ceil(n / cfg.batch_size)
+    seconds: list[float] = []
+    losses: list[float] = []
+    step = 0
+    model.train()
+    with torch_threads(cfg.threads):
+        bar = tqdm(range(cfg.epochs), disable=None if progress else True, leave=False)
+        for _ in bar:
+            start, total = time.perf_counter(), 0.0
+            order = torch.randperm(n, generator=generator)
+            for i in range(per_epoch):
+                batch = data[order[i * cfg.batch_size : (i + 1) * cfg.batch_size]]
+                loss = objective(batch, schedule(step, per_epoch, cfg))
+                optimiser.zero_grad()
+                torch.autograd.backward([loss])
+                optimiser.step()
+                total += float(loss.detach()) * batch.shape[0]
+                step += 1
+            seconds.append(time.perf_counter() - start)
+            losses.append(total / n)
+            bar.set_postfix_str(f"{method} loss={losses[-1]:.3f}")
+    model.eval()
+    if not math.isfinite(losses[-1]):
+        raise FloatingPointError(f"{method} training diverged (loss {losses[-1]})")
+    logger.info(
+        "%s training: %.4f s/epoch, final loss %.4f",
+        method,
+        np.median(seconds),
+        losses[-1],
+    )
+    return TrainLog(method, tuple(seconds), tuple(losses))

@@ -19,6 +19,8 @@ import itertools
 import math
 from collections.abc import Sequence
 
+import numpy as np
+import numpy.typing as npt
 import torch
 from torch import nn
 
@@ -115,6 +117,39 @@ class VAE(nn.Module):
         r"""Decode :math:`z = \mu(x) + \sigma(x) \odot \nu` for given noise ``nu``."""
         mu, logvar = self.encode(x)
         return self.decode(mu + torch.exp(0.5 * logvar) * nu)
+
+
+def as_inputs(
+    x: torch.Tensor | npt.ArrayLike,
+    n_features: int,
+    domain: tuple[float, float],
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Validate a batch of flat inputs and return it as a detached tensor.
+
+    Raises
+    ------
+    ValueError
+        If ``x`` is not of shape ``(n, n_features)`` with ``n >= 1``, holds NaN or
+        inf, or leaves the input domain ``[domain[0], domain[1]]``.
+    """
+    t = (x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))).detach()
+    t = t.to(dtype)
+    if t.ndim != 2 or t.shape[1] != n_features or t.shape[0] == 0:
+        raise ValueError(
+            f"inputs must have shape (n, {n_features}) with n >= 1, "
+            f"got {tuple(t.shape)}"
+        )
+    if not bool(torch.isfinite(t).all()):
+        raise ValueError("inputs hold NaN or inf values")
+    low, high = domain
+    below, above = float(t.min()), float(t.max())
+    if below < low or above > high:
+        raise ValueError(
+            f"inputs must lie in the input domain [{low}, {high}], "
+            f"got values in [{below:.6g}, {above:.6g}]"
+        )
+    return t
 
 
 def sse(recon: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

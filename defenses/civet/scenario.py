@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 import torch
-from scipy.special import expit
 
 from defenses.checks import check_int, check_real
 from defenses.civet import figures
+from defenses.civet.arms import CivetTraining, PGDTraining, TrainedVAE, VAELearner
 from defenses.civet.attacks import (
     EOTPGD,
     JointPGD,
@@ -39,14 +39,14 @@ from defenses.civet.attacks import (
     fraction_under,
     losses_at,
 )
-from defenses.civet.baselines import PGDTraining
 from defenses.civet.benchmark import eps_sweep
 from defenses.civet.certificate import certify
-from defenses.civet.defense import CivetTraining, TrainedVAE, VAELearner
+from defenses.civet.defense import TrainConfig
 from defenses.civet.support import halfwidth
-from defenses.civet.training import TrainConfig
-from defenses.data import load_digits, make_identities, stratified_split
+from defenses.civet.tasks import DATASETS, VAETask, load_images
+from defenses.data import stratified_split
 from defenses.registry import register
+from defenses.results import Result
 from defenses.threat import Budget, Capability, Goal, Knowledge, Stage, ThreatModel
 
 FloatArray = npt.NDArray[np.float64]
@@ -55,40 +55,11 @@ for _attack in (JointPGD, EOTPGD, LatentAttack, MaxDamage):
     register("attacks", _attack.name)(_attack)
 register("defenses", CivetTraining.name)(CivetTraining)
 register("defenses", PGDTraining.name)(PGDTraining)
-register("benchmarks", "civet-eps")(eps_sweep)
+
 register("figures", "civet")(figures.draw)
 
-DATASETS = ("digits", "blobs")
 TOLERANCE = 1e-6
 HOEFFDING_DELTA = 0.01
-
-
-def load_images(name: str, rng: np.random.Generator) -> tuple[FloatArray, np.ndarray]:
-    """Rows in [0, 1] and labels: sklearn digits, or 10 synthetic 64-d clusters.
-
-    ``blobs``: :func:`defenses.data.make_identities` (10 prototypes, 150 samples
-    each, spread 0.6) passed through a logistic squash :math:`1/(1 + e^{-1.5x})`.
-    """
-    if name == "digits":
-        data = load_digits()
-        return data.X, data.y
-    if name == "blobs":
-        data, _ = make_identities(rng, n_classes=10, dim=64, per_class=150, spread=0.6)
-        return np.asarray(expit(1.5 * data.X), dtype=np.float64), data.y
-    raise ValueError(f"unknown data set {name!r}; available: {DATASETS}")
-
-
-@dataclass(frozen=True)
-class VAETask:
-    """Training rows, the inputs under attack, the budget and the judge's seed."""
-
-    train: FloatArray
-    x_eval: FloatArray
-    eps: float
-    p: float
-    image_shape: tuple[int, int] | None
-    judge_seed: int
-    reference_loss: FloatArray
 
 
 @register("scenarios", "civet-vae")
@@ -325,3 +296,14 @@ class CivetScenario:
     def random_guess(self, task: VAETask, rng: np.random.Generator) -> VAEGuess:
         """The null perturbation (no damage by construction): the chance level."""
         return VAEGuess(task.x_eval.copy())
+
+
+def civet_eps(params: Mapping[str, Any], seeds: Sequence[int]) -> Iterator[Result]:
+    """The ``civet-eps`` benchmark: the radius sweep on the :class:`CivetScenario`.
+
+    See :func:`defenses.civet.benchmark.eps_sweep` for the parameters.
+    """
+    return eps_sweep(params, seeds, CivetScenario)
+
+
+register("benchmarks", "civet-eps")(civet_eps)

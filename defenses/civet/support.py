@@ -38,13 +38,23 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Sequence
 
 import torch
 from scipy import stats
 
-from defenses.civet._util import check_probability
+from defenses.checks import check_int, check_real
 from defenses.civet.bounds import Box
+
+
+def dimension_deficit(p: float, latent_dim: int) -> float:
+    r"""Mass :math:`1 - p^{1/d}` each latent dimension may leave out.
+
+    Computed as :math:`-\mathrm{expm1}(\log(p) / d)`, which stays exact for ``p``
+    within rounding of 1 (where :math:`p^{1/d}` itself rounds to 1).
+    """
+    return -math.expm1(math.log(p) / latent_dim)
 
 
 @functools.lru_cache(maxsize=256)
@@ -52,15 +62,12 @@ def halfwidth(p: float, latent_dim: int) -> float:
     r"""Per-dimension half-width :math:`k = \Phi^{-1}((1 + p^{1/d}) / 2)`.
 
     The box :math:`[-k, k]^d` holds mass exactly ``p`` under :math:`N(0, I_d)`.
+    It is evaluated as the upper-tail quantile
+    :math:`\bar\Phi^{-1}((1 - p^{1/d}) / 2)`, finite for every ``p < 1``.
     """
-    check_probability(p)
-    if (
-        isinstance(latent_dim, bool)
-        or not isinstance(latent_dim, int)
-        or latent_dim < 1
-    ):
-        raise ValueError(f"latent_dim must be an int >= 1, got {latent_dim!r}")
-    return float(stats.norm.ppf((1.0 + p ** (1.0 / latent_dim)) / 2.0))
+    level = check_real("p", p, 0.0, 1.0, open_low=True, open_high=True)
+    d = check_int("latent_dim", latent_dim, 1)
+    return float(stats.norm.isf(dimension_deficit(level, d) / 2.0))
 
 
 def box_mass(k: float, latent_dim: int) -> float:
@@ -82,6 +89,9 @@ def exact_halfwidths(
 ) -> torch.Tensor:
     r"""Smallest :math:`k_i` with :math:`\Phi(s_i + k_i) - \Phi(-k_i) \ge p^{1/d}`.
 
+    The test is made on the left-out mass,
+    :math:`\Phi(-s_i - k_i) + \Phi(-k_i) \le 1 - p^{1/d}`, exact for ``p`` near 1.
+
     Parameters
     ----------
     spread : torch.Tensor
@@ -93,17 +103,20 @@ def exact_halfwidths(
     """
     if bool((spread < 0).any()) or not bool(torch.isfinite(spread).all()):
         raise ValueError("spread must be finite and >= 0")
-    target = p ** (1.0 / latent_dim)
+    allowed = dimension_deficit(p, latent_dim)
     low = torch.zeros_like(spread)
     high = torch.full_like(spread, halfwidth(p, latent_dim))
 
-    def mass(k: torch.Tensor) -> torch.Tensor:
-        inside: torch.Tensor = torch.special.ndtr(spread + k) - torch.special.ndtr(-k)
-        return inside
+    def missing(k: torch.Tensor) -> torch.Tensor:
+        # 1 - (Phi(s + k) - Phi(-k)), in the tails so that it stays exact near 1
+        outside: torch.Tensor = torch.special.ndtr(-(spread + k)) + torch.special.ndtr(
+            -k
+        )
+        return outside
 
     for _ in range(iterations):
         middle = (low + high) / 2
-        enough = mass(middle) >= target
+        enough = missing(middle) <= allowed
         high = torch.where(enough, middle, high)
         low = torch.where(enough, low, middle)
     return high
@@ -111,7 +124,9 @@ def exact_halfwidths(
 
 def check_levels(levels: Sequence[float]) -> tuple[float, ...]:
     """Validate nested support levels: strictly increasing, each in (0, 1)."""
-    out = tuple(check_probability(q, "level") for q in levels)
+    out = tuple(
+        check_real("levels", q, 0.0, 1.0, open_low=True, open_high=True) for q in levels
+    )
     if not out:
         raise ValueError("levels must not be empty")
     if any(b <= a for a, b in itertools.pairwise(out)):

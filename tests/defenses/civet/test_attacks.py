@@ -16,7 +16,7 @@ from defenses.civet.attacks import (
 from defenses.civet.certificate import certify
 from defenses.civet.model import sse
 from defenses.civet.support import halfwidth
-from defenses.civet.training import TrainConfig, train_vae
+from defenses.civet.defense import TrainConfig, train_vae
 from tests.defenses.civet.helpers import generator, inputs, small_vae
 
 EPS, P = 0.1, 0.9
@@ -124,7 +124,7 @@ def test_attack_parameters_are_validated(make, match: str) -> None:
 def test_mc_check_rejects_bad_input() -> None:
     model = small_vae()
     x = inputs()
-    with pytest.raises(ValueError, match=r"open interval \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"p must be a finite number in \(0.0, 1.0\)"):
         mc_check(model, x, x, np.ones(6), 1.0)
     with pytest.raises(ValueError, match="bound must be finite"):
         mc_check(model, x, x, np.full(6, np.nan), 0.9)

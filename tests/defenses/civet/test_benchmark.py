@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-from defenses.civet.benchmark import eps_sweep
+from defenses.civet.scenario import civet_eps as eps_sweep
 from defenses.civet.figures import draw
 
 TINY_SWEEP = {

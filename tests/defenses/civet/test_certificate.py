@@ -78,12 +78,13 @@ def test_certify_accepts_tensors_and_arrays_alike() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"eps": -0.1}, ValueError, "eps must be finite and >= 0"),
-        ({"eps": float("inf")}, ValueError, "eps must be finite"),
-        ({"eps": "0.1"}, TypeError, "eps must be a number"),
-        ({"p": 0.0}, ValueError, r"p must lie in the open interval \(0, 1\)"),
-        ({"p": 1.0}, ValueError, r"p must lie in the open interval"),
-        ({"p": 1.2}, ValueError, r"p must lie in the open interval"),
+        ({"eps": -0.1}, ValueError, "eps must be a finite number >= 0"),
+        ({"eps": float("inf")}, ValueError, "eps must be a finite number"),
+        ({"eps": "0.1"}, ValueError, "eps must be a finite number"),
+        ({"eps": True}, ValueError, "eps must be a finite number"),
+        ({"p": 0.0}, ValueError, r"p must be a finite number in \(0.0, 1.0\)"),
+        ({"p": 1.0}, ValueError, r"p must be a finite number in \(0.0, 1.0\)"),
+        ({"p": 1.2}, ValueError, r"p must be a finite number in"),
         ({"levels": (0.9, 0.5)}, ValueError, "increasing"),
     ],
 )
@@ -170,3 +171,25 @@ def test_exact_support_is_tighter_and_holds_by_sampling() -> None:
 def test_certify_rejects_an_unknown_support() -> None:
     with pytest.raises(ValueError, match="support must be one of"):
         certify(small_vae(), inputs(), 0.1, support="ellipsoid")
+
+
+def test_numpy_scalars_are_accepted_as_eps_and_p() -> None:
+    # issue 19: np.int64(0) as eps was refused
+    model, x = small_vae(), inputs()
+    zero = certify(model, x, np.int64(0), np.float32(0.9))  # type: ignore[arg-type]
+    same = certify(model, x, 0.0, float(np.float32(0.9)))
+    assert np.array_equal(zero.bound, same.bound)
+    assert np.all(np.isfinite(zero.bound))
+
+
+def test_p_within_rounding_of_one_gives_finite_bounds() -> None:
+    # issue 19: certify(p=0.9999999999999999) returned NaN bounds
+    model, x = small_vae(), inputs()
+    cert = certify(model, x, 0.1, 0.9999999999999999)
+    assert np.isfinite(cert.k) and cert.k > halfwidth(1 - 1e-12, 2)
+    for values in (cert.bound, cert.expected_bound, cert.latent_upper):
+        assert np.all(np.isfinite(values))
+    assert np.all(cert.bound >= certify(model, x, 0.1, 0.999).bound)
+    assert np.all(cert.bound <= cert.ceiling)
+    exact = certify(model, x, 0.1, 0.9999999999999999, support="exact")
+    assert np.all(np.isfinite(exact.bound)) and np.all(exact.bound <= cert.bound)

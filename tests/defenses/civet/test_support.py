@@ -51,7 +51,7 @@ def test_box_mass_by_sampling() -> None:
 
 @pytest.mark.parametrize("p", [0.0, 1.0, -0.1, 1.5, float("nan")])
 def test_halfwidth_rejects_bad_p(p: float) -> None:
-    with pytest.raises(ValueError, match=r"open interval \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"p must be a finite number in \(0.0, 1.0\)"):
         halfwidth(p, 4)
 
 

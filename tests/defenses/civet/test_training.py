@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from defenses.civet.certificate import certify
-from defenses.civet.training import TrainConfig, schedule, train_vae
+from defenses.civet.defense import TrainConfig, schedule, train_vae
 from tests.defenses.civet.helpers import generator, inputs, small_vae
 
 FAST = TrainConfig(epochs=3, batch_size=32, warmup=0, pgd_steps=2)

@@ -1,0 +1,271 @@
+r"""Harness arms of CIVET: the VAE learner and the training defenses that wrap it.
+
+The undefended system is a :class:`VAELearner` with ``method="standard"``; a
+defense returns a copy of it that trains differently:
+
+* :class:`CivetTraining`: certified training (Xu, Banerjee, Vasisht, Singh, "Support
+  is All You Need for Certified VAE Training", ICLR 2025), ``method="civet"``;
+* :class:`PGDTraining`: PGD adversarial training (Madry et al., 2018), the
+  empirical baseline the paper compares with, ``method="pgd"``.
+
+Both certify the fitted system the same way, so the baseline reports its (vacuous)
+certificate too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from defenses.api import DefenseKind
+from defenses.checks import check_int, check_real
+from defenses.civet.certificate import Certificate, certify
+from defenses.civet.defense import METHODS, Method, TrainConfig, TrainLog, train_vae
+from defenses.civet.model import VAE, conv_vae, mlp_vae
+from defenses.civet.support import check_levels
+from defenses.threads import torch_generator
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class VAETaskLike(Protocol):
+    """What a learner needs from a task: training rows and, for conv, their shape."""
+
+    @property
+    def train(self) -> FloatArray:
+        """Training inputs, shape (n, n_features), in [0, 1]."""
+        ...
+
+    @property
+    def image_shape(self) -> tuple[int, int] | None:
+        """Image height and width if the rows are flattened images."""
+        ...
+
+
+@dataclass(frozen=True)
+class TrainedVAE:
+    """A fitted system: the VAE, how it was trained, and its training log."""
+
+    model: VAE
+    method: str
+    log: TrainLog
+
+
+@dataclass(frozen=True)
+class VAELearner:
+    """Build a VAE and train it on ``task.train`` with ``method``.
+
+    Parameters
+    ----------
+    arch : {"mlp", "conv"}
+        MLP encoder/decoder, or the small convolutional one (needs
+        ``task.image_shape``).
+    latent_dim : int
+        Latent dimension, >= 1.
+    hidden : tuple of int
+        MLP widths (for "conv", the last one is the dense width).
+    method : {"standard", "pgd", "civet"}
+        Training objective.
+    config : TrainConfig
+        Training hyper-parameters.
+    """
+
+    arch: str = "mlp"
+    latent_dim: int = 4
+    hidden: tuple[int, ...] = (64, 32)
+    method: Method = "standard"
+    config: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        if self.arch not in ("mlp", "conv"):
+            raise ValueError(
+                f"VAELearner.arch must be 'mlp' or 'conv', got {self.arch!r}"
+            )
+        if self.method not in METHODS:
+            raise ValueError(
+                f"VAELearner.method must be one of {METHODS}, got {self.method!r}"
+            )
+        check_int("VAELearner.latent_dim", self.latent_dim, 1)
+
+    def build(self, task: VAETaskLike, generator: torch.Generator) -> VAE:
+        """A freshly initialised VAE for the task's input size."""
+        n_features = int(task.train.shape[1])
+        if self.arch == "mlp":
+            return mlp_vae(n_features, self.latent_dim, self.hidden, generator)
+        if task.image_shape is None:
+            raise ValueError("VAELearner.arch='conv' needs a task with an image_shape")
+        return conv_vae(
+            task.image_shape,
+            self.latent_dim,
+            hidden=self.hidden[-1],
+            generator=generator,
+        )
+
+    def fit(self, task: VAETaskLike, rng: np.random.Generator) -> TrainedVAE:
+        """Initialise and train a VAE using only the randomness of ``rng``."""
+        generator = torch_generator(rng)
+        model = self.build(task, generator)
+        log = train_vae(model, task.train, self.method, self.config, generator)
+        return TrainedVAE(model, self.method, log)
+
+
+def certificate_metrics(
+    certificate: Certificate, reference: FloatArray | None = None
+) -> dict[str, float]:
+    """Summary numbers of a certificate (means over inputs).
+
+    ``reference`` (per-input loss of a trivial predictor, e.g. the mean image)
+    adds the fraction of inputs certified below it.
+    """
+    out = {
+        "bound": float(np.mean(certificate.bound)),
+        "bound_max": float(np.max(certificate.bound)),
+        "expected_bound": float(np.mean(certificate.expected_bound)),
+        "ceiling": float(np.mean(certificate.ceiling)),
+        "eps": certificate.eps,
+        "p": certificate.p,
+        "k": certificate.k,
+    }
+    if reference is not None:
+        out["below_reference_rate"] = float(np.mean(certificate.bound < reference))
+    return out
+
+
+class CertifiedTask(Protocol):
+    """What :meth:`CivetTraining.certify` needs from a task."""
+
+    @property
+    def x_eval(self) -> FloatArray:
+        """Inputs to certify."""
+        ...
+
+    @property
+    def eps(self) -> float:
+        """Radius of the threat model."""
+        ...
+
+    @property
+    def p(self) -> float:
+        """Probability level."""
+        ...
+
+    @property
+    def reference_loss(self) -> FloatArray:
+        """Per-input loss of the mean-image predictor."""
+        ...
+
+
+def replace_training(
+    learner: Any, method: Method, owner: str, **changes: Any
+) -> VAELearner:
+    """A copy of ``learner`` training with ``method`` and the non-None ``changes``.
+
+    Raises
+    ------
+    TypeError
+        If ``learner`` is not a :class:`VAELearner` (``owner`` names the defense).
+    """
+    if not isinstance(learner, VAELearner):
+        raise TypeError(
+            f"{owner}.wrap needs a VAELearner, got {type(learner).__name__}"
+        )
+    kept = {k: v for k, v in changes.items() if v is not None}
+    config = dataclasses.replace(learner.config, **kept)
+    return dataclasses.replace(learner, method=method, config=config)
+
+
+@dataclass(frozen=True)
+class CertifyingTrainer:
+    """Shared parts of the training defenses: validation and certification."""
+
+    eps: float | None = None
+    kappa: float = 0.5
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        if self.eps is not None:
+            check_real(f"{name}.eps", self.eps, 0.0)
+        check_real(f"{name}.kappa", self.kappa, 0.0, 1.0)
+
+    def certify(self, system: TrainedVAE, task: CertifiedTask) -> dict[str, float]:
+        """Certified bounds of the fitted VAE at the task's radius and level."""
+        result = certify(system.model, task.x_eval, task.eps, task.p)
+        return certificate_metrics(result, task.reference_loss)
+
+
+@dataclass(frozen=True)
+class CivetTraining(CertifyingTrainer):
+    """Certified training of the VAE (CIVET), and its certificate.
+
+    Parameters
+    ----------
+    eps : float or None
+        Training radius; None keeps the learner's (the scenario sets it to the
+        threat model's radius).
+    kappa : float
+        Final weight of the certified term, in [0, 1]: larger gives tighter
+        certificates and worse clean reconstructions.
+    levels : tuple of float
+        Nested support levels of the certified term.
+    """
+
+    name: ClassVar[str] = "civet-train"
+    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
+    levels: tuple[float, ...] = (0.5, 0.75, 0.9, 0.95)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        try:
+            object.__setattr__(self, "levels", check_levels(tuple(self.levels)))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"CivetTraining.levels: {error}") from error
+
+    def wrap(self, learner: VAELearner) -> VAELearner:
+        """Return a copy of ``learner`` that trains with ``method="civet"``."""
+        return replace_training(
+            learner,
+            "civet",
+            "CivetTraining",
+            eps=self.eps,
+            kappa=self.kappa,
+            levels=self.levels,
+        )
+
+
+@dataclass(frozen=True)
+class PGDTraining(CertifyingTrainer):
+    """PGD adversarial training of the VAE.
+
+    Parameters
+    ----------
+    eps : float or None
+        Training radius; None keeps the learner's.
+    kappa : float
+        Final weight of the adversarial loss, in [0, 1].
+    steps : int
+        Inner PGD steps, >= 1.
+    """
+
+    name: ClassVar[str] = "civet-pgd-train"
+    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
+    steps: int = 7
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int("PGDTraining.steps", self.steps, 1)
+
+    def wrap(self, learner: VAELearner) -> VAELearner:
+        """Return a copy of ``learner`` that trains with ``method="pgd"``."""
+        return replace_training(
+            learner,
+            "pgd",
+            "PGDTraining",
+            eps=self.eps,
+            kappa=self.kappa,
+            pgd_steps=self.steps,
+        )
