@@ -14,9 +14,9 @@ from defenses.civet.attacks import (
     projected_ascent,
 )
 from defenses.civet.certificate import certify
+from defenses.civet.defense import TrainConfig, train_vae
 from defenses.civet.model import sse
 from defenses.civet.support import halfwidth
-from defenses.civet.defense import TrainConfig, train_vae
 from tests.defenses.civet.helpers import generator, inputs, small_vae
 
 EPS, P = 0.1, 0.9

@@ -5,8 +5,8 @@ import pathlib
 
 import pytest
 
-from defenses.civet.scenario import civet_eps as eps_sweep
 from defenses.civet.figures import draw
+from defenses.civet.scenario import civet_eps as eps_sweep
 
 TINY_SWEEP = {
     "data": "digits",

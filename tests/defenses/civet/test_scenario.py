@@ -5,9 +5,8 @@ import dataclasses
 import numpy as np
 import pytest
 
+from defenses.civet.arms import CivetTraining, PGDTraining, VAELearner
 from defenses.civet.attacks import EOTPGD, JointPGD, LatentAttack, MaxDamage, VAEGuess
-from defenses.civet.arms import PGDTraining
-from defenses.civet.arms import CivetTraining, VAELearner
 from defenses.civet.scenario import CivetScenario
 from defenses.registry import available, create
 from defenses.testing import check_pair
