@@ -98,3 +98,129 @@ def test_deletion_is_atomic_on_disk(tiny, fast, tmp_path, monkeypatch) -> None:
     row = tiny.X[0].astype(np.float32).tobytes()
     assert row not in path.read_bytes()
     assert _same(fresh.active_state(), model.active_state())
+
+
+_KILLED_SAVE = """
+import os, sys
+import torch
+from defenses.s3t import S3T
+
+backbone = torch.load(sys.argv[1], weights_only=False)
+data = torch.load(sys.argv[2], weights_only=False)
+path = sys.argv[3]
+model = S3T(backbone, 2, 2, store=path, epochs=1, batch_size=32, rank=2)
+model.fit(data["X"], data["y"], data["ids"])
+os.replace = lambda *args: os._exit(17)  # die after the temporary write
+model.save(path)
+"""
+
+
+def _files_holding(root, needles: list[bytes]) -> dict[str, int]:
+    found = {}
+    for file in sorted(p for p in root.rglob("*") if p.is_file()):
+        blob = file.read_bytes()
+        hits = sum(needle in blob for needle in needles)
+        if hits:
+            found[file.name] = hits
+    return found
+
+
+def test_a_save_killed_before_the_rename_leaves_no_copy_of_deleted_rows(
+    tiny, tmp_path
+) -> None:
+    import subprocess
+    import sys
+
+    from defenses.s3t import store
+
+    work, state = tmp_path / "work", tmp_path / "state"
+    work.mkdir()
+    torch.save(tiny.backbone, work / "backbone.pt")
+    torch.save({"X": tiny.X, "y": tiny.y, "ids": tiny.ids}, work / "data.pt")
+    path = state / "model.s3t"
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _KILLED_SAVE,
+            str(work / "backbone.pt"),
+            str(work / "data.pt"),
+            str(path),
+        ],
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert killed.returncode == 17, killed.stderr.decode()[-2000:]
+    stale = store.temporary_files(path)
+    assert len(stale) == 1
+    assert stale[0].name.endswith(".s3t-tmp")
+    forget = tiny.ids[:12]
+    rows = [tiny.X[i].astype(np.float32).tobytes() for i in range(12)]
+    kept = [tiny.X[i].astype(np.float32).tobytes() for i in range(12, 24)]
+    # power: both the state file and the killed save's copy hold the rows
+    assert _files_holding(state, rows) == {"model.s3t": 12, stale[0].name: 12}
+
+    model = S3T(tiny.backbone, 2, 2, store=path, epochs=1, batch_size=32, rank=2)
+    model.load(path)
+    assert store.temporary_files(path) == []  # the load removed the stale copy
+    model.delete(forget)
+    model.save(path)
+    assert sorted(p.name for p in state.rglob("*")) == ["model.s3t"]
+    assert _files_holding(state, rows) == {}
+    assert _files_holding(state, kept) == {"model.s3t": 12}
+
+
+def test_stale_copies_are_removed_by_the_next_save_but_live_ones_are_kept(
+    tiny, fast, tmp_path
+) -> None:
+    import fcntl
+
+    from defenses.s3t import store
+
+    path = tmp_path / "m.s3t"
+    model = S3T(tiny.backbone, 2, 2, **fast).fit(
+        tiny.X[:60], tiny.y[:60], tiny.ids[:60]
+    )
+    dead = tmp_path / f".m.s3t.999999.deadbeef{store.TEMP_SUFFIX}"
+    dead.write_bytes(b"old state")
+    live = tmp_path / f".m.s3t.1.cafe{store.TEMP_SUFFIX}"
+    live.write_bytes(b"being written")
+    other = tmp_path / f".other.s3t.1.cafe{store.TEMP_SUFFIX}"
+    other.write_bytes(b"another target")
+    with live.open("rb") as holder:
+        fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
+        model.save(path)
+        assert not dead.exists()
+        assert live.exists()
+        assert other.exists()
+    model.save(path)
+    assert not live.exists()
+    assert other.exists()
+
+
+def test_a_failed_write_removes_its_temporary_file(
+    tiny, fast, tmp_path, monkeypatch
+) -> None:
+    from defenses.s3t import store
+
+    model = S3T(tiny.backbone, 2, 2, **fast).fit(
+        tiny.X[:60], tiny.y[:60], tiny.ids[:60]
+    )
+
+    def full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space"):
+        model.save(tmp_path / "m.s3t")
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(store, "encode", lambda payload: b"x" * 10)
+    monkeypatch.setattr(
+        os, "replace", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt())
+    )
+    with pytest.raises(KeyboardInterrupt):
+        model.save(tmp_path / "m.s3t")
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
