@@ -18,7 +18,8 @@ import numpy.typing as npt
 from defenses.api import DefenseKind, Learner
 from defenses.checks import check_real
 from defenses.data import Dataset
-from defenses.ssd.defense import SEEDINGS, Seeding, StealthyShield
+from defenses.ssd.defense import StealthyShield
+from defenses.ssd.seeding import SEEDINGS, Seeding
 
 FloatArray = npt.NDArray[np.float64]
 

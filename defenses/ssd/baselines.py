@@ -248,18 +248,13 @@ class ARTClassLabels(_PostProcessorDefense):
 class NoTemperatureShield(StealthyShield):
     """SSD with the pseudo-label drawn from ``f`` itself (no temperature)."""
 
-    def sampling_probs(self, f: FloatArray) -> FloatArray:
-        """``f`` itself, renormalised."""
-        out: FloatArray = f / f.sum(axis=1, keepdims=True)
-        return out
+    draws_from_probs = True
 
 
 class ConstantBudgetShield(StealthyShield):
     """SSD with the constant budget ``epsilon`` instead of ``epsilon * H(f)``."""
 
-    def budgets(self, f: FloatArray) -> FloatArray:
-        """``epsilon`` for every row."""
-        return np.full(f.shape[0], self.epsilon)
+    constant_budget = True
 
 
 @dataclass(frozen=True)

@@ -31,12 +31,21 @@ Appendix H of the paper suggests seeding the sampling from a hash of the input, 
 repeating a query returns the same answer (``seeding="input-hash"``); a
 ``hash_resolution`` rounds the input before hashing, so that tiny perturbations of a
 query also share its answer (a coarse stand-in for locality-sensitive hashing).
+
+The whole call is one compiled row loop (:func:`~defenses.ssd.kernels.shield_rows`):
+each row is read once into a row scratch that stays in cache while its budget,
+pseudo-label and projection are computed, and the answer is written in the input's
+dtype, so the only memory beyond the input is the answer itself. Large batches are
+split into blocks of rows shared among threads (``n_threads``); every row's
+uniform number comes from a counter-based stream (SplitMix64 at the row's index) or
+from the hash of its query, so the answers are the same, bit for bit, whatever the
+number of threads or blocks.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, overload
+from typing import Any, ClassVar, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -44,31 +53,22 @@ import torch
 from scipy.special import entr
 
 from defenses.checks import check_int, check_real
-from defenses.ssd.seeding import hash_uniforms, input_keys
+from defenses.ssd.batch import as_rows, check_stats, run_blocks
+from defenses.ssd.kernels import shield_rows
+from defenses.ssd.seeding import SEEDINGS, Seeding, hash_uniforms, input_keys
 from defenses.ssd.sklearn import ShieldedClassifier
-from defenses.ssd.solver import solve_reference
-from defenses.ssd.torch import ShieldedCallable, ShieldedModule
+from defenses.ssd.torch import ShieldedCallable, ShieldedModule, check_outputs
 from defenses.ssd.waterfill import (
     FLOOR,
+    MAX_NEWTON_STEPS,
     check_probabilities,
     sum_tolerance,
-    water_filling,
 )
 
-__all__ = [
-    "ShieldedCallable",
-    "ShieldedClassifier",
-    "ShieldedModule",
-    "StealthyShield",
-    "default_temperature",
-    "entropy",
-    "solve_reference",
-    "water_filling",
-]
+__all__ = ["StealthyShield", "default_temperature", "entropy"]
 
 FloatArray = npt.NDArray[np.float64]
-Seeding = Literal["random", "input-hash"]
-SEEDINGS: tuple[str, ...] = ("random", "input-hash")
+PARAMS = ("epsilon", "temperature", "seed", "seeding", "hash_resolution", "n_threads")
 
 
 def default_temperature(n_classes: int) -> float:
@@ -102,14 +102,6 @@ def entropy(f: torch.Tensor | npt.ArrayLike) -> torch.Tensor | FloatArray:
     return out
 
 
-def _softmax_rows(z: FloatArray) -> FloatArray:
-    shifted = z - z.max(axis=1, keepdims=True)
-    np.exp(shifted, out=shifted)
-    shifted /= shifted.sum(axis=1, keepdims=True)
-    out: FloatArray = shifted
-    return out
-
-
 class StealthyShield:
     r"""SSD post-processor: fit on validation outputs, then defend probabilities.
 
@@ -122,14 +114,19 @@ class StealthyShield:
         Temperature :math:`T > 0` on the probabilities for sampling the pseudo-label;
         None picks :func:`default_temperature` of the number of classes.
     seed : int or None
-        Seed of the sampling (``"random"``) or key of the input hash
-        (``"input-hash"``). None draws fresh entropy from the OS.
+        Seed of the key of the random stream (``"random"``) or of the input hash
+        (``"input-hash"``), drawn at :meth:`fit`. None draws fresh entropy.
     seeding : {"random", "input-hash"}
         ``"random"``: a fresh pseudo-label per answer. ``"input-hash"``: the
         pseudo-label of a query is a keyed hash of the query, so repeating a query
         returns the same answer (the paper's App. H).
     hash_resolution : float or None
         With ``"input-hash"``, round the input to this grid before hashing.
+    n_threads : int or None
+        Threads for large batches (None: every core this process may use; 1: one).
+
+    Parameters are stored as given (scikit-learn style: :meth:`get_params`,
+    :meth:`set_params`); the key and the prototypes are made by :meth:`fit`.
 
     Examples
     --------
@@ -140,6 +137,11 @@ class StealthyShield:
     np.float64(1.0)
     """
 
+    draws_from_probs: ClassVar[bool] = False
+    """Ablation switch: draw the pseudo-label from ``f`` itself (no temperature)."""
+    constant_budget: ClassVar[bool] = False
+    """Ablation switch: the budget is ``epsilon`` instead of ``epsilon * H(f)``."""
+
     def __init__(
         self,
         epsilon: float = 0.5,
@@ -147,38 +149,61 @@ class StealthyShield:
         seed: int | None = None,
         seeding: Seeding = "random",
         hash_resolution: float | None = None,
+        n_threads: int | None = None,
     ) -> None:
-        check_real("epsilon", epsilon, 0.0, open_low=True)
-        if temperature is not None:
-            check_real("temperature", temperature, 0.0, open_low=True)
-        if seeding not in SEEDINGS:
-            raise ValueError(f"seeding must be one of {SEEDINGS}, got {seeding!r}")
-        if hash_resolution is not None:
-            check_real("hash_resolution", hash_resolution, 0.0, open_low=True)
-        if hash_resolution is not None and seeding != "input-hash":
-            raise ValueError("hash_resolution needs seeding='input-hash'")
-        if seed is not None and (
-            isinstance(seed, bool) or not isinstance(seed, int | np.integer)
-        ):
-            raise ValueError(f"seed must be an int or None, got {seed!r}")
-        self.epsilon = float(epsilon)
-        self.temperature = None if temperature is None else float(temperature)
+        self.epsilon = epsilon
+        self.temperature = temperature
         self.seed = seed
-        self.seeding: Seeding = seeding
-        self.hash_resolution = (
-            None if hash_resolution is None else float(hash_resolution)
-        )
-        self._rng = np.random.default_rng(seed)
-        self._key = np.random.default_rng(seed).bytes(32)
+        self.seeding = seeding
+        self.hash_resolution = hash_resolution
+        self.n_threads = n_threads
+        self._validate()
         self.prototypes_: FloatArray | None = None
+        self.key_ = np.uint64(0)
+        self.counter_ = np.uint64(0)
+
+    def _validate(self) -> None:
+        check_real("epsilon", self.epsilon, 0.0, open_low=True)
+        if self.temperature is not None:
+            check_real("temperature", self.temperature, 0.0, open_low=True)
+        if self.seeding not in SEEDINGS:
+            raise ValueError(f"seeding must be one of {SEEDINGS}, got {self.seeding!r}")
+        if self.hash_resolution is not None:
+            check_real("hash_resolution", self.hash_resolution, 0.0, open_low=True)
+            if self.seeding != "input-hash":
+                raise ValueError("hash_resolution needs seeding='input-hash'")
+        if self.seed is not None:
+            if isinstance(self.seed, bool) or not isinstance(
+                self.seed, int | np.integer
+            ):
+                raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+            check_int("seed", self.seed, 0)
+        if self.n_threads is not None:
+            check_int("n_threads", self.n_threads, 1)
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The constructor's parameters (scikit-learn's protocol)."""
+        return {name: getattr(self, name) for name in PARAMS}
+
+    def set_params(self, **params: Any) -> StealthyShield:
+        """Set parameters (validated; a new ``seed`` takes effect at :meth:`fit`)."""
+        unknown = sorted(set(params) - set(PARAMS))
+        if unknown:
+            raise ValueError(f"unknown parameter(s) {unknown}; accepted: {PARAMS}")
+        before = self.get_params()
+        for name, value in params.items():
+            setattr(self, name, value)
+        try:
+            self._validate()
+        except ValueError:
+            for name, value in before.items():
+                setattr(self, name, value)
+            raise
+        return self
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(epsilon={self.epsilon}, "
-            f"temperature={self.temperature},"
-            f" seed={self.seed}, seeding={self.seeding!r}, "
-            f"hash_resolution={self.hash_resolution})"
-        )
+        args = ", ".join(f"{name}={getattr(self, name)!r}" for name in PARAMS)
+        return f"{type(self).__name__}({args})"
 
     @property
     def is_fitted(self) -> bool:
@@ -194,7 +219,7 @@ class StealthyShield:
     def temperature_(self) -> float:
         """The temperature in use (the given one, or the K rule)."""
         if self.temperature is not None:
-            return self.temperature
+            return float(self.temperature)
         return default_temperature(self.n_classes)
 
     def _prototypes(self) -> FloatArray:
@@ -216,85 +241,117 @@ class StealthyShield:
             The undefended model's probabilities on a held-out validation split (not
             the training split: training outputs are over-confident).
         val_labels : array of shape (N,)
-            True labels in ``[0, K)``; every class needs at least one sample.
+            True labels, integers in ``[0, K)``; every class needs a sample.
 
         Returns
         -------
         StealthyShield
-            ``self``, fitted. Prototype entries are floored at
-            :data:`~defenses.ssd.waterfill.FLOOR` and renormalised.
+            ``self``, fitted: prototype entries floored at
+            :data:`~defenses.ssd.waterfill.FLOOR` and renormalised, and a fresh key
+            drawn from ``seed``.
         """
-        if isinstance(val_probs, torch.Tensor):
-            val_probs = val_probs.detach().cpu().numpy()
+        self._validate()
         if isinstance(val_labels, torch.Tensor):
             val_labels = val_labels.detach().cpu().numpy()
-        probs = np.asarray(val_probs, dtype=np.float64)
+        rows, given = as_rows(val_probs, "val_probs")
+        probs = rows.astype(np.float64)
         labels = np.asarray(val_labels)
         if probs.ndim != 2 or probs.shape[0] == 0 or probs.shape[1] == 0:
             raise ValueError(
                 f"val_probs must have shape (N, K) with N, K >= 1, got {probs.shape}"
             )
-        check_probabilities(
-            "val_probs", probs, sum_tolerance(np.dtype(np.float32), probs.shape[1])
-        )
-        if labels.shape != (probs.shape[0],) or not np.issubdtype(
-            labels.dtype, np.integer
-        ):
+        k = probs.shape[1]
+        check_probabilities("val_probs", probs, self._tolerance(given, k))
+        if labels.shape != (probs.shape[0],) or labels.dtype.kind not in "iu":
             raise ValueError(
                 f"val_labels must be integers of shape ({probs.shape[0]},), got "
                 f"{labels.dtype} {labels.shape}"
             )
-        k = probs.shape[1]
         if labels.min() < 0 or labels.max() >= k:
             raise ValueError(
                 f"val_labels must lie in [0, {k}), got [{labels.min()}, {labels.max()}]"
             )
-        counts = np.bincount(labels, minlength=k)
+        counts = np.bincount(labels.astype(np.int64), minlength=k)
         if np.any(counts == 0):
             raise ValueError(
-                f"classes {np.flatnonzero(counts == 0).tolist()} have no validation "
-                "sample, so their prototypes are undefined"
+                f"val_labels: classes {np.flatnonzero(counts == 0).tolist()} have no "
+                "validation sample, so their prototypes are undefined"
             )
         sums = np.zeros((k, k))
-        np.add.at(sums, labels, probs)
+        np.add.at(sums, labels.astype(np.int64), probs)
         prototypes = np.maximum(sums / counts[:, None], FLOOR)
         self.prototypes_ = prototypes / prototypes.sum(axis=1, keepdims=True)
+        seed = None if self.seed is None else int(self.seed)
+        self.key_ = np.random.default_rng(seed).integers(
+            0, 2**64, dtype=np.uint64, endpoint=False
+        )
+        self.counter_ = np.uint64(0)
         return self
 
     def sampling_probs(self, f: FloatArray) -> FloatArray:
-        r"""The pseudo-label distribution :math:`\operatorname{softmax}(f / T)`."""
-        return _softmax_rows(f / self.temperature_)
+        r"""The pseudo-label distribution :math:`\operatorname{softmax}(f / T)`.
+
+        Computed as :math:`e^{(f_i - \max f)/T}` normalised, which stays finite for
+        any :math:`T > 0` (``f / T`` alone overflows for a subnormal ``T``).
+        """
+        f = np.asarray(f, dtype=np.float64)
+        if self.draws_from_probs:
+            out: FloatArray = f / f.sum(axis=1, keepdims=True)
+            return out
+        weights = np.exp((f - f.max(axis=1, keepdims=True)) / self.temperature_)
+        out = weights / weights.sum(axis=1, keepdims=True)
+        return out
 
     def budgets(self, f: FloatArray) -> FloatArray:
         r"""The L1 budgets :math:`\varepsilon H(f)` (nats)."""
-        return self.epsilon * entropy(f)
+        if self.constant_budget:
+            return np.full(np.shape(f)[0], float(self.epsilon))
+        return float(self.epsilon) * entropy(f)
 
-    def _uniforms(self, n: int, inputs: Any, probs: FloatArray) -> FloatArray:
+    @staticmethod
+    def _tolerance(given: np.dtype[Any] | torch.dtype, k: int) -> float:
+        return max(sum_tolerance(np.dtype(np.float32), k), sum_tolerance(given, k))
+
+    def _run(
+        self, probs: Any, inputs: Any, answers: bool
+    ) -> tuple[npt.NDArray[np.floating[Any]], npt.NDArray[np.int64], Any]:
+        """Run the fused kernel; returns the answers (or none) and the labels."""
+        prototypes = self._prototypes()
+        rows, given = as_rows(probs)
+        if rows.ndim != 2 or rows.shape[1] != prototypes.shape[0]:
+            raise ValueError(
+                f"probs must have shape (N, {prototypes.shape[0]}), got {rows.shape}"
+            )
+        n, k = rows.shape
+        uniforms = np.empty(0)
+        if self.seeding == "input-hash":
+            keys = input_keys(
+                probs if inputs is None else inputs, n, self.hash_resolution
+            )
+            uniforms = hash_uniforms(keys, self.key_.tobytes())
+        temperature = 0.0 if self.draws_from_probs else self.temperature_
+        constant = float(self.epsilon) if self.constant_budget else -1.0
+        settings = np.array([float(self.epsilon), constant, temperature, FLOOR])
+        out = np.empty((n if answers else 0, k), dtype=rows.dtype)
+        labels = np.empty(0 if answers else n, dtype=np.int64)
+
+        def block(bounds: tuple[int, int]) -> FloatArray:
+            return shield_rows(
+                rows, prototypes, uniforms, self.key_, self.counter_, settings,
+                MAX_NEWTON_STEPS, bounds[0], bounds[1], out, labels,
+            )  # fmt: skip
+
+        results = run_blocks(block, n, k, self.n_threads)
+        check_stats(results, self._tolerance(given, k))
         if self.seeding == "random":
-            return self._rng.random(n)
-        keys = input_keys(probs if inputs is None else inputs, n, self.hash_resolution)
-        return hash_uniforms(keys, self._key)
+            self.counter_ = self.counter_ + np.uint64(n)
+        return out, labels, given
 
     def pseudo_labels(
         self, probs: npt.ArrayLike, inputs: Any = None
     ) -> npt.NDArray[np.int64]:
         """Sample one pseudo-label per row (advances the random stream)."""
-        f = np.asarray(probs, dtype=np.float64)
-        self._check(f)
-        return self._sample(f, inputs)
-
-    def _sample(self, f: FloatArray, inputs: Any) -> npt.NDArray[np.int64]:
-        u = self._uniforms(f.shape[0], inputs, f)
-        cdf = np.cumsum(self.sampling_probs(f), axis=1)
-        labels = np.count_nonzero(cdf <= (u * cdf[:, -1])[:, None], axis=1)
-        out: npt.NDArray[np.int64] = np.minimum(labels, f.shape[1] - 1).astype(np.int64)
-        return out
-
-    def _check(self, f: FloatArray) -> None:
-        k = self._prototypes().shape[0]
-        if f.ndim != 2 or f.shape[1] != k:
-            raise ValueError(f"probs must have shape (N, {k}), got {f.shape}")
-        check_probabilities("probs", f, sum_tolerance(np.dtype(np.float32), k))
+        return self._run(probs, inputs, answers=False)[1]
 
     @overload
     def __call__(self, probs: torch.Tensor, inputs: Any = None) -> torch.Tensor: ...
@@ -312,31 +369,23 @@ class StealthyShield:
         Parameters
         ----------
         probs : array or torch.Tensor of shape (N, K)
-            The model's probabilities.
-        inputs : array or torch.Tensor with N rows, optional
+            The model's probabilities (real; float16/32/64 or integers).
+        inputs : array, DataFrame, sparse matrix or tensor with N rows, optional
             The queries, hashed under ``seeding="input-hash"`` (the probabilities are
             hashed when omitted).
 
         Returns
         -------
         array or torch.Tensor of shape (N, K)
-            Defended probabilities, same type, dtype (and device) as ``probs``.
+            Defended probabilities, same type, floating dtype (and device) as
+            ``probs`` (float64 for integer input).
         """
-        prototypes = self._prototypes()
+        out, _, given = self._run(probs, inputs, answers=True)
         if isinstance(probs, torch.Tensor):
-            f_np = probs.detach().cpu().numpy().astype(np.float64)
-            self._check(f_np)
-            picked = torch.from_numpy(self._sample(f_np, inputs)).to(probs.device)
-            f_t = probs.detach().to(torch.float64)
-            q_t = torch.from_numpy(prototypes).to(probs.device)[picked]
-            return water_filling(f_t, q_t, self.budgets(f_np)).to(probs.dtype)
-        arr = np.asarray(probs)
-        f = np.asarray(arr, dtype=np.float64)
-        self._check(f)
-        labels = self._sample(f, inputs)
-        out = water_filling(f, prototypes[labels], self.budgets(f))
-        dtype = arr.dtype if np.issubdtype(arr.dtype, np.floating) else np.float64
-        return out.astype(dtype, copy=False)
+            dtype = probs.dtype if probs.is_floating_point() else torch.float64
+            return torch.from_numpy(out).to(device=probs.device, dtype=dtype)
+        answer: npt.NDArray[np.floating[Any]] = out.astype(given, copy=False)
+        return answer
 
     def predict_label(
         self, probs: npt.ArrayLike, inputs: Any = None
@@ -346,39 +395,37 @@ class StealthyShield:
         return out.astype(np.int64)
 
     def wrap(
-        self, model: Any, outputs: Literal["auto", "probs", "logits"] = "auto"
+        self,
+        model: Any,
+        outputs: Literal["auto", "probs", "logits", "log-probs"] = "auto",
     ) -> Any:
-        """Protect a deployed model.
+        """Protect a deployed model (the model itself is left unchanged).
 
         Parameters
         ----------
-        model : torch.nn.Module, object with ``predict_proba``, or callable
-            The model to protect. A module returns a :class:`ShieldedModule`
-            (``outputs="auto"`` treats its outputs as logits), a scikit-learn
-            classifier a :class:`ShieldedClassifier`, and any callable returning
-            probabilities a :class:`ShieldedCallable`.
-        outputs : {"auto", "probs", "logits"}
-            What the model returns; logits are turned into probabilities by softmax.
-
-        Returns
-        -------
-        ShieldedModule, ShieldedClassifier or ShieldedCallable
-            The protected model; ``model`` itself is left unchanged.
+        model : torch.nn.Module, fitted scikit-learn classifier, or callable
+            A module gives a :class:`~defenses.ssd.torch.ShieldedModule`, an object
+            with ``predict_proba`` a fitted
+            :class:`~defenses.ssd.sklearn.ShieldedClassifier`, any other callable a
+            :class:`~defenses.ssd.torch.ShieldedCallable`.
+        outputs : {"auto", "probs", "logits", "log-probs"}
+            What the model returns. ``"auto"`` reads it from a module's last layer
+            (``nn.Softmax``: probabilities, ``nn.LogSoftmax``: log-probabilities,
+            else logits), and never softmaxes outputs that are already
+            probabilities: it raises instead.
         """
-        if outputs not in ("auto", "probs", "logits"):
-            raise ValueError(
-                f"outputs must be 'auto', 'probs' or 'logits', got {outputs!r}"
-            )
+        check_outputs(outputs)
         if isinstance(model, torch.nn.Module):
-            return ShieldedModule(model, self, logits=outputs != "probs")
+            return ShieldedModule(model, self, outputs=outputs)
         if hasattr(model, "predict_proba"):
-            if outputs == "logits":
+            if outputs not in ("auto", "probs"):
                 raise ValueError(
-                    "a predict_proba model returns probabilities, not logits"
+                    f"outputs: a predict_proba model returns probabilities, not "
+                    f"{outputs}"
                 )
-            return ShieldedClassifier(model, self)
+            return ShieldedClassifier.prefitted(model, self)
         if callable(model):
-            return ShieldedCallable(model, self, logits=outputs == "logits")
+            return ShieldedCallable(model, self, outputs=outputs)
         raise TypeError(
             "model must be a torch.nn.Module, have predict_proba, or be callable; got "
             f"{type(model).__name__}"

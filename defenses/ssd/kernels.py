@@ -29,6 +29,8 @@ Algorithm 2, which bounds a row at :math:`O(K \log K)`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -113,6 +115,84 @@ def _level(
     return _walk(ratio, f, q, alive[:count], h, raising)
 
 
+@inlined
+def _project_row(
+    f_row: FloatArray,
+    q_row: FloatArray,
+    floor: float,
+    h: float,
+    max_steps: int,
+    scratch: FloatArray,
+    below: IntArray,
+    above: IntArray,
+    out_row: FloatArray,
+) -> tuple[float, float, float, float]:
+    """Water-fill one row of ``f`` towards ``q`` (half-budget ``h``) into ``out_row``.
+
+    ``scratch`` (shape (2, K)) holds the ratios and the floored ``q``; ``below`` and
+    ``above`` (length K) the active sets. Returns the sums and least entries of
+    ``f_row`` and ``q_row`` (NaN and inf show in the sums). Entries of ``q`` are
+    floored at ``floor`` and the levels are those of the unnormalised floored row, so
+    only the trivial case divides by its mass (a row with no raised entry counts as
+    mass 1.0 and stays bit for bit as given).
+    """
+    k = f_row.shape[0]
+    ratio = scratch[0]
+    floored = scratch[1]
+    sum_f = 0.0
+    sum_q = 0.0
+    least_f = np.inf
+    least_q = np.inf
+    mass = 0.0
+    raised = False
+    for col in range(k):
+        fv = np.float64(f_row[col])
+        qv = q_row[col]
+        sum_f += fv
+        sum_q += qv
+        least_f = min(least_f, fv)
+        least_q = min(least_q, qv)
+        raised |= qv < floor
+        qv = max(qv, floor)
+        mass += qv
+        floored[col] = qv
+        ratio[col] = fv / qv
+    if not raised:
+        mass = 1.0
+    start = 1.0 / mass
+    n_below = n_above = 0
+    below_f = below_q = above_f = above_q = 0.0
+    for col in range(k):
+        r = ratio[col]
+        lower = r < start
+        upper = r > start
+        below[n_below] = col
+        above[n_above] = col
+        n_below += int(lower)
+        n_above += int(upper)
+        fv = np.float64(f_row[col])
+        in_below = np.float64(lower)
+        in_above = np.float64(upper)
+        below_f += fv * in_below
+        below_q += floored[col] * in_below
+        above_f += fv * in_above
+        above_q += floored[col] * in_above
+    if start * below_q - below_f <= h:
+        for col in range(k):
+            out_row[col] = floored[col] * start
+        return sum_f, sum_q, least_f, least_q
+    w_a = _level(
+        ratio, f_row, floored, below, n_below, below_f, below_q, h, True, max_steps
+    )
+    w_b = _level(
+        ratio, f_row, floored, above, n_above, above_f, above_q, h, False, max_steps
+    )
+    for col in range(k):
+        qv = floored[col]
+        out_row[col] = min(max(np.float64(f_row[col]), w_a * qv), w_b * qv)
+    return sum_f, sum_q, least_f, least_q
+
+
 @compiled
 def project_rows(
     f: FloatArray,
@@ -126,71 +206,146 @@ def project_rows(
     """Water-fill every row of ``f`` towards ``q``, writing ``out`` and ``stats``.
 
     ``stats`` (shape (N, 4)) receives the sums and least entries of the rows of ``f``
-    and ``q``, for the caller's input checks (NaN and inf show in the sums); rows that
-    fail them hold meaningless output. Rows of ``q`` are floored at ``floor`` and the
-    levels are those of the unnormalised floored row, so only the trivial case
-    divides by its mass (a row with no raised entry counts as mass 1.0 and stays bit
-    for bit as given).
+    and ``q``, for the caller's input checks; rows that fail them hold meaningless
+    output.
     """
     n, k = f.shape
-    ratio = np.empty(k)
-    floored = np.empty(k)
+    scratch = np.empty((2, k))
     below = np.empty(k, dtype=np.int64)
     above = np.empty(k, dtype=np.int64)
     for row in range(n):
-        f_row = f[row]
-        sum_f = 0.0
-        sum_q = 0.0
-        least_f = np.inf
-        least_q = np.inf
-        mass = 0.0
-        raised = False
-        for col in range(k):
-            fv = f_row[col]
-            qv = q[row, col]
-            sum_f += fv
-            sum_q += qv
-            least_f = min(least_f, fv)
-            least_q = min(least_q, qv)
-            raised |= qv < floor
-            qv = max(qv, floor)
-            mass += qv
-            floored[col] = qv
-            ratio[col] = fv / qv
+        sum_f, sum_q, least_f, least_q = _project_row(
+            f[row], q[row], floor, half[row], max_steps, scratch, below, above, out[row]
+        )
         stats[row, 0] = sum_f
         stats[row, 1] = sum_q
         stats[row, 2] = least_f
         stats[row, 3] = least_q
-        if not raised:
-            mass = 1.0
-        start = 1.0 / mass
-        h = half[row]
-        n_below = n_above = 0
-        below_f = below_q = above_f = above_q = 0.0
+
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+"""The SplitMix64 increment (2^64 divided by the golden ratio, odd)."""
+
+
+@inlined
+def counter_uniform(key: np.uint64, index: np.uint64) -> float:
+    """A uniform number in [0, 1): SplitMix64's output for ``key + index * GOLDEN``.
+
+    A counter-based stream: the ``index``-th number depends on nothing else, so rows
+    can be drawn in any order, block or thread and give the same numbers.
+    """
+    z = key + index * GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return float(z >> np.uint64(11)) * 2.0**-53
+
+
+@compiled
+def shield_rows(
+    f: npt.NDArray[np.floating[Any]],
+    prototypes: FloatArray,
+    uniforms: FloatArray,
+    key: np.uint64,
+    counter: np.uint64,
+    settings: FloatArray,
+    max_steps: int,
+    start: int,
+    stop: int,
+    out: FloatArray,
+    labels: IntArray,
+) -> FloatArray:
+    r"""SSD on rows ``start:stop`` of ``f``: budget, pseudo-label, projection, one pass.
+
+    For each row, in one read of ``f`` into a row scratch (which stays in cache for
+    the passes that follow): the row's sum, least and largest entry and entropy
+    :math:`H = -\sum_i f_i \ln f_i`; the pseudo-label :math:`y`, the first index
+    whose cumulative weight exceeds :math:`u \sum_i w_i` with
+    :math:`w_i = e^{(f_i - \max f) / T}` (``settings[2] > 0``; the same distribution
+    as :math:`\operatorname{softmax}(f / T)`) or :math:`w_i = f_i`
+    (``settings[2] = 0``); and the water-filling projection of :math:`f` towards
+    ``prototypes[y]`` within :math:`\varepsilon H` (or the constant ``settings[1]``
+    when it is >= 0). ``u`` is ``uniforms[row]`` when given, else the counter stream
+    :func:`counter_uniform` at ``counter + row``.
+
+    ``settings`` holds :math:`\varepsilon`, the constant budget (< 0: none), ``T``
+    (0: draw from ``f``) and the floor of ``q``. ``out`` (N or 0 rows) receives the
+    answers, ``labels`` (N or 0 entries) the pseudo-labels. Returns, for the caller's
+    input checks, the largest :math:`|\sum_i f_i - 1|` (NaN if a row holds NaN or
+    inf), the row where it occurs and the least entry.
+    """
+    k = f.shape[1]
+    epsilon = settings[0]
+    constant = settings[1]
+    temperature = settings[2]
+    floor = settings[3]
+    row_f = np.empty(k)
+    scratch = np.empty((2, k))
+    below = np.empty(k, dtype=np.int64)
+    above = np.empty(k, dtype=np.int64)
+    worst = 0.0
+    worst_row = start
+    least = np.inf
+    for row in range(start, stop):
+        total = 0.0
+        largest = -np.inf
+        entropy = 0.0
         for col in range(k):
-            r = ratio[col]
-            lower = r < start
-            upper = r > start
-            below[n_below] = col
-            above[n_above] = col
-            n_below += int(lower)
-            n_above += int(upper)
-            in_below = np.float64(lower)
-            in_above = np.float64(upper)
-            below_f += f_row[col] * in_below
-            below_q += floored[col] * in_below
-            above_f += f_row[col] * in_above
-            above_q += floored[col] * in_above
-        if start * below_q - below_f <= h:
-            for col in range(k):
-                out[row, col] = floored[col] * start
+            v = np.float64(f[row, col])
+            row_f[col] = v
+            total += v
+            least = min(least, v)
+            largest = max(largest, v)
+            if v > 0.0:
+                entropy -= v * np.log(v)
+        if not np.isfinite(total):
+            if np.isfinite(worst):
+                worst = np.nan
+                worst_row = row
             continue
-        w_a = _level(
-            ratio, f_row, floored, below, n_below, below_f, below_q, h, True, max_steps
+        if abs(total - 1.0) > worst:
+            worst = abs(total - 1.0)
+            worst_row = row
+        u = (
+            uniforms[row]
+            if uniforms.shape[0]
+            else counter_uniform(key, counter + np.uint64(row))
         )
-        w_b = _level(
-            ratio, f_row, floored, above, n_above, above_f, above_q, h, False, max_steps
-        )
+        weight_sum = 0.0
+        weights = scratch[0]
         for col in range(k):
-            qv = floored[col]
-            out[row, col] = min(max(f_row[col], w_a * qv), w_b * qv)
+            w = (
+                np.exp((row_f[col] - largest) / temperature)
+                if temperature > 0.0
+                else max(row_f[col], 0.0)
+            )
+            weights[col] = w
+            weight_sum += w
+        threshold = u * weight_sum
+        label = k - 1
+        running = 0.0
+        for col in range(k):
+            running += weights[col]
+            if running > threshold:
+                label = col
+                break
+        if labels.shape[0]:
+            labels[row] = label
+        if out.shape[0]:
+            budget = constant if constant >= 0.0 else epsilon * entropy
+            _project_row(
+                row_f,
+                prototypes[label],
+                floor,
+                0.5 * budget,
+                max_steps,
+                scratch,
+                below,
+                above,
+                out[row],
+            )
+    result = np.empty(3)
+    result[0] = worst
+    result[1] = worst_row
+    result[2] = least
+    return result

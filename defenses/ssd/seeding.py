@@ -1,39 +1,138 @@
 r"""Input-hash seeding of SSD's pseudo-labels (the paper's Appendix H).
 
 A query's pseudo-label is drawn with a uniform number that is a keyed hash of the
-query, :math:`u = \mathrm{BLAKE2b}_\kappa(\text{row bytes}) / 2^{64}`, so repeating
-a query returns the same answer and voting over repeats gains nothing. With a
-``resolution`` :math:`r` the row is first rounded to the grid,
+query, :math:`u = \lfloor \mathrm{BLAKE2b}_\kappa(\text{row bytes}) / 2^{11} \rfloor
+/ 2^{53}`, so repeating a query returns the same answer and voting over repeats gains
+nothing. With a ``resolution`` :math:`r` each entry is first rounded to the grid,
 :math:`\operatorname{round}(x / r)`, so that tiny perturbations of a query share its
-answer (a coarse stand-in for locality-sensitive hashing).
+answer (a coarse stand-in for locality-sensitive hashing). Entries too large for the
+grid (:math:`|x / r| \ge 2^{52}`, where a float has no fraction left to round, and
+inf) and NaN keep their own value and are tagged as such, so they neither collide
+with each other nor with grid points.
+
+The row bytes are canonical: ``-0.0`` is ``0.0`` and every NaN the same NaN; a
+:class:`pandas.DataFrame` row is hashed by :func:`pandas.util.hash_pandas_object`
+(any column types), a sparse row by its sorted non-zero positions and values.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
+import scipy.sparse
 import torch
 
 FloatArray = npt.NDArray[np.float64]
+Seeding = Literal["random", "input-hash"]
+SEEDINGS: tuple[str, ...] = ("random", "input-hash")
+
+GRID_LIMIT = 2.0**52
+"""Above this many grid steps an entry keeps its own value (no fraction to round)."""
+
+
+def _grid(values: FloatArray, resolution: float | None) -> tuple[FloatArray, Any]:
+    """Canonical entries (rounded to the grid if given) and the off-grid tags."""
+    if resolution is None:
+        canonical = values + 0.0
+        off_grid = np.zeros(values.shape, dtype=np.bool_)
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            scaled = values / resolution
+        off_grid = ~(np.abs(scaled) < GRID_LIMIT)
+        canonical = np.where(off_grid, values, np.round(scaled)) + 0.0
+    canonical[np.isnan(canonical)] = np.nan
+    return canonical, off_grid
+
+
+def _frame_keys(frame: Any, resolution: float | None) -> list[bytes]:
+    import pandas as pd  # type: ignore[import-untyped]
+
+    if isinstance(frame, pd.Series):
+        frame = frame.to_frame()
+    if resolution is not None:
+        frame = frame.copy()
+        for column in frame.select_dtypes("number").columns:
+            values, off_grid = _grid(frame[column].to_numpy(np.float64), resolution)
+            frame[column] = values
+            frame[f"{column!r} off grid"] = off_grid
+    hashes = pd.util.hash_pandas_object(frame, index=False).to_numpy(np.uint64)
+    return [h.tobytes() for h in hashes]
+
+
+def _sparse_keys(matrix: Any, resolution: float | None) -> list[bytes]:
+    csr = scipy.sparse.csr_matrix(matrix, dtype=np.float64, copy=True)
+    csr.sum_duplicates()
+    csr.eliminate_zeros()
+    values, off_grid = _grid(csr.data, resolution)
+    keys = []
+    for row in range(csr.shape[0]):
+        lo, hi = csr.indptr[row], csr.indptr[row + 1]
+        keys.append(
+            csr.indices[lo:hi].astype(np.int64).tobytes()
+            + values[lo:hi].tobytes()
+            + off_grid[lo:hi].tobytes()
+        )
+    return keys
+
+
+def _array_keys(inputs: Any, resolution: float | None) -> list[bytes]:
+    if isinstance(inputs, torch.Tensor):
+        inputs = inputs.detach().cpu().numpy()
+    array = np.asarray(inputs)
+    if array.dtype.kind == "c":
+        raise TypeError(f"inputs must be real, got {array.dtype}")
+    try:
+        rows = np.asarray(array, dtype=np.float64)
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"inputs must be numbers, a DataFrame or a sparse matrix, got {error}"
+        ) from error
+    rows = rows.reshape(rows.shape[0], -1)
+    values, off_grid = _grid(rows, resolution)
+    return [v.tobytes() + o.tobytes() for v, o in zip(values, off_grid, strict=True)]
 
 
 def input_keys(inputs: Any, n: int, resolution: float | None) -> list[bytes]:
-    """One byte string per row of ``inputs`` (rounded to ``resolution`` if given)."""
-    if isinstance(inputs, torch.Tensor):
-        inputs = inputs.detach().cpu().numpy()
-    rows = np.ascontiguousarray(np.asarray(inputs, dtype=np.float64).reshape(n, -1))
-    if resolution is not None:
-        rows = np.ascontiguousarray(np.round(rows / resolution).astype(np.int64))
-    return [row.tobytes() for row in rows]
+    """One canonical byte string per row of ``inputs`` (rounded to the grid if given).
+
+    Raises
+    ------
+    ValueError
+        If ``inputs`` does not have exactly ``n`` rows (one per probability row).
+    TypeError
+        If ``inputs`` is complex or not numeric (arrays; frames may hold anything).
+    """
+    module = type(inputs).__module__
+    try:
+        shape = tuple(inputs.shape) if hasattr(inputs, "shape") else np.shape(inputs)
+    except ValueError as error:
+        raise ValueError(f"inputs must be rectangular: {error}") from error
+    if not shape or shape[0] != n:
+        raise ValueError(
+            f"inputs must have one row per row of probs ({n}), got shape {shape}"
+        )
+    if module.startswith("pandas"):
+        return _frame_keys(inputs, resolution)
+    if scipy.sparse.issparse(inputs):
+        return _sparse_keys(inputs, resolution)
+    return _array_keys(inputs, resolution)
 
 
 def hash_uniforms(keys: list[bytes], key: bytes) -> FloatArray:
-    """Uniforms in [0, 1]: each row's keyed 64-bit BLAKE2b hash over 2^64."""
-    words = [
-        int.from_bytes(hashlib.blake2b(k, key=key, digest_size=8).digest(), "little")
-        for k in keys
-    ]
-    return np.asarray(words, dtype=np.float64) / 2.0**64
+    """Uniforms in [0, 1): the top 53 bits of each row's keyed BLAKE2b-64 hash."""
+    words = np.fromiter(
+        (
+            int.from_bytes(
+                hashlib.blake2b(k, key=key, digest_size=8).digest(), "little"
+            )
+            >> 11
+            for k in keys
+        ),
+        dtype=np.float64,
+        count=len(keys),
+    )
+    out: FloatArray = words * 2.0**-53
+    return out

@@ -1,19 +1,47 @@
-"""SSD for scikit-learn: a classifier whose probabilities pass through the shield."""
+"""SSD for scikit-learn: a meta-estimator whose probabilities pass through the shield.
+
+:class:`ShieldedClassifier` wraps any classifier with ``predict_proba``. ``fit``
+holds out a stratified validation split (``val_size``), fits a clone of the
+estimator on the rest and the shield's prototypes on the held-out outputs; with
+``prefit=True`` the estimator is used as fitted and all of ``X, y`` is validation
+data. Labels may be of any type (the estimator's ``classes_``); the features go to
+the estimator untouched (DataFrames, sparse matrices, NaN where it accepts them),
+so the classifier works as the last step of a :class:`~sklearn.pipeline.Pipeline`,
+in ``clone``, ``cross_val_score`` and ``GridSearchCV`` (over ``estimator__*`` and
+``shield__*``).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
+import pandas as pd  # type: ignore[import-untyped]
+from sklearn.base import BaseEstimator, ClassifierMixin, MetaEstimatorMixin, clone
+from sklearn.model_selection import train_test_split
+from sklearn.utils import _safe_indexing
+from sklearn.utils._tags import get_tags
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted
+
+from defenses.checks import check_real
 
 
 class Shield(Protocol):
-    """What the wrapper needs of a fitted shield (a ``StealthyShield``)."""
+    """What the wrapper needs of a shield (a ``StealthyShield``)."""
 
     @property
     def n_classes(self) -> int:
         """Number of classes of the fitted prototypes."""
+        ...
+
+    def fit(self, val_probs: Any, val_labels: Any) -> Any:
+        """Fit the prototypes."""
+        ...
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The constructor's parameters."""
         ...
 
     def __call__(self, probs: Any, inputs: Any = None) -> Any:
@@ -21,31 +49,120 @@ class Shield(Protocol):
         ...
 
 
-class _ProbabilisticModel(Protocol):
-    def predict_proba(self, X: Any) -> Any:
-        """Class probabilities."""
-        ...
+def check_labels(y: Any) -> npt.NDArray[Any]:
+    """``y`` as a 1-D label array; NaN or missing labels raise ValueError naming y."""
+    labels = np.asarray(y)
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels.ravel()
+    if labels.ndim != 1:
+        raise ValueError(f"y must be 1-D labels, got shape {labels.shape}")
+    if labels.dtype.kind == "c":
+        raise ValueError(f"y must hold class labels, got {labels.dtype}")
+    if labels.size and pd.isna(labels).any():
+        raise ValueError("y contains NaN or missing labels; drop or label those rows")
+    check_classification_targets(labels)
+    return labels
 
 
-class ShieldedClassifier:
-    """A scikit-learn-style classifier whose probabilities pass through SSD."""
+class ShieldedClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):  # type: ignore[misc]
+    """A classifier whose probabilities pass through SSD.
 
-    def __init__(self, model: _ProbabilisticModel, shield: Shield) -> None:
-        self.model = model
+    Parameters
+    ----------
+    estimator : classifier with ``predict_proba``
+        The model to protect (cloned by :meth:`fit` unless ``prefit``).
+    shield : StealthyShield
+        The defense's settings (cloned and fitted by :meth:`fit`).
+    prefit : bool
+        Use ``estimator`` as fitted; :meth:`fit` then only builds the prototypes.
+    val_size : float
+        Fraction of ``X`` held out for the prototypes, in (0, 1).
+    random_state : int or None
+        Seed of the validation split.
+    """
+
+    _required_parameters: ClassVar[list[str]] = ["estimator", "shield"]
+
+    def __init__(
+        self,
+        estimator: Any,
+        shield: Shield,
+        *,
+        prefit: bool = False,
+        val_size: float = 0.25,
+        random_state: int | None = None,
+    ) -> None:
+        self.estimator = estimator
         self.shield = shield
+        self.prefit = prefit
+        self.val_size = val_size
+        self.random_state = random_state
 
-    @property
-    def classes_(self) -> Any:
-        """The wrapped classifier's ``classes_``."""
-        return getattr(self.model, "classes_", np.arange(self.shield.n_classes))
+    @classmethod
+    def prefitted(cls, estimator: Any, shield: Shield) -> ShieldedClassifier:
+        """A fitted wrapper around a fitted ``estimator`` and a fitted ``shield``."""
+        wrapped = cls(estimator, shield, prefit=True)
+        wrapped.estimator_ = estimator
+        wrapped.shield_ = shield
+        wrapped.classes_ = np.asarray(
+            getattr(estimator, "classes_", np.arange(shield.n_classes))
+        )
+        return wrapped
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        inner = get_tags(self.estimator)
+        tags.input_tags = inner.input_tags
+        tags.non_deterministic = self.shield.get_params().get("seeding") == "random"
+        return tags
+
+    def fit(self, X: Any, y: Any) -> ShieldedClassifier:
+        """Fit the estimator (unless ``prefit``) and the shield's prototypes."""
+        if not isinstance(self.prefit, bool | np.bool_):
+            raise ValueError(f"prefit must be True or False, got {self.prefit!r}")
+        labels = check_labels(y)
+        if self.prefit:
+            check_is_fitted(self.estimator)
+            self.estimator_ = self.estimator
+            X_val, y_val = X, labels
+        else:
+            check_real(
+                "val_size", self.val_size, 0.0, 1.0, open_low=True, open_high=True
+            )
+            rows = np.arange(labels.shape[0])
+            counts = np.unique(labels, return_counts=True)[1]
+            stratify = labels if counts.min(initial=0) >= 2 else None
+            train, val = train_test_split(
+                rows,
+                test_size=self.val_size,
+                stratify=stratify,
+                random_state=self.random_state,
+            )
+            self.estimator_ = clone(self.estimator).fit(
+                _safe_indexing(X, train), labels[train]
+            )
+            X_val, y_val = _safe_indexing(X, val), labels[val]
+        self.classes_ = np.asarray(self.estimator_.classes_)
+        positions = {label: i for i, label in enumerate(self.classes_.tolist())}
+        unknown = sorted({v for v in y_val.tolist() if v not in positions}, key=str)
+        if unknown:
+            raise ValueError(f"y has labels the estimator does not know: {unknown}")
+        codes = np.array([positions[v] for v in y_val.tolist()], dtype=np.int64)
+        self.shield_ = clone(self.shield)
+        self.shield_.fit(self.estimator_.predict_proba(X_val), codes)
+        for name in ("n_features_in_", "feature_names_in_"):
+            if hasattr(self.estimator_, name):
+                setattr(self, name, getattr(self.estimator_, name))
+        return self
 
     def predict_proba(self, X: Any) -> npt.NDArray[np.floating]:
-        """Defended probabilities."""
-        answers: npt.NDArray[np.floating] = self.shield(
-            np.asarray(self.model.predict_proba(X)), inputs=X
+        """Defended probabilities (columns in ``classes_`` order)."""
+        check_is_fitted(self, "shield_")
+        answers: npt.NDArray[np.floating] = self.shield_(
+            np.asarray(self.estimator_.predict_proba(X)), inputs=X
         )
         return answers
 
     def predict(self, X: Any) -> Any:
-        """Arg-max label of the defended probabilities, in ``classes_``."""
-        return np.asarray(self.classes_)[np.argmax(self.predict_proba(X), axis=1)]
+        """Arg-max label of the defended probabilities, from ``classes_``."""
+        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]

@@ -1,0 +1,100 @@
+"""Batches of probability rows for the fused kernel: conversion, blocks, checks.
+
+The kernel reads the caller's array in place when it is C-contiguous float32 or
+float64 (a torch CPU tensor is viewed, not copied); other dtypes are converted once.
+Large batches are cut into blocks of rows handed to a pool of threads (the kernel
+releases the GIL); each block returns the statistics of its rows that the input
+checks need, so no per-row array is kept.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+FloatArray = npt.NDArray[np.float64]
+
+PARALLEL_MIN_ENTRIES = 1 << 18
+"""Batches with fewer entries (N K) run on one thread: starting more costs more."""
+
+BLOCK_ENTRIES = 1 << 16
+"""Entries per block of rows handed to a thread (512 KiB of float64, about L2)."""
+
+
+def as_rows(
+    probs: Any, name: str = "probs"
+) -> tuple[npt.NDArray[np.floating[Any]], np.dtype[Any] | torch.dtype]:
+    """``probs`` as a C-contiguous float32/float64 array (a view where possible).
+
+    Returns the array and the dtype the caller gave (a torch dtype for a tensor;
+    float64 for integers and booleans), whose rounding the sum check allows.
+    Complex input raises TypeError: dropping the imaginary part would be silent.
+    """
+    given: np.dtype[Any] | torch.dtype
+    if isinstance(probs, torch.Tensor):
+        if probs.is_complex():
+            raise TypeError(f"{name} must be real, got {probs.dtype}")
+        given = probs.dtype if probs.is_floating_point() else torch.float64
+        tensor = probs.detach().cpu()
+        if tensor.dtype not in (torch.float32, torch.float64):
+            tensor = tensor.to(torch.float64)
+        array = tensor.contiguous().numpy()
+    else:
+        array = np.asarray(probs)
+        if array.dtype.kind == "c":
+            raise TypeError(f"{name} must be real, got {array.dtype}")
+        given = array.dtype if array.dtype.kind == "f" else np.dtype(np.float64)
+    single = array.dtype.kind == "f" and array.itemsize <= 4
+    work = np.float32 if single else np.float64
+    rows: npt.NDArray[np.floating[Any]]
+    try:
+        rows = np.ascontiguousarray(array, dtype=work)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{name} must be an array of numbers: {error}") from error
+    return rows, given
+
+
+def thread_count(n_threads: int | None, entries: int) -> int:
+    """Threads for a batch of ``entries`` (N K): one below the threshold."""
+    if entries < PARALLEL_MIN_ENTRIES:
+        return 1
+    if n_threads is not None:
+        return int(n_threads)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+
+
+def run_blocks(
+    block: Callable[[tuple[int, int]], FloatArray],
+    n: int,
+    k: int,
+    n_threads: int | None,
+) -> list[FloatArray]:
+    """Call ``block((start, stop))`` over rows ``0:n``, on threads when it pays."""
+    threads = thread_count(n_threads, n * max(k, 1))
+    if threads == 1:
+        return [block((0, n))]
+    step = max(1, BLOCK_ENTRIES // max(k, 1))
+    blocks = [(lo, min(lo + step, n)) for lo in range(0, n, step)]
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        return list(pool.map(block, blocks))
+
+
+def check_stats(results: list[FloatArray], tolerance: float) -> None:
+    """Raise ValueError unless every block's rows were finite, >= 0 and summed to 1."""
+    stats = np.array(results).reshape(-1, 3)
+    if not np.isfinite(stats[:, 0]).all():
+        raise ValueError("probs contains NaN or inf")
+    if stats.size and stats[:, 2].min() < 0:
+        raise ValueError(f"probs has negative entries (min {stats[:, 2].min():.3g})")
+    if stats.size and stats[:, 0].max() > tolerance:
+        worst = int(np.argmax(stats[:, 0]))
+        raise ValueError(
+            f"probs rows must sum to 1 (within {tolerance:.1e}); row "
+            f"{int(stats[worst, 1])} is off by {stats[worst, 0]:.3g}"
+        )
