@@ -1,0 +1,73 @@
+"""The ``defense-suite audit SPEC.toml --out DIR`` command.
+
+:func:`add_arguments` declares the command's arguments on the lead's subparser and
+:func:`run` executes it: read the spec (:mod:`defenses.audit.spec`), call its loader,
+audit the model, and write ``report.md``, ``report.json``, ``results.jsonl`` and the
+plots to ``DIR``. A bad spec raises :class:`~defenses.audit.spec.AuditSpecError`
+(a ``ValueError`` naming the file and key), which the CLI prints as ``error: ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from pathlib import Path
+
+from defenses.audit.report import AuditReport
+from defenses.audit.run import audit
+from defenses.audit.spec import AuditSpec, load_spec
+
+logger = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare ``SPEC`` and ``--out`` (and ``--seeds``) on ``parser``."""
+    parser.add_argument("spec", type=Path, help="audit spec (TOML)")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="folder for the report and plots"
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="override the spec's seeds",
+    )
+
+
+def run_spec(spec: AuditSpec, seeds: list[int] | None = None) -> AuditReport:
+    """Load the spec's model and records and audit them."""
+    inputs = spec.load()
+    config = spec.config
+    if seeds is not None:
+        config = dataclasses.replace(config, seeds=tuple(seeds))
+    private = (
+        spec.private_class if spec.private_class is not None else inputs.private_class
+    )
+    return audit(
+        inputs.model,
+        inputs.members,
+        inputs.non_members,
+        threat=spec.threat,
+        defenses=spec.defenses,
+        private_class=private,
+        test=inputs.test,
+        validation=inputs.validation,
+        public=inputs.public,
+        build_model=inputs.build_model,
+        input_shape=inputs.input_shape,
+        outputs=inputs.outputs,
+        config=config,
+        name=spec.name,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``defense-suite audit``; return the exit status (0)."""
+    spec = load_spec(args.spec)
+    report = run_spec(spec, args.seeds)
+    written = report.write(args.out)
+    for kind, path in written.items():
+        logger.info("wrote %s: %s", kind, path)
+    return 0

@@ -1,0 +1,111 @@
+"""The audit's plots: log-log ROC per attack and arm, utility against attack success.
+
+In the style of the benchmark report's plots (``results/plots``): one panel per
+attack, the undefended arm as a star (or a solid line), every defended arm labelled.
+The ROC is drawn on log-log axes, where the low-FPR regime that matters for
+membership inference (Carlini et al., 2022) is visible; the chance line is the
+diagonal.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+from defenses.results import UNDEFENDED, summarize
+
+if TYPE_CHECKING:
+    from defenses.audit.report import AuditReport
+
+LOG_FLOOR = 1e-4
+"""Rates are drawn from here up (log axes cannot show 0)."""
+
+HEADLINE = {"membership": "success.auc", "inversion": "success.acc@1"}
+
+
+def roc_plot(report: AuditReport, out: Path) -> Path:
+    """Log-log ROC curves, a panel per membership attack, a colour per arm."""
+    attacks = list(dict.fromkeys(c.attack for c in report.curves))
+    arms = list(dict.fromkeys(c.defense for c in report.curves))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(
+        1, len(attacks), figsize=(4.6 * len(attacks), 4.2), squeeze=False
+    )
+    for ax, attack in zip(axes[0], attacks, strict=True):
+        for i, arm in enumerate(arms):
+            curves = [
+                c for c in report.curves if c.attack == attack and c.defense == arm
+            ]
+            for j, curve in enumerate(curves):
+                ax.plot(
+                    np.maximum(curve.fpr, LOG_FLOOR),
+                    np.maximum(curve.tpr, LOG_FLOOR),
+                    color=colours[i % len(colours)],
+                    linestyle="-" if arm == UNDEFENDED else "--",
+                    alpha=0.8 if j == 0 else 0.35,
+                    label=arm if j == 0 else None,
+                )
+        ax.plot([LOG_FLOOR, 1], [LOG_FLOOR, 1], color="grey", lw=0.8, ls=":")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(LOG_FLOOR, 1)
+        ax.set_ylim(LOG_FLOOR, 1.05)
+        ax.set_xlabel("false positive rate")
+        ax.set_ylabel("true positive rate")
+        ax.set_title(attack)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{report.name}: membership ROC (one line per seed)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def tradeoff_plot(report: AuditReport, out: Path) -> Path | None:
+    """Test accuracy against each attack's headline success (mean ± std over seeds)."""
+    panels = []
+    for kind, metric in HEADLINE.items():
+        runs = report.of_kind(kind)
+        for attack in dict.fromkeys(r.attack for r in runs):
+            panels.append((attack, metric, [r for r in runs if r.attack == attack]))
+    if not panels:
+        return None
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False
+    )
+    x = "utility.accuracy"
+    for ax, (attack, metric, runs) in zip(axes[0], panels, strict=True):
+        for first, cells in summarize(runs, [x, metric]):
+            cx, cy = cells[x], cells[metric]
+            if cx is None or cy is None:
+                continue
+            undefended = first.defense == UNDEFENDED
+            ax.errorbar(
+                cx.mean,
+                cy.mean,
+                xerr=cx.std,
+                yerr=cy.std,
+                fmt="*" if undefended else "o",
+                markersize=12 if undefended else 6,
+                capsize=3,
+                label=first.defense,
+            )
+        ax.set_xlabel(x)
+        ax.set_ylabel(metric)
+        ax.set_title(attack)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{report.name}: utility against attack success")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
