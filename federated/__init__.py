@@ -11,7 +11,9 @@ Modules: :mod:`~federated.accounting` (Opacus RDP/PRV accounting and rate solver
 :mod:`~federated.client` (local DP-SGD: numpy and Opacus backends),
 :mod:`~federated.training` (the framework-free FedAvg loop),
 :mod:`~federated.arms` (the method and its baselines as defenses),
-:mod:`~federated.app` (the Flower ServerApp/ClientApp), :mod:`~federated.audit`
+:mod:`~federated.ledger` (a client's own privacy agreement and ledger),
+:mod:`~federated.flower` (the client mod, strategy wrapper, training helper and the
+package's own Flower app), :mod:`~federated.audit`
 (canary audit), :mod:`~federated.scenario` (harness wiring). Flower and Opacus are
 imported lazily, so importing this package needs neither.
 """

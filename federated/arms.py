@@ -25,7 +25,8 @@ import numpy as np
 
 from defenses.api import DefenseKind
 from defenses.checks import check_choice, check_real
-from federated.accounting import (
+
+from .accounting import (
     ACCOUNTANTS,
     Accountant,
     check_budget,
@@ -33,8 +34,8 @@ from federated.accounting import (
     epsilon,
     solve_noise_multiplier,
 )
-from federated.client import Params, StepPlan
-from federated.schedule import (
+from .client import Params, StepPlan
+from .schedule import (
     ClientSchedule,
     Policy,
     StrictOnly,
@@ -42,7 +43,7 @@ from federated.schedule import (
     Uniform,
     plan_schedules,
 )
-from federated.training import FedConfig, FederatedData, FederatedModel, run_federated
+from .training import FedConfig, FederatedData, FederatedModel, run_federated
 
 
 class BudgetedTask(Protocol):

@@ -18,7 +18,8 @@ import numpy.typing as npt
 
 from defenses.reference.attacks import LossThresholdAttack
 from defenses.threat import Capability
-from federated.audit import likelihood_ratio, matched_filter
+
+from .audit import likelihood_ratio, matched_filter
 
 FloatArray = npt.NDArray[np.float64]
 

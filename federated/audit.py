@@ -41,7 +41,8 @@ import numpy as np
 import numpy.typing as npt
 
 from defenses.metrics import epsilon_lower_bound
-from federated.client import Sampling, StepPlan, privatize, record_inclusion
+
+from .client import Sampling, StepPlan, privatize, record_inclusion
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]

@@ -22,9 +22,10 @@ import numpy as np
 
 from defenses.harness import measurement
 from defenses.results import Result
-from federated.accounting import Phase, epsilon
-from federated.audit import canary_audit
-from federated.client import Sampling, StepPlan
+
+from .accounting import Phase, epsilon
+from .audit import canary_audit
+from .client import Sampling, StepPlan
 
 CONTROLS = ("none", "wrong-rate", "no-saving-steps", "fixed-batches")
 
@@ -98,7 +99,8 @@ def flower_side_by_side(
     params: Mapping[str, Any], seeds: list[int]
 ) -> Iterator[Result]:
     """Run one configuration in-process (``none``) and on Flower (``flower``)."""
-    from federated.app import AppConfig, run_in_process, run_simulation
+    from .flower.config import AppConfig
+    from .flower.run import run_in_process, run_simulation
 
     for seed in seeds:
         config = AppConfig.from_mapping({**params, "seed": seed})

@@ -31,20 +31,21 @@ from defenses.oracle import QueryOracle
 from defenses.reference.attacks import MembershipView
 from defenses.registry import register
 from defenses.threat import Capability, Goal, Knowledge, Stage, ThreatModel
-from federated import benchmark, figures
-from federated.accounting import check_budget, check_delta
-from federated.attacks import AuditView, CanaryObserver, GlobalModelMIA
-from federated.audit import inclusion_profile, lower_bound, observe_canary
-from federated.client import MODELS, SAMPLINGS
-from federated.arms import (
+
+from . import benchmark, figures
+from .accounting import check_budget, check_delta
+from .arms import (
     DPFedAvg,
     FedAvgLearner,
     FlowerCentralDP,
     IDPFedAvg,
     TimeAdaptiveDP,
 )
-from federated.tasks import DATASETS, GROUP_NAMES, FederatedTask, make_task
-from federated.training import FedConfig, FederatedModel
+from .attacks import AuditView, CanaryObserver, GlobalModelMIA
+from .audit import inclusion_profile, lower_bound, observe_canary
+from .client import MODELS, SAMPLINGS
+from .tasks import DATASETS, GROUP_NAMES, FederatedTask, make_task
+from .training import FedConfig, FederatedModel
 
 FloatArray = npt.NDArray[np.float64]
 

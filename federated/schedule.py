@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from defenses.checks import check_int, check_real
-from federated.accounting import (
+
+from .accounting import (
     Accountant,
     Phase,
     check_accountant,

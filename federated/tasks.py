@@ -18,9 +18,10 @@ import numpy as np
 import numpy.typing as npt
 
 from defenses.data import Dataset, load_digits, make_coarse_to_fine, stratified_split
-from federated.client import FloatArray, IntArray, LocalData
-from federated.partition import dirichlet_split
-from federated.training import FederatedData
+
+from .client import FloatArray, IntArray, LocalData
+from .partition import dirichlet_split
+from .training import FederatedData
 
 GROUP_NAMES = ("strict", "moderate", "relaxed", "loose", "open")
 DATASETS = ("digits", "coarse_to_fine")
@@ -50,6 +51,27 @@ def load_dataset(name: str, rng: np.random.Generator) -> Dataset:
             rng, n_coarse=4, fine_per_coarse=3, dim=16, per_class=150, fine_spread=0.8
         )
     raise ValueError(f"dataset must be one of {DATASETS}, got {name!r}")
+
+
+def split_test(
+    dataset: str, test_fraction: float, rng: np.random.Generator
+) -> tuple[Dataset, IntArray, IntArray]:
+    """The data set, its stratified test and pool indices (first draws of rng)."""
+    data = load_dataset(dataset, rng)
+    test_i, pool_i = stratified_split(data.y, [test_fraction, 1.0 - test_fraction], rng)
+    return data, test_i, pool_i
+
+
+def load_test_set(
+    dataset: str, test_fraction: float, rng: np.random.Generator
+) -> tuple[FloatArray, IntArray, int]:
+    """Only the held-out test set of :func:`make_task` and the number of classes.
+
+    The same first draws as :func:`make_task`, so the same test set; no client
+    data is drawn.
+    """
+    data, test_i, _ = split_test(dataset, test_fraction, rng)
+    return data.X[test_i], data.y[test_i], data.n_classes
 
 
 def assign_groups(
@@ -91,8 +113,7 @@ def make_task(
     rng: np.random.Generator,
 ) -> FederatedTask:
     """Draw the split, the groups and the membership candidates."""
-    data = load_dataset(dataset, rng)
-    test_i, pool_i = stratified_split(data.y, [test_fraction, 1.0 - test_fraction], rng)
+    data, test_i, pool_i = split_test(dataset, test_fraction, rng)
     parts = dirichlet_split(data.y[pool_i], n_clients, alpha, rng)
     client_budgets, groups = assign_groups(n_clients, budgets, group_fractions)
     clients: list[LocalData] = []

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from federated.accounting import (
+from defense_suite.federated.accounting import (
     UnreachableBudget,
     epsilon,
     merge,

@@ -1,11 +1,16 @@
 import numpy as np
 import pytest
 
-from federated.accounting import epsilon
-from federated.audit import canary_audit, likelihood_ratio, lower_bound, observe_canary
-from federated.benchmark import audit_controls
-from federated.client import StepPlan
-from federated.schedule import TimeAdaptive, plan_schedules
+from defense_suite.federated.accounting import epsilon
+from defense_suite.federated.audit import (
+    canary_audit,
+    likelihood_ratio,
+    lower_bound,
+    observe_canary,
+)
+from defense_suite.federated.benchmark import audit_controls
+from defense_suite.federated.client import StepPlan
+from defense_suite.federated.schedule import TimeAdaptive, plan_schedules
 
 
 def test_controls_are_caught_and_correct_accountant_is_not():

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from federated.client import (
+from defense_suite.federated.client import (
     LocalData,
     StepPlan,
     _softmax_step,

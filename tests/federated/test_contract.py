@@ -1,12 +1,17 @@
 import numpy as np
 import pytest
 
+from defense_suite.federated.arms import (
+    DPFedAvg,
+    FlowerCentralDP,
+    IDPFedAvg,
+    TimeAdaptiveDP,
+)
+from defense_suite.federated.attacks import CanaryObserver, GlobalModelMIA
+from defense_suite.federated.scenario import FederatedAudit, FederatedMembership
 from defenses.harness import run_once
 from defenses.registry import available, create
 from defenses.testing import check_pair
-from federated.attacks import CanaryObserver, GlobalModelMIA
-from federated.arms import DPFedAvg, FlowerCentralDP, IDPFedAvg, TimeAdaptiveDP
-from federated.scenario import FederatedAudit, FederatedMembership
 
 TINY = {
     "n_clients": 4,

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
+from defense_suite.federated.benchmark import audit_controls
 from defenses.registry import load
-from federated.benchmark import audit_controls
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "federated.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)

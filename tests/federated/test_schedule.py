@@ -4,8 +4,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from federated.accounting import UnreachableBudget
-from federated.schedule import StrictOnly, TimeAdaptive, Uniform, plan_schedules
+from defense_suite.federated.accounting import UnreachableBudget
+from defense_suite.federated.schedule import (
+    StrictOnly,
+    TimeAdaptive,
+    Uniform,
+    plan_schedules,
+)
 
 DELTA = 1e-5
 BUDGETS = [1.0, 1.0, 3.0, 8.0]

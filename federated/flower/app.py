@@ -1,0 +1,290 @@
+"""The package's own Flower app, built on the public pieces a user's app uses.
+
+* ``client_app``: ``ClientApp(mods=[TimeAdaptiveMod(app_privacy)])``. Each client
+  loads its own partition (``partition-id`` / ``num-partitions`` from its node
+  config; the partition function :func:`client_data`), takes its round from
+  :class:`~federated.flower.client.TimeAdaptiveClient` and runs
+  :func:`federated.client.local_train` with the generator
+  ``default_rng([seed, partition, round])``. Its privacy agreement comes from its
+  node config (``epsilon``, ``delta``, ... as in
+  :func:`~federated.flower.mod.node_privacy`) or, where the node config sets no
+  ``epsilon``, from the run config's privacy groups (the simulation's stand-in,
+  :meth:`AppConfig.client_privacy`).
+* ``server_app``: FedAvg wrapped in
+  :class:`~federated.flower.strategy.TimeAdaptiveStrategy` (or, for ``dp-wrapper``,
+  Flower's ``DifferentialPrivacyServerSideFixedClipping``); it evaluates on the
+  held-out test set only (:func:`federated.tasks.load_test_set`) and never draws
+  client data. The summary (accuracy curve, per-client epsilon, budget and accuracy
+  on its own data, ``status``) goes as JSON to ``result-path`` or
+  ``$FEDERATED_RESULT_PATH``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import (
+    DifferentialPrivacyServerSideFixedClipping,
+    FedAvg,
+    Strategy,
+)
+
+from ..arms import central_noise_multiplier
+from ..client import (
+    FloatArray,
+    IntArray,
+    LocalData,
+    Params,
+    StepPlan,
+    init_params,
+    local_train,
+)
+from ..ledger import ClientPrivacy
+from ..tasks import load_test_set, make_task
+from ..training import accuracy_of
+from . import records
+from .client import TimeAdaptiveClient
+from .config import AppConfig
+from .mod import TimeAdaptiveMod
+from .strategy import ClientFailure, TimeAdaptiveStrategy
+
+TEST_FRACTION = 0.2
+
+
+@functools.lru_cache(maxsize=8)
+def _partitions(config: AppConfig, n: int) -> tuple[LocalData, ...]:
+    task = make_task(
+        dataset=config.dataset,
+        n_clients=n,
+        alpha=config.alpha,
+        budgets=config.budgets,
+        group_fractions=config.group_fractions,
+        delta=config.delta,
+        member_fraction=config.member_fraction,
+        test_fraction=TEST_FRACTION,
+        rng=np.random.default_rng(config.seed),
+    )
+    return task.data.clients
+
+
+def client_data(config: AppConfig, partition: int, partitions: int) -> LocalData:
+    """Partition ``partition`` of ``partitions``: the partition function."""
+    return _partitions(replace(config, n_clients=partitions), partitions)[partition]
+
+
+def test_set(config: AppConfig) -> tuple[FloatArray, IntArray, int]:
+    """The held-out test set the server evaluates on, and the number of classes."""
+    return load_test_set(
+        config.dataset, TEST_FRACTION, np.random.default_rng(config.seed)
+    )
+
+
+def initial_params(config: AppConfig, dim: int, n_classes: int) -> Params:
+    """Initial global weights, from the run seed."""
+    return init_params(
+        "mlp" if config.model == "mlp" else "softmax",
+        dim,
+        n_classes,
+        config.hidden,
+        np.random.default_rng([config.seed, 10**6]),
+    )
+
+
+def partition_of(context: Context) -> tuple[int, int]:
+    """The node's ``(partition-id, num-partitions)`` from its node config."""
+    try:
+        pid = records.typed("partition-id", context.node_config["partition-id"], int)
+        count = records.typed(
+            "num-partitions", context.node_config["num-partitions"], int
+        )
+    except KeyError:
+        raise ValueError(
+            "this SuperNode has no 'partition-id'/'num-partitions' in its node config; "
+            'start it with --node-config "partition-id=<i> num-partitions=<n>"'
+        ) from None
+    if not 0 <= pid < count:
+        raise ValueError(f"partition-id {pid} is not in 0..{count - 1}")
+    return int(pid), int(count)
+
+
+def run_config(context: Context) -> AppConfig:
+    """The run configuration from the client's own context."""
+    return AppConfig.from_mapping(dict(context.run_config))
+
+
+def app_privacy(config: AppConfig, context: Context) -> ClientPrivacy | None:
+    """The client's agreement: its node config, else the run config's groups."""
+    if "epsilon" in context.node_config:
+        defaults = {
+            "delta": config.delta,
+            "rounds": config.rounds,
+            "local-steps": config.local_steps,
+            "sigma": config.sigma,
+            "save-fraction": config.save_fraction,
+            "save-ratio": config.save_ratio,
+        }
+        return records.privacy_from_config(dict(context.node_config), defaults)
+    return config.client_privacy(*partition_of(context))
+
+
+def _arrays(msg: Message) -> Params:
+    arrays = msg.content.array_records
+    if len(arrays) != 1:
+        raise ValueError(f"expected one ArrayRecord, got {len(arrays)}")
+    record = next(iter(arrays.values()))
+    return [np.asarray(a, dtype=np.float64) for a in record.to_numpy_ndarrays()]
+
+
+def make_client_app(config: AppConfig | None = None) -> ClientApp:
+    """The ClientApp; ``config`` fixes the run config (else each context's own)."""
+
+    def own_config(context: Context) -> AppConfig:
+        return run_config(context) if config is None else config
+
+    def privacy(context: Context) -> ClientPrivacy | None:
+        return app_privacy(own_config(context), context)
+
+    mod = TimeAdaptiveMod(privacy)
+    app = mod.register(ClientApp(mods=[mod]))
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        """One round of local (DP-)SGD at the round the client granted."""
+        cfg = own_config(context)
+        pid, count = partition_of(context)
+        agreement = privacy(context)
+        if agreement is None:
+            asked = msg.content["config"]["server-round"]
+            server_round = int(records.typed("server-round", asked, int))
+            step = StepPlan(cfg.batch_rate, cfg.local_steps, None)
+        else:
+            granted = TimeAdaptiveClient(agreement, context).round(msg)
+            server_round = granted.server_round
+            step = StepPlan(granted.rate, granted.steps, granted.sigma)
+        data = client_data(cfg, pid, count)
+        rng = np.random.default_rng([cfg.seed, pid, server_round])
+        new = local_train(_arrays(msg), data, step, lr=cfg.lr, clip=cfg.clip, rng=rng)
+        metrics = MetricRecord({"num-examples": len(data)})
+        content = RecordDict({"arrays": ArrayRecord(new), "metrics": metrics})
+        return Message(content=content, reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        """Accuracy of the global model on this client's own records."""
+        data = client_data(own_config(context), *partition_of(context))
+        acc = accuracy_of(_arrays(msg), data.X, data.y)
+        metrics = MetricRecord({"num-examples": len(data), "accuracy": acc})
+        return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+
+    return app
+
+
+client_app = make_client_app()
+
+
+@dataclass
+class AppRun:
+    """What a run returns: accuracy per round, final weights, per-client privacy."""
+
+    curve: list[float]
+    params: Params
+    epsilons: list[float]
+    budgets: list[float]
+    clients: list[dict[str, Any]] = field(default_factory=list)
+    status: str = "completed"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary."""
+        return {
+            "status": self.status,
+            "curve": self.curve,
+            "epsilons": self.epsilons,
+            "budgets": self.budgets,
+            "clients": self.clients,
+        }
+
+
+def serve(grid: Grid, config: AppConfig) -> AppRun:
+    """The ServerApp's body: wrap FedAvg, train, evaluate on the test set."""
+    X_test, y_test, n_classes = test_set(config)
+    n = config.min_nodes
+    fedavg = FedAvg(
+        fraction_train=1.0,
+        fraction_evaluate=1.0,
+        min_train_nodes=n,
+        min_evaluate_nodes=n,
+        min_available_nodes=n,
+    )
+    strategy: Strategy = fedavg
+    wrapper: TimeAdaptiveStrategy | None = None
+    if config.dp_wrapper:
+        sigma = central_noise_multiplier(
+            min(config.budgets), config.delta, config.rounds
+        )
+        strategy = DifferentialPrivacyServerSideFixedClipping(
+            fedavg, sigma, config.clipping_norm, n
+        )
+    elif config.policy != "none":
+        wrapper = TimeAdaptiveStrategy(fedavg, timeout=config.timeout)
+        strategy = wrapper
+
+    def evaluate_fn(rnd: int, arrays: ArrayRecord) -> MetricRecord:
+        return MetricRecord(
+            {"accuracy": accuracy_of(arrays.to_numpy_ndarrays(), X_test, y_test)}
+        )
+
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(initial_params(config, X_test.shape[1], n_classes)),
+        num_rounds=config.rounds,
+        timeout=config.timeout,
+        evaluate_fn=evaluate_fn,
+    )
+    if len(result.train_metrics_clientapp) != config.rounds:
+        raise ClientFailure(
+            f"only {len(result.train_metrics_clientapp)} of {config.rounds} rounds "
+            "aggregated"
+        )
+    curve = [
+        float(
+            records.typed(
+                "accuracy", result.evaluate_metrics_serverapp[r]["accuracy"], float
+            )
+        )
+        for r in range(1, config.rounds + 1)
+    ]
+    clients = [] if wrapper is None else wrapper.final_summary()
+    clients.sort(key=lambda row: int(row["client"]) if row["client"].isdigit() else 0)
+    run = AppRun(
+        curve,
+        result.arrays.to_numpy_ndarrays(),
+        [float(row["epsilon"]) for row in clients],
+        [float(row["budget"]) for row in clients],
+        clients,
+    )
+    if config.result_path:
+        Path(config.result_path).write_text(json.dumps(run.to_dict()), encoding="utf-8")
+    return run
+
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Entry point of ``flwr run``: the run config comes from ``pyproject.toml``."""
+    config = run_config(context)
+    if not config.result_path:
+        config = replace(
+            config, result_path=os.environ.get("FEDERATED_RESULT_PATH", "")
+        )
+    serve(grid, config)

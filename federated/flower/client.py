@@ -1,0 +1,188 @@
+r"""The client-side API for the user's own training loop.
+
+A ClientApp creates a :class:`TimeAdaptiveClient` from its own privacy agreement
+(:class:`federated.ledger.ClientPrivacy`) and its ``Context``. For each train message
+:meth:`TimeAdaptiveClient.round` checks the requested round against the client's
+ledger and charges it (or returns the round that
+:class:`~federated.flower.mod.TimeAdaptiveMod` already granted for this message),
+giving a :class:`PrivateRound`: the sampling rate
+:math:`q`, noise multiplier :math:`\sigma` and step count :math:`k` of the round, and
+:meth:`PrivateRound.make_private`, which makes the user's ``nn.Module``, optimizer and
+data set private with Opacus (record-level DP-SGD: Poisson sampling at rate
+:math:`q`, per-example clipping to :math:`C`, Gaussian noise :math:`\sigma C` on the
+clipped sum). The optimizer refuses a step past the :math:`k` granted. The ledger is
+the one the mod enforces: one implementation (:class:`federated.ledger.PrivacyLedger`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from flwr.app import Context, Message
+
+from ..ledger import ClientPrivacy, Grant, PrivacyLedger, RoundRefused
+from . import records
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class PrivateRound:
+    """One granted round: ``steps`` DP-SGD steps at ``rate`` and ``sigma``."""
+
+    grant: Grant
+    ledger: PrivacyLedger
+    taken: int = 0
+
+    @property
+    def server_round(self) -> int:
+        """The round number."""
+        return self.grant.server_round
+
+    @property
+    def rate(self) -> float:
+        """Poisson sampling rate q of every step."""
+        return self.grant.rate
+
+    @property
+    def sigma(self) -> float:
+        """Noise multiplier of every step."""
+        return self.grant.sigma
+
+    @property
+    def steps(self) -> int:
+        """Steps granted (the optimizer refuses more)."""
+        return self.grant.steps
+
+    @property
+    def epsilon(self) -> float:
+        """Epsilon spent so far, this round included (the ledger's)."""
+        return self.ledger.epsilon
+
+    def _count(self, _: object) -> None:
+        self.taken += 1
+        if self.taken > self.grant.steps:
+            raise RoundRefused(
+                f"round {self.server_round}: step {self.taken} exceeds the "
+                f"{self.grant.steps} steps granted (rate={self.rate:.6g}, "
+                f"sigma={self.sigma:g}); the client's "
+                f"{self.ledger.privacy.describe()}"
+            )
+
+    def make_private(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        dataset: torch.utils.data.Dataset[Any],
+        *,
+        max_grad_norm: float,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Any, Any, Any]:
+        """The module, optimizer and a Poisson data loader made private with Opacus.
+
+        Returns ``(GradSampleModule, DPOptimizer, DPDataLoader)``. The loss must be a
+        mean over the batch (Opacus' default ``loss_reduction="mean"``); the
+        optimizer divides the noisy clipped sum by the expected batch size
+        :math:`q n`. ``generator`` seeds both the sampling and the noise.
+        """
+        from opacus import GradSampleModule
+        from opacus.data_loader import DPDataLoader
+        from opacus.optimizers import DPOptimizer
+
+        from defenses.checks import check_real
+
+        check_real("max_grad_norm", max_grad_norm, 0.0, open_low=True)
+        n = len(dataset)  # type: ignore[arg-type]
+        loader = DPDataLoader(dataset, sample_rate=self.rate, generator=generator)
+        model = (
+            module
+            if isinstance(module, GradSampleModule)
+            else GradSampleModule(module, loss_reduction="mean")
+        )
+        dp_optimizer = DPOptimizer(
+            optimizer,
+            noise_multiplier=self.sigma,
+            max_grad_norm=max_grad_norm,
+            expected_batch_size=max(1, round(self.rate * n)),
+            loss_reduction="mean",
+            generator=generator,
+        )
+        dp_optimizer.attach_step_hook(self._count)
+        return model, dp_optimizer, loader
+
+    def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """Exactly :attr:`steps` Poisson batches from ``loader`` (cycled if short)."""
+        return islice(cycle_fresh(loader), self.steps)
+
+
+def cycle_fresh(loader: Iterable[Any]) -> Iterator[Any]:
+    """Iterate ``loader`` again and again (a new Poisson draw every pass)."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            return
+
+
+class TimeAdaptiveClient:
+    """A client's privacy in its own ClientApp: its agreement, ledger and rounds.
+
+    Parameters
+    ----------
+    privacy : ClientPrivacy
+        The client's own budget and spending (never from a server message).
+    context : Context
+        The ClientApp's context; the ledger lives in ``context.state``.
+    """
+
+    def __init__(self, privacy: ClientPrivacy, context: Context) -> None:
+        self.privacy = privacy
+        self.context = context
+
+    @property
+    def ledger(self) -> PrivacyLedger:
+        """The client's ledger as stored in its state."""
+        return records.load_ledger(self.context, self.privacy)
+
+    @property
+    def epsilon(self) -> float:
+        """Epsilon spent so far (the ledger's)."""
+        return self.ledger.epsilon
+
+    def grant(self, msg: Message) -> PrivateRound:
+        """Check the message's round against the ledger and charge it.
+
+        Raises
+        ------
+        RoundRefused
+            If the client refuses the round (see
+            :meth:`federated.ledger.PrivacyLedger.check`).
+        """
+        ledger = self.ledger
+        asked = records.request(msg)
+        grant = ledger.grant(
+            asked[records.ROUND],
+            asked[records.RATE],
+            asked[records.SIGMA],
+            asked[records.STEPS],
+        )
+        records.save_ledger(self.context, ledger, grant, msg)
+        return PrivateRound(grant, ledger)
+
+    def round(self, msg: Message) -> PrivateRound:
+        """The round for ``msg``: the one the mod granted for it, or granted now.
+
+        A grant is tied to the message it answered (its object id), so a replayed
+        message, even with the same values, goes through :meth:`grant` and is
+        refused.
+        """
+        done = records.last_grant(self.context, msg)
+        if done is not None:
+            return PrivateRound(done, self.ledger)
+        return self.grant(msg)
