@@ -12,10 +12,11 @@ the attacks that try to break the certificate, and :mod:`defenses.civet.scenario
 for the harness wiring.
 """
 
-from defenses.civet.bounds import Box, UnsupportedLayerError, ibp
+from defenses.civet.bounds import Box, UnsupportedLayerError
 from defenses.civet.certificate import Certificate, certify
 from defenses.civet.crown import crown
 from defenses.civet.defense import TrainConfig, TrainLog, train_vae
+from defenses.civet.graph import ibp
 from defenses.civet.model import VAE, conv_vae, mlp_vae
 
 __all__ = [

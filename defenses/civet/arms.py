@@ -21,16 +21,20 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import numpy.typing as npt
 import torch
+from torch import nn
 
 from defenses.api import DefenseKind
-from defenses.checks import check_int, check_real
+from defenses.checks import check_choice, check_int, check_real
 from defenses.civet.certificate import Certificate, certify
 from defenses.civet.defense import METHODS, Method, TrainConfig, TrainLog, train_vae
-from defenses.civet.model import VAE, conv_vae, mlp_vae
+from defenses.civet.model import conv_vae, mlp_vae
+from defenses.civet.protocol import VAEInterface, as_vae
 from defenses.civet.support import check_levels
+from defenses.civet.tasks import USER_ARCHS, user_vae
 from defenses.threads import torch_generator
 
 FloatArray = npt.NDArray[np.float64]
+ARCHS = ("mlp", "conv", *USER_ARCHS)
 
 
 class VAETaskLike(Protocol):
@@ -51,7 +55,7 @@ class VAETaskLike(Protocol):
 class TrainedVAE:
     """A fitted system: the VAE, how it was trained, and its training log."""
 
-    model: VAE
+    model: VAEInterface
     method: str
     log: TrainLog
 
@@ -62,13 +66,16 @@ class VAELearner:
 
     Parameters
     ----------
-    arch : {"mlp", "conv"}
-        MLP encoder/decoder, or the small convolutional one (needs
-        ``task.image_shape``).
+    arch : {"mlp", "conv", "user-conv", "user-resmlp"}
+        The built-in container as an MLP or the small convolutional one (needs
+        ``task.image_shape``), or a user-style module of
+        :mod:`defenses.civet.tasks` (:class:`~defenses.civet.tasks.ConvVAE`,
+        :class:`~defenses.civet.tasks.ResidualMLPVAE`).
     latent_dim : int
         Latent dimension, >= 1.
     hidden : tuple of int
-        MLP widths (for "conv", the last one is the dense width).
+        MLP widths (for the others, the last one is the dense width; for
+        "user-resmlp" the number of entries is the number of residual blocks).
     method : {"standard", "pgd", "civet"}
         Training objective.
     config : TrainConfig
@@ -82,19 +89,20 @@ class VAELearner:
     config: TrainConfig = dataclasses.field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        if self.arch not in ("mlp", "conv"):
-            raise ValueError(
-                f"VAELearner.arch must be 'mlp' or 'conv', got {self.arch!r}"
-            )
+        check_choice("VAELearner.arch", self.arch, ARCHS)
         if self.method not in METHODS:
             raise ValueError(
                 f"VAELearner.method must be one of {METHODS}, got {self.method!r}"
             )
         check_int("VAELearner.latent_dim", self.latent_dim, 1)
 
-    def build(self, task: VAETaskLike, generator: torch.Generator) -> VAE:
+    def build(self, task: VAETaskLike, generator: torch.Generator) -> nn.Module:
         """A freshly initialised VAE for the task's input size."""
         n_features = int(task.train.shape[1])
+        if self.arch in USER_ARCHS:
+            return user_vae(
+                self.arch, n_features, self.latent_dim, self.hidden, generator
+            )
         if self.arch == "mlp":
             return mlp_vae(n_features, self.latent_dim, self.hidden, generator)
         if task.image_shape is None:
@@ -109,9 +117,9 @@ class VAELearner:
     def fit(self, task: VAETaskLike, rng: np.random.Generator) -> TrainedVAE:
         """Initialise and train a VAE using only the randomness of ``rng``."""
         generator = torch_generator(rng)
-        model = self.build(task, generator)
-        log = train_vae(model, task.train, self.method, self.config, generator)
-        return TrainedVAE(model, self.method, log)
+        vae = as_vae(self.build(task, generator), task.train)
+        log = train_vae(vae, task.train, self.method, self.config, generator)
+        return TrainedVAE(vae, self.method, log)
 
 
 def certificate_metrics(

@@ -29,9 +29,11 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 import torch
+from torch import nn
 
 from defenses.checks import check_int, check_real
-from defenses.civet.model import VAE, as_inputs, sse
+from defenses.civet.model import sse
+from defenses.civet.protocol import VAEInterface, as_vae
 from defenses.metrics import clopper_pearson
 from defenses.threads import torch_generator, torch_threads
 from defenses.threat import Capability
@@ -46,8 +48,9 @@ class VAEView:
 
     Attributes
     ----------
-    model : VAE
-        The deployed model (a copy; the adversary may read it freely).
+    model : torch.nn.Module or VAEInterface
+        The deployed model (a copy; the adversary may read it freely): any module
+        of the VAE protocol (:mod:`defenses.civet.protocol`).
     x : ndarray of shape (n, n_features)
         Clean inputs to attack; the loss is measured against them.
     eps : float
@@ -59,7 +62,7 @@ class VAEView:
         The level the certificate is stated at.
     """
 
-    model: VAE
+    model: nn.Module | VAEInterface
     x: FloatArray
     eps: float
     k: float
@@ -112,14 +115,18 @@ def projected_ascent(
     return best, best_value
 
 
-def _ball(view: VAEView, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    low, high = view.model.domain
-    return (x - view.eps).clamp(low, high), (x + view.eps).clamp(low, high)
+def _ball(
+    vae: VAEInterface, eps: float, x: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    low, high = vae.domain
+    return (x - eps).clamp(low, high), (x + eps).clamp(low, high)
 
 
-def _inputs(view: VAEView) -> torch.Tensor:
-    dtype = next(view.model.parameters()).dtype
-    return as_inputs(view.x, view.model.n_features, view.model.domain, dtype)
+def _open(view: VAEView) -> tuple[VAEInterface, torch.Tensor]:
+    """The view's model in eval mode, and its validated inputs."""
+    vae = as_vae(view.model, view.x)
+    vae.module.eval()
+    return vae, vae.inputs(view.x)
 
 
 def _check(owner: str, **values: int) -> None:
@@ -158,15 +165,14 @@ class JointPGD:
     def run(self, view: VAEView, rng: np.random.Generator) -> VAEGuess:
         """Return the worst (input, noise) pair found for each row."""
         g = torch_generator(rng)
-        model = view.model.eval()
-        x = _inputs(view)
-        low, high = _ball(view, x)
+        model, x = _open(view)
+        low, high = _ball(model, view.eps, x)
         shape = (x.shape[0], model.latent_dim)
         nu_low = torch.full(shape, -view.k, dtype=x.dtype)
         nu_high = torch.full(shape, view.k, dtype=x.dtype)
 
         def objective(v: Sequence[torch.Tensor]) -> torch.Tensor:
-            return sse(model(v[0], v[1]), x)
+            return sse(model.reconstruct(v[0], v[1]), x)
 
         best_x, best_nu = x.clone(), torch.zeros(shape, dtype=x.dtype)
         best = torch.full((x.shape[0],), -torch.inf, dtype=x.dtype)
@@ -222,18 +228,16 @@ class EOTPGD:
     def run(self, view: VAEView, rng: np.random.Generator) -> VAEGuess:
         """Return the input that maximised the estimated expected loss per row."""
         g = torch_generator(rng)
-        model = view.model.eval()
-        x = _inputs(view)
-        low, high = _ball(view, x)
+        model, x = _open(view)
+        low, high = _ball(model, view.eps, x)
 
         def objective(v: Sequence[torch.Tensor]) -> torch.Tensor:
             mu, logvar = model.encode(v[0])
             noise = torch.randn((self.samples, *mu.shape), generator=g, dtype=mu.dtype)
             z = mu[None] + torch.exp(0.5 * logvar)[None] * noise
             recon = model.decode(z.reshape(-1, model.latent_dim))
-            return (
-                sse(recon, x.repeat(self.samples, 1)).reshape(self.samples, -1).mean(0)
-            )
+            targets = x.repeat(self.samples, *([1] * (x.ndim - 1)))
+            return sse(recon, targets).reshape(self.samples, -1).mean(0)
 
         with torch_threads(self.threads):
             (best,), _ = projected_ascent(
@@ -268,8 +272,7 @@ class LatentAttack:
 
     def run(self, view: VAEView, rng: np.random.Generator) -> VAEGuess:
         """Return inputs whose posterior is closest to their targets' posteriors."""
-        model = view.model.eval()
-        x = _inputs(view)
+        model, x = _open(view)
         n = x.shape[0]
         shift = int(rng.integers(1, n)) if n > 1 else 0
         order = rng.permutation(n)
@@ -277,7 +280,7 @@ class LatentAttack:
         target[order] = torch.as_tensor(np.roll(order, shift))
         with torch.no_grad():
             mu_t, logvar_t = model.encode(x[target])
-        low, high = _ball(view, x)
+        low, high = _ball(model, view.eps, x)
 
         def objective(v: Sequence[torch.Tensor]) -> torch.Tensor:
             mu, logvar = model.encode(v[0])
@@ -319,11 +322,10 @@ class MaxDamage:
     def run(self, view: VAEView, rng: np.random.Generator) -> VAEGuess:
         """Return the inputs that moved the mean reconstruction the most."""
         g = torch_generator(rng)
-        model = view.model.eval()
-        x = _inputs(view)
+        model, x = _open(view)
         with torch.no_grad():
             reference = model.decode(model.encode(x)[0])
-        low, high = _ball(view, x)
+        low, high = _ball(model, view.eps, x)
 
         def objective(v: Sequence[torch.Tensor]) -> torch.Tensor:
             return sse(model.decode(model.encode(v[0])[0]), reference)
@@ -363,7 +365,10 @@ class MCCheck:
 
 
 def losses_at(
-    model: VAE, x_in: torch.Tensor, target: torch.Tensor, noise: torch.Tensor
+    model: VAEInterface,
+    x_in: torch.Tensor,
+    target: torch.Tensor,
+    noise: torch.Tensor,
 ) -> torch.Tensor:
     """Squared errors to ``target`` of each noise draw at ``x_in``.
 
@@ -374,7 +379,7 @@ def losses_at(
         z = mu[None] + torch.exp(0.5 * logvar)[None] * noise
         recon = model.decode(z.reshape(-1, model.latent_dim))
         recon = recon.reshape(noise.shape[0], *target.shape)
-        return ((recon - target[None]) ** 2).sum(dim=2)
+        return ((recon - target[None]) ** 2).flatten(2).sum(dim=2)
 
 
 def fraction_under(
@@ -390,7 +395,7 @@ def fraction_under(
 
 
 def mc_check(
-    model: VAE,
+    model: nn.Module | VAEInterface,
     x: npt.ArrayLike,
     x_adv: npt.ArrayLike,
     bound: npt.ArrayLike,
@@ -403,8 +408,8 @@ def mc_check(
 
     Parameters
     ----------
-    model : VAE
-        The certified model.
+    model : torch.nn.Module or VAEInterface
+        The certified model (any module of the VAE protocol).
     x, x_adv : array-like of shape (n, n_features)
         Clean inputs (the targets) and the attacked inputs.
     bound : array-like of shape (n,)
@@ -421,9 +426,9 @@ def mc_check(
     """
     check_real("p", p, 0.0, 1.0, open_low=True, open_high=True)
     _check("mc_check", samples=samples)
-    dtype = next(model.parameters()).dtype
-    clean = as_inputs(x, model.n_features, model.domain, dtype)
-    adv = as_inputs(x_adv, model.n_features, model.domain, dtype)
+    vae = as_vae(model, x)
+    dtype = vae.dtype
+    clean, adv = vae.inputs(x), vae.inputs(x_adv, "x_adv")
     if adv.shape != clean.shape:
         raise ValueError(
             f"x_adv must have shape {tuple(clean.shape)}, got {tuple(adv.shape)}"
@@ -433,7 +438,8 @@ def mc_check(
         raise ValueError(f"bound must be finite with shape ({clean.shape[0]},)")
     generator = torch_generator(rng if rng is not None else torch.Generator())
     noise = torch.randn(
-        (samples, clean.shape[0], model.latent_dim), generator=generator, dtype=dtype
+        (samples, clean.shape[0], vae.latent_dim), generator=generator, dtype=dtype
     )
-    losses = losses_at(model.eval(), adv, clean, noise).double().numpy()
+    vae.module.eval()
+    losses = losses_at(vae, adv, clean, noise).double().numpy()
     return fraction_under(losses, limit, p, confidence)

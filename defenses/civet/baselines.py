@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import torch
 
-from defenses.civet.model import VAE, sse
+from defenses.civet.model import sse
+from defenses.civet.protocol import VAEInterface
 
 
 def pgd_inputs(
-    model: VAE,
+    vae: VAEInterface,
     x: torch.Tensor,
     nu: torch.Tensor,
     eps: float,
@@ -24,14 +25,14 @@ def pgd_inputs(
     generator: torch.Generator,
 ) -> torch.Tensor:
     """Signed-gradient PGD on the squared error to ``x`` for fixed noise ``nu``."""
-    low, high = model.domain
+    low, high = vae.domain
     lower, upper = (x - eps).clamp(low, high), (x + eps).clamp(low, high)
     start = torch.rand(x.shape, generator=generator, dtype=x.dtype)
     adv = lower + (upper - lower) * start
     step = 2.5 * eps / steps
     for _ in range(steps):
         adv.requires_grad_(True)
-        loss = sse(model(adv, nu), x).sum()
+        loss = sse(vae.reconstruct(adv, nu), x).sum()
         (grad,) = torch.autograd.grad(loss, adv)
         adv = torch.minimum(
             torch.maximum(adv.detach() + step * grad.sign(), lower), upper

@@ -1,4 +1,4 @@
-r"""Interval bound propagation (IBP) through the layers our VAEs use.
+r"""Interval bound propagation (IBP): the box domain and the rule of every layer.
 
 A box :math:`[l, u]` is carried as centre :math:`c = (u + l)/2` and radius
 :math:`r = (u - l)/2`. For an affine layer :math:`f(x) = Wx + b` (Linear, Conv2d,
@@ -8,23 +8,41 @@ ConvTranspose2d are all of this form) the image of the box lies in
 
 (Gowal et al., "On the effectiveness of interval bound propagation", 2018). A
 monotone non-decreasing elementwise map :math:`g` (ReLU, LeakyReLU with a
-non-negative slope, Sigmoid, Tanh, Softplus, ELU, Hardtanh) maps the box to
-:math:`[g(l), g(u)]`; max pooling is monotone in every input, and reshapes act on
-both ends. Every operation is differentiable in the parameters, so the bounds can be
-trained through (certified training, Xu et al., "Support is All You Need for
-Certified VAE Training", ICLR 2025).
+non-negative slope, Sigmoid, Tanh, Softplus, ELU with alpha >= 0, Hardtanh) maps the
+box to :math:`[g(l), g(u)]`. So does every map that is non-decreasing in each input:
+max and average pooling, nearest and (bi/tri)linear upsampling (convex combinations
+of inputs), eval-mode Dropout (the identity) and reshapes.
 
-A layer outside this list raises :class:`UnsupportedLayerError` naming it: an
-unsupported layer never yields a silently unsound bound.
+*Per-channel affine maps* (BatchNorm in eval mode,
+:math:`y = s \odot x + t` with :math:`s = \gamma / \sqrt{\hat\sigma^2 + \epsilon}`
+and :math:`t = \beta - s\hat\mu`) take :math:`[\min(s l, s u) + t,
+\max(s l, s u) + t]`, exact for either sign of :math:`s`.
+
+*Unimodal activations* fall, then rise, around their minimiser :math:`x^\ast`: SiLU
+:math:`x\,\sigma(x)` (:math:`x^\ast \approx -1.2785`), GELU :math:`x\,\Phi(x)`
+(:math:`x^\ast \approx -0.7518`, and the tanh approximation), LeakyReLU with a
+negative slope and ELU with a negative alpha (:math:`x^\ast = 0`). Over
+:math:`[l, u]` the maximum is :math:`\max(g(l), g(u))` and the minimum is
+:math:`g(x^\ast)` if :math:`l \le x^\ast \le u`, else :math:`\min(g(l), g(u))`:
+both exact.
+
+Every rule is differentiable in the parameters, so the bounds can be trained through
+(certified training, Xu et al., "Support is All You Need for Certified VAE
+Training", ICLR 2025). :mod:`defenses.civet.graph` applies these rules along a
+module's traced graph; a layer outside this list raises
+:class:`UnsupportedLayerError` naming it: an unsupported layer never yields a
+silently unsound bound.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from scipy import optimize, special
 from torch import nn
 
 
@@ -93,52 +111,136 @@ class Box:
         return inside.reshape(inside.shape[0], -1).all(dim=1)
 
 
-_MONOTONE: tuple[type[nn.Module], ...] = (
-    nn.ReLU,
-    nn.Sigmoid,
-    nn.Tanh,
-    nn.Softplus,
-    nn.ELU,
-    nn.Hardtanh,
-    nn.ReLU6,
-    nn.Identity,
-    nn.Flatten,
-    nn.Unflatten,
-    nn.MaxPool2d,
-)
+Rule = Callable[[Box], Box]
 
 
-def _affine(
+def monotone(box: Box, fn: Callable[[torch.Tensor], torch.Tensor]) -> Box:
+    """Image of ``box`` under a map that is non-decreasing in every input."""
+    return Box(fn(box.lower), fn(box.upper))
+
+
+def affine(
     box: Box,
     apply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
     weight: torch.Tensor,
     bias: torch.Tensor | None,
 ) -> Box:
+    """Image of ``box`` under ``x -> apply(x, weight, bias)``, linear in ``x``.
+
+    Centre :math:`Wc + b`, radius :math:`|W| r`.
+    """
     center = apply(box.center, weight, bias)
     radius = apply(box.radius, weight.abs(), None)
     return Box(center - radius, center + radius)
 
 
-def _linear(layer: nn.Linear, box: Box) -> Box:
-    return _affine(box, F.linear, layer.weight, layer.bias)
+def scale_shift(box: Box, scale: torch.Tensor, shift: torch.Tensor | float) -> Box:
+    """Image of ``box`` under the elementwise map ``scale * x + shift`` (any sign)."""
+    a, b = box.lower * scale, box.upper * scale
+    return Box(torch.minimum(a, b) + shift, torch.maximum(a, b) + shift)
 
 
-def _conv2d(layer: nn.Conv2d, box: Box) -> Box:
+def unimodal(
+    box: Box,
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    argmin: float,
+    minimum: float,
+) -> Box:
+    r"""Exact image of ``box`` under an elementwise map falling then rising.
+
+    ``fn`` decreases on :math:`(-\infty, x^\ast]` and increases on
+    :math:`[x^\ast, \infty)`, with :math:`x^\ast` = ``argmin`` and
+    :math:`g(x^\ast)` = ``minimum``.
+    """
+    low, high = fn(box.lower), fn(box.upper)
+    inside = (box.lower <= argmin) & (box.upper >= argmin)
+    floor = torch.where(inside, torch.full_like(low, minimum), torch.minimum(low, high))
+    return Box(floor, torch.maximum(low, high))
+
+
+def _stationary(
+    derivative: Callable[[float], float], value: Callable[[float], float]
+) -> tuple[float, float]:
+    """The minimiser on [-3, -0.1] (a root of the derivative) and the minimum."""
+    point = float(optimize.brentq(derivative, -3.0, -0.1, xtol=1e-15, rtol=1e-15))
+    return point, float(value(point))
+
+
+def _silu_slope(x: float) -> float:
+    s = float(special.expit(x))
+    return s * (1.0 + x * (1.0 - s))
+
+
+def _gelu_slope(x: float) -> float:
+    return float(special.ndtr(x)) + x * math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+
+
+_C, _A = math.sqrt(2.0 / math.pi), 0.044715
+
+
+def _gelu_tanh(x: float) -> float:
+    return 0.5 * x * (1.0 + math.tanh(_C * (x + _A * x**3)))
+
+
+def _gelu_tanh_slope(x: float) -> float:
+    t = math.tanh(_C * (x + _A * x**3))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _C * (1.0 + 3.0 * _A * x * x)
+
+
+SILU_MIN = _stationary(_silu_slope, lambda x: x * float(special.expit(x)))
+GELU_MIN = {
+    "none": _stationary(_gelu_slope, lambda x: x * float(special.ndtr(x))),
+    "tanh": _stationary(_gelu_tanh_slope, _gelu_tanh),
+}
+LINEAR_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear", "area")
+
+_MONOTONE: tuple[type[nn.Module], ...] = (
+    nn.ReLU,
+    nn.Sigmoid,
+    nn.Tanh,
+    nn.Softplus,
+    nn.Hardtanh,
+    nn.ReLU6,
+    nn.Identity,
+    nn.Flatten,
+    nn.Unflatten,
+    nn.MaxPool1d,
+    nn.MaxPool2d,
+    nn.AdaptiveMaxPool1d,
+    nn.AdaptiveMaxPool2d,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+)
+_DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.AlphaDropout)
+_BATCHNORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def _conv(layer: nn.Conv1d | nn.Conv2d) -> Rule:
+    conv = F.conv1d if isinstance(layer, nn.Conv1d) else F.conv2d
+
     def apply(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        return F.conv2d(
+        out: torch.Tensor = conv(
             x, w, b, layer.stride, layer.padding, layer.dilation, layer.groups
         )
+        return out
 
-    return _affine(box, apply, layer.weight, layer.bias)
+    return lambda box: affine(box, apply, layer.weight, layer.bias)
 
 
-def _conv_transpose2d(layer: nn.ConvTranspose2d, box: Box) -> Box:
+def _conv_transpose(layer: nn.ConvTranspose1d | nn.ConvTranspose2d) -> Rule:
     padding = layer.padding
     if isinstance(padding, str):
         raise UnsupportedLayerError(f"{layer!r}: string padding is not supported")
+    conv = (
+        F.conv_transpose1d
+        if isinstance(layer, nn.ConvTranspose1d)
+        else F.conv_transpose2d
+    )
 
     def apply(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        return F.conv_transpose2d(
+        out: torch.Tensor = conv(
             x,
             w,
             b,
@@ -148,81 +250,102 @@ def _conv_transpose2d(layer: nn.ConvTranspose2d, box: Box) -> Box:
             layer.groups,
             layer.dilation,
         )
+        return out
 
-    return _affine(box, apply, layer.weight, layer.bias)
-
-
-def _is_monotone(layer: nn.Module) -> bool:
-    if isinstance(layer, nn.LeakyReLU):
-        return layer.negative_slope >= 0
-    if isinstance(layer, nn.ELU):
-        return layer.alpha >= 0
-    if isinstance(layer, nn.Hardtanh):
-        return layer.min_val <= layer.max_val
-    if isinstance(layer, nn.Dropout):
-        return not layer.training
-    return isinstance(layer, _MONOTONE)
+    return lambda box: affine(box, apply, layer.weight, layer.bias)
 
 
-def _rule(layer: nn.Module) -> Callable[[Box], Box]:
-    """The propagation rule of one (non-sequential) layer."""
+def batch_norm_affine(
+    mean: torch.Tensor,
+    var: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Scale and shift of eval-mode batch normalisation.
+
+    :math:`s = \gamma/\sqrt{\hat\sigma^2 + \epsilon}`, :math:`t = \beta - s\hat\mu`.
+    """
+    scale = torch.rsqrt(var + eps)
+    if weight is not None:
+        scale = scale * weight
+    shift = -mean * scale
+    if bias is not None:
+        shift = shift + bias
+    return scale, shift
+
+
+def channel_affine(box: Box, scale: torch.Tensor, shift: torch.Tensor) -> Box:
+    """:func:`scale_shift` with per-channel (dimension 1) ``scale`` and ``shift``."""
+    shape = (1, -1) + (1,) * (box.lower.ndim - 2)
+    return scale_shift(box, scale.reshape(shape), shift.reshape(shape))
+
+
+def _batch_norm(layer: nn.modules.batchnorm._BatchNorm) -> Rule:
+    if layer.training or layer.running_mean is None or layer.running_var is None:
+        raise UnsupportedLayerError(
+            f"{layer!r} uses batch statistics (training mode or no running "
+            "statistics), which have no sound interval rule; call .eval() first"
+        )
+    mean, var = layer.running_mean, layer.running_var
+
+    def rule(box: Box) -> Box:
+        scale, shift = batch_norm_affine(mean, var, layer.weight, layer.bias, layer.eps)
+        return channel_affine(box, scale, shift)
+
+    return rule
+
+
+def _activation(layer: nn.Module) -> Rule | None:
+    """Rules of the elementwise activations, monotone or unimodal."""
+    if isinstance(layer, nn.SiLU):
+        return lambda box: unimodal(box, layer, *SILU_MIN)
+    if isinstance(layer, nn.GELU) and layer.approximate in GELU_MIN:
+        return lambda box: unimodal(box, layer, *GELU_MIN[layer.approximate])
+    if isinstance(layer, nn.LeakyReLU | nn.ELU):
+        slope = layer.negative_slope if isinstance(layer, nn.LeakyReLU) else layer.alpha
+        if slope >= 0:
+            return lambda box: monotone(box, layer)
+        return lambda box: unimodal(box, layer, 0.0, 0.0)
+    if isinstance(layer, nn.Hardtanh) and layer.min_val > layer.max_val:
+        return None
+    if isinstance(layer, _MONOTONE):
+        return lambda box: monotone(box, layer)
+    return None
+
+
+def layer_rule(layer: nn.Module) -> Rule:
+    """The rule of one leaf layer, or :class:`UnsupportedLayerError` naming it."""
     if isinstance(layer, nn.Linear):
-        return lambda box: _linear(layer, box)
-    if isinstance(layer, nn.Conv2d) and layer.padding_mode == "zeros":
-        return lambda box: _conv2d(layer, box)
-    if isinstance(layer, nn.ConvTranspose2d):
-        return lambda box: _conv_transpose2d(layer, box)
-    if _is_monotone(layer):
-        return lambda box: Box(layer(box.lower), layer(box.upper))
+        return lambda box: affine(box, F.linear, layer.weight, layer.bias)
+    if isinstance(layer, nn.Conv1d | nn.Conv2d) and layer.padding_mode == "zeros":
+        return _conv(layer)
+    if isinstance(layer, nn.ConvTranspose1d | nn.ConvTranspose2d):
+        return _conv_transpose(layer)
+    if isinstance(layer, _BATCHNORM):
+        return _batch_norm(layer)
+    if isinstance(layer, _DROPOUT) and not layer.training:
+        return lambda box: box
+    if isinstance(layer, nn.Upsample) and layer.mode in LINEAR_MODES:
+        return lambda box: monotone(box, layer)
+    rule = _activation(layer)
+    if rule is not None:
+        return rule
     raise UnsupportedLayerError(
         f"interval bound propagation has no sound rule for layer {layer!r} "
-        f"({type(layer).__name__}); supported: Linear, Conv2d (zero padding), "
-        "ConvTranspose2d, monotone activations (ReLU, LeakyReLU with slope >= 0, "
-        "Sigmoid, Tanh, Softplus, ELU with alpha >= 0, Hardtanh, ReLU6), MaxPool2d, "
-        "Flatten, Unflatten, Identity and Dropout in eval mode"
+        f"({type(layer).__name__}); supported: Linear, Conv1d/Conv2d (zero "
+        "padding), ConvTranspose1d/2d, BatchNorm1d/2d/3d and Dropout in eval mode, "
+        "Avg/Max/Adaptive pooling, Upsample (nearest, linear modes), Flatten, "
+        "Unflatten, Identity, the monotone activations (ReLU, ReLU6, Sigmoid, Tanh, "
+        "Softplus, Hardtanh) and SiLU, GELU, LeakyReLU, ELU"
     )
 
 
-def ibp(module: nn.Module, box: Box) -> Box:
-    """Propagate ``box`` through ``module``: a sound, differentiable output box.
-
-    Parameters
-    ----------
-    module : torch.nn.Module
-        A supported layer, or an :class:`torch.nn.Sequential` of them (nested
-        sequentials are fine).
-    box : Box
-        Input box with a leading batch dimension.
-
-    Returns
-    -------
-    Box
-        For every input ``x`` in ``box``, ``module(x)`` lies in the returned box
-        (up to floating-point rounding).
-
-    Raises
-    ------
-    ValueError
-        If ``box`` is malformed (see :meth:`Box.validate`).
-    UnsupportedLayerError
-        If a layer has no sound rule here (e.g. BatchNorm, SiLU, Dropout in
-        training mode); the message names the layer.
-    """
-    return _propagate(module, box.validate())
-
-
-def _propagate(module: nn.Module, box: Box) -> Box:
-    if isinstance(module, nn.Sequential):
-        for layer in module:
-            box = _propagate(layer, box)
-        return box
-    return _rule(module)(box)
-
-
 def check_supported(module: nn.Module) -> None:
-    """Raise :class:`UnsupportedLayerError` if ``module`` holds an unsupported layer."""
-    if isinstance(module, nn.Sequential):
-        for layer in module:
-            check_supported(layer)
-        return
-    _rule(module)
+    """Raise :class:`UnsupportedLayerError` if ``module`` holds an unsupported layer.
+
+    Checks every leaf layer (a module without children) of ``module``.
+    """
+    for layer in module.modules():
+        if next(layer.children(), None) is None:
+            layer_rule(layer)

@@ -18,7 +18,6 @@ Nested supports give a bound on the worst-case *expected* loss as well.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,9 +27,10 @@ import torch
 from torch import nn
 
 from defenses.checks import check_real
-from defenses.civet.bounds import Box, ibp
+from defenses.civet.bounds import Box, UnsupportedLayerError
 from defenses.civet.crown import crown
-from defenses.civet.model import VAE, as_inputs
+from defenses.civet.model import VAE
+from defenses.civet.protocol import VAEInterface, as_vae
 from defenses.civet.support import (
     check_levels,
     exact_halfwidths,
@@ -46,26 +46,37 @@ DEFAULT_LEVELS: tuple[float, ...] = (0.5, 0.75, 0.9, 0.95, 0.99)
 RELAXATIONS = ("ibp", "crown")
 
 
-def _bound(module: nn.Module, box: Box, relaxation: str) -> Box:
-    if relaxation == "ibp":
-        return ibp(module, box)
-    if relaxation == "crown":
-        return crown(module, box)
-    raise ValueError(f"relaxation must be one of {RELAXATIONS}, got {relaxation!r}")
-
-
 def latent_bounds(
-    model: VAE, box: Box, relaxation: str = "ibp"
+    vae: VAEInterface, box: Box, relaxation: str = "ibp"
 ) -> tuple[Box, torch.Tensor]:
-    """Bounds of the mean and the upper bound of sigma over ``box``."""
+    """Bounds of the mean and the upper bound of sigma over ``box``.
+
+    ``relaxation="crown"`` needs the built-in :class:`~defenses.civet.model.VAE`
+    with ReLU MLP parts (its log-variance clamp is applied to the bound).
+    """
     if relaxation == "ibp":
-        h = ibp(model.trunk, box)
-        mu = ibp(model.mu_head, h)
-        logvar = ibp(model.logvar_head, h)
-    else:
-        mu = _bound(nn.Sequential(model.trunk, model.mu_head), box, relaxation)
-        logvar = _bound(nn.Sequential(model.trunk, model.logvar_head), box, relaxation)
+        mu, logvar = vae.latent_bounds(box)
+        return mu, torch.exp(0.5 * logvar.upper)
+    model = _container(vae)
+    mu = crown(nn.Sequential(model.trunk, model.mu_head), box)
+    logvar = crown(nn.Sequential(model.trunk, model.logvar_head), box)
     return mu, torch.exp(0.5 * logvar.upper.clamp(*model.logvar_range))
+
+
+def _container(vae: VAEInterface) -> VAE:
+    if not isinstance(vae.module, VAE):
+        raise UnsupportedLayerError(
+            "relaxation='crown' supports the built-in VAE container with ReLU MLP "
+            f"parts, not {type(vae.module).__name__}; use relaxation='ibp'"
+        )
+    return vae.module
+
+
+def output_bounds(vae: VAEInterface, box: Box, relaxation: str = "ibp") -> Box:
+    """Bounds of the reconstruction over the latent ``box``."""
+    if relaxation == "ibp":
+        return vae.output_bounds(box)
+    return crown(_container(vae).decoder, box)
 
 
 def worst_sse(out: Box, target: torch.Tensor) -> torch.Tensor:
@@ -96,7 +107,7 @@ def _halfwidths(
 
 
 def support_loss_bounds(
-    model: VAE,
+    vae: VAEInterface,
     x: torch.Tensor,
     target: torch.Tensor,
     eps: float,
@@ -109,23 +120,24 @@ def support_loss_bounds(
     Differentiable in the model's parameters (used by certified training, with
     IBP). The decoder is bounded once over all levels stacked along the batch.
     """
-    box = Box.linf_ball(x, eps, model.domain)
-    mu, sigma_upper = latent_bounds(model, box, relaxation)
-    ks = _halfwidths(mu, sigma_upper, levels, model.latent_dim, support)
-    lower = (mu.lower[None] - ks * sigma_upper[None]).reshape(-1, model.latent_dim)
-    upper = (mu.upper[None] + ks * sigma_upper[None]).reshape(-1, model.latent_dim)
-    out = _bound(model.decoder, Box(lower, upper), relaxation)
+    box = Box.linf_ball(x, eps, vae.domain)
+    mu, sigma_upper = latent_bounds(vae, box, relaxation)
+    ks = _halfwidths(mu, sigma_upper, levels, vae.latent_dim, support)
+    lower = (mu.lower[None] - ks * sigma_upper[None]).reshape(-1, vae.latent_dim)
+    upper = (mu.upper[None] + ks * sigma_upper[None]).reshape(-1, vae.latent_dim)
+    out = output_bounds(vae, Box(lower, upper), relaxation)
     stacked = target.repeat(len(levels), *([1] * (target.ndim - 1)))
     return worst_sse(out, stacked).reshape(len(levels), x.shape[0])
 
 
-def loss_ceiling(model: VAE, target: torch.Tensor) -> torch.Tensor:
+def loss_ceiling(vae: VAEInterface, target: torch.Tensor) -> torch.Tensor:
     """Largest squared error any output can reach, per row (inf if unbounded)."""
-    bounded = model.output_range
+    bounded = vae.output_range()
     if bounded is None:
         return torch.full((target.shape[0],), float("inf"), dtype=target.dtype)
     low, high = bounded
-    return torch.maximum((high - target) ** 2, (target - low) ** 2).sum(dim=1)
+    worst = torch.maximum((high - target) ** 2, (target - low) ** 2)
+    return worst.reshape(worst.shape[0], -1).sum(dim=1)
 
 
 @dataclass(frozen=True)
@@ -164,25 +176,31 @@ class Certificate:
 
 
 def certify(
-    model: VAE,
+    model: nn.Module | VAEInterface,
     x: torch.Tensor | npt.ArrayLike,
     eps: float,
     p: float = 0.95,
     levels: Sequence[float] = DEFAULT_LEVELS,
     relaxation: str = "ibp",
     support: str = "uniform",
+    *,
+    encode: str = "encode",
+    decode: str = "decode",
+    domain: tuple[float, float] | None = None,
 ) -> Certificate:
     r"""Certify the reconstruction error of ``model`` around each row of ``x``.
 
-    Bounds are computed in float64 on a copy of the model, so rounding cannot
-    make them unsound at float32 precision.
+    Bounds are computed in float64 on an eval-mode copy of the model, so rounding
+    cannot make them unsound at float32 precision.
 
     Parameters
     ----------
-    model : VAE
-        The trained VAE (left unchanged).
-    x : array-like of shape (n, n_features)
-        Clean inputs inside the model's input domain; they are also the targets.
+    model : torch.nn.Module or VAEInterface
+        Any module with ``encode(x) -> (mu, logvar)`` and ``decode(z) -> x_hat``
+        (:mod:`defenses.civet.protocol`), e.g. the built-in
+        :class:`~defenses.civet.model.VAE`; left unchanged.
+    x : array-like of shape (n, *input_shape)
+        Clean inputs inside the input domain; they are also the targets.
     eps : float
         L-infinity radius, >= 0.
     p : float
@@ -190,21 +208,28 @@ def certify(
     levels : sequence of float
         Support levels for the expected-loss bound (``p`` is added).
     relaxation : {"ibp", "crown"}
-        Interval bound propagation, or the CROWN-IBP linear relaxation of
-        :mod:`defenses.civet.crown` (tighter, MLPs with ReLU only).
+        Interval bound propagation through the traced graph, or the CROWN-IBP
+        linear relaxation of :mod:`defenses.civet.crown` (tighter; the built-in
+        container with ReLU MLPs only).
     support : {"uniform", "exact"}
         Box support with one half-width ``k`` in noise units for every latent
         dimension (the set the joint attack searches), or the smallest sound
         half-width per dimension given the encoder bounds
         (:func:`~defenses.civet.support.exact_halfwidths`; never larger).
+    encode, decode : str
+        Names of the model's two methods.
+    domain : (float, float) or None
+        Valid input range (None: the model's ``domain`` attribute, else [0, 1]).
 
     Raises
     ------
+    TypeError
+        If ``model`` does not follow the protocol (the message says how).
     ValueError
         For ``eps < 0``, ``p`` outside (0, 1), NaN inputs or inputs outside the
         domain, or bad levels.
     UnsupportedLayerError
-        If the model holds a layer the chosen relaxation does not support.
+        If the model holds an operation the chosen relaxation has no rule for.
     """
     if relaxation not in RELAXATIONS:
         raise ValueError(f"relaxation must be one of {RELAXATIONS}, got {relaxation!r}")
@@ -213,19 +238,22 @@ def certify(
     eps = check_real("eps", eps, 0.0)
     p = check_real("p", p, 0.0, 1.0, open_low=True, open_high=True)
     every = tuple(sorted(set(check_levels(levels)) | {p}))
-    inputs = as_inputs(x, model.n_features, model.domain, torch.float64)
-    exact = copy.deepcopy(model).double().eval()
+    vae = as_vae(model, x, encode, decode, domain)
+    exact = vae.copy(torch.float64)
+    inputs = exact.inputs(x)
     with torch.no_grad():
         bounds = support_loss_bounds(
             exact, inputs, inputs, eps, every, relaxation, support
         )
         ceiling = loss_ceiling(exact, inputs)
+        # an overflow inside the propagation (inf - inf) falls back to the ceiling
+        bounds = torch.where(torch.isnan(bounds), ceiling, bounds)
         bounds = torch.minimum(torch.cummax(bounds, dim=0).values, ceiling)
         expected = expected_bound(every, bounds, ceiling)
-        ball = Box.linf_ball(inputs, eps, model.domain)
+        ball = Box.linf_ball(inputs, eps, vae.domain)
         mu, sigma_upper = latent_bounds(exact, ball, relaxation)
-    k = halfwidth(p, model.latent_dim)
-    widths = _halfwidths(mu, sigma_upper, [p], model.latent_dim, support)[0]
+    k = halfwidth(p, vae.latent_dim)
+    widths = _halfwidths(mu, sigma_upper, [p], vae.latent_dim, support)[0]
     latent = Box(mu.lower - widths * sigma_upper, mu.upper + widths * sigma_upper)
     return Certificate(
         bound=bounds[every.index(p)].numpy(),

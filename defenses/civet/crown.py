@@ -24,7 +24,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from defenses.civet.bounds import Box, UnsupportedLayerError, ibp
+from defenses.civet.bounds import Box, UnsupportedLayerError
+from defenses.civet.graph import ibp
 
 
 def _flatten(modules: Sequence[nn.Module]) -> list[nn.Module]:

@@ -34,12 +34,14 @@ from typing import Literal, get_args
 import numpy as np
 import numpy.typing as npt
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 
 from defenses.checks import check_int
 from defenses.civet.baselines import pgd_inputs
 from defenses.civet.certificate import support_loss_bounds
-from defenses.civet.model import VAE, as_inputs, kl_standard_normal, sse
+from defenses.civet.model import kl_standard_normal, sse
+from defenses.civet.protocol import VAEInterface, as_vae
 from defenses.civet.support import check_levels, layer_cake_weights
 from defenses.threads import torch_generator, torch_threads
 
@@ -138,23 +140,23 @@ def schedule(step: int, steps_per_epoch: int, config: TrainConfig) -> float:
 
 
 def _objective(
-    method: str, model: VAE, config: TrainConfig, generator: torch.Generator
+    method: str, vae: VAEInterface, config: TrainConfig, generator: torch.Generator
 ) -> Callable[[torch.Tensor, float], torch.Tensor]:
-    weights = layer_cake_weights(config.levels).to(next(model.parameters()).dtype)
+    weights = layer_cake_weights(config.levels).to(vae.dtype)
 
     def loss(x: torch.Tensor, frac: float) -> torch.Tensor:
-        mu, logvar = model.encode(x)
+        mu, logvar = vae.encode(x)
         nu = torch.randn(mu.shape, generator=generator, dtype=mu.dtype)
-        plain = sse(model.decode(mu + torch.exp(0.5 * logvar) * nu), x)
+        plain = sse(vae.decode(mu + torch.exp(0.5 * logvar) * nu), x)
         kl = kl_standard_normal(mu, logvar)
         kappa, eps = config.kappa * frac, config.eps * frac
         if method == "standard" or kappa == 0.0:
             return (plain + config.beta * kl).mean()
         if method == "pgd":
-            adv = pgd_inputs(model, x, nu, eps, config.pgd_steps, generator)
-            robust = sse(model(adv, nu), x)
+            adv = pgd_inputs(vae, x, nu, eps, config.pgd_steps, generator)
+            robust = sse(vae.reconstruct(adv, nu), x)
         else:
-            bounds = support_loss_bounds(model, x, x, eps, config.levels)
+            bounds = support_loss_bounds(vae, x, x, eps, config.levels)
             robust = (weights[:, None] * bounds).sum(dim=0)
         return ((1 - kappa) * plain + kappa * robust + config.beta * kl).mean()
 
@@ -162,21 +164,31 @@ def _objective(
 
 
 def train_vae(
-    model: VAE,
+    model: nn.Module | VAEInterface,
     X: torch.Tensor | npt.ArrayLike,
     method: Method = "civet",
     config: TrainConfig | None = None,
     rng: np.random.Generator | torch.Generator | None = None,
     progress: bool = True,
+    *,
+    encode: str = "encode",
+    decode: str = "decode",
+    domain: tuple[float, float] | None = None,
 ) -> TrainLog:
     """Train ``model`` in place on the rows of ``X`` with ``method``.
 
+    The certified term of ``method="civet"`` is bounded with the module in eval
+    mode (BatchNorm uses its running statistics, Dropout is the identity: the
+    function :func:`~defenses.civet.certificate.certify` bounds); the plain term
+    runs in training mode.
+
     Parameters
     ----------
-    model : VAE
-        The model to train (its parameters are updated in place).
-    X : array-like of shape (n, n_features)
-        Training inputs inside the model's input domain.
+    model : torch.nn.Module or VAEInterface
+        Any module with ``encode(x) -> (mu, logvar)`` and ``decode(z) -> x_hat``
+        (:mod:`defenses.civet.protocol`); its parameters are updated in place.
+    X : array-like of shape (n, *input_shape)
+        Training inputs inside the input domain.
     method : {"standard", "pgd", "civet"}
         Training objective (see the module docstring).
     config : TrainConfig or None
@@ -186,6 +198,10 @@ def train_vae(
         model, bit for bit. None means a fresh unseeded generator.
     progress : bool
         Show a progress bar over epochs (hidden when output is not a terminal).
+    encode, decode : str
+        Names of the model's two methods.
+    domain : (float, float) or None
+        Valid input range (None: the model's ``domain`` attribute, else [0, 1]).
 
     Returns
     -------
@@ -194,18 +210,21 @@ def train_vae(
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if config is not None and not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
     cfg = config or TrainConfig()
-    dtype = next(model.parameters()).dtype
-    data = as_inputs(X, model.n_features, model.domain, dtype)
+    vae = as_vae(model, X, encode, decode, domain)
+    data = vae.inputs(X, "X")
     generator = torch_generator(rng if rng is not None else torch.Generator())
-    objective = _objective(method, model, cfg, generator)
-    optimiser = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    objective = _objective(method, vae, cfg, generator)
+    module = vae.module
+    optimiser = torch.optim.Adam(module.parameters(), lr=cfg.lr)
     n = data.shape[0]
     per_epoch = math.ceil(n / cfg.batch_size)
     seconds: list[float] = []
     losses: list[float] = []
     step = 0
-    model.train()
+    module.train()
     with torch_threads(cfg.threads):
         bar = tqdm(range(cfg.epochs), disable=None if progress else True, leave=False)
         for _ in bar:
@@ -222,7 +241,7 @@ def train_vae(
             seconds.append(time.perf_counter() - start)
             losses.append(total / n)
             bar.set_postfix_str(f"{method} loss={losses[-1]:.3f}")
-    model.eval()
+    module.eval()
     if not math.isfinite(losses[-1]):
         raise FloatingPointError(f"{method} training diverged (loss {losses[-1]})")
     logger.info(

@@ -1,4 +1,4 @@
-r"""The VAEs CIVET trains and certifies: MLP and small convolutional ones.
+r"""The built-in VAE container, one implementation of the VAE protocol.
 
 An encoder trunk :math:`h(x)` feeds two heads, the mean :math:`\mu(x)` and the
 log-variance :math:`\log\sigma^2(x)` (clamped to ``logvar_range`` so that
@@ -6,9 +6,10 @@ log-variance :math:`\log\sigma^2(x)` (clamped to ``logvar_range`` so that
 :math:`z = \mu(x) + \sigma(x) \odot \nu` with :math:`\nu \sim \mathcal N(0, I_d)`,
 and the decoder :math:`D` ends in a sigmoid, so reconstructions lie in [0, 1].
 
-Inputs and outputs are always flat vectors of shape ``(n, n_features)``;
-convolutional models reshape inside (``Unflatten`` / ``Flatten``), so bound
-propagation, training and attacks never care about the architecture.
+The container's inputs and outputs are flat vectors of shape ``(n, n_features)``;
+convolutional models reshape inside (``Unflatten`` / ``Flatten``). CIVET itself
+needs only ``encode`` and ``decode`` (:mod:`defenses.civet.protocol`), so any user
+module with those two methods is certified and trained the same way.
 Parameters are initialised from a passed :class:`torch.Generator` (never the global
 torch RNG): same generator state, same model.
 """
@@ -19,8 +20,6 @@ import itertools
 import math
 from collections.abc import Sequence
 
-import numpy as np
-import numpy.typing as npt
 import torch
 from torch import nn
 
@@ -77,30 +76,6 @@ class VAE(nn.Module):
         self.logvar_range = (float(logvar_range[0]), float(logvar_range[1]))
         self.domain = (float(domain[0]), float(domain[1]))
 
-    @property
-    def output_range(self) -> tuple[float, float] | None:
-        """Range of every decoder output if its last map is bounded, else None.
-
-        The last layer other than a reshape decides: Sigmoid gives (0, 1), Tanh
-        gives (-1, 1), Hardtanh its clip values.
-        """
-        layers = (
-            list(self.decoder)
-            if isinstance(self.decoder, nn.Sequential)
-            else [self.decoder]
-        )
-        for layer in reversed(layers):
-            if isinstance(layer, nn.Flatten | nn.Unflatten | nn.Identity):
-                continue
-            if isinstance(layer, nn.Sigmoid):
-                return (0.0, 1.0)
-            if isinstance(layer, nn.Tanh):
-                return (-1.0, 1.0)
-            if isinstance(layer, nn.Hardtanh):
-                return (float(layer.min_val), float(layer.max_val))
-            return None
-        return None
-
     def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Return the mean and the clamped log-variance of :math:`q(z \mid x)`."""
         h = self.trunk(x)
@@ -119,42 +94,9 @@ class VAE(nn.Module):
         return self.decode(mu + torch.exp(0.5 * logvar) * nu)
 
 
-def as_inputs(
-    x: torch.Tensor | npt.ArrayLike,
-    n_features: int,
-    domain: tuple[float, float],
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Validate a batch of flat inputs and return it as a detached tensor.
-
-    Raises
-    ------
-    ValueError
-        If ``x`` is not of shape ``(n, n_features)`` with ``n >= 1``, holds NaN or
-        inf, or leaves the input domain ``[domain[0], domain[1]]``.
-    """
-    t = (x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))).detach()
-    t = t.to(dtype)
-    if t.ndim != 2 or t.shape[1] != n_features or t.shape[0] == 0:
-        raise ValueError(
-            f"inputs must have shape (n, {n_features}) with n >= 1, "
-            f"got {tuple(t.shape)}"
-        )
-    if not bool(torch.isfinite(t).all()):
-        raise ValueError("inputs hold NaN or inf values")
-    low, high = domain
-    below, above = float(t.min()), float(t.max())
-    if below < low or above > high:
-        raise ValueError(
-            f"inputs must lie in the input domain [{low}, {high}], "
-            f"got values in [{below:.6g}, {above:.6g}]"
-        )
-    return t
-
-
 def sse(recon: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Sum of squared errors per row (the reconstruction loss, lower is better)."""
-    return ((recon - target) ** 2).sum(dim=1)
+    """Sum of squared errors per row over all non-batch dimensions (lower is better)."""
+    return ((recon - target) ** 2).flatten(1).sum(dim=1)
 
 
 def kl_standard_normal(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
@@ -165,11 +107,16 @@ def kl_standard_normal(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
 def init_parameters(model: nn.Module, generator: torch.Generator) -> nn.Module:
     r"""Re-initialise every Linear / Conv layer from ``generator`` (in place).
 
+    Normalisation layers get their default affine parameters and fresh running
+    statistics (deterministic).
+
     Weights and biases are drawn from :math:`U(-1/\sqrt{\text{fan\_in}},
     1/\sqrt{\text{fan\_in}})`, the scale of PyTorch's default initialisation.
     """
     for layer in model.modules():
-        if not isinstance(layer, nn.Linear | nn.Conv2d | nn.ConvTranspose2d):
+        if isinstance(layer, nn.modules.batchnorm._NormBase):
+            layer.reset_parameters()
+        if not isinstance(layer, nn.Linear | nn.modules.conv._ConvNd):
             continue
         weight = layer.weight
         bound = 1.0 / math.sqrt(math.prod(weight.shape[1:]))

@@ -16,7 +16,6 @@ and PGD-trained VAEs show their (vacuous) certificates next to CIVET's.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,9 +25,15 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from defenses.checks import check_int, check_real
+from defenses.checks import check_choice, check_int, check_real
 from defenses.civet import figures
-from defenses.civet.arms import CivetTraining, PGDTraining, TrainedVAE, VAELearner
+from defenses.civet.arms import (
+    ARCHS,
+    CivetTraining,
+    PGDTraining,
+    TrainedVAE,
+    VAELearner,
+)
 from defenses.civet.attacks import (
     EOTPGD,
     JointPGD,
@@ -42,6 +47,7 @@ from defenses.civet.attacks import (
 from defenses.civet.benchmark import eps_sweep
 from defenses.civet.certificate import certify
 from defenses.civet.defense import TrainConfig
+from defenses.civet.model import sse
 from defenses.civet.support import halfwidth
 from defenses.civet.tasks import DATASETS, VAETask, load_images
 from defenses.data import stratified_split
@@ -71,8 +77,12 @@ class CivetScenario:
     ----------
     data : {"digits", "blobs"}
         Data set (``blobs`` is synthetic, see :func:`load_images`).
-    arch : {"mlp", "conv"}
-        VAE architecture ("conv" needs digits).
+    arch : {"mlp", "conv", "user-conv", "user-resmlp"}
+        VAE architecture: the built-in container as an MLP or convolutional
+        ("conv" needs digits), or a user-style module
+        (:class:`~defenses.civet.tasks.ConvVAE`, digits only;
+        :class:`~defenses.civet.tasks.ResidualMLPVAE`), see
+        :class:`~defenses.civet.arms.VAELearner`.
     latent_dim : int
         Latent dimension, >= 1.
     hidden : tuple of int
@@ -123,12 +133,11 @@ class CivetScenario:
             raise ValueError(
                 f"CivetScenario.data must be one of {DATASETS}, got {self.data!r}"
             )
-        if self.arch not in ("mlp", "conv"):
+        check_choice("CivetScenario.arch", self.arch, ARCHS)
+        if self.arch in ("conv", "user-conv") and self.data != "digits":
             raise ValueError(
-                f"CivetScenario.arch must be 'mlp' or 'conv', got {self.arch!r}"
+                f"CivetScenario.arch={self.arch!r} needs data='digits' (images)"
             )
-        if self.arch == "conv" and self.data != "digits":
-            raise ValueError("CivetScenario.arch='conv' needs data='digits' (images)")
         check_real("CivetScenario.eps", self.eps, 0.0, 1.0)
         for name in ("p", "train_fraction"):
             check_real(
@@ -210,7 +219,7 @@ class CivetScenario:
 
     def utility(self, system: TrainedVAE, task: VAETask) -> dict[str, float]:
         """Clean expected error, the certificate, and the mean-image reference."""
-        model = copy.deepcopy(system.model).double().eval()
+        model = system.model.copy(torch.float64)
         x = torch.as_tensor(task.x_eval)
         clean = losses_at(model, x, x, self._noise(task, 0)).mean(dim=0)
         cert = certify(system.model, task.x_eval, task.eps, task.p)
@@ -226,7 +235,7 @@ class CivetScenario:
     ) -> VAEView:
         """A copy of the model, the inputs to attack and the budget."""
         return VAEView(
-            model=copy.deepcopy(system.model).eval(),
+            model=system.model.copy(system.model.dtype),
             x=task.x_eval.copy(),
             eps=task.eps,
             k=halfwidth(task.p, system.model.latent_dim),
@@ -265,15 +274,15 @@ class CivetScenario:
         k = halfwidth(task.p, self.latent_dim)
         x_adv = torch.as_tensor(self._admissible(guess, task, k))
         x = torch.as_tensor(task.x_eval)
-        model = copy.deepcopy(system.model).double().eval()
+        model = system.model.copy(torch.float64)
         cert = certify(system.model, task.x_eval, task.eps, task.p)
         noise = self._noise(task, 1)
         sampled = losses_at(model, x_adv, x, noise)
         if guess.nu is not None:
             nu = torch.as_tensor(np.asarray(guess.nu, dtype=np.float64))
             with torch.no_grad():
-                attacked = ((model(x_adv, nu) - x) ** 2).sum(dim=1).numpy()
-                clean = ((model(x, nu) - x) ** 2).sum(dim=1).numpy()
+                attacked = sse(model.reconstruct(x_adv, nu), x).numpy()
+                clean = sse(model.reconstruct(x, nu), x).numpy()
             violated = attacked > cert.bound + TOLERANCE * (1 + cert.bound)
         else:
             attacked = sampled.mean(dim=0).numpy()

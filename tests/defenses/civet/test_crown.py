@@ -7,9 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from defenses.civet.bounds import Box, UnsupportedLayerError, ibp
+from defenses.civet.bounds import Box, UnsupportedLayerError
 from defenses.civet.certificate import certify
 from defenses.civet.crown import crown
+from defenses.civet.graph import ibp
 from defenses.civet.model import conv_vae, init_parameters, sse
 from defenses.civet.support import halfwidth
 from tests.defenses.civet.helpers import generator, inputs, small_vae

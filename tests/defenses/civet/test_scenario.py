@@ -97,7 +97,7 @@ def test_null_guess_scores_exactly_chance() -> None:
     ("kwargs", "match"),
     [
         ({"data": "mnist"}, "data must be one of"),
-        ({"arch": "resnet"}, "arch must be 'mlp' or 'conv'"),
+        ({"arch": "resnet"}, "arch must be one of"),
         ({"arch": "conv", "data": "blobs"}, "needs data='digits'"),
         ({"eps": -0.1}, r"eps must be a finite number in \[0\.0, 1\.0\]"),
         ({"p": 1.0}, r"p must be a finite number in \(0\.0, 1\.0\)"),
