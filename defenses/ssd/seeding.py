@@ -107,7 +107,9 @@ def input_keys(inputs: Any, n: int, resolution: float | None) -> list[bytes]:
     """
     module = type(inputs).__module__
     try:
-        shape = tuple(inputs.shape) if hasattr(inputs, "shape") else np.shape(inputs)
+        if not hasattr(inputs, "shape"):
+            inputs = np.asarray(inputs)
+        shape = tuple(inputs.shape)
     except ValueError as error:
         raise ValueError(f"inputs must be rectangular: {error}") from error
     if not shape or shape[0] != n:

@@ -13,19 +13,25 @@ in ``clone``, ``cross_val_score`` and ``GridSearchCV`` (over ``estimator__*`` an
 
 from __future__ import annotations
 
+import logging
+import warnings
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd  # type: ignore[import-untyped]
+import scipy.sparse
 from sklearn.base import BaseEstimator, ClassifierMixin, MetaEstimatorMixin, clone
+from sklearn.exceptions import DataConversionWarning
 from sklearn.model_selection import train_test_split
 from sklearn.utils import _safe_indexing
 from sklearn.utils._tags import get_tags
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import check_consistent_length, check_is_fitted
 
 from defenses.checks import check_real
+
+logger = logging.getLogger(__name__)
 
 
 class Shield(Protocol):
@@ -51,17 +57,54 @@ class Shield(Protocol):
 
 def check_labels(y: Any) -> npt.NDArray[Any]:
     """``y`` as a 1-D label array; NaN or missing labels raise ValueError naming y."""
+    if y is None:
+        raise ValueError(
+            "ShieldedClassifier requires y to be passed, but the target y is None"
+        )
     labels = np.asarray(y)
     if labels.ndim == 2 and labels.shape[1] == 1:
+        warnings.warn(
+            "A column-vector y was passed when a 1d array was expected",
+            DataConversionWarning,
+            stacklevel=3,
+        )
         labels = labels.ravel()
     if labels.ndim != 1:
         raise ValueError(f"y must be 1-D labels, got shape {labels.shape}")
     if labels.dtype.kind == "c":
-        raise ValueError(f"y must hold class labels, got {labels.dtype}")
+        raise ValueError(f"Complex data not supported for y (got {labels.dtype})")
     if labels.size and pd.isna(labels).any():
         raise ValueError("y contains NaN or missing labels; drop or label those rows")
     check_classification_targets(labels)
     return labels
+
+
+def _rows_indexable(X: Any) -> Any:
+    """``X`` in a form whose rows can be picked (CSR for row-less sparse formats)."""
+    if scipy.sparse.issparse(X):
+        return X if X.format in ("csr", "csc") else X.tocsr()
+    if hasattr(X, "iloc") or isinstance(X, np.ndarray | list):
+        return X
+    return np.asarray(X)
+
+
+def _uncovered(
+    labels: npt.NDArray[Any], train: npt.NDArray[np.intp], val: npt.NDArray[np.intp]
+) -> npt.NDArray[np.intp]:
+    """Training rows of the classes the validation split missed (one class each).
+
+    A prototype needs at least one sample; on data too small for a stratified
+    split, those classes fall back to the (over-confident) training outputs.
+    """
+    missing = np.setdiff1d(labels[train], labels[val])
+    if missing.size:
+        logger.warning(
+            "ShieldedClassifier: classes %s have no validation sample; their "
+            "prototypes use training outputs (give more data or a larger val_size)",
+            missing.tolist(),
+        )
+    picked = [train[labels[train] == label][:1] for label in missing]
+    return np.concatenate([np.empty(0, dtype=np.intp), *picked])
 
 
 class ShieldedClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):  # type: ignore[misc]
@@ -121,10 +164,12 @@ class ShieldedClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):  #
         if not isinstance(self.prefit, bool | np.bool_):
             raise ValueError(f"prefit must be True or False, got {self.prefit!r}")
         labels = check_labels(y)
+        X = _rows_indexable(X)
+        check_consistent_length(X, labels)
         if self.prefit:
             check_is_fitted(self.estimator)
             self.estimator_ = self.estimator
-            X_val, y_val = X, labels
+            val_probs, y_val = self.estimator_.predict_proba(X), labels
         else:
             check_real(
                 "val_size", self.val_size, 0.0, 1.0, open_low=True, open_high=True
@@ -138,10 +183,12 @@ class ShieldedClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):  #
                 stratify=stratify,
                 random_state=self.random_state,
             )
+            val = np.concatenate([val, _uncovered(labels, train, val)])
             self.estimator_ = clone(self.estimator).fit(
                 _safe_indexing(X, train), labels[train]
             )
-            X_val, y_val = _safe_indexing(X, val), labels[val]
+            val_probs = self.estimator_.predict_proba(_safe_indexing(X, val))
+            y_val = labels[val]
         self.classes_ = np.asarray(self.estimator_.classes_)
         positions = {label: i for i, label in enumerate(self.classes_.tolist())}
         unknown = sorted({v for v in y_val.tolist() if v not in positions}, key=str)
@@ -149,7 +196,7 @@ class ShieldedClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):  #
             raise ValueError(f"y has labels the estimator does not know: {unknown}")
         codes = np.array([positions[v] for v in y_val.tolist()], dtype=np.int64)
         self.shield_ = clone(self.shield)
-        self.shield_.fit(self.estimator_.predict_proba(X_val), codes)
+        self.shield_.fit(val_probs, codes)
         for name in ("n_features_in_", "feature_names_in_"):
             if hasattr(self.estimator_, name):
                 setattr(self, name, getattr(self.estimator_, name))
@@ -158,6 +205,7 @@ class ShieldedClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):  #
     def predict_proba(self, X: Any) -> npt.NDArray[np.floating]:
         """Defended probabilities (columns in ``classes_`` order)."""
         check_is_fitted(self, "shield_")
+        X = _rows_indexable(X)
         answers: npt.NDArray[np.floating] = self.shield_(
             np.asarray(self.estimator_.predict_proba(X)), inputs=X
         )
@@ -165,4 +213,5 @@ class ShieldedClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):  #
 
     def predict(self, X: Any) -> Any:
         """Arg-max label of the defended probabilities, from ``classes_``."""
-        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        probs = self.predict_proba(X)
+        return self.classes_[np.argmax(probs, axis=1)]

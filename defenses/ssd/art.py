@@ -1,0 +1,85 @@
+"""SSD for IBM ART: a post-processor an ART estimator accepts.
+
+:class:`SSDPostprocessor` subclasses ``art.defences.postprocessor.Postprocessor``, so
+``SklearnClassifier(model, postprocessing_defences=[SSDPostprocessor(shield)])`` (or
+``PyTorchClassifier(..., postprocessing_defences=[...])``) answers every
+``predict`` through the shield, and ART's attacks query the defended model. ART is
+imported when this module is, not by :mod:`defenses.ssd`.
+
+ART applies post-processors to ``predict`` only, never to loss or class gradients,
+so white-box attacks (e.g. ``MIFace``) bypass any of them; SSD is a black-box
+defense. ART hands the post-processor the model's predictions without the inputs,
+so under ``seeding="input-hash"`` the probabilities themselves are hashed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from art.defences.postprocessor import Postprocessor
+
+from defenses.ssd.defense import StealthyShield
+from defenses.ssd.torch import check_outputs, to_probs
+
+
+class SSDPostprocessor(Postprocessor):  # type: ignore[misc]
+    """The Stealthy Shield Defense as an ART post-processor.
+
+    Parameters
+    ----------
+    shield : StealthyShield
+        Fitted, or fitted later by :meth:`fit`.
+    outputs : {"auto", "probs", "logits", "log-probs"}
+        What the estimator's ``predict`` returns (a ``PyTorchClassifier`` usually
+        returns logits); ``"auto"`` takes probability rows as they are and softmaxes
+        anything else.
+    apply_fit, apply_predict : bool
+        ART's switches: SSD defends answers, so by default only at prediction.
+    """
+
+    params = ["shield", "outputs"]  # noqa: RUF012  (ART's own class attribute)
+
+    def __init__(
+        self,
+        shield: StealthyShield,
+        outputs: str = "auto",
+        apply_fit: bool = False,
+        apply_predict: bool = True,
+    ) -> None:
+        if not isinstance(shield, StealthyShield):
+            raise TypeError(
+                f"shield must be a StealthyShield, got {type(shield).__name__}"
+            )
+        super().__init__(
+            is_fitted=shield.is_fitted, apply_fit=apply_fit, apply_predict=apply_predict
+        )
+        self.shield = shield
+        self.outputs = check_outputs(outputs)
+
+    def __call__(self, preds: npt.NDArray[Any]) -> npt.NDArray[np.floating[Any]]:
+        """Defended probabilities for ART's predictions (same dtype)."""
+        array = np.asarray(preds)
+        if array.dtype.kind not in "fiub":
+            raise TypeError(f"preds must be real numbers, got {array.dtype}")
+        probs = to_probs(torch.from_numpy(array.astype(np.float64)), self.outputs)
+        out: npt.NDArray[np.floating[Any]] = self.shield(probs.numpy())
+        return out.astype(array.dtype if array.dtype.kind == "f" else np.float64)
+
+    def fit(self, preds: npt.NDArray[Any], y: Any = None, **kwargs: Any) -> None:
+        """Fit the prototypes on validation predictions and labels (int or one-hot)."""
+        if y is None:
+            raise ValueError("y: SSD's prototypes need the validation labels")
+        labels = np.asarray(y)
+        if labels.ndim == 2:
+            labels = labels.argmax(axis=1)
+        array = np.asarray(preds, dtype=np.float64)
+        probs = to_probs(torch.from_numpy(array), self.outputs).numpy()
+        self.shield.fit(probs, labels)
+        self._is_fitted = True
+
+    def _check_params(self) -> None:
+        if hasattr(self, "outputs"):
+            check_outputs(self.outputs)
