@@ -4,18 +4,6 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-# opacus's wheel ships its own top-level `benchmarks` package, which would shadow
-# ours; remove that stray folder (only if the files are opacus's).
-define UNSHADOW
-import importlib.metadata as m, pathlib, shutil
-files = m.distribution("opacus").files or []
-if any(str(f).startswith("benchmarks/") for f in files):
-    stray = pathlib.Path(m.distribution("opacus").locate_file("benchmarks"))
-    if (stray / "benchmark_layer.py").exists():
-        shutil.rmtree(stray)
-endef
-export UNSHADOW
-
 .PHONY: setup bench bench-full test lint typecheck unit clean
 
 setup: $(STAMP)
@@ -26,7 +14,6 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e ".[all,dev]"
-	$(BIN)/python -c "$$UNSHADOW"
 	touch $(STAMP)
 
 bench: $(STAMP)

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from crypto.evaluator import Evaluator, Value
-from crypto.net import Net, derivative, fit, heads_of
+from .evaluator import Evaluator, Value
+from .net import Net, derivative, fit, heads_of
 
 
 def gk_forward(

@@ -39,14 +39,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from crypto.attention_grad import (
+from .attention_grad import (
     gk_backward,
     gk_forward,
     softmax_backward,
     softmax_forward,
 )
-from crypto.evaluator import Evaluator, Value
-from crypto.net import Net, derivative, fit, matmul, matmul_t, outer_sums
+from .evaluator import Evaluator, Value
+from .net import Net, derivative, fit, matmul, matmul_t, outer_sums
 
 FloatArray = npt.NDArray[np.float64]
 Unroll = Callable[[list[list[Value]]], list[Value]]

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from crypto.approx import exp_poly, reciprocal_poly
-from crypto.heval import HEWeights, SoftmaxPolys, lora_factors
-from crypto.net import FULL_TRAINED, LORA_TRAINED, Matrix, Net
+from .approx import exp_poly, reciprocal_poly
+from .heval import HEWeights, SoftmaxPolys, lora_factors
+from .net import FULL_TRAINED, LORA_TRAINED, Matrix, Net
 
 if TYPE_CHECKING:
     import torch
 
-    from crypto.model import HEFormer
+    from .model import HEFormer
 
 FloatArray = npt.NDArray[np.float64]
 ARMS = ("lora", "full")

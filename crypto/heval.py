@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from crypto.evaluator import Evaluator, NumpyBackend, Roll, Value
-from crypto.packing import pack, roll_tokens, unit
+from .evaluator import Evaluator, NumpyBackend, Roll, Value
+from .packing import pack, roll_tokens, unit
 
 if TYPE_CHECKING:
     import torch
 
-    from crypto.model import HEFormer
+    from .model import HEFormer
 
 FloatArray = npt.NDArray[np.float64]
 

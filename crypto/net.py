@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from crypto.evaluator import Evaluator, Value
-from crypto.heval import SoftmaxPolys
+from .evaluator import Evaluator, Value
+from .heval import SoftmaxPolys
 
 FloatArray = npt.NDArray[np.float64]
 Matrix = FloatArray | list[list[Value]]

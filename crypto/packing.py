@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from crypto.evaluator import Value
+from .evaluator import Value
 
 FloatArray = npt.NDArray[np.float64]
 

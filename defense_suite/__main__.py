@@ -1,5 +1,5 @@
-"""``python -m benchmarks`` runs the ``defense-suite`` command line."""
+"""``python -m defense_suite`` runs the ``defense-suite`` command line."""
 
-from benchmarks.cli import main
+from defense_suite.cli import main
 
 raise SystemExit(main())

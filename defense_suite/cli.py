@@ -1,7 +1,9 @@
-"""The ``defense-suite`` command line (also ``python -m benchmarks``).
+"""The ``defense-suite`` command line (also ``python -m defense_suite``).
 
 Sub-commands: ``list`` what is registered, ``run`` a spec, ``table`` and ``plot``
 result files, ``report`` all results, and ``bench`` a whole profile then report.
+A user error (a bad spec, flag or file) is one ``error:`` line and exit code 2; an
+interrupted run exits 130 and leaves its results file as it was.
 """
 
 from __future__ import annotations
@@ -12,23 +14,65 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
-from tqdm.auto import tqdm
+from defense_suite.locations import default_readme, spec_dir
+from defense_suite.output import check_output, interrupt_watch, write_results
+from defense_suite.runner import Plan, plan, record_key, run_plan
+from defense_suite.spec import load_spec
+from defenses.results import read_jsonl
 
-from benchmarks.plots import tradeoff_plot
-from benchmarks.report import write_report
-from benchmarks.runner import run_spec
-from benchmarks.security import security_markdown, security_report
-from benchmarks.spec import SpecError, load_spec
-from benchmarks.tables import default_columns, markdown_deltas, markdown_table
-from defenses.registry import KINDS, available
-from defenses.results import read_jsonl, write_jsonl
+logger = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parent.parent
-SPEC_DIR = Path(__file__).resolve().parent / "specs"
+DESCRIPTION = """\
+Run the defense-suite benchmarks and report their results.
+
+  defense-suite list                              what is registered
+  defense-suite run SPEC --out FILE               run one spec into a results file
+  defense-suite table FILE... [--delta]           Markdown table of results
+  defense-suite plot FILE... --x M --y M --out P  scatter of two metrics
+  defense-suite report [--readme]                 results/REPORT.md and its plots
+  defense-suite bench [--profile quick|full]      run a profile, then report
+
+A metric is named by its section and key, e.g. success.auc or utility.accuracy.
+"""
+
+
+class UserError(ValueError):
+    """A mistake in what the user asked for: reported as one line, exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one ``error:`` line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``PROG: error: MESSAGE`` (no usage block) and exit with 2."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"seeds must be integers >= 0, got {text!r}"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"seeds must be integers >= 0, got {value}")
+    return value
+
+
+def _spec_file(path: Path) -> Path:
+    if path.is_dir():
+        raise UserError(f"spec {path}: is a directory, not a spec file")
+    if not path.is_file():
+        raise UserError(f"spec {path}: no such file")
+    return path
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    from defenses.registry import KINDS, available
+
     for kind in KINDS:
         print(f"{kind}:")
         for name in available(kind):
@@ -36,24 +80,62 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_to(
-    spec_path: Path, out: Path, seeds: Sequence[int] | None, append: bool
-) -> int:
-    spec = load_spec(spec_path)
-    if out.exists() and not append:
-        out.unlink()
-    return write_jsonl(run_spec(spec, seeds), out)
+def _plan_run(
+    spec_path: Path, out: Path, seeds: Sequence[int] | None, mode: str
+) -> tuple[Plan, set[tuple[str, str, str, str, str, int]]]:
+    """Check everything a run needs before it starts; return its plan and skips."""
+    spec = load_spec(_spec_file(spec_path))
+    check_output(out)
+    chosen = plan(spec, seeds, str(spec_path))
+    existing = read_jsonl(out) if mode != "overwrite" and out.exists() else []
+    keys = {record_key(r) for r in existing}
+    if mode == "append":
+        clash = [g for g in chosen.games if g.key in keys]
+        if clash:
+            raise UserError(
+                f"--append: {out} already holds {len(clash)} of this run's records "
+                f"(first: {clash[0].describe()}); --resume skips them"
+            )
+    return chosen, keys
+
+
+def _execute(chosen: Plan, out: Path, skip: set[Any], mode: str) -> int:
+    with interrupt_watch() as check:
+        return write_results(
+            out, run_plan(chosen, skip, check), keep_existing=mode != "overwrite"
+        )
+
+
+def _mode(args: argparse.Namespace) -> str:
+    return "append" if args.append else "resume" if args.resume else "overwrite"
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    n = _run_to(Path(args.spec), Path(args.out), args.seeds, args.append)
-    print(f"wrote {n} results to {args.out}")
+    out, mode = Path(args.out), _mode(args)
+    chosen, skip = _plan_run(Path(args.spec), out, args.seeds, mode)
+    n = _execute(chosen, out, skip, mode)
+    print(f"wrote {n} results to {out}")
     return 0
 
 
+def _results(files: Sequence[str]) -> list[Any]:
+    results = read_jsonl(*files)
+    if not results:
+        raise UserError(f"no result records in {', '.join(files)}")
+    return results
+
+
 def _cmd_table(args: argparse.Namespace) -> int:
-    results = read_jsonl(*args.files)
+    from defense_suite.tables import (
+        check_metrics,
+        default_columns,
+        markdown_deltas,
+        markdown_table,
+    )
+
+    results = _results(args.files)
     columns = args.cols or default_columns(results)
+    check_metrics(results, columns, "--cols")
     if args.delta:
         print(
             markdown_deltas(results, columns)
@@ -65,17 +147,34 @@ def _cmd_table(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    results = read_jsonl(*args.files)
-    print(tradeoff_plot(results, args.x, args.y, Path(args.out), args.title))
+    from defense_suite.plots import tradeoff_plot
+    from defense_suite.tables import check_metrics
+
+    results = _results(args.files)
+    check_metrics(results, [args.x], "--x")
+    check_metrics(results, [args.y], "--y")
+    out = Path(args.out)
+    check_output(out)
+    print(tradeoff_plot(results, args.x, args.y, out, args.title))
     return 0
 
 
-def _cmd_report(args: argparse.Namespace) -> int:
-    results_dir = Path(args.results)
+def _result_files(results_dir: Path) -> list[Path]:
+    if not results_dir.is_dir():
+        raise UserError(f"--results {results_dir}: no such folder")
     files = sorted(results_dir.glob("*.jsonl"))
     if not files:
-        print(f"no result files (*.jsonl) in {results_dir}", file=sys.stderr)
-        return 1
+        raise UserError(f"--results {results_dir}: no result files (*.jsonl)")
+    return files
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from defense_suite.report import write_report
+    from defense_suite.security import security_markdown, security_report
+
+    files = _result_files(Path(args.results))
+    if args.out:
+        check_output(Path(args.out))
     if args.system:
         report = security_report(read_jsonl(*files), args.system)
         text = json.dumps(report, indent=2) if args.json else security_markdown(report)
@@ -83,69 +182,86 @@ def _cmd_report(args: argparse.Namespace) -> int:
             Path(args.out).write_text(text, encoding="utf-8")
         print(text)
         return 0
-    readme = None if args.no_readme else Path(args.readme)
-    out = write_report(
-        files, Path(args.specs), Path(args.out or results_dir / "REPORT.md"), readme
-    )
-    print(f"wrote {out}")
+    readme = None if args.readme is None else Path(args.readme)
+    if readme is not None and not readme.is_file():
+        raise UserError(f"--readme {readme}: no such file")
+    out = Path(args.out or Path(args.results) / "REPORT.md")
+    print(f"wrote {write_report(files, Path(args.specs), out, readme)}")
+    if readme is not None:
+        print(f"refreshed the results block of {readme}")
     return 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    spec_dir = Path(args.specs)
-    paths = sorted(spec_dir.glob(f"*-{args.profile}.toml"))
+    from defense_suite.report import write_report
+
+    specs = Path(args.specs)
+    paths = sorted(specs.glob(f"*-{args.profile}.toml"))
     if args.only:
         paths = [p for p in paths if load_spec(p).package in args.only]
     if not paths:
-        print(f"no *-{args.profile}.toml specs in {spec_dir}", file=sys.stderr)
-        return 1
+        raise UserError(f"--specs {specs}: no *-{args.profile}.toml specs")
     results_dir = Path(args.results)
-    for path in tqdm(paths, desc=f"{args.profile} profile", disable=None):
-        tqdm.write(f"running {path.name}")
-        _run_to(path, results_dir / f"{path.stem}.jsonl", None, append=False)
-    readme = None if args.no_readme else Path(args.readme)
-    out = write_report(
-        sorted(results_dir.glob("*.jsonl")), spec_dir, results_dir / "REPORT.md", readme
-    )
+    mode = "resume" if args.resume else "overwrite"
+    runs = [
+        (_plan_run(p, results_dir / f"{p.stem}.jsonl", None, mode), p) for p in paths
+    ]
+    for number, ((chosen, skip), path) in enumerate(runs, 1):
+        logger.warning("[%d/%d] running %s", number, len(runs), path.name)
+        _execute(chosen, results_dir / f"{path.stem}.jsonl", skip, mode)
+    out = write_report(_result_files(results_dir), specs, results_dir / "REPORT.md")
     print(f"wrote {out}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``defense-suite`` command."""
-    parser = argparse.ArgumentParser(prog="defense-suite", description=__doc__)
+    parser = Parser(
+        prog="defense-suite",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "-v", "--verbose", action="count", default=0, help="more logging"
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("list", help="list registered components").set_defaults(
         func=_cmd_list
     )
 
-    run = sub.add_parser("run", help="run one spec")
+    run = sub.add_parser("run", help="run one spec into a results file")
     run.add_argument("spec", help="a spec TOML file")
-    run.add_argument("--out", required=True, help="JSON Lines file to write")
-    run.add_argument("--seeds", type=int, nargs="+", help="override the spec's seeds")
+    run.add_argument("--out", required=True, help="JSON Lines results file")
     run.add_argument(
-        "--append", action="store_true", help="append instead of overwriting"
+        "--seeds", type=_seed, nargs="+", help="seeds to run instead of the spec's"
+    )
+    how = run.add_mutually_exclusive_group()
+    how.add_argument(
+        "--append",
+        action="store_true",
+        help="add to the file; refused if it holds one of this run's records",
+    )
+    how.add_argument(
+        "--resume",
+        action="store_true",
+        help="add to the file, skipping the records it already holds",
     )
     run.set_defaults(func=_cmd_run)
 
     table = sub.add_parser("table", help="Markdown table of result files")
-    table.add_argument("files", nargs="+")
-    table.add_argument("--cols", nargs="+", help="metric paths, e.g. success.auc")
+    table.add_argument("files", nargs="+", help="JSON Lines results files")
+    table.add_argument("--cols", nargs="+", help="metrics, e.g. success.auc")
     table.add_argument(
-        "--delta", action="store_true", help="paired deltas to undefended"
+        "--delta", action="store_true", help="paired deltas to the undefended arm"
     )
     table.set_defaults(func=_cmd_table)
 
-    plot = sub.add_parser("plot", help="utility vs. success scatter")
-    plot.add_argument("files", nargs="+")
-    plot.add_argument("--x", required=True)
-    plot.add_argument("--y", required=True)
-    plot.add_argument("--out", required=True)
-    plot.add_argument("--title", default="")
+    plot = sub.add_parser("plot", help="scatter of two metrics, one point per arm")
+    plot.add_argument("files", nargs="+", help="JSON Lines results files")
+    plot.add_argument("--x", required=True, help="metric on the x axis")
+    plot.add_argument("--y", required=True, help="metric on the y axis")
+    plot.add_argument("--out", required=True, help="PNG file to write")
+    plot.add_argument("--title", default="", help="figure title")
     plot.set_defaults(func=_cmd_plot)
 
     for name, helptext, func in (
@@ -154,34 +270,63 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("--results", default="results", help="results folder")
-        p.add_argument("--specs", default=str(SPEC_DIR), help="spec folder")
-        p.add_argument("--readme", default=str(ROOT / "README.md"))
-        p.add_argument("--no-readme", action="store_true", help="leave README.md alone")
+        p.add_argument("--specs", default=str(spec_dir()), help="spec folder")
         p.set_defaults(func=func)
     report = sub.choices["report"]
-    report.add_argument("--out", help="report path")
-    report.add_argument("--system", help="security report of one defense (name prefix)")
+    report.add_argument("--out", help="report path (default RESULTS/REPORT.md)")
     report.add_argument(
-        "--json", action="store_true", help="with --system: JSON output"
+        "--readme",
+        nargs="?",
+        const=str(default_readme()),
+        help="also refresh the results block of this README (default: the "
+        "checkout's README.md)",
     )
+    report.add_argument("--system", help="security report of one defense, per arm")
+    report.add_argument("--json", action="store_true", help="with --system: JSON")
     bench = sub.choices["bench"]
     bench.add_argument("--profile", choices=("quick", "full"), default="quick")
     bench.add_argument("--only", nargs="+", help="packages to run (e.g. ssd rps)")
+    bench.add_argument(
+        "--resume", action="store_true", help="skip records already in results/"
+    )
     return parser
+
+
+def _configure_logging(verbose: int) -> None:
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(verbose, 2),
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if not sys.stderr.isatty():
+        # no progress bar off a terminal: one log line per arm and seed instead
+        logging.getLogger("defense_suite").setLevel(
+            min(logging.INFO, logging.WARNING - 10 * min(verbose, 2))
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``defense-suite`` console script."""
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2),
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as stop:  # --help (0) or a bad flag (2, already printed)
+        return int(stop.code or 0)
+    _configure_logging(args.verbose)
     try:
         return int(args.func(args))
-    except (SpecError, KeyError, ValueError, FileNotFoundError) as error:
+    except KeyboardInterrupt:
+        print(
+            "defense-suite: interrupted; the results file being written was left "
+            "as it was",
+            file=sys.stderr,
+        )
+        return 130
+    except KeyError as error:
+        message = error.args[0] if error.args else repr(error)
+        print(f"defense-suite: error: {message}", file=sys.stderr)
+    except (ValueError, TypeError, OSError) as error:
+        logger.debug("details", exc_info=True)
         print(f"defense-suite: error: {error}", file=sys.stderr)
-        return 2
+    return 2
 
 
 if __name__ == "__main__":

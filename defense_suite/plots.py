@@ -1,4 +1,9 @@
-"""Plots for the report: utility against attack success, with error bars over seeds."""
+"""Plots for the report: one metric against another per arm, and paired changes.
+
+Axes are named in words (:mod:`defense_suite.labels`), titles are wrapped to the
+figure's width, and runs that differ in a scenario or benchmark setting (data set,
+model, budget) get their own panel or bar group, labelled by the settings that differ.
+"""
 
 from __future__ import annotations
 
@@ -10,22 +15,46 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from defense_suite.labels import delta_label, fit_title, metric_label
+from defense_suite.tables import SETTING_SECTIONS, varying_settings
 from defenses.results import UNDEFENDED, Result, Summary, paired_deltas, summarize
+
+
+def setting_words(result: Result, varying: dict[str, list[str]]) -> str:
+    """``dataset=digits, model=mlp``: the settings of ``result`` that vary."""
+    return ", ".join(
+        f"{k}={result.params.get(section, {}).get(k)}"
+        for section in SETTING_SECTIONS
+        for k in varying.get(section, [])
+    )
+
+
+def _panels(results: Sequence[Result]) -> dict[str, list[Result]]:
+    varying = varying_settings(results)
+    several = len({r.attack for r in results}) > 1
+    panels: dict[str, list[Result]] = {}
+    for result in results:
+        words = setting_words(result, varying)
+        name = "\n".join(p for p in (result.attack if several else "", words) if p)
+        panels.setdefault(name, []).append(result)
+    return panels
 
 
 def tradeoff_plot(
     results: Sequence[Result], x: str, y: str, out: Path, title: str = ""
 ) -> Path:
-    """Scatter ``y`` against ``x`` per arm (mean ± std over seeds), a panel per attack.
+    """Scatter ``y`` against ``x`` per arm (mean ± std over seeds).
 
-    The undefended arm is a star; every defended arm a labelled point.
+    One panel per attack and per scenario setting that differs (data set, model,
+    budget); the undefended arm is a star, every defended arm a labelled point.
     """
-    attacks = list(dict.fromkeys(r.attack for r in results))
+    panels = _panels(results)
+    width = min(5.2 * len(panels), 16.0)
     fig, axes = plt.subplots(
-        1, len(attacks), figsize=(5.2 * len(attacks), 4.2), squeeze=False
+        1, len(panels), figsize=(width, 4.4), squeeze=False, sharey=True
     )
-    for ax, attack in zip(axes[0], attacks, strict=True):
-        rows = summarize([r for r in results if r.attack == attack], [x, y])
+    for ax, (name, runs) in zip(axes[0], panels.items(), strict=True):
+        rows = summarize(runs, [x, y])
         for first, cells in rows:
             cx, cy = cells[x], cells[y]
             if cx is None or cy is None:
@@ -43,14 +72,15 @@ def tradeoff_plot(
             )
             if len(rows) > 12:
                 ax.annotate(first.defense, (cx.mean, cy.mean), fontsize=6)
-        ax.set_xlabel(x)
-        ax.set_ylabel(y)
-        ax.set_title(attack)
+        ax.set_xlabel(metric_label(x))
+        if name:
+            ax.set_title(name, fontsize=8)
         ax.grid(alpha=0.3)
         if len(rows) <= 12:
             ax.legend(fontsize=7)
+    axes[0][0].set_ylabel(metric_label(y))
     if title:
-        fig.suptitle(title)
+        fig.suptitle(fit_title(title, width), fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
@@ -61,11 +91,12 @@ def tradeoff_plot(
 def delta_plot(
     results: Sequence[Result], metric: str, out: Path, title: str = ""
 ) -> Path | None:
-    """Bars of the paired delta (defended minus undefended, same seed) of ``metric``.
+    """Bars of the paired change (defended minus undefended, same seed) of ``metric``.
 
-    One bar per defended arm, grouped by attack, with the standard deviation over
-    seeds as the error bar. Returns None when no defended arm has an undefended
-    partner.
+    One bar per defended arm with the standard deviation over seeds as its error
+    bar; each bar's label names the attack (when several ran) and the scenario
+    settings that differ between bars. Returns None when no defended arm has an
+    undefended partner.
     """
     rows: list[tuple[Result, Summary]] = []
     for first, cells in paired_deltas(results, [metric]):
@@ -74,17 +105,36 @@ def delta_plot(
             rows.append((first, summary))
     if not rows:
         return None
-    labels = [f"{first.attack}\n{first.defense}" for first, _ in rows]
-    means = [summary.mean for _, summary in rows]
-    stds = [summary.std for _, summary in rows]
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(rows) + 2), 4.2))
-    positions = range(len(rows))
-    ax.bar(positions, means, yerr=stds, capsize=3, color="tab:blue", alpha=0.8)
+    varying = varying_settings([first for first, _ in rows])
+    several = len({first.attack for first, _ in rows}) > 1
+    labels = [
+        "\n".join(
+            part
+            for part in (
+                setting_words(first, varying),
+                first.attack if several else "",
+                first.defense,
+            )
+            if part
+        )
+        for first, _ in rows
+    ]
+    width = min(max(5.5, 1.0 * len(rows) + 2), 16.0)
+    fig, ax = plt.subplots(figsize=(width, 4.6))
+    positions = list(range(len(rows)))
+    ax.bar(
+        positions,
+        [s.mean for _, s in rows],
+        yerr=[s.std for _, s in rows],
+        capsize=3,
+        color="tab:blue",
+        alpha=0.8,
+    )
     ax.axhline(0.0, color="black", linewidth=0.8)
-    ax.set_xticks(list(positions))
+    ax.set_xticks(positions)
     ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
-    ax.set_ylabel(f"paired Δ {metric}")
-    ax.set_title(title or f"paired Δ {metric}", fontsize=8)
+    ax.set_ylabel(delta_label(metric), fontsize=8)
+    ax.set_title(fit_title(title or delta_label(metric), width), fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,10 +14,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.plots import delta_plot, tradeoff_plot
-from benchmarks.spec import Spec, load_spec
-from benchmarks.summary import SummaryRow, markdown_summary, summary_row
-from benchmarks.tables import default_columns, markdown_deltas, markdown_table
+from defense_suite.plots import delta_plot, tradeoff_plot
+from defense_suite.spec import Spec, load_spec
+from defense_suite.summary import SummaryRow, markdown_summary, summary_row
+from defense_suite.tables import default_columns, markdown_deltas, markdown_table
 from defenses.registry import available, load
 from defenses.results import Result, read_jsonl
 

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from benchmarks.spec import Spec, SummarySettings
+from defense_suite.spec import Spec, SummarySettings
 from defenses.results import Result, Summary, describe
 
 REPRODUCED = "reproduced"

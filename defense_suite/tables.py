@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 
-from defenses.results import Result, Summary, paired_deltas, summarize
+from defenses.results import SECTIONS, Result, Summary, paired_deltas, summarize
 
 HEAD = ("scenario", "attack", "defense", "seeds")
 
@@ -20,6 +20,29 @@ def default_columns(results: Sequence[Result]) -> list[str]:
     return list(seen)
 
 
+def check_metrics(results: Sequence[Result], metrics: Sequence[str], flag: str) -> None:
+    """Refuse a metric no result reports, listing the metrics that are present.
+
+    Raises
+    ------
+    ValueError
+        Naming ``flag``, the unknown metric and every ``section.key`` the results
+        hold.
+    """
+    present = dict.fromkeys(
+        f"{section}.{key}"
+        for result in results
+        for section in SECTIONS
+        for key in getattr(result, section)
+    )
+    for metric in metrics:
+        if metric not in present:
+            raise ValueError(
+                f"{flag}: no result reports the metric {metric!r}; metrics present: "
+                f"{', '.join(present)}"
+            )
+
+
 def _cell(summary: Summary | None) -> str:
     return "–" if summary is None else str(summary)
 
@@ -27,7 +50,7 @@ def _cell(summary: Summary | None) -> str:
 SETTING_SECTIONS = ("scenario", "benchmark")
 
 
-def _varying(results: Sequence[Result]) -> dict[str, list[str]]:
+def varying_settings(results: Sequence[Result]) -> dict[str, list[str]]:
     """Per setting section, the parameter names whose values differ between results."""
     varying = {}
     for section in SETTING_SECTIONS:
@@ -58,7 +81,7 @@ def _render(
         "| " + " | ".join((*HEAD, *columns)) + " |",
         "|" + "---|" * (len(HEAD) + len(columns)),
     ]
-    varying = _varying([first for first, _ in rows])
+    varying = varying_settings([first for first, _ in rows])
     for first, cells in rows:
         n = max((c.n for c in cells.values() if c is not None), default=0)
         head = (setting_label(first, varying), first.attack, first.defense, str(n))

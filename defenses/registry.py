@@ -2,9 +2,9 @@
 
 Components register themselves with :func:`register`. The registry finds the built-in
 packages by importing each package's ``scenario`` module (``defenses.<pkg>.scenario``,
-``federated.scenario``, ``crypto.scenario``), which registers, or imports the modules
-that register, everything the package offers; third-party packages add a module to the
-``defense_suite.plugins`` entry-point group.
+``defense_suite.federated.scenario``, ``defense_suite.crypto.scenario``), which
+registers, or imports the modules that register, everything the package offers;
+third-party packages add a module to the ``defense_suite.plugins`` entry-point group.
 
 A *benchmark* is a measurement that is not an attack-versus-defense game (a timing
 side by side, a coverage study): a callable ``(params, seeds) -> Iterable[Result]``.
@@ -25,7 +25,7 @@ from typing import Any, Literal, TypeVar
 
 Kind = Literal["scenarios", "attacks", "defenses", "benchmarks", "figures"]
 KINDS: tuple[Kind, ...] = ("scenarios", "attacks", "defenses", "benchmarks", "figures")
-BUILTIN_ROOTS = ("defenses", "federated", "crypto")
+BUILTIN_ROOTS = ("defenses", "defense_suite.federated", "defense_suite.crypto")
 PLUGIN_GROUP = "defense_suite.plugins"
 
 _registry: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
@@ -52,7 +52,10 @@ def register(kind: Kind, name: str) -> Callable[[C], C]:
 def _builtin_modules() -> list[str]:
     modules = []
     for root in BUILTIN_ROOTS:
-        spec = importlib.util.find_spec(root)
+        try:
+            spec = importlib.util.find_spec(root)
+        except ModuleNotFoundError:  # its parent package is not installed
+            spec = None
         if spec is None:
             continue
         if importlib.util.find_spec(f"{root}.scenario") is not None:

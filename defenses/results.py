@@ -38,6 +38,18 @@ class Result:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name in ("scenario", "attack", "defense"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(
+                    f"Result.{name} must be a string, got {getattr(self, name)!r}"
+                )
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise TypeError(f"Result.seed must be an integer, got {self.seed!r}")
+        for name in ("threat", "params", "meta", *SECTIONS):
+            if not isinstance(getattr(self, name), Mapping):
+                raise TypeError(
+                    f"Result.{name} must be a mapping, got {getattr(self, name)!r}"
+                )
         for section in SECTIONS:
             values = getattr(self, section)
             for key, value in values.items():
@@ -45,8 +57,10 @@ class Result:
                     raise TypeError(
                         f"Result.{section}[{key!r}] must be a number, got {value!r}"
                     )
-                if math.isnan(value):
-                    raise ValueError(f"Result.{section}[{key!r}] is NaN")
+                if not math.isfinite(value):
+                    raise ValueError(
+                        f"Result.{section}[{key!r}] is {value}; metrics must be finite"
+                    )
 
     def get(self, path: str) -> float:
         """Return a metric by dotted path, e.g. ``"success.auc"``."""
@@ -96,16 +110,30 @@ def write_jsonl(results: Iterable[Result], path: str | Path) -> int:
 
 
 def read_jsonl(*paths: str | Path) -> list[Result]:
-    """Read every result from the given JSON Lines files."""
+    """Read every result from the given JSON Lines files.
+
+    Raises
+    ------
+    ValueError
+        Naming the file (and the line) when a path is not a readable file or a
+        line is not a valid result record.
+    """
     results: list[Result] = []
-    for path in paths:
-        with Path(path).open(encoding="utf-8") as handle:
+    for path in map(Path, paths):
+        if path.is_dir():
+            raise ValueError(f"{path}: is a directory, not a results file")
+        if not path.is_file():
+            raise ValueError(f"{path}: no such results file")
+        with path.open(encoding="utf-8") as handle:
             for number, line in enumerate(handle, 1):
                 if not line.strip():
                     continue
                 try:
-                    results.append(Result.from_dict(json.loads(line)))
-                except (json.JSONDecodeError, TypeError) as error:
+                    data = json.loads(line)
+                    if not isinstance(data, dict):
+                        raise TypeError(f"expected a JSON object, got {data!r:.60}")
+                    results.append(Result.from_dict(data))
+                except (json.JSONDecodeError, TypeError, ValueError) as error:
                     raise ValueError(
                         f"{path}:{number}: not a result record: {error}"
                     ) from error

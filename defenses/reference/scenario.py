@@ -12,6 +12,7 @@ import numpy.typing as npt
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.neural_network import MLPClassifier
 
+from defenses.checks import check_int, check_real
 from defenses.data import Dataset, load_digits, stratified_split
 from defenses.metrics import accuracy, membership_metrics
 from defenses.oracle import QueryOracle
@@ -92,11 +93,9 @@ class DigitsMembership:
     queries: int | None = None
 
     def __post_init__(self) -> None:
-        if not 0.05 <= self.members <= 0.45:
-            raise ValueError(
-                "DigitsMembership.members must lie in [0.05, 0.45], "
-                f"got {self.members!r}"
-            )
+        check_real("DigitsMembership.members", self.members, 0.05, 0.45)
+        if self.queries is not None:
+            check_int("DigitsMembership.queries", self.queries, 1)
 
     @property
     def threat(self) -> ThreatModel:

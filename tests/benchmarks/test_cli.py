@@ -1,8 +1,14 @@
 import json
+import logging
+import sys
 from pathlib import Path
 
-from benchmarks.cli import main
+import pytest
+
+from defense_suite.cli import build_parser, main
 from defenses.results import read_jsonl
+
+REPO = Path(__file__).resolve().parents[2]
 
 SPEC = """
 title = "mini"
@@ -26,6 +32,20 @@ paper = "AUC falls"
 relative_change = 0.01
 """
 
+RECORD = {
+    "scenario": "s",
+    "attack": "a",
+    "defense": "none",
+    "seed": 0,
+    "threat": {},
+    "utility": {"accuracy": 0.9},
+    "success": {"auc": 0.6},
+    "cost": {},
+    "certificate": {},
+    "params": {},
+    "meta": {},
+}
+
 
 def test_run_table_plot_report_end_to_end(tmp_path, capsys):
     specs = tmp_path / "specs"
@@ -48,35 +68,16 @@ def test_run_table_plot_report_end_to_end(tmp_path, capsys):
     assert "| digits-membership | loss-mia | label-only | 2 |" in table
 
     png = tmp_path / "p.png"
-    assert (
-        main(
-            [
-                "plot",
-                str(out),
-                "--x",
-                "utility.accuracy",
-                "--y",
-                "success.auc",
-                "--out",
-                str(png),
-            ]
-        )
-        == 0
-    )
+    args = ["plot", str(out), "--x", "utility.accuracy", "--y", "success.auc"]
+    assert main([*args, "--out", str(png)]) == 0
     assert png.read_bytes()[:4] == b"\x89PNG"
 
     readme = tmp_path / "README.md"
-    readme.write_text("x\n<!-- results:start -->\nold\n<!-- results:end -->\ny\n")
-    args = [
-        "report",
-        "--results",
-        str(results),
-        "--specs",
-        str(specs),
-        "--readme",
-        str(readme),
-    ]
+    original = "x\n<!-- results:start -->\nold\n<!-- results:end -->\ny\n"
+    readme.write_text(original)
+    args = ["report", "--results", str(results), "--specs", str(specs)]
     assert main(args) == 0
+    assert readme.read_text() == original  # the report alone never touches a README
     report = (results / "REPORT.md").read_text()
     assert "**Paper's claim:** rounding lowers AUC" in report
     assert "Paired deltas" in report
@@ -85,36 +86,154 @@ def test_run_table_plot_report_end_to_end(tmp_path, capsys):
     assert (results / "plots" / "mini-quick.png").exists()
     assert (results / "plots" / "mini-quick-delta.png").read_bytes()[:4] == b"\x89PNG"
     assert "plots/mini-quick-delta.png" in report
+    assert main([*args, "--readme", str(readme)]) == 0
     assert "old" not in readme.read_text()
     assert "AUC falls" in readme.read_text()
 
 
-def test_security_report_of_one_system(tmp_path, capsys):
+def test_security_report_is_per_arm_and_names_the_enforcing_party(tmp_path, capsys):
     results = tmp_path / "results"
     spec = tmp_path / "mini-quick.toml"
-    spec.write_text(SPEC)
-    assert (
-        main(["run", str(spec), "--out", str(results / "m.jsonl"), "--seeds", "0"]) == 0
+    spec.write_text(
+        SPEC.replace('["none", "label-only"]', '["none", "rounding"]')
+        + "\n[params.defense.rounding]\ndecimals = [2, 3]\n"
     )
+    out = str(results / "m.jsonl")
+    assert main(["run", str(spec), "--out", out, "--seeds", "0", "1"]) == 0
     capsys.readouterr()
-    assert main(["report", "--results", str(results), "--system", "label-only"]) == 0
+    assert main(["report", "--results", str(results), "--system", "rounding"]) == 0
     text = capsys.readouterr().out
-    assert "# Security report: `label-only`" in text
+    assert "# Security report: `rounding`" in text
+    assert "- reference: the model owner's output layer" in text
     assert "capabilities: query-label, query-scores" in text
-    assert "| digits-membership | loss-mia | auc |" in text
-    args = ["report", "--results", str(results), "--system", "label-only", "--json"]
+    assert "## Arm `rounding(decimals=2)` on digits-membership" in text
+    assert "## Arm `rounding(decimals=3)` on digits-membership" in text
+    args = ["report", "--results", str(results), "--system", "rounding", "--json"]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["attacks"][0]["undefended"]["auc"]["n"] == 1
+    assert [arm["defense"] for arm in report["arms"]] == [
+        "rounding(decimals=2)",
+        "rounding(decimals=3)",
+    ]
+    runs = read_jsonl(out)
+    for arm in report["arms"]:  # each arm's numbers are its own, not a pooled mean
+        mine = [r.success["auc"] for r in runs if r.defense == arm["defense"]]
+        assert arm["defended"]["auc"]["n"] == 2
+        assert arm["defended"]["auc"]["mean"] == pytest.approx(sum(mine) / 2)
+        assert arm["undefended"]["auc"]["n"] == 2
     assert main(["report", "--results", str(results), "--system", "ssd"]) == 2
 
 
-def test_errors_are_reported_not_raised(tmp_path, capsys):
+def _error(capsys, argv):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("defense-suite")
+    assert "error:" in lines[0]
+    assert "Traceback" not in captured.err
+    return lines[0]
+
+
+def _record_file(tmp_path, **change):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({**RECORD, **change}) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"success": {"auc": float("inf")}}, "metrics must be finite"),
+        ({"utility": [1, 2]}, "Result.utility must be a mapping"),
+        ({"params": None}, "Result.params must be a mapping"),
+        ({"seed": "zero"}, "Result.seed must be an integer"),
+    ],
+)
+@pytest.mark.parametrize("command", ["table", "plot"])
+def test_malformed_records_are_one_error_line(
+    tmp_path, capsys, change, expected, command
+):
+    path = _record_file(tmp_path, **change)
+    argv = [command, path]
+    if command == "plot":
+        argv += ["--x", "utility.accuracy", "--y", "success.auc", "--out", "p.png"]
+    line = _error(capsys, argv)
+    assert f"{path}:1" in line
+    assert expected in line
+
+
+def test_user_errors_are_one_line_naming_the_file_key_or_flag(tmp_path, capsys):
+    good = _record_file(tmp_path)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    spec = tmp_path / "mini-quick.toml"
+    spec.write_text(SPEC)
+    out = str(tmp_path / "o.jsonl")
+    assert "is a directory" in _error(capsys, ["run", str(folder), "--out", out])
+    assert "--out" in _error(capsys, ["run", str(spec), "--out", str(folder)])
+    assert "is a directory" in _error(capsys, ["table", str(folder)])
+    line = _error(capsys, ["table", str(tmp_path / "missing.jsonl")])
+    assert "missing.jsonl" in line
+    line = _error(capsys, ["run", str(spec), "--out", out, "--seeds", "-1"])
+    assert "--seeds" in line
+    lots = tmp_path / "lots-quick.toml"
+    lots.write_text(SPEC + '\n[params.scenario]\nmembers = "lots"\n')
+    line = _error(capsys, ["run", str(lots), "--out", out])
+    assert str(lots) in line
+    assert "[params.scenario]" in line
+    assert "members" in line
+    unknown = tmp_path / "unknown-quick.toml"
+    unknown.write_text(SPEC.replace('"loss-mia"]', '"no-such-attack"]', 1))
+    assert "no-such-attack" in _error(capsys, ["run", str(unknown), "--out", out])
+    line = _error(capsys, ["table", good, "--cols", "success.acc1"])
+    assert "'success.acc1'" in line
+    assert "metrics present: utility.accuracy, success.auc" in line
+    png = tmp_path / "p.png"
+    argv = ["plot", good, "--x", "utility.accuracy", "--y", "success.acc1"]
+    line = _error(capsys, [*argv, "--out", str(png)])
+    assert "--y" in line
+    assert "success.auc" in line
+    assert not png.exists()
+    line = _error(capsys, ["report", "--results", str(tmp_path / "empty")])
+    assert "--results" in line
+    assert "--seeds" in _error(capsys, ["run", str(spec), "--out", out, "--seeds", "x"])
+    assert not Path(out).exists()
+
+
+def test_unknown_key_in_a_spec_is_named(tmp_path, capsys):
     bad = tmp_path / "bad-quick.toml"
     bad.write_text('title = "x"\nscenario = "s"\nattacks = ["a"]\nfoo = 1\n')
-    assert main(["run", str(bad), "--out", str(tmp_path / "o.jsonl")]) == 2
-    assert "unknown key(s) ['foo']" in capsys.readouterr().err
-    assert main(["report", "--results", str(tmp_path / "empty")]) == 1
+    line = _error(capsys, ["run", str(bad), "--out", str(tmp_path / "o.jsonl")])
+    assert "unknown key(s) ['foo']" in line
+
+
+def test_help_is_plain_text(capsys):
+    parser = build_parser()
+    texts = [parser.format_help()]
+    texts += [
+        p.format_help() for p in parser._subparsers._group_actions[0].choices.values()
+    ]
+    for text in texts:
+        for markup in ("``", ":func:", ":class:", ":math:", "\n.. "):
+            assert markup not in text
+
+
+def test_run_logs_one_line_per_arm_and_seed_off_a_terminal(tmp_path, capsys, caplog):
+    spec = tmp_path / "mini-quick.toml"
+    spec.write_text(SPEC)
+    assert not sys.stderr.isatty()  # as in CI or a log file
+    assert main(["run", str(spec), "--out", str(tmp_path / "o.jsonl")]) == 0
+    assert logging.getLogger("defense_suite").getEffectiveLevel() == logging.INFO
+    progress = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "defense_suite.runner" and " done in " in r.getMessage()
+    ]
+    assert len(progress) == 4, caplog.text
+    assert progress[0].startswith("[1/4] digits-membership / loss-mia / none seed=0")
+    assert progress[-1].startswith("[4/4] digits-membership / loss-mia / label-only")
+    assert "\r" not in capsys.readouterr().err  # no progress bar
 
 
 def test_list_shows_registered_components(capsys):
@@ -122,7 +241,3 @@ def test_list_shows_registered_components(capsys):
     listing = capsys.readouterr().out
     assert "digits-membership" in listing
     assert "loss-mia" in listing
-
-
-def test_python_dash_m_entry_point_exists():
-    assert Path("benchmarks/__main__.py").exists()

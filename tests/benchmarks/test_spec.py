@@ -1,6 +1,6 @@
 import pytest
 
-from benchmarks.spec import SpecError, load_spec, parse, sweep
+from defense_suite.spec import SpecError, load_spec, parse, sweep
 
 GAME = {
     "title": "t",

@@ -1,7 +1,13 @@
 import pytest
 
-from benchmarks.spec import SpecError, SummarySettings, parse
-from benchmarks.summary import NOT_REPRODUCED, PARTLY, REPRODUCED, summary_row, verdict
+from defense_suite.spec import SpecError, SummarySettings, parse
+from defense_suite.summary import (
+    NOT_REPRODUCED,
+    PARTLY,
+    REPRODUCED,
+    summary_row,
+    verdict,
+)
 from defenses.results import Result
 
 
@@ -117,7 +123,7 @@ def test_bad_summaries_are_refused():
 def test_tables_name_the_scenario_settings_that_vary():
     from dataclasses import replace
 
-    from benchmarks.tables import markdown_table
+    from defense_suite.tables import markdown_table
 
     a = replace(run("none", 0, 0.3), params={"scenario": {"dataset": "digits", "n": 1}})
     b = replace(run("none", 0, 0.4), params={"scenario": {"dataset": "wine", "n": 1}})

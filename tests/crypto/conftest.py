@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from crypto.model import HEFormer, ModelConfig
-from crypto.tasks import Sequences, client_transform, digit_sequences
-from crypto.train import TrainConfig, personalise, pretrain
+from defense_suite.crypto.model import HEFormer, ModelConfig
+from defense_suite.crypto.tasks import Sequences, client_transform, digit_sequences
+from defense_suite.crypto.train import TrainConfig, personalise, pretrain
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from crypto.ckks import (
+from defense_suite.crypto.ckks import (
     INTERACTIVE,
     INTERACTIVE_WIDE,
     NON_INTERACTIVE,

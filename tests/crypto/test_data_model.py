@@ -6,19 +6,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crypto.approx import RangeError
-from crypto.evaluator import DepthError
-from crypto.heval import simulate
-from crypto.model import HEFormer, ModelConfig
-from crypto.packing import pack, roll_tokens
-from crypto.tasks import (
+from defense_suite.crypto.approx import RangeError
+from defense_suite.crypto.evaluator import DepthError
+from defense_suite.crypto.heval import simulate
+from defense_suite.crypto.model import HEFormer, ModelConfig
+from defense_suite.crypto.packing import pack, roll_tokens
+from defense_suite.crypto.tasks import (
     VOCABULARY,
     Sequences,
     client_transform,
     digit_sequences,
     negation_sentiment,
 )
-from crypto.train import TrainConfig, predict_logits
+from defense_suite.crypto.train import TrainConfig, predict_logits
 
 
 def test_digit_sequences_shape() -> None:

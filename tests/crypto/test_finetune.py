@@ -4,16 +4,16 @@ import numpy as np
 import pytest
 import torch
 
-from crypto.finetune import (
+from defense_suite.crypto.finetune import (
     encrypted_step,
     reference_step,
     simulated_loss,
     simulated_step,
 )
-from crypto.folding import Arm, initial_weights
-from crypto.model import HEFormer, ModelConfig
-from crypto.tasks import Sequences
-from crypto.train import TrainConfig, personalise, pretrain
+from defense_suite.crypto.folding import Arm, initial_weights
+from defense_suite.crypto.model import HEFormer, ModelConfig
+from defense_suite.crypto.tasks import Sequences
+from defense_suite.crypto.train import TrainConfig, personalise, pretrain
 
 
 def _batch(data: tuple[Sequences, Sequences]) -> tuple[np.ndarray, np.ndarray]:
@@ -123,7 +123,7 @@ def test_encrypted_steps_match_the_reference_d8(
 
 
 def test_finetune_benchmark_bad_params() -> None:
-    from crypto.benchmark.finetune import finetune_benchmark
+    from defense_suite.crypto.benchmark.finetune import finetune_benchmark
 
     with pytest.raises(ValueError, match="arms"):
         list(finetune_benchmark({"arms": ["lora-relu"]}, [0]))

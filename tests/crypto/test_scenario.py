@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from crypto.attacks import DistinguisherAttack, InversionAttack
-from crypto.defense import CKKSDefense, EmbeddingNoise
-from crypto.scenario import PrivateInference
+from defense_suite.crypto.attacks import DistinguisherAttack, InversionAttack
+from defense_suite.crypto.defense import CKKSDefense, EmbeddingNoise
+from defense_suite.crypto.scenario import PrivateInference
 from defenses.harness import run_once
 from defenses.metrics import clopper_pearson
 from defenses.testing import check_pair, check_result

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from defense_suite.federated.arms import TimeAdaptiveDP
+from defense_suite.federated.scenario import FederatedMembership
 from defenses.checks import check_keys
 from defenses.harness import measurement
 from defenses.metrics import accuracy, membership_metrics
@@ -24,8 +26,6 @@ from defenses.oracle import QueryOracle
 from defenses.reference.attacks import LossThresholdAttack, MembershipView
 from defenses.results import Result
 from defenses.ssd import StealthyShield
-from federated.arms import TimeAdaptiveDP
-from federated.scenario import FederatedMembership
 
 BENCHMARK = "composition-ssd-federated"
 SCENARIO_KEYS = ("dataset", "rounds", "n_clients", "local_steps", "lr")
