@@ -12,14 +12,15 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from crypto.ckks import CKKSParams
-from crypto.evaluator import Evaluator, NumpyBackend, Value
-from crypto.heval import HEWeights, forward, lora_factors
-from crypto.model import HEFormer, ModelConfig
-from crypto.packing import pack, roll_tokens, unit
-from crypto.tasks import Sequences
-from crypto.train import TrainConfig, personalise, predict_logits, pretrain
 from defenses.cost import phase
+
+from .ckks import CKKSParams
+from .evaluator import Evaluator, NumpyBackend, Value
+from .heval import HEWeights, forward, lora_factors
+from .model import HEFormer, ModelConfig
+from .packing import pack, roll_tokens, unit
+from .tasks import Sequences
+from .train import TrainConfig, personalise, predict_logits, pretrain
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -178,7 +179,7 @@ class EncryptedDeployment:
 
     def client(self) -> Any:
         """The key owner (created once)."""
-        from crypto.protocol import Client
+        from .protocol import Client
 
         if self._client is None:
             with phase("keygen"):
@@ -187,18 +188,21 @@ class EncryptedDeployment:
 
     def encode(self, X: FloatArray) -> Any:
         """Ciphertext bytes of ``X``'s upload, under the client's (public) key."""
-        return self.client().encrypt_inputs(X).ciphertexts
+        return self.client().encrypt_inputs(X).blobs
 
     def serve(self, X: FloatArray) -> FloatArray:
         """Encrypted inference; records the uploads and error statistics."""
-        from crypto.protocol import Server
+        from .protocol import Server
 
         client = self.client()
         server = Server.for_model(client.public_context(), self.model, self.params)
+        first = len(client.exchanges)
         with phase("encrypted_inference"):
             logits = client.predict(server, X, self.interactive)
-        first = server.transcript.inbound[0][1]
-        self.received = first.ciphertexts
+        exchanges = client.exchanges[first:]
+        self.received = next(
+            m.blobs for kind, m in server.transcript.inbound if kind == "infer"
+        )
         plain = self.inner.plaintext_logits(X)
         top2 = np.sort(plain, axis=1)[:, -2:]
         margin = top2[:, 1] - top2[:, 0]
@@ -210,7 +214,12 @@ class EncryptedDeployment:
             "flips": float(np.sum(flipped)),
             "flips_above_2x_error": float(np.sum(flipped & (margin > 2 * error))),
             "refresh_rounds": float(server.counts.get("refresh_rounds", 0)),
-            "seconds_per_sequence": server.transcript.seconds[-1] / X.shape[0],
+            "seconds_per_sequence": sum(e.server_s for e in exchanges) / X.shape[0],
+            "round_trips": float(sum(e.round_trips for e in exchanges)),
+            "kb_up_per_sequence": sum(e.bytes_up for e in exchanges) / 1e3 / X.shape[0],
+            "kb_down_per_sequence": (
+                sum(e.bytes_down for e in exchanges) / 1e3 / X.shape[0]
+            ),
         }
         out: FloatArray = logits
         return out

@@ -27,10 +27,11 @@ import numpy.typing as npt
 from sklearn.linear_model import LogisticRegression
 from sklearn.neighbors import KNeighborsClassifier
 
-from crypto.heval import HEWeights
 from defenses.cost import count
 from defenses.metrics import clopper_pearson
 from defenses.threat import Capability
+
+from .heval import HEWeights
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -203,6 +204,7 @@ class AuditReport:
     context_public: bool
     decrypt_fails: bool
     galois_keygen_fails: bool
+    no_secret_reachable: bool
 
     @property
     def clean(self) -> bool:
@@ -213,28 +215,87 @@ class AuditReport:
                 self.context_public,
                 self.decrypt_fails,
                 self.galois_keygen_fails,
+                self.no_secret_reachable,
             )
         )
 
 
-def audit(server: Any) -> AuditReport:
-    """Check a :class:`~crypto.protocol.Server`'s transcript and context."""
+def secrets_reachable(root: object, limit: int = 200_000) -> list[str]:
+    """What, among the objects reachable from ``root``, could decrypt.
+
+    Walks instance attributes and containers (not modules, classes or functions)
+    and reports every :class:`~crypto.protocol.Client`, every TenSEAL context that
+    holds a secret key and every ciphertext whose context does.
+    """
+    import types
+
     import tenseal as ts
 
-    from crypto.protocol import Message
+    from .protocol import Client
+
+    found: list[str] = []
+    seen: set[int] = set()
+    stack: list[object] = [root]
+    skip = (
+        types.ModuleType,
+        type,
+        types.FunctionType,
+        types.BuiltinFunctionType,
+        str,
+        bytes,
+        np.ndarray,
+    )
+    while stack and len(seen) < limit:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, skip):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, Client):
+            found.append("a Client")
+            continue
+        if isinstance(obj, ts.Context):
+            if obj.has_secret_key() or obj.is_private():
+                found.append("a private context")
+            continue
+        if isinstance(obj, ts.CKKSVector):
+            if obj.context().has_secret_key():
+                found.append("a ciphertext under a private context")
+            continue
+        if isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, list | tuple | set | frozenset):
+            stack.extend(obj)
+        elif isinstance(obj, types.MethodType):
+            stack.append(obj.__self__)
+        if hasattr(obj, "__dict__"):
+            stack.append(vars(obj))
+        for slot in getattr(type(obj), "__slots__", ()):
+            if hasattr(obj, slot):
+                stack.append(getattr(obj, slot))
+        if type(obj).__name__ == "deque":
+            stack.extend(list(obj))  # type: ignore[call-overload]
+    return found
+
+
+def audit(server: Any) -> AuditReport:
+    """Check a :class:`~crypto.protocol.Server`'s transcript, context and reach."""
+    from .ckks import load_ciphertext, load_public
 
     only = bool(server.transcript.inbound)
     sample = None
-    for _, payload in server.transcript.inbound:
-        if not isinstance(payload, Message) or not all(
-            isinstance(c, bytes) for c in payload.ciphertexts
-        ):
+    for kind, payload in server.transcript.inbound:
+        blobs = getattr(payload, "blobs", None)
+        if not isinstance(blobs, tuple) or not all(isinstance(c, bytes) for c in blobs):
             only = False
             continue
-        for blob in payload.ciphertexts:
+        for blob in blobs:
             try:
-                sample = ts.ckks_vector_from(server.context, blob)
-            except Exception:
+                if kind == "context":
+                    load_public(blob)
+                else:
+                    sample = load_ciphertext(server.context, blob, kind)
+            except ValueError:
                 only = False
     ctx = server.context
     public = (not ctx.is_private()) and (not ctx.has_secret_key())
@@ -249,4 +310,5 @@ def audit(server: Any) -> AuditReport:
         ctx.generate_galois_keys()
     except ValueError:
         galois_fails = True
-    return AuditReport(only, public, decrypt_fails, galois_fails)
+    reachable = secrets_reachable(server)
+    return AuditReport(only, public, decrypt_fails, galois_fails, not reachable)

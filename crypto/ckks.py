@@ -172,13 +172,52 @@ def public_bytes(ctx: Any) -> bytes:
 
 
 def load_public(data: bytes) -> Any:
-    """Deserialise a context and refuse one that holds a secret key."""
-    ctx = _ts().context_from(data)
+    """Deserialise a context and refuse one that holds a secret key.
+
+    Raises
+    ------
+    TypeError
+        If ``data`` is not bytes.
+    ValueError
+        If it is not a serialised TenSEAL context, or the context is private.
+    """
+    if not isinstance(data, bytes):
+        raise TypeError(f"context must be bytes, got {type(data).__name__}")
+    try:
+        ctx = _ts().context_from(data)
+    except ValueError as err:
+        raise ValueError(f"context: not a serialised TenSEAL context ({err})") from None
     if ctx.is_private() or ctx.has_secret_key():
         raise ValueError(
             "the server must be given a public context: this one holds the secret key"
         )
     return ctx
+
+
+def load_ciphertext(ctx: Any, data: bytes, what: str, size: int | None = None) -> Any:
+    """Deserialise one CKKS vector under ``ctx``, checking it is a whole ciphertext.
+
+    TenSEAL parses some garbage (an empty or short stream) into an empty vector, so
+    the vector must hold one ciphertext and, when ``size`` is given, that many slots.
+
+    Raises
+    ------
+    ValueError
+        Naming ``what`` when the bytes are not such a ciphertext.
+    """
+    if not isinstance(data, bytes):
+        raise TypeError(f"{what} must be bytes, got {type(data).__name__}")
+    try:
+        vec = _ts().ckks_vector_from(ctx, data)
+    except ValueError as err:
+        raise ValueError(f"{what}: not a CKKS ciphertext ({err})") from None
+    if len(vec.data.ciphertext()) != 1 or (size is not None and vec.size() != size):
+        raise ValueError(
+            f"{what}: not a whole CKKS ciphertext"
+            + (f" of {size} slots" if size is not None else "")
+            + " (truncated or malformed)"
+        )
+    return vec
 
 
 def fingerprint(ctx: Any) -> str:

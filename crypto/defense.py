@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from crypto.arms import EncryptedDeployment, EncryptedLearner, NoisyLearner
-from crypto.ckks import HE_STANDARD_128, INTERACTIVE, CKKSParams
 from defenses.api import DefenseKind
 from defenses.checks import check_real
+
+from .arms import EncryptedDeployment, EncryptedLearner, NoisyLearner
+from .ckks import HE_STANDARD_128, INTERACTIVE, CKKSParams
 
 
 @dataclass(frozen=True)

@@ -38,20 +38,21 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from crypto.backprop import backward, forward
-from crypto.ckks import (
+from defenses.checks import check_int, check_real
+
+from .backprop import backward, forward
+from .ckks import (
     CKKSParams,
     TenSEALBackend,
     load_public,
     make_context,
     public_bytes,
 )
-from crypto.evaluator import Backend, Evaluator, NumpyBackend, Value
-from crypto.folding import LORA_GK, Arm, effective_weights, plain_net
-from crypto.model import HEFormer
-from crypto.net import fit
-from crypto.packing import pack, roll_tokens
-from defenses.checks import check_int, check_real
+from .evaluator import Backend, Evaluator, NumpyBackend, Value
+from .folding import LORA_GK, Arm, effective_weights, plain_net
+from .model import HEFormer
+from .net import fit
+from .packing import pack, roll_tokens
 
 FloatArray = npt.NDArray[np.float64]
 TRAIN_PARAMS = CKKSParams(8192, (49, 40, 40, 40, 49), 40)

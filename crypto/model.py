@@ -34,14 +34,15 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from crypto.approx import (
+from defenses.checks import check_int
+
+from .approx import (
     PolyApprox,
     RangeGuard,
     gaussian_kernel_poly,
     inverse_sqrt_poly,
     tanh_poly,
 )
-from defenses.checks import check_int
 
 FloatArray = npt.NDArray[np.float64]
 ATTENTIONS = ("gk", "softmax")

@@ -18,20 +18,21 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from crypto.arms import CryptoTask, PersonalisedLearner
-from crypto.attacks import DistinguisherAttack, Guess, InversionAttack, ServerView
-from crypto.benchmark.attention import attention_benchmark
-from crypto.benchmark.finetune import finetune_benchmark
-from crypto.benchmark.layer import layer_benchmark
-from crypto.benchmark.lora import lora_benchmark
-from crypto.defense import CKKSDefense, EmbeddingNoise
-from crypto.figures import figures
-from crypto.model import ModelConfig
-from crypto.tasks import client_transform, digit_sequences, negation_sentiment
 from defenses.checks import check_int
 from defenses.metrics import accuracy
 from defenses.registry import register
 from defenses.threat import Capability, Goal, Knowledge, Stage, ThreatModel
+
+from .arms import CryptoTask, PersonalisedLearner
+from .attacks import DistinguisherAttack, Guess, InversionAttack, ServerView
+from .benchmark.attention import attention_benchmark
+from .benchmark.finetune import finetune_benchmark
+from .benchmark.layer import layer_benchmark
+from .benchmark.lora import lora_benchmark
+from .defense import CKKSDefense, EmbeddingNoise
+from .figures import figures
+from .model import ModelConfig
+from .tasks import client_transform, digit_sequences, negation_sentiment
 
 TASKS = ("digits", "negation")
 

@@ -22,9 +22,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from crypto.model import HEFormer, ModelConfig
-from crypto.tasks import Sequences
 from defenses.checks import check_real
+
+from .model import HEFormer, ModelConfig
+from .tasks import Sequences
 
 logger = logging.getLogger(__name__)
 

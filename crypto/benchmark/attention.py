@@ -19,14 +19,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from crypto.approx import exp_poly, gaussian_kernel_poly, reciprocal_poly
-from crypto.benchmark.personalised import int_param
-from crypto.ckks import CKKSParams, TenSEALBackend, make_context
-from crypto.evaluator import Evaluator, Value
-from crypto.heval import SoftmaxPolys, gk_attention, softmax_attention
-from crypto.packing import roll_tokens
 from defenses.harness import measurement
 from defenses.results import Result
+
+from ..approx import exp_poly, gaussian_kernel_poly, reciprocal_poly
+from ..ckks import CKKSParams, TenSEALBackend, make_context
+from ..evaluator import Evaluator, Value
+from ..heval import SoftmaxPolys, gk_attention, softmax_attention
+from ..packing import roll_tokens
+from .personalised import int_param
 
 FloatArray = npt.NDArray[np.float64]
 GK_PARAMS = CKKSParams(8192, (38, 30, 30, 30, 30, 30, 30), 30)

@@ -24,13 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from crypto.benchmark.personalised import int_param, personalised_model
-from crypto.finetune import TRAIN_PARAMS, KeyOwner, encrypted_step, simulated_step
-from crypto.folding import Arm, initial_weights
-from crypto.model import ModelConfig
-from crypto.tasks import digit_sequences
 from defenses.harness import measurement
 from defenses.results import Result
+
+from ..finetune import TRAIN_PARAMS, KeyOwner, encrypted_step, simulated_step
+from ..folding import Arm, initial_weights
+from ..model import ModelConfig
+from ..tasks import digit_sequences
+from .personalised import int_param, personalised_model
 
 ARM_NAMES = ("lora-gk", "full-softmax", "full-gk", "lora-softmax")
 BASELINE = "full-softmax"

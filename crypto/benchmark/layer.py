@@ -12,9 +12,12 @@ under CKKS between a :class:`~crypto.protocol.Client` and a public-context
   their rolled copies once and the server evaluates the 24 levels alone.
 
 Reported: agreement of the encrypted argmax with the plaintext polynomial model,
-max logit error, refresh round trips, server seconds for the batch and per
-sequence at full packing (a ciphertext holds N/2 / n sequences and costs the same
-however many are used).
+max logit error, round trips per inference (the request plus every refresh or roll
+the server asked for), the bytes sent each way (per sequence of the batch, and per
+sequence at full packing: a ciphertext holds N/2 / n sequences and costs the same
+however many are used; the session's context and LoRA upload apart as
+``setup_mb``), and the server's seconds beside them. ``transport = "loopback"``
+runs the server in another process over a socket on 127.0.0.1 (default: in-process).
 """
 
 from __future__ import annotations
@@ -25,37 +28,52 @@ from typing import Any
 
 import numpy as np
 
-from crypto.benchmark.personalised import int_param, personalised_model
-from crypto.ckks import INTERACTIVE, NON_INTERACTIVE, CKKSParams
-from crypto.model import ModelConfig
-from crypto.protocol import Client, Server
-from crypto.tasks import digit_sequences
-from crypto.train import predict_logits
 from defenses.harness import measurement
 from defenses.results import Result
 
+from ..ckks import INTERACTIVE, NON_INTERACTIVE, CKKSParams
+from ..model import ModelConfig
+from ..protocol import Client, Server
+from ..tasks import digit_sequences
+from ..train import predict_logits
+from ..transport import Loopback
+from .personalised import int_param, personalised_model
+
+TRANSPORTS = ("in-process", "loopback")
+
 
 def _serve(
-    model: Any, X: np.ndarray, params: CKKSParams, interactive: bool
+    model: Any, X: np.ndarray, params: CKKSParams, interactive: bool, transport: str
 ) -> dict[str, float]:
     start = time.perf_counter()
     client = Client(model, params)
-    server = Server.for_model(client.public_context(), model, params)
     keygen = time.perf_counter() - start
-    logits = client.predict(server, X, interactive=interactive)
+    if transport == "loopback":
+        with Loopback.for_model(model, params) as connection:
+            logits = client.predict(connection, X, interactive=interactive)
+    else:
+        server = Server.for_model(None, model, params)
+        logits = client.predict(server, X, interactive=interactive)
     plain = predict_logits(model, X, guard=False)
-    seconds = server.transcript.seconds[-1]
-    capacity = params.slots // model.config.n_tokens
+    [exchange] = client.exchanges
+    b, capacity = X.shape[0], params.slots // model.config.n_tokens
     return {
         "agreement": float(np.mean(logits.argmax(1) == plain.argmax(1))),
         "max_logit_error": float(np.max(np.abs(logits - plain))),
-        "server_s": seconds,
-        "ms_per_sequence_packed": 1000.0 * seconds / capacity,
+        "server_s": exchange.server_s,
+        "ms_per_sequence_packed": 1000.0 * exchange.server_s / capacity,
         "keygen_s": keygen,
-        "refresh_rounds": float(server.counts.get("refresh_rounds", 0)),
-        "roll_rounds": float(server.counts.get("roll_rounds", 0)),
-        "ct_ct_mul": float(server.counts.get("ct_ct_mul", 0)),
-        "upload_mb": sum(m.nbytes for _, m in server.transcript.inbound) / 1e6,
+        "refresh_rounds": float(exchange.counts.get("refresh_rounds", 0)),
+        "roll_rounds": float(exchange.counts.get("roll_rounds", 0)),
+        "round_trips": float(exchange.round_trips),
+        "ct_ct_mul": float(exchange.counts.get("ct_ct_mul", 0)),
+        "upload_mb": exchange.bytes_up / 1e6,
+        "download_mb": exchange.bytes_down / 1e6,
+        "setup_mb": client.setup_bytes / 1e6,
+        "kb_up_per_sequence": exchange.bytes_up / 1e3 / b,
+        "kb_down_per_sequence": exchange.bytes_down / 1e3 / b,
+        "kb_up_per_sequence_packed": exchange.bytes_up / 1e3 / capacity,
+        "kb_down_per_sequence_packed": exchange.bytes_down / 1e3 / capacity,
         "poly_modulus_degree": float(params.poly_modulus_degree),
         "levels": float(params.levels),
         "log_q": float(params.log_q),
@@ -67,7 +85,13 @@ def layer_benchmark(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Res
     d = int_param(params, "d", 4)
     batch = int_param(params, "batch", 8)
     epochs = int_param(params, "pretrain_epochs", 6)
-    settings = {"d": d, "batch": batch}
+    transport = str(params.get("transport", "in-process"))
+    if transport not in TRANSPORTS:
+        raise ValueError(
+            f"benchmark parameter transport must be one of {TRANSPORTS}, "
+            f"got {transport!r}"
+        )
+    settings = {"d": d, "batch": batch, "transport": transport}
     data = digit_sequences()
     for seed in seeds:
         model, client = personalised_model(
@@ -78,7 +102,7 @@ def layer_benchmark(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Res
             ("none", INTERACTIVE, True),
             ("non-interactive", NON_INTERACTIVE, False),
         ):
-            run = _serve(model, X, chain, interactive)
+            run = _serve(model, X, chain, interactive, transport)
             yield measurement(
                 "crypto-layer",
                 name,

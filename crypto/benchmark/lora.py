@@ -14,9 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from crypto.benchmark.personalised import int_param
-from crypto.ckks import CKKSParams, make_context
-from crypto.lora_he import (
+from defenses.harness import measurement
+from defenses.results import Result
+
+from ..ckks import CKKSParams, make_context
+from ..lora_he import (
     encrypted_steps,
     full_forward,
     full_gradient,
@@ -24,8 +26,7 @@ from crypto.lora_he import (
     lora_gradient,
     simulate_step,
 )
-from defenses.harness import measurement
-from defenses.results import Result
+from .personalised import int_param
 
 LORA_PARAMS = CKKSParams(8192, (40, 30, 30, 30, 30, 40), 30)
 

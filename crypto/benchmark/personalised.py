@@ -8,10 +8,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from crypto.model import HEFormer, ModelConfig
-from crypto.tasks import Sequences, client_transform
-from crypto.train import TrainConfig, personalise, pretrain
 from defenses.checks import check_int
+
+from ..model import HEFormer, ModelConfig
+from ..tasks import Sequences, client_transform
+from ..train import TrainConfig, personalise, pretrain
 
 
 def int_param(params: Mapping[str, Any], key: str, default: int) -> int:

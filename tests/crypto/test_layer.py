@@ -4,13 +4,18 @@ import numpy as np
 import pytest
 import torch
 
-from crypto.attacks import audit
-from crypto.benchmark.layer import layer_benchmark
-from crypto.ckks import NON_INTERACTIVE
-from crypto.model import HEFormer, ModelConfig
-from crypto.protocol import Client, Server
-from crypto.tasks import Sequences
-from crypto.train import TrainConfig, personalise, predict_logits, pretrain
+from defense_suite.crypto.attacks import audit
+from defense_suite.crypto.benchmark.layer import layer_benchmark
+from defense_suite.crypto.ckks import NON_INTERACTIVE
+from defense_suite.crypto.model import HEFormer, ModelConfig
+from defense_suite.crypto.protocol import Client, Server
+from defense_suite.crypto.tasks import Sequences
+from defense_suite.crypto.train import (
+    TrainConfig,
+    personalise,
+    predict_logits,
+    pretrain,
+)
 
 
 def test_non_interactive_chain_is_secure_and_deep_enough() -> None:
@@ -21,6 +26,8 @@ def test_non_interactive_chain_is_secure_and_deep_enough() -> None:
 def test_layer_benchmark_bad_params() -> None:
     with pytest.raises(ValueError, match="batch"):
         list(layer_benchmark({"batch": 0}, [0]))
+    with pytest.raises(ValueError, match="transport"):
+        list(layer_benchmark({"transport": "pigeon"}, [0]))
 
 
 @pytest.mark.slow
@@ -52,7 +59,7 @@ def test_non_interactive_layer_in_tenseal() -> None:
 
 
 def test_personal_head_travels_encrypted() -> None:
-    from crypto.heval import HEWeights, lora_factors, simulate
+    from defense_suite.crypto.heval import HEWeights, lora_factors, simulate
 
     rng = np.random.default_rng(0)
     X = rng.random((64, 2, 3))

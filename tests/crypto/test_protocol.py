@@ -1,14 +1,18 @@
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
-from crypto.attacks import audit
-from crypto.ckks import INTERACTIVE, make_context, public_bytes
-from crypto.model import HEFormer
-from crypto.protocol import Client, Message, Server
-from crypto.tasks import Sequences
-from crypto.train import predict_logits
+from defense_suite.crypto.attacks import audit, secrets_reachable
+from defense_suite.crypto.ckks import INTERACTIVE, make_context, public_bytes
+from defense_suite.crypto.model import HEFormer
+from defense_suite.crypto.protocol import Client, InProcess, Server
+from defense_suite.crypto.tasks import Sequences
+from defense_suite.crypto.train import predict_logits
+from defense_suite.crypto.transport import Loopback
+from defense_suite.crypto.wire import Channel, Message
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +34,10 @@ def test_encrypted_inference_matches_plaintext(
     assert np.max(np.abs(encrypted - plain)) < 0.2
     assert np.mean(encrypted.argmax(1) == plain.argmax(1)) >= 0.95
     assert server.counts["refresh_rounds"] >= 3
+    exchange = client.exchanges[-1]
+    assert exchange.round_trips == 1 + server.counts["refresh_rounds"] + 1
+    assert exchange.bytes_up > 0
+    assert exchange.bytes_down > 0
     report = audit(server)
     assert report.clean, report
 
@@ -41,18 +49,112 @@ def test_server_refuses_private_context(tiny_model: HEFormer) -> None:
     Server.for_model(public_bytes(ctx), tiny_model, INTERACTIVE)
 
 
-def test_server_refuses_foreign_ciphertexts(
+def _reply(connection: InProcess, data: bytes) -> Message:
+    connection.send(data)
+    return Message.decode(connection.recv())
+
+
+def test_server_refuses_foreign_and_malformed_messages(
     pair: tuple[Client, Server],
     tiny_model: HEFormer,
     tiny_data: tuple[Sequences, Sequences],
 ) -> None:
-    _, server = pair
+    client, server = pair
     other = Client(tiny_model, INTERACTIVE)
-    message = other.encrypt_inputs(tiny_data[1].X[:2])
-    with pytest.raises(ValueError, match="another context"):
-        server.infer(message, {}, other)
-    with pytest.raises(TypeError, match="only Message"):
-        server.infer(np.zeros(3), {}, other)  # type: ignore[arg-type]
+    connection = InProcess(server)
+    try:
+        client.open(connection)
+        foreign = _reply(connection, other.encrypt_inputs(tiny_data[1].X[:2]).encode())
+        assert foreign.kind == "error"
+        assert "another context" in foreign.meta["error"]
+        garbage = _reply(connection, b"not a message")
+        assert garbage.kind == "error"
+        assert "bad magic" in garbage.meta["error"]
+        data = client.encrypt_inputs(tiny_data[1].X[:2]).encode()
+        cut = _reply(connection, data[: len(data) // 2])
+        assert "truncated" in cut.meta["error"]
+        late = _reply(connection, Message("refreshed", client.key).encode())
+        assert "unexpected 'refreshed'" in late.meta["error"]
+    finally:
+        connection.close()
+    assert not connection._thread.is_alive()
+
+
+class DecryptingServer(Server):
+    """A malicious server: tries to decrypt everything and answers garbage."""
+
+    attempts: list[str]
+    reachable: list[str]
+
+    def _infer(self, channel: Channel, message: Message) -> Message:
+        self.attempts, values = [], self._load(message)
+        refreshed = self._request(
+            channel, self._dump("refresh", values), "refreshed", len(values)
+        )
+        for value in values + refreshed:
+            try:
+                value.handle.decrypt()
+                self.attempts.append("decrypted")
+            except ValueError as err:
+                self.attempts.append(str(err))
+        try:
+            self.context.generate_galois_keys()
+            self.attempts.append("made Galois keys")
+        except ValueError as err:
+            self.attempts.append(str(err))
+        self.reachable = secrets_reachable(self)
+        return self._dump("logits", (values * 2)[: self.weights.n_classes])
+
+
+def test_malicious_server_has_nothing_to_decrypt_with(
+    pair: tuple[Client, Server],
+    tiny_model: HEFormer,
+    tiny_data: tuple[Sequences, Sequences],
+) -> None:
+    client, _ = pair
+    before = client.refreshes
+    server = DecryptingServer.for_model(None, tiny_model, INTERACTIVE)
+    logits = client.predict(server, tiny_data[1].X[:3])
+    assert logits.shape == (3, tiny_model.config.n_classes)  # garbage, not secrets
+    assert len(server.attempts) == 2 * tiny_model.config.d + 1
+    assert all("secret" in a for a in server.attempts), server.attempts
+    assert server.reachable == []
+    assert client.refreshes == before + 1
+    assert audit(server).clean
+    # the walk finds a secret when one is reachable (it is not vacuous)
+    assert secrets_reachable({"x": [client]}) == ["a Client"]
+    assert secrets_reachable((client.context,)) == ["a private context"]
+
+
+def test_loopback_server_is_another_process(tiny_model: HEFormer) -> None:
+    client = Client(tiny_model, INTERACTIVE)
+    with Loopback.for_model(tiny_model, INTERACTIVE) as connection:
+        assert connection.pid not in (None, os.getpid())
+        private = client.context.serialize(save_secret_key=True)
+        connection.send(Message("context", client.key, (private,)).encode())
+        reply = Message.decode(connection.recv())
+        assert reply.kind == "error"
+        assert "public context" in reply.meta["error"]
+        connection.send(b"\x00" * 16)
+        assert "bad magic" in Message.decode(connection.recv()).meta["error"]
+
+
+@pytest.mark.slow
+def test_loopback_inference_equals_in_process(
+    pair: tuple[Client, Server],
+    tiny_model: HEFormer,
+    tiny_data: tuple[Sequences, Sequences],
+) -> None:
+    client, server = pair
+    X = tiny_data[1].X[100:116]
+    local = client.predict(server, X)
+    local_trips = client.exchanges[-1].round_trips
+    with Loopback.for_model(tiny_model, INTERACTIVE) as connection:
+        remote = client.predict(connection, X)
+    assert client.exchanges[-1].round_trips == local_trips >= 5
+    assert np.array_equal(remote.argmax(1), local.argmax(1))
+    # both are encryptions of the same computation: equal up to CKKS noise
+    assert np.max(np.abs(remote - local)) < 1e-2
 
 
 def test_client_rejects_wrong_length_and_range(
