@@ -1,0 +1,183 @@
+"""``python -m defense_suite.federated run [APP] [CONNECTION] [--run-config ...]``.
+
+A wrapper around ``flwr run`` for scripts. Before anything starts it reads the app's
+``[tool.flwr.app.config]``, applies the ``--run-config`` overrides (Flower's own
+parser) and, for this package's app, validates every value and solves every
+client's schedule: a bad key or value fails in well under a second with one
+``error:`` line naming it and exit code 2. Then it runs ``flwr run APP [CONNECTION]
+--stream`` with runtime dependency installation disabled (no ``uv sync``, nothing
+downloaded: the SuperLink it starts uses the environment this command runs in; a
+local simulation SuperLink gets its own ports, 39191 and 39193 unless
+``FLWR_LOCAL_SUPERLINK_HTTP_API_PORT``/``FLWR_LOCAL_CONTROL_API_PORT`` are set, so
+one started earlier with installation enabled is never reused), and finally asks
+``flwr ls`` for the run's status: the exit code is 0 only when it is
+``finished:completed`` (``flwr run`` itself exits 0 for a failed run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+OWN_APP = "federated.flower.app:server_app"
+LOCAL_PORTS = {
+    "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": "39191",
+    "FLWR_LOCAL_CONTROL_API_PORT": "39193",
+}
+NO_INSTALL = "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"
+COMPLETED = "finished:completed"
+
+
+class UsageError(ValueError):
+    """A bad app directory, override or config value: exit code 2."""
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line (``run`` is the only command)."""
+    p = argparse.ArgumentParser(
+        prog="python -m defense_suite.federated",
+        description="Run a Flower app with flwr run, validated first; the exit code "
+        "is 0 only if the run's final status is finished:completed.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="validate, run with flwr run, check the status")
+    run.add_argument("app", nargs="?", default=".", help="app directory (default .)")
+    run.add_argument("connection", nargs="?", help="SuperLink connection name")
+    run.add_argument(
+        "--run-config",
+        action="append",
+        default=None,
+        help='overrides, e.g. "num-server-rounds=3 sigma=2.0" (as for flwr run)',
+    )
+    return p
+
+
+def app_config(app: Path, overrides: list[str] | None) -> tuple[dict[str, Any], str]:
+    """The app's run config with the overrides applied, and its ServerApp."""
+    from flwr.common.config import parse_config_args
+
+    project = app / "pyproject.toml"
+    if not project.is_file():
+        raise UsageError(f"{project}: no pyproject.toml in the app directory")
+    with project.open("rb") as f:
+        flwr = tomllib.load(f).get("tool", {}).get("flwr", {}).get("app", {})
+    try:
+        server = str(flwr["components"]["serverapp"])
+    except KeyError:
+        raise UsageError(
+            f"{project}: no [tool.flwr.app.components] serverapp"
+        ) from None
+    declared = dict(flwr.get("config", {}))
+    try:
+        changes = parse_config_args(overrides)
+    except ValueError as error:
+        raise UsageError(f"--run-config: {error}") from None
+    unknown = sorted(set(changes) - set(declared))
+    if unknown:
+        raise UsageError(
+            f"--run-config: key(s) {unknown} are not declared in "
+            f"[tool.flwr.app.config] of {project}"
+        )
+    return {**declared, **changes}, server
+
+
+def validate(values: dict[str, Any], server: str) -> None:
+    """Check this package's app config and solve every schedule (others: nothing)."""
+    if server.removeprefix("defense_suite.") != OWN_APP:
+        return
+    from .flower.config import AppConfig
+    from .flower.run import plan
+
+    try:
+        plan(AppConfig.from_mapping(values))
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"run config: {error}") from None
+
+
+def environment() -> dict[str, str]:
+    """The environment of ``flwr run``: no runtime installs, own local ports."""
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, NO_INSTALL: "1"}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    for key, port in LOCAL_PORTS.items():
+        env.setdefault(key, port)
+    return env
+
+
+def flwr(*args: str) -> list[str]:
+    """A ``flwr`` command line (the executable beside this interpreter)."""
+    return [str(Path(sys.executable).parent / "flwr"), *args]
+
+
+def stream_run(command: list[str], env: dict[str, str]) -> tuple[int, int | None]:
+    """Run ``flwr run --stream``, echo its output, return (exit code, run id)."""
+    run_id = None
+    with subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            found = re.search(r"Successfully started run (\d+)", line)
+            if found and run_id is None:
+                run_id = int(found.group(1))
+        code = proc.wait()
+    return code, run_id
+
+
+def run_status(run_id: int, connection: str | None, env: dict[str, str]) -> str:
+    """The run's status text from ``flwr ls --format json``."""
+    args = ["ls", *([connection] if connection else []), "--run-id", str(run_id)]
+    done = subprocess.run(
+        flwr(*args, "--format", "json"),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    start = done.stdout.find("{")
+    try:
+        runs = json.loads(done.stdout[start:])["runs"]
+        return str(runs[0]["status"])
+    except (ValueError, KeyError, IndexError):
+        return f"unknown ({done.stdout.strip()[-200:]} {done.stderr.strip()[-200:]})"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Validate, run, check the final status; return the exit code."""
+    args = parser().parse_args(argv)
+    app = Path(args.app)
+    try:
+        values, server = app_config(app, args.run_config)
+        validate(values, server)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    env = environment()
+    command = flwr("run", str(app), *([args.connection] if args.connection else []))
+    command.append("--stream")
+    for override in args.run_config or []:
+        command += ["--run-config", override]
+    code, run_id = stream_run(command, env)
+    if run_id is None:
+        print(f"error: flwr run did not start a run (exit {code})", file=sys.stderr)
+        return code or 1
+    status = run_status(run_id, args.connection, env)
+    print(f"run {run_id}: {status}")
+    return 0 if status == COMPLETED else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
