@@ -68,11 +68,15 @@ def encode_labels(
 def to_dataset(
     name: str, records: Records, classes: npt.NDArray[Any] | None
 ) -> tuple[Dataset, tuple[int, ...]]:
-    """Flat, encoded records and the shape of one record."""
+    """Flat, encoded records and the shape of one record.
+
+    A :class:`~defenses.data.Dataset` is taken as its flat ``X`` (the form its
+    models take); pass ``input_shape`` to :func:`~defenses.audit.audit` otherwise.
+    """
     y: npt.ArrayLike
     if isinstance(records, Dataset):
         arr, y = _features(name, records.X), records.y
-        shape = records.image_shape or tuple(arr.shape[1:])
+        shape = tuple(arr.shape[1:])
     elif isinstance(records, tuple | list) and len(records) == 2:
         arr, y = _features(name, records[0]), records[1]
         shape = tuple(arr.shape[1:])

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -86,9 +87,10 @@ class AuditSpec:
     def load(self) -> AuditInputs:
         """Call the loader; its result must be :class:`AuditInputs`."""
         try:
-            inputs = self.loader(**self.loader_args)
+            inspect.signature(self.loader).bind(**self.loader_args)
         except TypeError as error:
             raise AuditSpecError(f"{self.path}: key 'loader_args': {error}") from error
+        inputs = self.loader(**self.loader_args)
         if not isinstance(inputs, AuditInputs):
             raise AuditSpecError(
                 f"{self.path}: key 'loader' must name a function returning "
