@@ -8,6 +8,9 @@ cancer, wine) and the rest is generated from a :class:`numpy.random.Generator`:
   experiments, where the secret is the prototype;
 * :func:`make_coarse_to_fine` - superclasses each holding close fine classes (a fine
   class's mean is its superclass's mean plus a small offset).
+
+scikit-learn is imported when a function needs it, so importing this module is
+cheap.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from sklearn import datasets as _sk
 
 from defenses.checks import check_int, check_real
 
@@ -81,18 +83,24 @@ def _bundled(loader: Callable[[], object], name: str, scale: float | None) -> Da
 
 def load_digits() -> Dataset:
     """The 1,797 8x8 handwritten digits, pixel values scaled to [0, 1]."""
-    data = _bundled(_sk.load_digits, "digits", 16.0)
+    from sklearn.datasets import load_digits as loader
+
+    data = _bundled(loader, "digits", 16.0)
     return Dataset(data.X, data.y, data.name, 10, image_shape=(8, 8))
 
 
 def load_breast_cancer() -> Dataset:
     """The 569 Wisconsin breast-cancer cases (2 classes), standardized features."""
-    return _bundled(_sk.load_breast_cancer, "breast_cancer", None)
+    from sklearn.datasets import load_breast_cancer as loader
+
+    return _bundled(loader, "breast_cancer", None)
 
 
 def load_wine() -> Dataset:
     """The 178 wines (3 classes), standardized features."""
-    return _bundled(_sk.load_wine, "wine", None)
+    from sklearn.datasets import load_wine as loader
+
+    return _bundled(loader, "wine", None)
 
 
 LOADERS: dict[str, Callable[[], Dataset]] = {
@@ -189,23 +197,56 @@ def stratified_split(
 ) -> list[IntArray]:
     """Split indices into parts of the given fractions, stratified by label.
 
-    ``fractions`` must be positive and sum to 1. Within each class, indices are
-    shuffled by ``rng`` and cut at the cumulative fractions (rounded), so every part
-    holds about its share of every class. Each part's indices are sorted.
+    ``fractions`` must be positive and sum to 1. Part sizes are the differences of
+    the rounded cumulative fractions of ``len(y)``; each part is cut from the rest
+    by scikit-learn's stratified ``train_test_split`` (seeded from ``rng``), so every
+    part holds its share of every class. Each part's indices are sorted.
+
+    Raises
+    ------
+    ValueError
+        If ``y`` is empty or not 1-D, the fractions are not positive or do not sum
+        to 1, or a part is too small to hold every class (scikit-learn's rule: at
+        least one member of each class per part, two members per class in ``y``).
     """
+    from sklearn.model_selection import train_test_split
+
     labels = np.asarray(y)
     if labels.ndim != 1 or labels.size == 0:
         raise ValueError(f"y must be a non-empty 1-D array, got shape {labels.shape}")
     f = np.asarray(fractions, dtype=np.float64)
-    if f.ndim != 1 or f.size == 0 or np.any(f <= 0) or not np.isclose(f.sum(), 1.0):
+    if (
+        f.ndim != 1
+        or f.size == 0
+        or not np.all(np.isfinite(f))
+        or np.any(f <= 0)
+        or not np.isclose(f.sum(), 1.0)
+    ):
         raise ValueError(
             f"fractions must be positive and sum to 1, got {list(fractions)}"
         )
-    parts: list[list[int]] = [[] for _ in f]
-    cuts = np.cumsum(f)[:-1]
-    for label in np.unique(labels):
-        members = rng.permutation(np.flatnonzero(labels == label))
-        bounds = np.round(cuts * members.size).astype(int)
-        for part, chunk in zip(parts, np.split(members, bounds), strict=True):
-            part.extend(chunk.tolist())
-    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+    bounds = np.round(np.cumsum(f) * labels.size).astype(int)
+    bounds[-1] = labels.size
+    sizes = np.diff(np.r_[0, bounds])
+    if np.any(sizes <= 0):
+        raise ValueError(
+            f"fractions {list(fractions)} of {labels.size} labels leave an empty part"
+        )
+    parts: list[IntArray] = []
+    rest = np.arange(labels.size, dtype=np.int64)
+    for size in sizes[:-1]:
+        try:
+            part, rest = train_test_split(
+                rest,
+                train_size=int(size),
+                stratify=labels[rest],
+                random_state=int(rng.integers(2**32 - 1)),
+            )
+        except ValueError as error:
+            raise ValueError(
+                f"cannot split {labels.size} labels into fractions {list(fractions)} "
+                f"stratified by class: {error}"
+            ) from error
+        parts.append(np.sort(np.asarray(part, dtype=np.int64)))
+    parts.append(np.sort(np.asarray(rest, dtype=np.int64)))
+    return parts

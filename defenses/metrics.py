@@ -1,12 +1,15 @@
 """Metrics shared by every package.
 
-Membership-style games: a tie-safe ROC (tied scores are one threshold, so a quantising
-defense cannot fake a low-FPR operating point by the order of candidates), AUC as the
-Mann-Whitney statistic, TPR at a fixed FPR (Carlini et al., 2022, "Membership
-inference attacks from first principles"), attacker advantage max(TPR - FPR) (Yeom et
-al., 2018), and an empirical epsilon lower bound from (TPR, FPR, delta) with
-Clopper-Pearson intervals (Jagielski et al., 2020; Nasr et al., 2021). Classification
-and conformal prediction: accuracy, coverage, mean set size.
+Membership-style games: a tie-safe ROC (scikit-learn's ``roc_curve`` with every
+threshold kept: tied scores are one threshold, so a quantising defense cannot fake a
+low-FPR operating point by the order of candidates), AUC (``roc_auc_score``, equal to
+the Mann-Whitney statistic with ties counting one half), TPR at a fixed FPR (Carlini
+et al., 2022, "Membership inference attacks from first principles"), attacker
+advantage max(TPR - FPR) (Yeom et al., 2018), and an empirical epsilon lower bound
+from (TPR, FPR, delta) with Clopper-Pearson intervals (SciPy's exact binomial
+interval; Jagielski et al., 2020; Nasr et al., 2021). Classification and conformal
+prediction: accuracy, coverage, mean set size. scikit-learn and SciPy are imported
+on first use.
 """
 
 from __future__ import annotations
@@ -15,9 +18,8 @@ import math
 
 import numpy as np
 import numpy.typing as npt
-from scipy import stats
 
-from defenses.checks import check_real
+from defenses.checks import check_int, check_real
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -55,23 +57,19 @@ def roc(scores: npt.ArrayLike, truth: npt.ArrayLike) -> tuple[FloatArray, FloatA
 
     Tied scores form one threshold. The curve starts at (0, 0) and ends at (1, 1).
     """
+    from sklearn.metrics import roc_curve
+
     s, t = _scores_and_truth(scores, truth)
-    order = np.argsort(-s, kind="stable")
-    s, t = s[order], t[order]
-    last = np.r_[np.flatnonzero(np.diff(s)), s.size - 1]
-    tp = np.r_[0, np.cumsum(t)[last]]
-    fp = np.r_[0, np.cumsum(~t)[last]]
-    return fp / fp[-1], tp / tp[-1]
+    fpr, tpr, _ = roc_curve(t, s, drop_intermediate=False)
+    return np.asarray(fpr, dtype=np.float64), np.asarray(tpr, dtype=np.float64)
 
 
 def auc(scores: npt.ArrayLike, truth: npt.ArrayLike) -> float:
     """Area under the ROC curve (ties count one half): P(s+ > s-) + P(s+ = s-)/2."""
+    from sklearn.metrics import roc_auc_score
+
     s, t = _scores_and_truth(scores, truth)
-    ranks = stats.rankdata(s)
-    n_pos = int(t.sum())
-    n_neg = t.size - n_pos
-    u = ranks[t].sum() - n_pos * (n_pos + 1) / 2
-    return float(u / (n_pos * n_neg))
+    return float(roc_auc_score(t, s))
 
 
 def tpr_at_fpr(scores: npt.ArrayLike, truth: npt.ArrayLike, fpr: float) -> float:
@@ -90,24 +88,23 @@ def advantage(scores: npt.ArrayLike, truth: npt.ArrayLike) -> float:
 def clopper_pearson(
     successes: int, trials: int, confidence: float = 0.95
 ) -> tuple[float, float]:
-    """Two-sided Clopper-Pearson interval for a binomial proportion."""
-    if trials <= 0:
-        raise ValueError(f"trials must be > 0, got {trials}")
-    if not 0 <= successes <= trials:
-        raise ValueError(f"successes must lie in [0, trials={trials}], got {successes}")
+    """Two-sided Clopper-Pearson interval for a binomial proportion.
+
+    SciPy's ``binomtest(successes, trials).proportion_ci(method="exact")``: the
+    beta-quantile interval, 0 (1) at the lower (upper) end when there are no
+    successes (failures).
+    """
+    from scipy.stats import binomtest
+
+    n = check_int("trials", trials, 1)
+    k = check_int("successes", successes)
+    if not 0 <= k <= n:
+        raise ValueError(f"successes must lie in [0, trials={n}], got {k}")
     check_real("confidence", confidence, 0.0, 1.0, open_low=True, open_high=True)
-    a = 1 - confidence
-    low = (
-        0.0
-        if successes == 0
-        else float(stats.beta.ppf(a / 2, successes, trials - successes + 1))
+    interval = binomtest(k, n).proportion_ci(
+        confidence_level=float(confidence), method="exact"
     )
-    high = (
-        1.0
-        if successes == trials
-        else float(stats.beta.ppf(1 - a / 2, successes + 1, trials - successes))
-    )
-    return low, high
+    return float(interval.low), float(interval.high)
 
 
 def epsilon_lower_bound(

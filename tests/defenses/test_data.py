@@ -58,6 +58,25 @@ def test_stratified_split_is_deterministic_disjoint_and_stratified():
     assert np.bincount(y[parts[1]]).tolist() == [15] * 4
 
 
+@pytest.mark.parametrize("fractions", [[0.1, 0.1, 0.8], [0.45, 0.33, 0.22], [0.5, 0.5]])
+@pytest.mark.parametrize("name", ["digits", "wine"])
+def test_stratified_split_sizes_and_class_shares(name, fractions):
+    y = data.load(name).y
+    parts = data.stratified_split(y, fractions, np.random.default_rng(1))
+    bounds = np.round(np.cumsum(fractions) * y.size).astype(int)
+    assert [p.size for p in parts] == np.diff(np.r_[0, bounds]).tolist()
+    classes = np.bincount(y)
+    for part, share in zip(parts, fractions, strict=True):
+        counts = np.bincount(y[part], minlength=classes.size)
+        assert np.all(np.abs(counts - share * classes) <= 1.0 + 1e-9)
+
+
+def test_a_part_too_small_for_every_class_is_refused():
+    y = np.repeat(np.arange(10), 5)
+    with pytest.raises(ValueError, match="fractions"):
+        data.stratified_split(y, [0.1, 0.9], np.random.default_rng(0))
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [

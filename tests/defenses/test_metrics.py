@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
 from sklearn.metrics import roc_auc_score, roc_curve
 
 from defenses import metrics
@@ -16,16 +17,59 @@ def tied_scores(rng, n, levels):
     return scores, truth
 
 
+def brute_force_roc(scores, truth):
+    """(FPR, TPR) at every distinct threshold, highest first, from (0, 0)."""
+    fpr, tpr = [0.0], [0.0]
+    for threshold in np.unique(scores)[::-1]:
+        flagged = scores >= threshold
+        fpr.append(flagged[~truth].mean())
+        tpr.append(flagged[truth].mean())
+    return np.array(fpr), np.array(tpr)
+
+
+def brute_force_auc(scores, truth):
+    """P(s+ > s-) + P(s+ = s-) / 2 over every (positive, negative) pair."""
+    pos, neg = scores[truth][:, None], scores[~truth][None, :]
+    return float(np.mean((pos > neg) + 0.5 * (pos == neg)))
+
+
 @pytest.mark.parametrize("levels", [2, 3, 10, 1000])
 @pytest.mark.parametrize("seed", range(5))
-def test_auc_and_roc_match_scikit_learn_with_heavy_ties(levels, seed):
+def test_auc_and_roc_with_heavy_ties_match_brute_force(levels, seed):
     rng = np.random.default_rng(seed)
     scores, truth = tied_scores(rng, 300, levels)
+    assert metrics.auc(scores, truth) == pytest.approx(brute_force_auc(scores, truth))
     assert metrics.auc(scores, truth) == pytest.approx(roc_auc_score(truth, scores))
     fpr, tpr = metrics.roc(scores, truth)
+    ref_fpr, ref_tpr = brute_force_roc(scores, truth)
+    np.testing.assert_allclose(fpr, ref_fpr)
+    np.testing.assert_allclose(tpr, ref_tpr)
     sk_fpr, sk_tpr, _ = roc_curve(truth, scores, drop_intermediate=False)
     np.testing.assert_allclose(fpr, sk_fpr)
     np.testing.assert_allclose(tpr, sk_tpr)
+
+
+@pytest.mark.parametrize("trials", [1, 2, 7, 50, 1000])
+@pytest.mark.parametrize("confidence", [0.5, 0.9, 0.95, 0.999])
+def test_clopper_pearson_equals_the_beta_quantiles(trials, confidence):
+    a = 1 - confidence
+    for successes in sorted({0, 1, trials // 3, trials - 1, trials}):
+        low, high = metrics.clopper_pearson(successes, trials, confidence)
+        ref_low = (
+            0.0
+            if successes == 0
+            else stats.beta.ppf(a / 2, successes, trials - successes + 1)
+        )
+        ref_high = (
+            1.0
+            if successes == trials
+            else stats.beta.ppf(1 - a / 2, successes + 1, trials - successes)
+        )
+        assert low == pytest.approx(ref_low, abs=1e-10)
+        assert high == pytest.approx(ref_high, abs=1e-10)
+    assert metrics.clopper_pearson(
+        np.int64(3), np.int64(10)
+    ) == metrics.clopper_pearson(3, 10)
 
 
 def test_tied_scores_cannot_fake_a_low_fpr_point():

@@ -45,7 +45,12 @@ def test_post_processors():
 def test_bad_parameters():
     with pytest.raises(ValueError, match="decimals must be an int >= 0"):
         Rounding(-1)
-    with pytest.raises(ValueError, match="members must lie"):
+    with pytest.raises(ValueError, match=r"members must be a finite number in \[0.05"):
         DigitsMembership(members=0.9)
+    with pytest.raises(ValueError, match=r"DigitsMembership\.members"):
+        DigitsMembership(members="lots")
+    with pytest.raises(ValueError, match=r"DigitsMembership\.queries"):
+        DigitsMembership(queries=0)
+    assert DigitsMembership(members=np.float32(0.2), queries=np.int64(5)).queries == 5
     with pytest.raises(ValueError, match="floor must lie"):
         LossThresholdAttack(floor=0.7)
