@@ -72,7 +72,8 @@ class Tampering(TimeAdaptiveStrategy):
         super()._discover(grid, nodes)
         if self.inflate is not None:  # propose from a budget the server made up
             for client in self.clients.values():
-                bigger = ClientPrivacy(**{**vars(client.privacy), "epsilon": self.inflate})
+                claimed = {**vars(client.privacy), "epsilon": self.inflate}
+                bigger = ClientPrivacy(**claimed)
                 client.schedule = bigger.schedule()
 
     def configure_train(self, server_round, arrays, config, grid):
