@@ -17,11 +17,9 @@ import json
 import logging
 import platform
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from importlib import metadata
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from defenses.api import Certifiable, Scenario
 from defenses.cost import phase, recording
@@ -35,6 +33,8 @@ _VERSIONED = ("numpy", "scipy", "torch", "scikit-learn", "opacus", "flwr", "tens
 
 @functools.cache
 def _installed_versions() -> tuple[tuple[str, str], ...]:
+    from importlib import metadata
+
     found = [("python", platform.python_version())]
     for name in _VERSIONED:
         try:
@@ -196,6 +196,8 @@ def evaluate(
     The capability check runs once up front, so a refused pairing fails before any
     training.
     """
+    from tqdm.auto import tqdm
+
     scenario.threat.require(attack.requires, f"attack {attack.name!r}")
     arms = list(defenses)
     jobs = [(seed, arm) for seed in seeds for arm in arms]

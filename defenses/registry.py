@@ -20,7 +20,6 @@ import importlib
 import importlib.util
 import pkgutil
 from collections.abc import Callable, Mapping
-from importlib.metadata import entry_points
 from typing import Any, Literal, TypeVar
 
 Kind = Literal["scenarios", "attacks", "defenses", "benchmarks", "figures"]
@@ -72,6 +71,8 @@ def discover() -> None:
     global _discovered
     if _discovered:
         return
+    from importlib.metadata import entry_points
+
     modules = [
         *_builtin_modules(),
         *(e.value for e in entry_points(group=PLUGIN_GROUP)),

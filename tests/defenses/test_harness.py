@@ -114,3 +114,21 @@ def test_check_pair_catches_a_broken_judge():
 def test_check_pair_catches_a_weak_attack():
     with pytest.raises(ContractError, match=r"not .*clearly above chance"):
         check_pair(ToyScenario(), ReadScores(), Blur(), min_gap=0.6)
+
+
+def test_import_defenses_is_light():
+    """``import defenses`` pulls no heavy library (issue 20: under 2 s)."""
+    import subprocess
+    import sys
+
+    heavy = ("torch", "sklearn", "scipy", "matplotlib", "numba", "tqdm", "asyncio")
+    code = (
+        "import sys, time; start = time.perf_counter(); import defenses; "
+        "print(time.perf_counter() - start); "
+        f"print(','.join(m for m in {heavy!r} if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out[1] == "", f"import defenses pulls in {out[1]}"
+    assert float(out[0]) < 2.0
