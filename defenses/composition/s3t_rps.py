@@ -56,9 +56,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+from sklearn.exceptions import NotFittedError
 
 from defenses.rps import Certificate, ReliableConformalClassifier
 from defenses.rps.quantile import QuantileMode
+from defenses.rps.settings import check_settings
 from defenses.s3t.defense import DeletionReceipt, RetrainReceipt, Slot, Unlearner
 
 FloatArray = npt.NDArray[np.float64]
@@ -85,7 +87,7 @@ class ShardVoter:
 
     def part_votes(self, X: FloatArray) -> IntArray:
         """Each shard's class index per point, -1 for a dead shard: (n_parts, n)."""
-        return self.unlearner.shard_predictions(X)
+        return np.asarray(self.unlearner.shard_predictions(X), dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -105,8 +107,8 @@ class ReliableUnlearner:
         :class:`~defenses.s3t.SISA`; its shards are RPS's ``k_t`` training parts.
     n_calib_parts : int
         ``k_c``, hash parts of the calibration data.
-    alpha : float
-        Miscoverage level in (0, 1).
+    confidence_level : float
+        Target coverage in (0, 1).
     quantile : {"exact", "official", "markov"}
         RPS's per-part rank rule.
     softmax : bool
@@ -114,33 +116,42 @@ class ReliableUnlearner:
 
     Notes
     -----
-    Life cycle: :meth:`fit` (S3T trains the shards) -> :meth:`calibrate` (RPS) ->
-    :meth:`predict_sets` / :meth:`certify` -> :meth:`delete` (S3T switches stages
-    off, then RPS recalibrates on the kept calibration data) -> :meth:`predict_sets`
-    / :meth:`certify` of the post-deletion models -> optionally :meth:`retrain`.
+    Life cycle (MAPIE 1.x's vocabulary): :meth:`fit` (S3T trains the shards) ->
+    :meth:`conformalize` (RPS) -> :meth:`predict_set` / :meth:`certify` ->
+    :meth:`delete` (S3T switches stages off, then RPS conformalizes again on the
+    kept calibration data) -> :meth:`predict_set` / :meth:`certify` of the
+    post-deletion models -> optionally :meth:`retrain`.
     """
 
     def __init__(
         self,
         unlearner: Unlearner,
         n_calib_parts: int = 10,
-        alpha: float = 0.1,
+        confidence_level: float = 0.9,
         quantile: QuantileMode = "exact",
         softmax: bool = True,
     ) -> None:
         self.voter = ShardVoter(unlearner)
         self.unlearner = unlearner
-        self.classes = np.arange(unlearner.backbone.n_classes, dtype=np.int64)
-        self.rps = ReliableConformalClassifier.from_voter(
-            self.voter,
-            self.classes,
-            unlearner.backbone.in_dim,
+        self._template = ReliableConformalClassifier(
+            n_train_parts=unlearner.shards,
             n_calib_parts=n_calib_parts,
-            alpha=alpha,
+            confidence_level=confidence_level,
             quantile=quantile,
             softmax=softmax,
         )
+        check_settings(self._template.get_params(deep=False))
+        self._rps: ReliableConformalClassifier | None = None
         self._calibration: _Calibration | None = None
+
+    @property
+    def rps(self) -> ReliableConformalClassifier:
+        """RPS on the unlearner's shards (built by :meth:`conformalize`)."""
+        if self._rps is None:
+            raise NotFittedError(
+                "ReliableUnlearner is not conformalized: call fit, then conformalize"
+            )
+        return self._rps
 
     # ------------------------------------------------------------------ train
     def fit(
@@ -152,47 +163,62 @@ class ReliableUnlearner:
     ) -> ReliableUnlearner:
         """Train the shards with the unlearner (see :meth:`Unlearner.fit`).
 
-        If calibration data were given before, the thresholds are recomputed.
+        If conformalization data were given before, the thresholds are recomputed.
         """
         self.unlearner.fit(X, y, ids, groups)
-        self._recalibrate()
+        self._reconformalize()
         return self
 
-    def calibrate(
+    def conformalize(
         self, X: npt.ArrayLike, y: npt.ArrayLike, max_train_radius: int | None = None
     ) -> ReliableUnlearner:
-        """Calibrate RPS on (X, y) and keep them to recalibrate after deletions.
+        """Conformalize RPS on (X, y), kept to conformalize again after deletions.
 
         ``max_train_radius`` caps the training radius certified (default ``k_t``);
         smaller is faster.
         """
         features = np.array(X, dtype=np.float64)
         labels = np.array(y)
-        self.rps.calibrate(features, labels, max_train_radius)
+        if features.ndim != 2:
+            raise ValueError(
+                f"X must be 2-D (n_samples, n_features) for RPS, got {features.shape}"
+            )
+        self._rps = ReliableConformalClassifier.from_voter(
+            self.voter,
+            self.unlearner.classes_,
+            features.shape[1],
+            n_calib_parts=self._template.n_calib_parts,
+            confidence_level=self._template.confidence_level,
+            quantile=self._template.quantile,
+            softmax=self._template.softmax,
+        )
+        self._rps.conformalize(features, labels, max_train_radius)
         self._calibration = _Calibration(features, labels, max_train_radius)
         return self
 
-    def _recalibrate(self) -> None:
+    def _reconformalize(self) -> None:
         if self._calibration is not None:
             c = self._calibration
-            self.rps.calibrate(c.X, c.y, c.max_train_radius)
+            self.rps.conformalize(c.X, c.y, c.max_train_radius)
 
     # ------------------------------------------------------------------ serve
-    def predict_sets(self, X: npt.ArrayLike) -> BoolArray:
-        """RPS majority prediction sets, boolean (n, K)."""
-        return self.rps.predict_sets(X)
+    def predict_set(
+        self, X: npt.ArrayLike
+    ) -> tuple[npt.NDArray[np.generic], BoolArray]:
+        """RPS point predictions and majority sets, boolean (n, K, 1) (as MAPIE)."""
+        return self.rps.predict_set(np.asarray(X, dtype=np.float64))
 
     def certify(
         self, X: npt.ArrayLike, max_train_radius: int | None = None
     ) -> Certificate:
         """RPS certificate (sets and radii) of the current, post-deletion models."""
-        return self.rps.certify(X, max_train_radius)
+        return self.rps.certify(np.asarray(X, dtype=np.float64), max_train_radius)
 
     def part_votes(self, X: npt.ArrayLike) -> IntArray:
         """Each shard's vote, shape (k_t, n); -1 where a shard is dead."""
         return self.voter.part_votes(np.asarray(X, dtype=np.float64))
 
-    def predict(self, X: npt.ArrayLike) -> IntArray:
+    def predict(self, X: npt.ArrayLike) -> npt.NDArray[np.generic]:
         """The unlearner's own point prediction (shard probabilities averaged)."""
         return self.unlearner.predict(X)
 
@@ -203,27 +229,27 @@ class ReliableUnlearner:
 
     # ------------------------------------------------------------------ unlearn
     def delete(self, ids: npt.ArrayLike) -> DeletionReceipt:
-        """Forget ``ids`` through the unlearner (no retraining), then recalibrate.
+        """Forget ``ids`` through the unlearner (no retraining), then conformalize.
 
         The sets and certificates served afterwards are those of the post-deletion
         shards; a shard left without a model abstains.
         """
         receipt = self.unlearner.delete(ids)
-        self._recalibrate()
+        self._reconformalize()
         return receipt
 
     def deactivate(self, slots: Iterable[Slot]) -> DeletionReceipt:
-        """Switch off the stages of the given (shard, slice) cells, then recalibrate.
+        """Switch off the stages of the given (shard, slice) cells; conformalize.
 
         The exactness twin's operator: a model trained without some ids and
         deactivated at their cells serves exactly what deleting them serves.
         """
         receipt = self.unlearner.deactivate(slots)
-        self._recalibrate()
+        self._reconformalize()
         return receipt
 
     def retrain(self, only_dead: bool = False) -> RetrainReceipt:
-        """Retrain the switched-off stages (bit for bit a fresh fit), recalibrate."""
+        """Retrain the switched-off stages (bit for bit a fresh fit), conformalize."""
         receipt = self.unlearner.retrain(only_dead)
-        self._recalibrate()
+        self._reconformalize()
         return receipt

@@ -4,17 +4,24 @@ Scholten & Günnemann, "Provably Reliable Conformal Prediction Sets in the Prese
 Data Poisoning", ICLR 2025. Training data is split by a hash of the input into
 ``k_t`` parts with one classifier each; the score is the softmax of the vote
 fractions. Calibration data is split into ``k_c`` parts, each giving a split-conformal
-set; a class is kept when more than ``tau_hat(alpha)`` of the part sets hold it.
-Counting arguments certify, per test point and class, how many poisoned training
-and calibration points the set withstands.
+set; a class is kept when more than ``tau_hat(alpha)`` of the part sets hold it,
+``alpha = 1 - confidence_level``. Counting arguments certify, per test point and
+class, how many poisoned training and calibration points the set withstands.
+
+:class:`ReliableConformalClassifier` is a scikit-learn meta-estimator in MAPIE 1.x's
+vocabulary (``fit``, ``conformalize``, ``predict_set``, ``confidence_level``) plus
+``certify``.
 """
 
 from defenses.rps.certificate import Certificate
-from defenses.rps.defense import ReliableConformalClassifier
+from defenses.rps.defense import NotConformalizedError, ReliableConformalClassifier
 from defenses.rps.ensemble import PartTrainingError, PartVoter, TorchPartClassifier
+from defenses.rps.parts import DegeneratePartsWarning
 
 __all__ = [
     "Certificate",
+    "DegeneratePartsWarning",
+    "NotConformalizedError",
     "PartTrainingError",
     "PartVoter",
     "ReliableConformalClassifier",

@@ -2,7 +2,7 @@
 
 The undefended system is plain split conformal prediction around a logistic
 regression (:class:`SplitConformalLearner`); :class:`RPS` and
-:class:`BaggingEnsemble` wrap it (same base estimator and alpha) into
+:class:`BaggingEnsemble` wrap it (same base estimator and confidence level) into
 :class:`~defenses.rps.defense.ReliableConformalClassifier` and
 :class:`~defenses.rps.baselines.EnsembleConformalClassifier`.
 """
@@ -21,7 +21,7 @@ from defenses.api import DefenseKind
 from defenses.checks import check_int, check_real
 from defenses.rps.baselines import EnsembleConformalClassifier, SplitConformalClassifier
 from defenses.rps.defense import ReliableConformalClassifier
-from defenses.rps.quantile import QUANTILE_MODES, QuantileMode, check_alpha
+from defenses.rps.quantile import QUANTILE_MODES, QuantileMode
 from defenses.rps.tasks import ConformalTask, changed_rows, checksum, touched_parts
 
 BoolArray = npt.NDArray[np.bool_]
@@ -31,10 +31,10 @@ _REFIT_CACHE_SIZE = 16
 
 
 class SetPredictor(Protocol):
-    """A calibrated conformal predictor."""
+    """A conformalized predictor in MAPIE 1.x's vocabulary."""
 
-    def predict_sets(self, X: Any) -> BoolArray:
-        """Boolean (n, K) sets."""
+    def predict_set(self, X: Any) -> tuple[npt.NDArray[Any], BoolArray]:
+        """Point predictions and boolean (n, K, 1) sets."""
         ...
 
 
@@ -42,20 +42,20 @@ class ConformalLearner(Protocol):
     """Learners of this package: fit a task into a :class:`ConformalSystem`."""
 
     def fit(self, task: ConformalTask, rng: np.random.Generator) -> ConformalSystem:
-        """Train and calibrate on ``task``."""
+        """Train and conformalize on ``task``."""
         ...
 
 
 @dataclass(frozen=True)
 class ConformalSystem:
-    """A fitted, calibrated predictor and the learner that made it."""
+    """A fitted, conformalized predictor and the learner that made it."""
 
     model: SetPredictor
     learner: ConformalLearner
 
-    def predict_sets(self, X: Any) -> BoolArray:
-        """Prediction sets of ``X``."""
-        return self.model.predict_sets(X)
+    def sets(self, X: Any) -> BoolArray:
+        """Prediction sets of ``X``, boolean (n, K)."""
+        return self.model.predict_set(X)[1][:, :, 0]
 
     def refit(self, task: ConformalTask) -> ConformalSystem:
         """The same learner fitted on another task (learners are deterministic).
@@ -94,7 +94,7 @@ class ConformalSystem:
         """(point, class) memberships certified at (r_t, r_c); none for baselines."""
         if isinstance(self.model, ReliableConformalClassifier):
             return self.model.certify(X).certified(train_radius, calib_radius)
-        sets = self.model.predict_sets(X)
+        sets = self.sets(X)
         return np.full(sets.shape, train_radius == 0 and calib_radius == 0)
 
 
@@ -109,23 +109,32 @@ class SplitConformalLearner:
 
     Parameters
     ----------
-    alpha : float
-        Miscoverage level.
+    confidence_level : float
+        Target coverage in (0, 1).
     C : float
         Inverse regularisation of the logistic regression.
     """
 
-    alpha: float = 0.1
+    confidence_level: float = 0.9
     C: float = 1.0
 
     def __post_init__(self) -> None:
-        check_alpha(self.alpha)
+        check_real(
+            "SplitConformalLearner.confidence_level",
+            self.confidence_level,
+            0.0,
+            1.0,
+            open_low=True,
+            open_high=True,
+        )
         check_real("SplitConformalLearner.C", self.C, 0.0, open_low=True)
 
     def fit(self, task: ConformalTask, rng: np.random.Generator) -> ConformalSystem:
-        """Fit on ``task.train``, calibrate on ``task.calib``."""
-        model = SplitConformalClassifier(logistic_regression(self.C), self.alpha)
-        model.fit(task.train.X, task.train.y).calibrate(task.calib.X, task.calib.y)
+        """Fit on ``task.train``, conformalize on ``task.calib``."""
+        model = SplitConformalClassifier(
+            logistic_regression(self.C), self.confidence_level
+        )
+        model.fit(task.train.X, task.train.y).conformalize(task.calib.X, task.calib.y)
         return ConformalSystem(model, self)
 
 
@@ -137,17 +146,17 @@ class RPSLearner:
     defense: RPS
 
     def fit(self, task: ConformalTask, rng: np.random.Generator) -> ConformalSystem:
-        """Fit the partitioned ensemble and calibrate the majority sets."""
+        """Fit the partitioned ensemble and conformalize the majority sets."""
         d = self.defense
         model = ReliableConformalClassifier(
             logistic_regression(self.base.C),
-            d.n_train_parts,
-            d.n_calib_parts,
-            self.base.alpha,
-            d.mode,
-            d.softmax,
+            n_train_parts=d.n_train_parts,
+            n_calib_parts=d.n_calib_parts,
+            confidence_level=self.base.confidence_level,
+            quantile=d.mode,
+            softmax=d.softmax,
         )
-        model.fit(task.train.X, task.train.y).calibrate(task.calib.X, task.calib.y)
+        model.fit(task.train.X, task.train.y).conformalize(task.calib.X, task.calib.y)
         return ConformalSystem(model, self)
 
 
@@ -199,7 +208,7 @@ class RPS:
         return mode
 
     def wrap(self, learner: Any) -> RPSLearner:
-        """Return the RPS learner with the wrapped learner's estimator and alpha."""
+        """The RPS learner with the wrapped learner's estimator and confidence level."""
         return RPSLearner(_check_learner(learner, "RPS"), self)
 
     def certify(self, system: ConformalSystem, task: ConformalTask) -> dict[str, float]:
@@ -243,11 +252,13 @@ class EnsembleLearner:
     defense: BaggingEnsemble
 
     def fit(self, task: ConformalTask, rng: np.random.Generator) -> ConformalSystem:
-        """Fit the bagged ensemble and calibrate one threshold."""
+        """Fit the bagged ensemble and conformalize one threshold."""
         model = EnsembleConformalClassifier(
-            logistic_regression(self.base.C), self.defense.n_models, self.base.alpha
+            logistic_regression(self.base.C),
+            self.defense.n_models,
+            self.base.confidence_level,
         )
-        model.fit(task.train.X, task.train.y).calibrate(task.calib.X, task.calib.y)
+        model.fit(task.train.X, task.train.y).conformalize(task.calib.X, task.calib.y)
         return ConformalSystem(model, self)
 
 
@@ -269,5 +280,5 @@ class BaggingEnsemble:
         check_int("BaggingEnsemble.n_models", self.n_models, 1)
 
     def wrap(self, learner: Any) -> EnsembleLearner:
-        """Return the bagged learner with the wrapped learner's estimator and alpha."""
+        """The bagged learner with the wrapped learner's estimator and confidence."""
         return EnsembleLearner(_check_learner(learner, "BaggingEnsemble"), self)

@@ -325,7 +325,9 @@ class WorstCase:
             if len(_REPLICAS) >= 8:
                 _REPLICAS.pop(next(iter(_REPLICAS)))
             replica = ReliableConformalClassifier(
-                LogisticRegression(max_iter=1000), self.n_train_parts, 1, 0.1
+                LogisticRegression(max_iter=1000),
+                n_train_parts=self.n_train_parts,
+                n_calib_parts=1,
             )
             _REPLICAS[key] = replica.fit(task.train.X, task.train.y)
         return _REPLICAS[key]
@@ -336,8 +338,7 @@ class WorstCase:
         targets = task.test.X[task.targets]
         truth = task.test.y[task.targets]
         replica = self._replica(task)
-        assert replica.models_ is not None
-        votes = np.stack([m.predict(targets) for m in replica.models_])
+        votes = np.stack([m.predict(targets) for m in replica.estimators_])
         scores = replica.predict_scores(targets)
         runner = _runner_up(scores, truth)
         new_X, new_y = [train.X], [train.y]

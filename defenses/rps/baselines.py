@@ -4,7 +4,8 @@ r"""Baselines: plain split conformal prediction and a plain (bagged) ensemble.
   score :math:`s(x, y) = p_y(x)` and the finite-sample rank
   :math:`j = \lfloor (n + 1)\alpha \rfloor` (Vovk et al., 2005; Sadinle et al.,
   2019): the set is :math:`\{y : p_y(x) \ge \tau\}` with :math:`\tau` the j-th
-  smallest calibration score. It gives the same sets as MAPIE's
+  smallest calibration score, :math:`\alpha = 1 - \text{confidence\_level}`. It
+  gives the same sets as MAPIE's
   ``SplitConformalClassifier(conformity_score="lac", prefit=True)``.
 * :class:`EnsembleConformalClassifier` - ``n_models`` classifiers trained on
   bootstrap resamples of the *whole* training set (no partitioning), with the same
@@ -19,12 +20,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from sklearn.base import clone
+from sklearn.utils import _safe_indexing
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
-from defenses.checks import check_int
-from defenses.rps.defense import NotFittedError, proba_columns
-from defenses.rps.partition import check_features
-from defenses.rps.quantile import check_alpha, textbook_rank
+from defenses.checks import check_int, check_real
+from defenses.rps.defense import NotFittedError
+from defenses.rps.ensemble import proba_columns
+from defenses.rps.inputs import check_inputs, encode_labels, encode_with
+from defenses.rps.partition import n_rows
+from defenses.rps.quantile import textbook_rank
 from defenses.rps.scores import smoothed_scores, vote_counts
 
 FloatArray = npt.NDArray[np.float64]
@@ -33,96 +37,93 @@ BoolArray = npt.NDArray[np.bool_]
 
 
 class _Conformal:
-    """Shared label encoding, calibration and set prediction of the baselines."""
+    """Shared label encoding, conformalization and set prediction of the baselines."""
 
-    def __init__(self, alpha: float) -> None:
-        self.alpha = check_alpha(alpha)
+    def __init__(self, confidence_level: float) -> None:
+        self.confidence_level = check_real(
+            "confidence_level",
+            confidence_level,
+            0.0,
+            1.0,
+            open_low=True,
+            open_high=True,
+        )
+        self.alpha = 1.0 - self.confidence_level
         self.threshold_: float | None = None
         self.fitted_ = False
 
-    def _labels(
-        self, X: npt.ArrayLike, y: npt.ArrayLike
-    ) -> tuple[FloatArray, IntArray]:
-        features = check_features(X)
-        labels = np.asarray(y)
-        if labels.shape != (features.shape[0],):
-            raise ValueError(
-                f"y must have shape ({features.shape[0]},), got {labels.shape}"
-            )
-        self.classes_, encoded = np.unique(labels, return_inverse=True)
+    def _labels(self, X: Any, y: Any) -> tuple[Any, IntArray]:
+        features = check_inputs(X)
+        self.classes_, encoded = encode_labels(y, n_rows(features), type(self).__name__)
         if self.classes_.size < 2:
             raise ValueError(
-                f"fit needs at least 2 classes, got {self.classes_.tolist()}"
+                f"fit needs at least 2 classes in y, got {self.classes_.tolist()}"
             )
         self.n_features_in_ = features.shape[1]
-        return features, encoded.astype(np.int64)
+        return features, encoded
 
-    def _check_X(self, X: npt.ArrayLike) -> FloatArray:
+    def _check_X(self, X: Any) -> Any:
         if not self.fitted_:
             raise NotFittedError(f"{type(self).__name__} is not fitted: call fit first")
-        features = check_features(X)
+        features = check_inputs(X)
         if features.shape[1] != self.n_features_in_:
             raise ValueError(
                 f"X has {features.shape[1]} features, fitted with {self.n_features_in_}"
             )
         return features
 
-    def predict_scores(self, X: npt.ArrayLike) -> FloatArray:
+    def predict_scores(self, X: Any) -> FloatArray:
         """Conformity scores, shape (n, K)."""
         raise NotImplementedError
 
-    def calibrate(self, X: npt.ArrayLike, y: npt.ArrayLike) -> Any:
-        """Threshold: the ``floor((n + 1) alpha)``-th smallest calibration score."""
+    def conformalize(self, X: Any, y: Any) -> Any:
+        """Threshold: the ``floor((n + 1) alpha)``-th smallest conformity score."""
         scores = self.predict_scores(X)
-        labels = np.asarray(y)
-        if labels.shape != (scores.shape[0],):
-            raise ValueError(
-                f"y must have shape ({scores.shape[0]},), got {labels.shape}"
-            )
-        unseen = np.setdiff1d(labels, self.classes_)
-        if unseen.size:
-            raise ValueError(
-                f"labels {unseen.tolist()} were not seen at fit time "
-                f"(classes: {self.classes_.tolist()})"
-            )
-        encoded = np.searchsorted(self.classes_, labels)
-        n = labels.size
+        n = scores.shape[0]
+        encoded = encode_with(self.classes_, y, n, type(self).__name__)
         rank = textbook_rank(n, self.alpha)
         if rank < 1:
             raise ValueError(
-                f"{n} calibration points are too few for alpha={self.alpha}: "
-                f"need at least {int(np.ceil(1 / self.alpha)) - 1}"
+                f"{n} conformalization points are too few for confidence_level="
+                f"{self.confidence_level}: need at least "
+                f"{int(np.ceil(1 / self.alpha - 1e-9)) - 1}"
             )
         own = scores[np.arange(n), encoded]
         self.threshold_ = float(np.sort(own)[rank - 1])
         return self
 
-    def predict_sets(self, X: npt.ArrayLike) -> BoolArray:
-        """Prediction sets, boolean (n, K) with columns ``classes_``."""
+    def predict(self, X: Any) -> npt.NDArray[Any]:
+        """The class of highest score per point."""
+        return np.asarray(self.classes_[self.predict_scores(X).argmax(axis=1)])
+
+    def predict_set(self, X: Any) -> tuple[npt.NDArray[Any], BoolArray]:
+        """Point predictions and sets (n, K, 1), columns ``classes_`` (as MAPIE)."""
         self._check_X(X)
         if self.threshold_ is None:
-            raise NotFittedError(f"{type(self).__name__} is not calibrated")
-        return np.asarray(self.predict_scores(X) >= self.threshold_)
+            raise NotFittedError(f"{type(self).__name__} is not conformalized")
+        scores = self.predict_scores(X)
+        sets = np.asarray(scores >= self.threshold_)
+        return self.classes_[scores.argmax(axis=1)], sets[:, :, None]
 
 
 class SplitConformalClassifier(_Conformal):
-    """Plain split conformal prediction (THR / LAC) around one classifier.
+    r"""Plain split conformal prediction (THR / LAC) around one classifier.
 
     Parameters
     ----------
     estimator : scikit-learn classifier with ``predict_proba``
         Cloned and fitted on the whole training set.
-    alpha : float
-        Miscoverage level in (0, 1).
+    confidence_level : float
+        Target coverage :math:`1 - \alpha` in (0, 1).
     """
 
-    def __init__(self, estimator: Any, alpha: float = 0.1) -> None:
-        super().__init__(alpha)
+    def __init__(self, estimator: Any, confidence_level: float = 0.9) -> None:
+        super().__init__(confidence_level)
         if not hasattr(estimator, "predict_proba"):
-            raise ValueError(f"estimator {estimator!r} has no predict_proba")
+            raise TypeError(f"estimator {estimator!r} has no predict_proba")
         self.estimator = estimator
 
-    def fit(self, X: npt.ArrayLike, y: npt.ArrayLike) -> SplitConformalClassifier:
+    def fit(self, X: Any, y: Any) -> SplitConformalClassifier:
         """Fit a clone of the estimator on (X, y)."""
         features, encoded = self._labels(X, y)
         with threadpool_limits(limits=1):
@@ -131,7 +132,7 @@ class SplitConformalClassifier(_Conformal):
         self.threshold_ = None
         return self
 
-    def predict_scores(self, X: npt.ArrayLike) -> FloatArray:
+    def predict_scores(self, X: Any) -> FloatArray:
         """The model's class probabilities."""
         return proba_columns(self.model_, self._check_X(X), int(self.classes_.size))
 
@@ -145,8 +146,8 @@ class EnsembleConformalClassifier(_Conformal):
         Cloned per model; ``random_state`` (if any) is set per model.
     n_models : int
         Ensemble size.
-    alpha : float
-        Miscoverage level in (0, 1).
+    confidence_level : float
+        Target coverage in (0, 1).
     random_state : int
         Seed of the bootstrap resamples.
     """
@@ -155,37 +156,36 @@ class EnsembleConformalClassifier(_Conformal):
         self,
         estimator: Any,
         n_models: int = 20,
-        alpha: float = 0.1,
+        confidence_level: float = 0.9,
         random_state: int = 0,
     ) -> None:
-        super().__init__(alpha)
+        super().__init__(confidence_level)
         check_int("n_models", n_models, 1)
         self.estimator = estimator
         self.n_models = n_models
-        self.random_state = random_state
+        self.random_state = check_int("random_state", random_state, 0)
 
-    def fit(self, X: npt.ArrayLike, y: npt.ArrayLike) -> EnsembleConformalClassifier:
+    def fit(self, X: Any, y: Any) -> EnsembleConformalClassifier:
         """Fit each model on a bootstrap resample of (X, y)."""
         features, encoded = self._labels(X, y)
+        n = n_rows(features)
         rng = np.random.default_rng(self.random_state)
         self.models_: list[Any] = []
         with threadpool_limits(limits=1):
             for i in range(self.n_models):
-                rows = np.asarray(
-                    rng.integers(0, features.shape[0], features.shape[0]),
-                    dtype=np.int64,
-                )
+                rows = np.asarray(rng.integers(0, n, n), dtype=np.int64)
                 model = clone(self.estimator)
                 if "random_state" in model.get_params():
                     model.set_params(random_state=self.random_state * 7919 + i)
                 if np.unique(encoded[rows]).size < 2:
-                    rows = np.arange(features.shape[0], dtype=np.int64)
-                self.models_.append(model.fit(features[rows], encoded[rows]))
+                    rows = np.arange(n, dtype=np.int64)
+                part = _safe_indexing(features, rows)
+                self.models_.append(model.fit(part, encoded[rows]))
         self.fitted_ = True
         self.threshold_ = None
         return self
 
-    def predict_scores(self, X: npt.ArrayLike) -> FloatArray:
+    def predict_scores(self, X: Any) -> FloatArray:
         """Softmax of the vote fractions."""
         features = self._check_X(X)
         predictions = np.stack([m.predict(features) for m in self.models_])

@@ -2,17 +2,18 @@
 
 * :func:`coverage_study` - clean coverage and set size over many random
   calibration/test splits (the part models are trained once per seed and each split
-  is recalibrated from cached votes), for each rank rule and for plain split CP;
+  is conformalized from cached votes), for each rank rule and for plain split CP;
 * :func:`tradeoff` - clean coverage, set size and certified fractions against the
   numbers of training and calibration parts (the paper's trade-off);
 * :func:`performance` - the cost of ``certify`` (sets included) and of
-  ``predict_sets`` + ``certify`` against the part models' own prediction time,
+  ``predict_set`` + ``certify`` against the part models' own prediction time,
   measured side by side (interleaved repeats, medians; the classifier's one-batch
   memo of the models' votes is cleared before each timed step).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -80,17 +81,18 @@ def _fitted(
     if key not in _PARTS:
         if len(_PARTS) >= 8:
             _PARTS.pop(next(iter(_PARTS)))
-        _PARTS[key] = ReliableConformalClassifier(_estimator(), k_t, 1).fit(X, y)
+        _PARTS[key] = ReliableConformalClassifier(
+            _estimator(), n_train_parts=k_t, n_calib_parts=1
+        ).fit(X, y)
     return _PARTS[key]
 
 
-def _with_parts(
-    parts: ReliableConformalClassifier, model: ReliableConformalClassifier
+def _sharing(
+    parts: ReliableConformalClassifier, **params: Any
 ) -> ReliableConformalClassifier:
-    model.models_, model.classes_ = parts.models_, parts.classes_
-    model._last_batch = None
-    model.n_features_in_ = parts.n_features_in_
-    model.train_part_sizes_ = parts.train_part_sizes_
+    """A classifier with the fitted ``parts`` (shared, not copied) and ``params``."""
+    model = copy.copy(parts)
+    model.set_params(**params)
     return model
 
 
@@ -98,14 +100,16 @@ def coverage_study(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Res
     """Coverage over ``n_splits`` random calibration/test splits per seed.
 
     Parameters (``params``): ``dataset`` (digits), ``n_train_parts`` (20),
-    ``n_calib_parts`` (10), ``alpha`` (0.1), ``n_splits`` (200), ``train_fraction``
+    ``n_calib_parts`` (10), ``confidence_level`` (0.9), ``n_splits`` (200),
+    ``train_fraction``
     (0.45), ``calib_fraction`` (0.33 of the data). One result per (variant, split);
     variants are the rank rules and ``none`` (plain split CP, textbook rank).
     """
     name = str(params.get("dataset", "digits"))
     k_t = _int(params, "n_train_parts", 20)
     k_c = _int(params, "n_calib_parts", 10)
-    alpha = _float(params, "alpha", 0.1)
+    confidence = _float(params, "confidence_level", 0.9)
+    alpha = 1.0 - confidence
     n_splits = _int(params, "n_splits", 200)
     train_fraction = _float(params, "train_fraction", 0.45)
     calib_fraction = _float(params, "calib_fraction", 0.33)
@@ -114,29 +118,23 @@ def coverage_study(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Res
         "dataset": name,
         "n_train_parts": k_t,
         "n_calib_parts": k_c,
-        "alpha": alpha,
+        "confidence_level": confidence,
     }
     for seed in seeds:
         rng = np.random.default_rng(seed)
         train, pool = stratified_split(
             data.y, [train_fraction, 1 - train_fraction], rng
         )
+        key = (name, seed, train_fraction, 0.0, k_t)
+        parts = _fitted(key, data.X[train], data.y[train], k_t)
         models = {
-            mode: ReliableConformalClassifier(
-                _estimator(),
-                k_t,
-                k_c,
-                alpha,
-                mode,  # type: ignore[arg-type]
+            mode: _sharing(
+                parts, n_calib_parts=k_c, confidence_level=confidence, quantile=mode
             )
             for mode in QUANTILE_MODES
         }
-        key = (name, seed, train_fraction, 0.0, k_t)
-        parts = _fitted(key, data.X[train], data.y[train], k_t)
-        for model in models.values():
-            _with_parts(parts, model)
         first = models["exact"]
-        plain = SplitConformalClassifier(_estimator(), alpha).fit(
+        plain = SplitConformalClassifier(_estimator(), confidence).fit(
             data.X[train], data.y[train]
         )
         X, y = data.X[pool], data.y[pool]
@@ -158,7 +156,7 @@ def coverage_study(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Res
             test_scores = test_geometry.score()[test_geometry.index]
             for mode, model in models.items():
                 try:
-                    model.calibrate_geometry(X[cal], y[cal], cal_geometry, 0)
+                    model.conformalize_geometry(X[cal], y[cal], cal_geometry, 0)
                 except ValueError as error:
                     logger.warning("rps-coverage: %s skipped: %s", mode, error)
                     continue
@@ -192,14 +190,15 @@ def coverage_study(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Res
 def tradeoff(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Result]:
     """Clean coverage, set size and certified fractions for one (k_t, k_c).
 
-    Parameters: ``dataset``, ``n_train_parts``, ``n_calib_parts``, ``alpha``,
+    Parameters: ``dataset``, ``n_train_parts``, ``n_calib_parts``,
+    ``confidence_level``,
     ``quantile`` (exact), ``train_fraction``, ``calib_fraction``; ``radii`` is the
     list of radii at which certified fractions are reported.
     """
     name = str(params.get("dataset", "digits"))
     k_t = _int(params, "n_train_parts", 10)
     k_c = _int(params, "n_calib_parts", 10)
-    alpha = _float(params, "alpha", 0.1)
+    confidence = _float(params, "confidence_level", 0.9)
     mode = params.get("quantile", "exact")
     if mode not in QUANTILE_MODES:
         raise ValueError(
@@ -215,18 +214,16 @@ def tradeoff(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Result]:
         tr, ca, te = stratified_split(
             data.y, [train_fraction, calib_fraction, test_fraction], rng
         )
-        model = ReliableConformalClassifier(
-            _estimator(),
-            k_t,
-            k_c,
-            alpha,
-            mode,
-        )
         start = time.perf_counter()
         key = (name, seed, train_fraction, calib_fraction, k_t)
         try:
-            _with_parts(_fitted(key, data.X[tr], data.y[tr], k_t), model)
-            model.calibrate(data.X[ca], data.y[ca])
+            model = _sharing(
+                _fitted(key, data.X[tr], data.y[tr], k_t),
+                n_calib_parts=k_c,
+                confidence_level=confidence,
+                quantile=mode,
+            )
+            model.conformalize(data.X[ca], data.y[ca])
         except ValueError as error:
             logger.warning("rps-tradeoff: setting skipped: %s", error)
             continue
@@ -257,13 +254,13 @@ def tradeoff(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Result]:
                 "set_size": mean_set_size(cert.sets),
                 "vote_accuracy": votes_accuracy,
             },
-            cost={"fit_and_calibrate_s": fit_s, "certify_s": certify_s},
+            cost={"fit_and_conformalize_s": fit_s, "certify_s": certify_s},
             certificate=certificate,
             params={
                 "dataset": name,
                 "n_train_parts": k_t,
                 "n_calib_parts": k_c,
-                "alpha": alpha,
+                "confidence_level": confidence,
                 "quantile": mode,
             },
         )
@@ -276,14 +273,14 @@ def _time_steps(
     steps: dict[str, tuple[Callable[[], object], ...]] = {
         "models": (lambda: model.predict_votes(test),),
         "certify": (lambda: model.certify(test),),
-        "sets_certify": (lambda: model.predict_sets(test), lambda: model.certify(test)),
+        "set_certify": (lambda: model.predict_set(test), lambda: model.certify(test)),
     }
     timings: dict[str, list[float]] = {
         f"{step}_{clock}": [] for step in steps for clock in ("wall", "cpu")
     }
     for _ in range(repeats):
         for step, calls in steps.items():
-            model._last_batch = None
+            model._parts.forget()
             wall, cpu = time.perf_counter(), time.process_time()
             for call in calls:
                 call()
@@ -293,7 +290,7 @@ def _time_steps(
 
 
 def performance(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Result]:
-    """Time of the part models alone vs. ``certify`` and ``predict_sets`` + ``certify``.
+    """Time of the part models alone vs. ``certify`` and ``predict_set`` + ``certify``.
 
     Parameters: ``n_points`` (10000), ``n_train_parts`` (50), ``n_calib_parts``
     (20), ``n_features`` (64), ``repeats`` (5), ``threads`` (BLAS threads, 1).
@@ -325,8 +322,10 @@ def performance(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Result
             n_clusters_per_class=1,
             random_state=seed,
         )
-        model = ReliableConformalClassifier(_estimator(), k_t, k_c, 0.1)
-        model.fit(X[:1500], y[:1500]).calibrate(X[1500:3000], y[1500:3000])
+        model = ReliableConformalClassifier(
+            _estimator(), n_train_parts=k_t, n_calib_parts=k_c
+        )
+        model.fit(X[:1500], y[:1500]).conformalize(X[1500:3000], y[1500:3000])
         test = X[3000:]
         with threadpool_limits(limits=threads, user_api="blas"):
             med = _time_steps(model, test, repeats)
@@ -339,7 +338,7 @@ def performance(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Result
         )
         for step, label in (
             ("certify", "certify"),
-            ("sets_certify", "predict_sets+certify"),
+            ("set_certify", "predict_set+certify"),
         ):
             yield measurement(
                 "rps-perf",

@@ -98,7 +98,7 @@ def calibrate_parts(
         worst = int(np.argmin(sizes))
         raise ValueError(
             f"calibration part {worst} holds {sizes[worst]} points; quantile "
-            f"{quantile!r} at alpha={alpha} with {k_c} parts needs "
+            f"{quantile!r} at confidence_level={1 - alpha:.6g} with {k_c} parts needs "
             f"at least {n_min} per part: use more calibration data or fewer "
             "n_calib_parts"
         )

@@ -33,6 +33,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from defenses.checks import check_int
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -289,8 +291,7 @@ class Certificate:
 
         -1 where the membership is not certified even with no calibration poisoning.
         """
-        if train_radius < 0:
-            raise ValueError(f"train_radius must be >= 0, got {train_radius}")
+        train_radius = check_int("train_radius", train_radius, 0)
         if train_radius > self.max_train_radius:
             return np.full(self.sets.shape, -1, dtype=np.int64)
         radius = self.thresholds.calibration_radius(
@@ -300,11 +301,8 @@ class Certificate:
 
     def certified(self, train_radius: int, calib_radius: int) -> BoolArray:
         """Whether each (point, class) keeps its membership at (r_t, r_c)."""
-        if train_radius < 0 or calib_radius < 0:
-            raise ValueError(
-                f"radii must be >= 0, got train_radius={train_radius}, "
-                f"calib_radius={calib_radius}"
-            )
+        train_radius = check_int("train_radius", train_radius, 0)
+        calib_radius = check_int("calib_radius", calib_radius, 0)
         if train_radius > self.max_train_radius:
             return np.zeros(self.sets.shape, dtype=bool)
         ok = self.thresholds.certified(
@@ -325,3 +323,30 @@ class Certificate:
         """Points to whose set no class can be added (full sets count)."""
         ok = self.certified(train_radius, calib_radius) | self.sets
         return np.asarray(ok.all(axis=1))
+
+
+def certify_batch(
+    geometry: ScoreGeometry, thresholds: PartThresholds, radius: int
+) -> Certificate:
+    """The certificate of a batch up to training radius ``radius``.
+
+    ``radius`` must not exceed ``thresholds.radius``; the joint radius is searched
+    below the smaller of the training and calibration radii.
+    """
+    thresholds = thresholds.truncated(radius)
+    in_set = np.asarray(geometry.score() >= thresholds.cut)
+    index = geometry.index
+    training = geometry.largest(thresholds, in_set, joint=False)
+    calibration = thresholds.calibration_radius(geometry, in_set, 0)
+    ceiling = np.minimum(training, calibration)
+    joint = geometry.largest(thresholds, in_set, joint=True, ceiling=ceiling)
+    return Certificate(
+        sets=in_set[index],
+        training=training[index],
+        calibration=calibration[index],
+        joint=joint[index],
+        max_train_radius=radius,
+        geometry=geometry,
+        thresholds=thresholds,
+        in_set=in_set,
+    )

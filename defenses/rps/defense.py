@@ -1,17 +1,28 @@
-"""The RPS conformal classifier: fit, calibrate, predict sets, certify.
+r"""The RPS conformal classifier: fit, conformalize, predict sets, certify.
 
 Scholten & Günnemann, "Provably Reliable Conformal Prediction Sets in the Presence
-of Data Poisoning", ICLR 2025 (Alg. 1 and 2). Usable the way MAPIE, TorchCP and
-crepes users expect::
+of Data Poisoning", ICLR 2025 (Alg. 1 and 2). A scikit-learn meta-estimator that
+speaks MAPIE 1.x's vocabulary::
 
-    rps = ReliableConformalClassifier(LogisticRegression(), 20, 10, alpha=0.1)
-    rps.fit(X_train, y_train).calibrate(X_cal, y_cal)
-    sets = rps.predict_sets(X_test)            # boolean (n, K)
-    cert = rps.certify(X_test)                 # radii per point and class
+    rps = ReliableConformalClassifier(LogisticRegression(), n_train_parts=20,
+                                      n_calib_parts=10, confidence_level=0.9)
+    rps.fit(X_train, y_train).conformalize(X_conf, y_conf)
+    y_pred, y_set = rps.predict_set(X_test)   # y_set: bool (n, K, 1), as MAPIE's
+    cert = rps.certify(X_test)                # radii per point and class
+
+Training: the data are hash-partitioned into :math:`k_t` parts
+(:mod:`defenses.rps.partition`), one clone of ``estimator`` per part; the score of
+class :math:`y` is :math:`s(x, y) = \operatorname{softmax}(\pi(x))_y` with
+:math:`\pi_y(x) = \#\{i : f_i(x) = y\} / k_t`. Conformalization: the calibration
+data are hash-partitioned into :math:`k_c` parts with thresholds :math:`\tau_i`
+(:mod:`defenses.rps.calibration`); the set keeps :math:`y` when more than
+:math:`\hat\tau(\alpha)` part sets :math:`\{y : s(x, y) \ge \tau_i\}` hold it,
+:math:`\alpha = 1 - \text{confidence\_level}`.
 
 With ``n_train_parts = 1`` the score is the single model's ``predict_proba`` (THR /
 LAC); with ``n_calib_parts = 1`` the set is the split-conformal set; both at 1 give
-plain split conformal prediction (with the chosen rank rule).
+plain split conformal prediction, the same sets as MAPIE's
+``SplitConformalClassifier(conformity_score="lac")`` on the same model.
 
 Part classifiers trained elsewhere (e.g. a sharded unlearning ensemble) plug in
 through :meth:`ReliableConformalClassifier.from_voter` and a
@@ -25,32 +36,22 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.exceptions import NotFittedError as NotFittedError
+from sklearn.linear_model import LogisticRegression
+from sklearn.utils import get_tags
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from defenses.checks import check_int
 from defenses.rps.calibration import calibrate_parts
-from defenses.rps.certificate import (
-    Certificate,
-    PartThresholds,
-    ProbaGeometry,
-    ScoreGeometry,
-)
-from defenses.rps.ensemble import (
-    PartClassifier,
-    PartVoter,
-    check_estimator,
-    predict_parts,
-    proba_columns,
-    train_parts,
-    voter_votes,
-)
-from defenses.rps.partition import check_features, partition
-from defenses.rps.quantile import (
-    QUANTILE_MODES,
-    QuantileMode,
-    check_alpha,
-    majority_threshold,
-)
-from defenses.rps.scores import vote_counts, vote_geometry
+from defenses.rps.certificate import Certificate, ScoreGeometry, certify_batch
+from defenses.rps.ensemble import PartVoter, check_estimator, train_parts
+from defenses.rps.inputs import check_classes, check_inputs, encode_labels, encode_with
+from defenses.rps.partition import n_rows, partition
+from defenses.rps.parts import FittedParts, warn_if_degenerate
+from defenses.rps.quantile import QuantileMode, majority_threshold
+from defenses.rps.scores import vote_counts
+from defenses.rps.settings import Settings, check_settings
 
 logger = logging.getLogger(__name__)
 
@@ -59,90 +60,94 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 
-class NotFittedError(RuntimeError):
-    """The classifier is used before ``fit`` (or ``calibrate``)."""
+class NotConformalizedError(NotFittedError):  # type: ignore[misc]
+    """The classifier is fitted but :meth:`conformalize` was not called."""
 
 
-class ReliableConformalClassifier:
-    """Reliable prediction sets under training and calibration poisoning.
+class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
+    r"""Reliable prediction sets under training and calibration poisoning.
 
     Parameters
     ----------
-    estimator : scikit-learn classifier, TorchPartClassifier or callable
-        Base learner, cloned per training part; a callable is a torch model
-        factory ``(n_features, n_classes) -> Module``. It must be deterministic
-        given its ``random_state`` (seeded per part).
+    estimator : scikit-learn classifier, TorchPartClassifier, callable or None
+        Base learner, cloned per training part (None: ``LogisticRegression()``);
+        a callable is a torch model factory ``(n_features, n_classes) -> Module``.
+        It must be deterministic given its ``random_state`` (seeded per part). It
+        receives the features as given (DataFrame, sparse matrix, NaN).
     n_train_parts : int
         ``k_t``, number of hash parts of the training data (1: no training defense).
     n_calib_parts : int
         ``k_c``, number of hash parts of the calibration data (1: no majority).
-    alpha : float
-        Miscoverage level in (0, 1).
+    confidence_level : float
+        Target coverage :math:`1 - \alpha` in (0, 1).
     quantile : {"exact", "official", "markov"}
         Per-part rank rule (see :mod:`defenses.rps.quantile`).
     softmax : bool
         Smooth vote fractions with a softmax (the paper's default) or use them raw.
     random_state : int
-        Base seed of the per-part training.
+        Base seed of the per-part training (``random_state * 7919 + part``).
     n_jobs : int or None
-        Parallel training jobs (joblib; None: one, -1: all cores).
+        Parallel training jobs (joblib; None or 1: one, -1: all cores; not 0).
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (K,)
+        The labels seen in :meth:`fit`, sorted; set columns follow them.
+    estimators_ : list
+        The part classifiers (trained on labels encoded ``0..K-1``).
+    train_part_sizes_, calib_part_sizes_ : int arrays
+        Points per training / calibration part.
+    tau_hat_ : int
+        The majority threshold :math:`\hat\tau(\alpha, k_c)` (after
+        :meth:`conformalize`).
+    thresholds_, ranks_, guard_, miscoverage_bound_
+        Per-part thresholds and ranks, the deletion guard, and the exact
+        miscoverage bound of the majority set.
     """
 
     def __init__(
         self,
-        estimator: Any,
+        estimator: Any = None,
         n_train_parts: int = 10,
         n_calib_parts: int = 10,
-        alpha: float = 0.1,
+        confidence_level: float = 0.9,
         quantile: QuantileMode = "exact",
         softmax: bool = True,
         random_state: int = 0,
         n_jobs: int | None = None,
     ) -> None:
-        check_estimator(estimator)
-        self.estimator: Any = estimator
-        self._configure(
-            n_train_parts, n_calib_parts, alpha, quantile, softmax, random_state, n_jobs
-        )
-
-    def _configure(
-        self,
-        n_train_parts: int,
-        n_calib_parts: int,
-        alpha: float,
-        quantile: QuantileMode,
-        softmax: bool,
-        random_state: int,
-        n_jobs: int | None,
-    ) -> None:
-        self.n_train_parts = check_int("n_train_parts", n_train_parts, 1)
-        self.n_calib_parts = check_int("n_calib_parts", n_calib_parts, 1)
-        self.alpha = check_alpha(alpha)
-        if quantile not in QUANTILE_MODES:
-            raise ValueError(
-                f"quantile must be one of {QUANTILE_MODES}, got {quantile!r}"
-            )
-        self.quantile: QuantileMode = quantile
-        if not isinstance(softmax, bool):
-            raise ValueError(f"softmax must be a bool, got {softmax!r}")
+        self.estimator = estimator
+        self.n_train_parts = n_train_parts
+        self.n_calib_parts = n_calib_parts
+        self.confidence_level = confidence_level
+        self.quantile = quantile
         self.softmax = softmax
-        if (
-            isinstance(random_state, bool)
-            or not isinstance(random_state, int)
-            or random_state < 0
-        ):
-            raise ValueError(
-                f"random_state must be an integer >= 0, got {random_state!r}"
-            )
         self.random_state = random_state
         self.n_jobs = n_jobs
-        self.tau_hat = majority_threshold(self.n_calib_parts, self.alpha)
-        self.models_: list[PartClassifier] | None = None
-        self.voter_: PartVoter | None = None
-        self.thresholds_: FloatArray | None = None
-        self._last_batch: (
-            tuple[FloatArray, ScoreGeometry, list[PartClassifier] | None] | None
-        ) = None
+
+    # ------------------------------------------------------------- parameters
+    def _settings(self) -> Settings:
+        """The parameters, validated (every message names its parameter)."""
+        return check_settings(self.get_params(deep=False))
+
+    def _base(self) -> Any:
+        return LogisticRegression() if self.estimator is None else self.estimator
+
+    def __sklearn_tags__(self) -> Any:
+        """Classifier tags; NaN and sparse support are the base estimator's."""
+        tags = super().__sklearn_tags__()
+        base = self._base()
+        if isinstance(base, BaseEstimator):
+            inner = get_tags(base).input_tags
+            tags.input_tags.allow_nan = inner.allow_nan
+            tags.input_tags.sparse = inner.sparse
+            tags.input_tags.categorical = inner.categorical
+            tags.input_tags.string = inner.string
+        return tags
+
+    def __sklearn_is_fitted__(self) -> bool:
+        """Fitted once :meth:`fit` ran (or the instance came from a voter)."""
+        return hasattr(self, "estimators_") or hasattr(self, "voter_")
 
     @classmethod
     def from_voter(
@@ -151,7 +156,7 @@ class ReliableConformalClassifier:
         classes: npt.ArrayLike,
         n_features: int,
         n_calib_parts: int = 10,
-        alpha: float = 0.1,
+        confidence_level: float = 0.9,
         quantile: QuantileMode = "exact",
         softmax: bool = True,
     ) -> ReliableConformalClassifier:
@@ -167,286 +172,253 @@ class ReliableConformalClassifier:
             formed by a hash of the sample or its id, trained in isolation).
         classes : array-like of shape (K,)
             The class labels, sorted and distinct, K >= 2; index ``c`` of a vote is
-            ``classes[c]``, and :meth:`calibrate` takes labels from ``classes``.
+            ``classes[c]``, and :meth:`conformalize` takes labels from ``classes``.
         n_features : int
             Number of features of ``X``.
-        n_calib_parts, alpha, quantile, softmax
+        n_calib_parts, confidence_level, quantile, softmax
             As in the constructor.
 
         Returns
         -------
         ReliableConformalClassifier
-            Ready for :meth:`calibrate`, then :meth:`predict_sets` and
-            :meth:`certify`.
+            Ready for :meth:`conformalize`, then :meth:`predict_set` and
+            :meth:`certify` (:meth:`fit` does not apply).
 
         Notes
         -----
-        Votes are **not memoised** for a voter: every :meth:`calibrate`,
-        :meth:`predict_sets`, :meth:`predict_scores` and :meth:`certify` call reads
-        ``part_votes`` afresh, so a voter whose parts changed (after a deletion) is
-        never served stale votes. The thresholds, however, are those of the last
-        :meth:`calibrate`: recalibrate after the parts change. :meth:`certify`
-        returns the sets too, so calling it alone costs one read of the votes.
-
-        With abstentions the score is :math:`\operatorname{softmax}(v / k_t)` over
-        the K classes (an abstaining part votes for none of them), and the
-        certificate covers a poisoned part moving between any class and abstain
-        (see :mod:`defenses.rps.scores`).
+        A voter's votes are read afresh at every call (never memoised), so a voter
+        whose parts changed (after a deletion) is never served stale votes; the
+        thresholds are those of the last :meth:`conformalize`. With abstentions
+        the score is :math:`\operatorname{softmax}(v / k_t)` over the K classes,
+        and the certificate covers a part moving between any class and abstain
+        (:mod:`defenses.rps.scores`).
         """
-        n_parts = getattr(voter, "n_parts", None)
         if not callable(getattr(voter, "part_votes", None)):
-            raise ValueError(f"voter must have a part_votes(X) method, got {voter!r}")
-        labels = np.asarray(classes)
-        if labels.ndim != 1 or labels.size < 2:
-            raise ValueError(
-                f"classes must be a 1-d array of at least 2 labels, got shape "
-                f"{labels.shape}"
-            )
-        if np.any(labels[1:] <= labels[:-1]):
-            raise ValueError(
-                f"classes must be sorted and distinct, got {labels.tolist()}"
-            )
-        model = cls.__new__(cls)
-        model.estimator = None
-        model._configure(
-            check_int("voter.n_parts", n_parts, 1),
+            raise TypeError(f"voter must have a part_votes(X) method, got {voter!r}")
+        labels = check_classes(classes)
+        model = cls(
+            None,
+            check_int("voter.n_parts", getattr(voter, "n_parts", None), 1),
             n_calib_parts,
-            alpha,
+            confidence_level,
             quantile,
             softmax,
-            0,
-            None,
         )
+        model._settings()
         model.voter_ = voter
         model.classes_ = labels
         model.n_features_in_ = check_int("n_features", n_features, 1)
+        model._parts = FittedParts(None, voter, int(labels.size))
         return model
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, X: npt.ArrayLike, y: npt.ArrayLike) -> ReliableConformalClassifier:
-        """Train one classifier per hash part of (X, y)."""
-        if self.voter_ is not None:
+    def fit(self, X: Any, y: Any) -> ReliableConformalClassifier:
+        """Train one clone of ``estimator`` per hash part of (X, y).
+
+        ``X`` reaches the part estimators untouched (a list becomes an array);
+        labels of any type are encoded against the sorted ``classes_``.
+        """
+        if hasattr(self, "voter_"):
             raise ValueError(
                 "this classifier was built from a voter (from_voter): its parts are "
-                "trained elsewhere, so fit does not apply; call calibrate"
+                "trained elsewhere, so fit does not apply; call conformalize"
             )
-        features = check_features(X)
-        labels = np.asarray(y)
-        if labels.shape != (features.shape[0],):
+        settings = self._settings()
+        base = self._base()
+        check_estimator(base)
+        features = check_inputs(X)
+        validate_data(self, features, reset=True, skip_check_array=True)
+        n = n_rows(features)
+        classes, encoded = encode_labels(y, n, type(self).__name__)
+        if classes.size < 2:
             raise ValueError(
-                f"y must have shape ({features.shape[0]},), got {labels.shape}"
+                f"fit needs at least 2 classes in y, got one class {classes.tolist()}"
             )
-        self.classes_, encoded = np.unique(labels, return_inverse=True)
-        if self.classes_.size < 2:
+        if settings.k_t > n:
             raise ValueError(
-                f"fit needs at least 2 classes, got {self.classes_.tolist()}"
+                f"n_train_parts={settings.k_t} exceeds the number of training "
+                f"samples (n_samples = {n})"
             )
-        if self.n_train_parts > features.shape[0]:
-            raise ValueError(
-                f"n_train_parts={self.n_train_parts} exceeds the number of training "
-                f"samples ({features.shape[0]})"
-            )
-        self.n_features_in_ = features.shape[1]
-        self.models_, parts = train_parts(
-            self.estimator,
+        models, parts = train_parts(
+            base,
             features,
-            encoded.astype(np.int64),
-            self.n_train_parts,
-            self.n_classes,
-            self.random_state,
-            self.n_jobs,
+            encoded,
+            settings.k_t,
+            int(classes.size),
+            settings.random_state,
+            settings.n_jobs,
         )
+        for name in _CONFORMAL_ATTRIBUTES:
+            self.__dict__.pop(name, None)
+        self.classes_ = classes
+        self.estimators_ = models
         self.train_part_sizes_ = np.array([p.size for p in parts], dtype=np.int64)
-        self.thresholds_ = None
-        self._last_batch = None
+        self._parts = FittedParts(models, None, int(classes.size))
         return self
 
     @property
     def n_classes(self) -> int:
         """Number of classes seen at fit time."""
+        check_is_fitted(self)
         return int(self.classes_.size)
 
-    def _check_X(self, X: npt.ArrayLike) -> FloatArray:
-        if self.models_ is None and self.voter_ is None:
-            raise NotFittedError(
-                "ReliableConformalClassifier is not fitted: call fit first"
-            )
-        features = check_features(X)
-        if features.shape[1] != self.n_features_in_:
+    def _fitted_parts(self) -> int:
+        """``k_t`` of the fitted ensemble (refusing a changed ``n_train_parts``)."""
+        check_is_fitted(self)
+        k_t = self._settings().k_t
+        fitted = self._parts.n_parts
+        if not self._voter and k_t != fitted:
             raise ValueError(
-                f"X has {features.shape[1]} features, but the classifier was fitted "
-                f"with {self.n_features_in_}"
+                f"n_train_parts={k_t} was set after fit with {fitted} parts: call fit "
+                "again"
             )
+        return int(fitted)
+
+    @property
+    def _voter(self) -> bool:
+        return hasattr(self, "voter_")
+
+    def _check_X(self, X: Any) -> Any:
+        check_is_fitted(self)
+        features = check_inputs(X)
+        validate_data(self, features, reset=False, skip_check_array=True)
         return features
 
-    def _encode(self, y: npt.ArrayLike, n: int) -> IntArray:
-        labels = np.asarray(y)
-        if labels.shape != (n,):
-            raise ValueError(f"y must have shape ({n},), got {labels.shape}")
-        unseen = np.setdiff1d(labels, self.classes_)
-        if unseen.size:
-            raise ValueError(
-                f"labels {unseen.tolist()} were not seen at fit time "
-                f"(classes: {self.classes_.tolist()})"
-            )
-        return np.searchsorted(self.classes_, labels).astype(np.int64)
-
-    def predict_votes(self, X: npt.ArrayLike) -> IntArray:
+    def predict_votes(self, X: Any) -> IntArray:
         """Votes of the part classifiers, shape (n, K) (the models' work).
 
         With a voter, rows sum to ``n_train_parts`` minus the abstentions.
         """
         features = self._check_X(X)
-        if self.voter_ is not None:
-            return self._voter_votes(features)
-        assert self.models_ is not None
-        return vote_counts(predict_parts(self.models_, features), self.n_classes)
+        votes = self._parts.votes(features, self._fitted_parts())
+        return vote_counts(votes, self.n_classes, abstain=self._parts.abstain)
 
-    def _voter_votes(self, features: FloatArray) -> IntArray:
-        assert self.voter_ is not None
-        return voter_votes(self.voter_, features, self.n_train_parts, self.n_classes)
+    def _geometry(self, features: Any, votes: IntArray | None = None) -> ScoreGeometry:
+        self._fitted_parts()
+        return self._parts.geometry(features, self._settings().softmax, votes)
 
-    def _geometry(self, features: FloatArray) -> ScoreGeometry:
-        """The models' scores of ``features``; the last batch is memoised.
-
-        ``predict_sets`` followed by ``certify`` on the same points (or repeated
-        calls) run the part models once: the batch is kept with its scores and
-        compared exactly (and the models by identity) before reuse. A voter's
-        votes are never memoised (its parts may change between calls).
-        """
-        if self.voter_ is not None:
-            return vote_geometry(
-                self._voter_votes(features), self.n_train_parts, self.softmax, True
-            )
-        cached = self._last_batch
-        if (
-            cached is not None
-            and cached[2] is self.models_
-            and cached[0].shape == features.shape
-            and np.array_equal(cached[0], features)
-        ):
-            return cached[1]
-        geometry = self._compute_geometry(features)
-        self._last_batch = (features.copy(), geometry, self.models_)
-        return geometry
-
-    def _compute_geometry(self, features: FloatArray) -> ScoreGeometry:
-        assert self.models_ is not None
-        if self.n_train_parts == 1:
-            return ProbaGeometry(
-                proba_columns(self.models_[0], features, self.n_classes)
-            )
-        votes = vote_counts(predict_parts(self.models_, features), self.n_classes)
-        return vote_geometry(votes, self.n_train_parts, self.softmax)
-
-    def predict_scores(self, X: npt.ArrayLike) -> FloatArray:
-        """Conformity scores s(x, y), shape (n, K)."""
+    def predict_scores(self, X: Any) -> FloatArray:
+        """Conformity scores s(x, y), shape (n, K), columns ``classes_``."""
         geometry = self._geometry(self._check_X(X))
         return geometry.score()[geometry.index]
 
+    def predict(self, X: Any) -> npt.NDArray[Any]:
+        """Point predictions: the class of highest score (most votes) per point."""
+        return np.asarray(self.classes_[self.predict_scores(X).argmax(axis=1)])
+
     @property
     def _max_radius(self) -> int:
-        if self.n_train_parts == 1 and self.voter_ is None:
-            return 0
-        return self.n_train_parts
+        k_t = self._fitted_parts()
+        return 0 if self._parts.single else k_t
 
     def _radius(self, max_train_radius: int | None) -> int:
         radius = self._max_radius if max_train_radius is None else max_train_radius
         return min(check_int("max_train_radius", radius, 0), self._max_radius)
 
-    # -------------------------------------------------------------- calibrating
-    def calibrate(
-        self, X: npt.ArrayLike, y: npt.ArrayLike, max_train_radius: int | None = None
+    # ------------------------------------------------------------ conformalizing
+    def conformalize(
+        self, X: Any, y: Any, max_train_radius: int | None = None
     ) -> ReliableConformalClassifier:
         """Compute each calibration part's threshold and its worst-case range.
 
         ``max_train_radius`` caps the training radius the thresholds' worst case is
         computed for (default ``n_train_parts``; 0 skips it, leaving only
-        calibration-side certificates).
+        calibration-side certificates). Warns (:class:`DegeneratePartsWarning`)
+        when the part models' votes barely depend on the input.
         """
         features = self._check_X(X)
-        labels = self._encode(y, features.shape[0])
-        return self.calibrate_geometry(
-            features, labels, self._geometry(features), max_train_radius
-        )
+        labels = encode_with(self.classes_, y, n_rows(features), type(self).__name__)
+        votes = None
+        k_t = self._fitted_parts()
+        if not self._parts.single:
+            votes = self._parts.votes(features, k_t)
+            sizes = getattr(self, "train_part_sizes_", None)
+            warn_if_degenerate(votes, labels, None if sizes is None else sizes.mean())
+        geometry = self._geometry(features, votes)
+        return self.conformalize_geometry(features, labels, geometry, max_train_radius)
 
-    def geometry(self, X: npt.ArrayLike) -> ScoreGeometry:
+    def geometry(self, X: Any) -> ScoreGeometry:
         """Scores and bound machinery of ``X`` (the models' predictions, reusable)."""
         return self._geometry(self._check_X(X))
 
-    def calibrate_geometry(
+    def conformalize_geometry(
         self,
-        features: FloatArray,
+        features: Any,
         labels: IntArray,
         geometry: ScoreGeometry,
         max_train_radius: int | None = None,
     ) -> ReliableConformalClassifier:
-        """:meth:`calibrate` from precomputed scores (``labels`` encoded 0..K-1).
+        """:meth:`conformalize` from precomputed scores (``labels`` encoded 0..K-1).
 
-        Lets studies recalibrate on many splits without re-running the models.
+        Lets studies conformalize on many splits without re-running the models.
         """
-        k_c = self.n_calib_parts
-        if k_c > features.shape[0]:
+        settings = self._settings()
+        n = n_rows(features)
+        if settings.k_c > n:
             raise ValueError(
-                f"n_calib_parts={k_c} exceeds the number of calibration samples "
-                f"({features.shape[0]})"
+                f"n_calib_parts={settings.k_c} exceeds the number of calibration "
+                f"samples (n_samples = {n})"
             )
-        parts = partition(features, labels, k_c)
-        entries = geometry.index[np.arange(features.shape[0]), labels]
+        parts = partition(features, labels, settings.k_c)
+        entries = geometry.index[np.arange(n), labels]
         calibration = calibrate_parts(
             parts,
             entries,
             geometry,
-            self.alpha,
-            self.quantile,
+            settings.alpha,
+            settings.quantile,
             self._radius(max_train_radius),
         )
-        sizes = calibration.sizes
-        self.calib_part_sizes_ = sizes
+        self.tau_hat_ = majority_threshold(settings.k_c, settings.alpha)
+        self.calib_part_sizes_ = calibration.sizes
         self.ranks_ = calibration.ranks
         self.guard_ = calibration.guard
         self.part_thresholds_ = calibration.part_thresholds
         self.thresholds_ = calibration.thresholds
         self.miscoverage_bound_ = calibration.miscoverage_bound
+        sizes = calibration.sizes
         logger.info(
-            "calibrated %d parts (sizes %d..%d), tau_hat=%d, exact miscoverage %.4f",
-            k_c,
+            "conformalized %d parts (sizes %d..%d), tau_hat=%d, exact miscoverage %.4f",
+            settings.k_c,
             sizes.min(),
             sizes.max(),
-            self.tau_hat,
+            self.tau_hat_,
             self.miscoverage_bound_,
         )
         return self
 
-    def _check_calibrated(self) -> PartThresholds:
-        if self.models_ is None and self.voter_ is None:
-            raise NotFittedError(
-                "ReliableConformalClassifier is not fitted: call fit first"
+    def _check_conformalized(self) -> None:
+        check_is_fitted(self)
+        if not hasattr(self, "part_thresholds_"):
+            raise NotConformalizedError(
+                f"This {type(self).__name__} is fitted but not conformalized: call "
+                "conformalize(X_conf, y_conf) first"
             )
-        if self.thresholds_ is None:
-            raise NotFittedError(
-                "ReliableConformalClassifier is not calibrated: call calibrate first"
-            )
-        return self.part_thresholds_
 
     # --------------------------------------------------------------- predicting
-    def predict_sets(self, X: npt.ArrayLike) -> BoolArray:
-        """Majority prediction sets, boolean (n, K) with columns ``classes_``.
+    def predict_set(self, X: Any) -> tuple[npt.NDArray[Any], BoolArray]:
+        """Point predictions and majority prediction sets, as MAPIE 1.x returns them.
 
-        A class is in more than ``tau_hat`` part sets exactly when its score
-        reaches the ``(tau_hat + 1)``-th smallest part threshold.
+        Returns
+        -------
+        y_pred : ndarray of shape (n,)
+            :meth:`predict`.
+        y_pred_set : bool ndarray of shape (n, K, 1)
+            The sets, columns ``classes_``, one confidence level. A class is in
+            more than ``tau_hat_`` part sets exactly when its score reaches the
+            ``(tau_hat_ + 1)``-th smallest part threshold.
         """
-        thresholds = self._check_calibrated()
-        return np.asarray(self.predict_scores(X) >= thresholds.cut)
+        self._check_conformalized()
+        scores = self.predict_scores(X)
+        sets = np.asarray(scores >= self.part_thresholds_.cut)
+        return self.classes_[scores.argmax(axis=1)], sets[:, :, None]
 
-    def certify(
-        self, X: npt.ArrayLike, max_train_radius: int | None = None
-    ) -> Certificate:
+    def certify(self, X: Any, max_train_radius: int | None = None) -> Certificate:
         """Certified radii per point and class (the sets are included).
 
         Parameters
         ----------
-        X : array of shape (n, d)
+        X : array-like, sparse matrix or DataFrame of n rows
             Test points.
         max_train_radius : int or None
             Largest training radius examined (default and at most
@@ -455,27 +427,21 @@ class ReliableConformalClassifier:
         Returns
         -------
         Certificate
-            The sets (``Certificate.sets`` equals :meth:`predict_sets`, so calling
-            both is not needed) and the radii.
+            The sets (``Certificate.sets`` equals ``predict_set(X)[1][:, :, 0]``)
+            and the radii.
         """
-        thresholds = self._check_calibrated()
+        self._check_conformalized()
         features = self._check_X(X)
-        radius = min(self._radius(max_train_radius), thresholds.radius)
-        thresholds = thresholds.truncated(radius)
-        geometry = self._geometry(features)
-        in_set = np.asarray(geometry.score() >= thresholds.cut)
-        index = geometry.index
-        training = geometry.largest(thresholds, in_set, joint=False)
-        calibration = thresholds.calibration_radius(geometry, in_set, 0)
-        ceiling = np.minimum(training, calibration)
-        joint = geometry.largest(thresholds, in_set, joint=True, ceiling=ceiling)
-        return Certificate(
-            sets=in_set[index],
-            training=training[index],
-            calibration=calibration[index],
-            joint=joint[index],
-            max_train_radius=radius,
-            geometry=geometry,
-            thresholds=thresholds,
-            in_set=in_set,
-        )
+        radius = min(self._radius(max_train_radius), self.part_thresholds_.radius)
+        return certify_batch(self._geometry(features), self.part_thresholds_, radius)
+
+
+_CONFORMAL_ATTRIBUTES = (
+    "tau_hat_",
+    "calib_part_sizes_",
+    "ranks_",
+    "guard_",
+    "part_thresholds_",
+    "thresholds_",
+    "miscoverage_bound_",
+)

@@ -4,15 +4,17 @@ The training certificate of RPS assumes that an unchanged part yields an identic
 classifier (Scholten & Günnemann, ICLR 2025, Sec. on training isolation). This
 module enforces it:
 
-* each part is trained on its own rows only, in canonical (label, features) order;
+* each part is trained on its own rows only, in canonical (label, row) order, of
+  the type the user gave (array, sparse matrix or DataFrame);
 * a scikit-learn estimator is cloned per part and, if it has a ``random_state``
   parameter, gets the seed ``random_state * 7919 + part`` (per-part normalisation
   comes for free with a ``Pipeline`` holding a scaler);
 * a torch model factory is trained full-batch by :class:`TorchPartClassifier` with
-  its own ``torch.Generator`` and one thread;
+  its own initialisation, inside a forked torch RNG seeded per part, on one thread;
 * a part holding a single class becomes a constant predictor;
-* a part whose training fails raises :class:`PartTrainingError` naming it (it is
-  never dropped silently).
+* a part whose training fails raises (a ValueError or TypeError of the estimator as
+  is, with a note naming the part; anything else as :class:`PartTrainingError`): a
+  part is never dropped silently.
 
 Parts train in parallel (joblib) when ``n_jobs`` allows; the result does not depend
 on ``n_jobs``.
@@ -28,12 +30,14 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 from joblib import Parallel, delayed  # type: ignore[import-untyped]
+from scipy import sparse
 from sklearn.base import BaseEstimator, clone
+from sklearn.exceptions import NotFittedError
+from sklearn.utils import _safe_indexing
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
-from defenses.checks import check_real
-from defenses.rps.partition import IntArray, partition
-from defenses.rps.scores import vote_counts
+from defenses.checks import check_int, check_real
+from defenses.rps.partition import IntArray, n_rows, partition
 
 if TYPE_CHECKING:
     import torch
@@ -52,7 +56,7 @@ class PartTrainingError(RuntimeError):
 class PartClassifier(Protocol):
     """What a part's classifier offers once fitted: labels in ``0..K-1``."""
 
-    def predict(self, X: FloatArray) -> npt.NDArray[Any]:
+    def predict(self, X: Any) -> npt.NDArray[Any]:
         """Predicted (encoded) labels of shape (n,)."""
         ...
 
@@ -89,13 +93,17 @@ class ConstantClassifier:
 
     label: int
 
-    def predict(self, X: FloatArray) -> IntArray:
+    def predict(self, X: Any) -> IntArray:
         """The constant label for each row."""
-        return np.full(X.shape[0], self.label, dtype=np.int64)
+        return np.full(n_rows(X), self.label, dtype=np.int64)
 
 
-class TorchPartClassifier:
+class TorchPartClassifier(BaseEstimator):  # type: ignore[misc]
     """Full-batch, deterministic training of a torch model built by a factory.
+
+    The factory's own initialisation is used as is: the model is built and trained
+    inside :func:`torch.random.fork_rng` seeded with ``seed``, so the global torch
+    generator is left as it was and the part is the same bit for bit on every run.
 
     Parameters
     ----------
@@ -107,102 +115,121 @@ class TorchPartClassifier:
     lr : float
         Adam learning rate.
     seed : int
-        Seed of the part's ``torch.Generator`` (initialisation).
+        Seed of the part's initialisation and training.
     """
 
     def __init__(
         self, factory: ModelFactory, epochs: int = 200, lr: float = 0.01, seed: int = 0
     ) -> None:
-        if not callable(factory):
-            raise ValueError(f"factory must be callable, got {factory!r}")
-        if epochs < 1:
-            raise ValueError(f"epochs must be >= 1, got {epochs}")
-        check_real("lr", lr, 0.0, open_low=True)
         self.factory = factory
         self.epochs = epochs
         self.lr = lr
         self.seed = seed
-        self.model_: torch.nn.Module | None = None
-
-    def fresh(self, seed: int) -> TorchPartClassifier:
-        """An unfitted copy with another seed."""
-        return TorchPartClassifier(self.factory, self.epochs, self.lr, seed)
 
     def fit(
-        self, X: FloatArray, y: npt.NDArray[np.integer], n_classes: int
+        self, X: Any, y: npt.NDArray[np.integer], n_classes: int | None = None
     ) -> TorchPartClassifier:
-        """Train on (X, y) with one thread and a seeded generator."""
+        """Train on (X, y) (labels ``0..K-1``) with one thread and a forked RNG."""
         import torch
 
+        if not callable(self.factory):
+            raise ValueError(f"factory must be callable, got {self.factory!r}")
+        epochs = check_int("epochs", self.epochs, 1)
+        lr = check_real("lr", self.lr, 0.0, open_low=True)
+        seed = check_int("seed", self.seed, 0)
+        inputs = torch.as_tensor(float32_rows(X))
+        targets = torch.as_tensor(np.asarray(y), dtype=torch.int64)
+        k = int(targets.max()) + 1 if n_classes is None else n_classes
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            generator = torch.Generator().manual_seed(self.seed)
-            model = self.factory(X.shape[1], n_classes)
-            with torch.no_grad():
-                for p in model.parameters():
-                    bound = 1.0 / max(1, p.shape[-1]) ** 0.5
-                    p.copy_(
-                        torch.rand(p.shape, generator=generator) * 2 * bound - bound
-                    )
-            inputs = torch.as_tensor(X, dtype=torch.float32)
-            targets = torch.as_tensor(np.asarray(y), dtype=torch.int64)
-            optimizer = torch.optim.Adam(model.parameters(), lr=self.lr)
-            loss_fn = torch.nn.CrossEntropyLoss()
-            for _ in range(self.epochs):
-                optimizer.zero_grad()
-                loss = loss_fn(model(inputs), targets)
-                loss.backward()
-                optimizer.step()
-            self.model_ = model.eval()
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                model = self.factory(inputs.shape[1], k)
+                optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+                loss_fn = torch.nn.CrossEntropyLoss()
+                model.train()
+                for _ in range(epochs):
+                    optimizer.zero_grad()
+                    loss = loss_fn(model(inputs), targets)
+                    loss.backward()
+                    optimizer.step()
         finally:
             torch.set_num_threads(threads)
+        self.model_ = model.eval()
+        self.classes_ = np.arange(k, dtype=np.int64)
         return self
 
-    def predict(self, X: FloatArray) -> IntArray:
+    def predict(self, X: Any) -> IntArray:
         """Arg-max of the logits."""
-        if self.model_ is None:
-            raise RuntimeError("TorchPartClassifier is not fitted")
         import torch
 
+        if not hasattr(self, "model_"):
+            raise NotFittedError("TorchPartClassifier is not fitted: call fit first")
         with torch.no_grad():
-            logits = self.model_(torch.as_tensor(X, dtype=torch.float32))
+            logits = self.model_(torch.as_tensor(float32_rows(X)))
         return np.asarray(logits.argmax(dim=1).numpy(), dtype=np.int64)
+
+
+def float32_rows(X: Any) -> npt.NDArray[np.float32]:
+    """``X`` as a dense float32 array, finite after the cast, or raise ValueError."""
+    if sparse.issparse(X):
+        X = X.toarray()
+    try:
+        array = np.asarray(X, dtype=np.float32)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"X must be numeric for a torch part model: {error}"
+        ) from error
+    if array.ndim != 2:
+        raise ValueError(f"X must be 2-D (n_samples, n_features), got {array.shape}")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(
+            "X holds NaN or inf (or values beyond float32's range) after the cast to "
+            "float32, which a torch part model computes in"
+        )
+    return array
 
 
 def _fresh(estimator: Any, part: int, random_state: int) -> Any:
     seed = random_state * 7919 + part
-    if isinstance(estimator, TorchPartClassifier):
-        return estimator.fresh(seed)
     if isinstance(estimator, BaseEstimator):
         model = clone(estimator)
-        if "random_state" in model.get_params():
+        params = model.get_params(deep=False)
+        if isinstance(model, TorchPartClassifier):
+            model.set_params(seed=seed)
+        elif "random_state" in params:
             model.set_params(random_state=seed)
         return model
     if callable(estimator):
         return TorchPartClassifier(estimator, seed=seed)
-    raise ValueError(
+    raise TypeError(
         "estimator must be a scikit-learn classifier, a TorchPartClassifier or a "
         f"torch model factory (n_features, n_classes) -> Module, got {estimator!r}"
     )
 
 
 def check_estimator(estimator: Any) -> None:
-    """Raise ValueError unless ``estimator`` is a usable base learner."""
+    """Raise TypeError unless ``estimator`` is a usable base learner."""
     _fresh(estimator, 0, 0)
     if isinstance(estimator, BaseEstimator) and not hasattr(estimator, "predict"):
-        raise ValueError(f"estimator {estimator!r} has no predict method")
+        raise TypeError(f"estimator {estimator!r} has no predict method")
 
 
 def train_part(
     estimator: Any,
-    X: FloatArray,
+    X: Any,
     y: IntArray,
     n_classes: int,
     part: int,
     random_state: int,
 ) -> PartClassifier:
-    """Train one part (rows already in canonical order)."""
+    """Train one part (rows already in canonical order).
+
+    A ValueError or TypeError of the estimator (bad input, e.g. NaN for a model
+    that refuses it) is raised as is, with a note naming the part; any other
+    failure becomes a :class:`PartTrainingError`.
+    """
     classes = np.unique(y)
     if classes.size == 1:
         logger.info("part %d holds only class %d: constant predictor", part, classes[0])
@@ -214,9 +241,12 @@ def train_part(
                 fitted: PartClassifier = model.fit(X, y, n_classes)
             else:
                 fitted = model.fit(X, y)
+    except (ValueError, TypeError) as error:
+        error.add_note(f"(while training RPS part {part} on {y.size} samples)")
+        raise
     except Exception as error:
         raise PartTrainingError(
-            f"training part {part} failed ({X.shape[0]} samples, classes "
+            f"training part {part} failed ({y.size} samples, classes "
             f"{classes.tolist()}): {type(error).__name__}: {error}"
         ) from error
     return fitted
@@ -224,7 +254,7 @@ def train_part(
 
 def train_parts(
     estimator: Any,
-    X: FloatArray,
+    X: Any,
     y: IntArray,
     n_parts: int,
     n_classes: int,
@@ -233,11 +263,15 @@ def train_parts(
 ) -> tuple[list[PartClassifier], list[IntArray]]:
     """Hash-partition (X, y) and train one classifier per part.
 
-    Returns the fitted classifiers and each part's row indices.
+    ``X`` (array, sparse matrix or DataFrame) reaches each part's estimator as its
+    own rows of the same type. Returns the fitted classifiers and each part's row
+    indices.
     """
     parts = partition(X, y, n_parts)
     jobs = [
-        delayed(train_part)(estimator, X[p], y[p], n_classes, i, random_state)
+        delayed(train_part)(
+            estimator, _safe_indexing(X, p), y[p], n_classes, i, random_state
+        )
         for i, p in enumerate(parts)
     ]
     if n_jobs == 1 or n_parts == 1:
@@ -247,31 +281,30 @@ def train_parts(
     return models, parts
 
 
-def predict_parts(models: Sequence[PartClassifier], X: FloatArray) -> IntArray:
+def predict_parts(models: Sequence[PartClassifier], X: Any) -> IntArray:
     """Predictions of every part, shape (k_t, n)."""
     return np.stack([np.asarray(m.predict(X), dtype=np.int64) for m in models])
 
 
-def proba_columns(model: Any, X: FloatArray, n_classes: int) -> FloatArray:
+def proba_columns(model: Any, X: Any, n_classes: int) -> FloatArray:
     """``predict_proba`` of a single model, spread over all ``n_classes`` columns."""
+    n = n_rows(X)
     if not hasattr(model, "predict_proba"):
         labels = np.asarray(model.predict(X), dtype=np.int64)
-        out = np.zeros((X.shape[0], n_classes))
-        out[np.arange(X.shape[0]), labels] = 1.0
+        out = np.zeros((n, n_classes))
+        out[np.arange(n), labels] = 1.0
         return out
     proba = np.asarray(model.predict_proba(X), dtype=np.float64)
     known = np.asarray(
         getattr(model, "classes_", np.arange(proba.shape[1])), dtype=np.int64
     )
-    out = np.zeros((X.shape[0], n_classes))
+    out = np.zeros((n, n_classes))
     out[:, known] = proba
     return out
 
 
-def voter_votes(
-    voter: PartVoter, features: FloatArray, n_parts: int, n_classes: int
-) -> IntArray:
-    """Vote counts (n, K) of a :class:`PartVoter`, checked against its contract."""
+def voter_votes(voter: PartVoter, features: Any, n_parts: int) -> IntArray:
+    """Votes (n_parts, n) of a :class:`PartVoter`, checked against its contract."""
     if voter.n_parts != n_parts:
         raise ValueError(
             f"voter.n_parts changed from {n_parts} to {voter.n_parts}: it must "
@@ -279,13 +312,14 @@ def voter_votes(
             "abstains)"
         )
     votes = np.asarray(voter.part_votes(features))
-    if votes.shape != (n_parts, features.shape[0]):
+    n = n_rows(features)
+    if votes.shape != (n_parts, n):
         raise ValueError(
-            f"voter.part_votes must return shape (n_parts, n) = "
-            f"({n_parts}, {features.shape[0]}), got {votes.shape}"
+            f"voter.part_votes must return shape (n_parts, n) = ({n_parts}, {n}), "
+            f"got {votes.shape}"
         )
     if not np.issubdtype(votes.dtype, np.integer):
         raise ValueError(
             f"voter.part_votes must return integers, got dtype {votes.dtype}"
         )
-    return vote_counts(votes, n_classes, abstain=True)
+    return votes.astype(np.int64)

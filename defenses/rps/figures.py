@@ -32,10 +32,10 @@ def _tradeoff(
         for r in rows:
             b = r.params["benchmark"]
             if b["dataset"] == dataset:
-                group = (int(b["n_calib_parts"]), float(b["alpha"]))
+                group = (int(b["n_calib_parts"]), float(b["confidence_level"]))
                 groups[group][int(b["n_train_parts"])].append(r)
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-        for (k_c, alpha), by_kt in sorted(groups.items()):
+        for (k_c, level), by_kt in sorted(groups.items()):
             kts = sorted(by_kt)
             for ax, key, section in (
                 (axes[0], "coverage", "utility"),
@@ -53,7 +53,7 @@ def _tradeoff(
                     yerr=std,
                     marker="o",
                     capsize=3,
-                    label=f"k_c={k_c}, alpha={alpha}",
+                    label=f"k_c={k_c}, confidence {level}",
                 )
         for ax, title in zip(
             axes,
@@ -63,8 +63,8 @@ def _tradeoff(
             ax.set_xlabel("training parts k_t")
             ax.set_title(title)
             ax.set_xscale("symlog", linthresh=1)
-        for alpha in sorted({a for _, a in groups}):
-            axes[0].axhline(1 - alpha, color="grey", linestyle="--", linewidth=1)
+        for level in sorted({a for _, a in groups}):
+            axes[0].axhline(level, color="grey", linestyle="--", linewidth=1)
         axes[0].legend(fontsize=8)
         fig.tight_layout()
         path = out_dir / f"rps_tradeoff_{dataset}.png"
@@ -87,7 +87,7 @@ def _coverage(
 
     def setting(r: Result) -> str:
         b = r.params["benchmark"]
-        return f"kt{b['n_train_parts']} kc{b['n_calib_parts']} a{b['alpha']}"
+        return f"kt{b['n_train_parts']} kc{b['n_calib_parts']} c{b['confidence_level']}"
 
     several = len({setting(r) for r in rows}) > 1
     by_variant: dict[str, list[float]] = defaultdict(list)
@@ -98,9 +98,10 @@ def _coverage(
     fig, ax = plt.subplots(figsize=(max(6.5, 0.7 * len(names)), 3.8))
     ax.boxplot([by_variant[n] for n in names], tick_labels=names, showmeans=True)
     ax.tick_params(axis="x", labelsize=6 if several else 10)
-    for alpha in sorted({float(r.params["benchmark"]["alpha"]) for r in rows}):
-        ax.axhline(1 - alpha, color="red", linestyle="--", linewidth=1)
-    ax.plot([], [], color="red", linestyle="--", label="1 - alpha")
+    levels = {float(r.params["benchmark"]["confidence_level"]) for r in rows}
+    for level in sorted(levels):
+        ax.axhline(level, color="red", linestyle="--", linewidth=1)
+    ax.plot([], [], color="red", linestyle="--", label="confidence level")
     ax.set_ylabel("test coverage per split")
     ax.set_title(
         f"Clean coverage over {len(by_variant[names[0]])} calibration/test splits"

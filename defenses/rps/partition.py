@@ -7,89 +7,173 @@ properties that this module guarantees:
 * the part depends on ``x`` only: not on the label, nor on the position in the data
   set, so a label flip keeps a point in its part and an insertion or deletion
   touches exactly one part;
-* each part is put in a canonical order (lexicographic in (label, features)), so a
-  part's training run does not depend on the order of the data set;
+* each part is put in a canonical order (by label, then by the row), so a part's
+  training run does not depend on the order of the data set;
 * a feature modification may move a point between parts (it then counts as two
   changes).
 
-The hash is CRC-32 of the point's float64 bytes, which balances parts better than
-the official code's truncated pixel sum.
+Rows are hashed through canonical bytes, whatever the input type:
+
+* a numeric array: CRC-32 of the row cast to float64, with ``-0.0`` written as
+  ``0.0`` and every NaN as one NaN (it balances parts better than the official
+  code's truncated pixel sum; integers and floats of equal value hash alike);
+* a scipy sparse matrix: BLAKE2b (64 bits) of the row's sorted column indices
+  (int64) and non-zero values (float64, canonical as above), so explicit zeros and
+  the storage format do not matter;
+* a pandas DataFrame: :func:`pandas.util.hash_pandas_object` with ``index=False``
+  (the values and their dtypes, not the index);
+* any other array (strings, objects): BLAKE2b of the row's ``repr`` of each value.
+
+Numeric rows are ordered lexicographically by their values within a label; other
+rows by their 64-bit hash (distinct rows with equal hashes, probability below
+:math:`n^2 / 2^{65}`, keep their relative order in the data, which insertions and
+deletions of other rows do not change).
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import sys
 import zlib
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from scipy import sparse
+
+from defenses.checks import check_int
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+HashArray = npt.NDArray[np.uint64]
 
 
-def check_features(X: npt.ArrayLike, name: str = "X") -> FloatArray:
-    """Return ``X`` as a finite float64 (n, d) array, or raise ValueError."""
-    array = np.asarray(X, dtype=np.float64)
-    if array.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D array (n, d), got shape {array.shape}")
-    if array.shape[0] == 0 or array.shape[1] == 0:
-        raise ValueError(f"{name} must not be empty, got shape {array.shape}")
-    if not np.all(np.isfinite(array)):
-        bad = int(np.count_nonzero(~np.isfinite(array).all(axis=1)))
-        raise ValueError(f"{name} holds NaN or inf features in {bad} row(s)")
+def is_frame(X: object) -> bool:
+    """Whether ``X`` is a pandas DataFrame (pandas is not imported for the check)."""
+    pandas = sys.modules.get("pandas")
+    return pandas is not None and isinstance(X, pandas.DataFrame)
+
+
+def is_numeric(X: object) -> bool:
+    """Whether ``X`` is a dense numpy array of booleans, integers or reals."""
+    return isinstance(X, np.ndarray) and X.dtype.kind in "biuf"
+
+
+def n_rows(X: Any) -> int:
+    """Number of rows of an array, sparse matrix or DataFrame."""
+    return int(X.shape[0])
+
+
+def _canonical_floats(values: npt.ArrayLike) -> FloatArray:
+    array = np.array(values, dtype=np.float64)
+    array += 0.0
+    array[np.isnan(array)] = np.nan
     return array
 
 
-def hash_rows(X: npt.ArrayLike) -> npt.NDArray[np.uint32]:
-    """CRC-32 of each row's float64 bytes (a function of the row alone)."""
-    array = np.ascontiguousarray(check_features(X))
+def _digest(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def hash_rows(X: Any) -> HashArray:
+    """A hash of each row of ``X`` computed from that row alone (see the module)."""
+    if is_frame(X):
+        from pandas.util import hash_pandas_object  # type: ignore[import-untyped]
+
+        return np.asarray(hash_pandas_object(X, index=False), dtype=np.uint64)
+    if sparse.issparse(X):
+        rows = sparse.csr_array(X, dtype=np.float64, copy=True)
+        rows.sum_duplicates()
+        rows.eliminate_zeros()
+        values = _canonical_floats(rows.data)
+        indices = rows.indices.astype(np.int64)
+        bounds = rows.indptr
+        return np.fromiter(
+            (
+                _digest(indices[a:b].tobytes() + b"|" + values[a:b].tobytes())
+                for a, b in itertools.pairwise(bounds.tolist())
+            ),
+            dtype=np.uint64,
+            count=rows.shape[0],
+        )
+    array = np.asarray(X)
+    if array.ndim != 2:
+        raise ValueError(f"X must be 2-D (n_samples, n_features), got {array.shape}")
+    if is_numeric(array):
+        floats = np.ascontiguousarray(_canonical_floats(array))
+        return np.fromiter(
+            (zlib.crc32(row.tobytes()) for row in floats),
+            dtype=np.uint64,
+            count=len(floats),
+        )
+    if array.dtype.kind == "c":
+        raise TypeError("X holds complex numbers; they have no canonical order")
     return np.fromiter(
-        (zlib.crc32(row.tobytes()) for row in array), dtype=np.uint32, count=len(array)
+        (_digest("\x1f".join(repr(v) for v in row.tolist()).encode()) for row in array),
+        dtype=np.uint64,
+        count=len(array),
     )
 
 
-def part_of(X: npt.ArrayLike, n_parts: int) -> IntArray:
-    """Part index ``crc32(x) mod n_parts`` of each row of ``X``."""
-    if isinstance(n_parts, bool) or not isinstance(n_parts, int | np.integer):
-        raise ValueError(f"n_parts must be an integer >= 1, got {n_parts!r}")
-    if n_parts < 1:
-        raise ValueError(f"n_parts must be an integer >= 1, got {n_parts!r}")
-    return (hash_rows(X) % np.uint32(n_parts)).astype(np.int64)
+def part_of(X: Any, n_parts: int) -> IntArray:
+    """Part index ``h(x) mod n_parts`` of each row of ``X``."""
+    k = check_int("n_parts", n_parts, 1)
+    return (hash_rows(X) % np.uint64(k)).astype(np.int64)
 
 
-def canonical_order(X: FloatArray, y: npt.NDArray[np.integer]) -> IntArray:
-    """Indices sorting the rows by label, then lexicographically by features."""
-    keys = [X[:, j] for j in range(X.shape[1] - 1, -1, -1)]
-    return np.lexsort([*keys, y]).astype(np.int64)
+def canonical_order(
+    X: npt.NDArray[Any] | None, y: npt.NDArray[Any], hashes: HashArray
+) -> IntArray:
+    """Indices sorting rows by label, then by their values (numeric ``X``) or hash.
+
+    ``X`` is the numeric array of the rows, or None for other inputs.
+    """
+    if X is not None:
+        keys = [X[:, j] for j in range(X.shape[1] - 1, -1, -1)]
+        return np.lexsort([*keys, y]).astype(np.int64)
+    return np.lexsort([hashes, y]).astype(np.int64)
 
 
-def partition(X: npt.ArrayLike, y: npt.ArrayLike, n_parts: int) -> list[IntArray]:
-    """Indices of each part, each in canonical (label, features) order.
+def partition(X: Any, y: npt.ArrayLike, n_parts: int) -> list[IntArray]:
+    """Indices of each part, each in canonical (label, row) order.
+
+    Parameters
+    ----------
+    X : array, sparse matrix or DataFrame of n rows
+        The inputs (hashed, never changed).
+    y : array of shape (n,)
+        Labels (encoded or not: only their order is used).
+    n_parts : int
+        Number of parts.
 
     Raises
     ------
     ValueError
         If there are more parts than samples or a part ends up empty.
     """
-    features = check_features(X)
+    k = check_int("n_parts", n_parts, 1)
+    n = n_rows(X)
     labels = np.asarray(y)
-    if labels.shape != (features.shape[0],):
-        raise ValueError(
-            f"y must have shape ({features.shape[0]},), got {labels.shape}"
-        )
-    if n_parts > features.shape[0]:
-        raise ValueError(
-            f"n_parts={n_parts} exceeds the number of samples ({features.shape[0]})"
-        )
-    parts = part_of(features, n_parts)
+    if labels.shape != (n,):
+        raise ValueError(f"y must have shape ({n},), got {labels.shape}")
+    if k > n:
+        raise ValueError(f"n_parts={k} exceeds the number of samples (n_samples = {n})")
+    hashes = hash_rows(X)
+    parts = (hashes % np.uint64(k)).astype(np.int64)
+    numeric = np.asarray(X) if is_numeric(X) else None
     out: list[IntArray] = []
-    for i in range(n_parts):
+    for i in range(k):
         members = np.flatnonzero(parts == i)
         if members.size == 0:
             raise ValueError(
-                f"part {i} of {n_parts} received no sample (n={features.shape[0]}); "
+                f"part {i} of n_parts={k} received no sample (n_samples = {n}); "
                 "use fewer parts"
             )
-        order = canonical_order(features[members], labels[members])
+        order = canonical_order(
+            None if numeric is None else numeric[members],
+            labels[members],
+            hashes[members],
+        )
         out.append(members[order].astype(np.int64))
     return out

@@ -3,7 +3,7 @@
 The game (after Scholten & Günnemann, ICLR 2025): a data set is split (stratified)
 into training, calibration and test parts and ``n_targets`` test points are drawn
 as targets. The attacker rewrites the training and/or calibration data; the system
-is fitted and calibrated on the poisoned task. Utility is the test coverage and set
+is fitted and conformalized on the poisoned task. Utility is the test coverage and set
 size; the judge refits the same learner on the clean task and scores how much the
 sets moved (higher = stronger attack), and counts certified (point, class)
 memberships that changed anyway (``violations``: a sound certificate keeps it 0).
@@ -68,8 +68,8 @@ class ConformalPoisoning:
     ----------
     dataset : str
         A bundled data set (``digits``, ``breast_cancer``, ``wine``).
-    alpha : float
-        Miscoverage level of the conformal sets.
+    confidence_level : float
+        Target coverage of the conformal sets.
     train_fraction, calib_fraction : float
         Shares of the data for training and calibration (the rest is test).
     n_targets : int
@@ -85,7 +85,7 @@ class ConformalPoisoning:
         "changed_rate": 0.0,
     }
     dataset: str = "digits"
-    alpha: float = 0.1
+    confidence_level: float = 0.9
     train_fraction: float = 0.45
     calib_fraction: float = 0.33
     n_targets: int = 10
@@ -97,7 +97,7 @@ class ConformalPoisoning:
                 f"ConformalPoisoning.dataset must be one of {sorted(LOADERS)}, "
                 f"got {self.dataset!r}"
             )
-        for field in ("alpha", "train_fraction", "calib_fraction"):
+        for field in ("confidence_level", "train_fraction", "calib_fraction"):
             check_real(
                 f"ConformalPoisoning.{field}",
                 getattr(self, field),
@@ -163,11 +163,11 @@ class ConformalPoisoning:
 
     def learner(self) -> SplitConformalLearner:
         """Plain split conformal prediction around a logistic regression."""
-        return SplitConformalLearner(alpha=self.alpha)
+        return SplitConformalLearner(confidence_level=self.confidence_level)
 
     def utility(self, system: ConformalSystem, task: ConformalTask) -> dict[str, float]:
         """Test coverage, mean set size, and the share of empty / singleton sets."""
-        sets = system.predict_sets(task.test.X)
+        sets = system.sets(task.test.X)
         size = sets.sum(axis=1)
         return {
             "coverage": coverage(sets, task.test.y),
@@ -187,9 +187,9 @@ class ConformalPoisoning:
     ) -> dict[str, float]:
         """How far the sets moved from the clean refit; certificate violations."""
         test = task.test
-        poisoned = system.predict_sets(test.X)
+        poisoned = system.sets(test.X)
         clean_system = system if task.clean is None else system.refit(task.clean)
-        clean = clean_system.predict_sets(test.X)
+        clean = clean_system.sets(test.X)
         changed = np.any(poisoned != clean, axis=1)
         rows = np.arange(len(test))
         r_t, r_c = system.radii(task)

@@ -4,16 +4,16 @@ Per seed, on digits (:func:`defenses.s3t.tasks.split_digits`: a backbone pretrai
 on public digits 0-4, a deletable fine-tuning pool, and the held-out rest split in
 half, stratified, into calibration and test data):
 
-1. fit the unlearner (S3T or SISA) on the pool and calibrate RPS once
+1. fit the unlearner (S3T or SISA) on the pool and conformalize RPS once
    (``<m>-rps(before)``);
 2. replay a uniform stream of ``deletions`` pool ids, one at a time, each followed
-   by RPS's recalibration (no gradient step) and timed (``<m>-rps(after)``:
+   by RPS's conformalization (no gradient step) and timed (``<m>-rps(after)``:
    ``cost.deletion_s`` is the mean time of one such deletion);
 3. retrain the switched-off stages (:meth:`ReliableUnlearner.retrain`,
    ``<m>-rps(retrained)``; its ``cost.deletion_s`` is that retraining amortised
    over the stream's deletions) and, for reference, rebuild the composition from scratch
    on the remaining pool (``<m>-rps(rebuilt)``: its ``cost.deletion_s`` is the time
-   of that full retraining plus calibration, what one deletion costs without
+   of that full retraining plus conformalization, what one deletion costs without
    exact unlearning); ``utility.matches_rebuilt`` is 1 when the retrained sets and
    certificates equal the rebuilt ones exactly;
 4. plain split conformal prediction on the unlearner's averaged probabilities,
@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from torch import nn
 
 from defenses.checks import check_choice, check_int, check_keys, check_real
 from defenses.composition.s3t_rps import ReliableUnlearner
@@ -42,7 +43,6 @@ from defenses.harness import measurement
 from defenses.metrics import accuracy, coverage, mean_set_size
 from defenses.results import Result
 from defenses.rps.quantile import textbook_rank
-from defenses.s3t.backbone import ResidualMLP
 from defenses.s3t.baselines import SISA
 from defenses.s3t.defense import S3T, Unlearner
 from defenses.s3t.tasks import BackboneSpec, pretrained_backbone, split_digits
@@ -60,7 +60,7 @@ DEFAULTS: dict[str, Any] = {
     "slices": 3,
     "sequences": 0,
     "n_calib_parts": 10,
-    "alpha": 0.1,
+    "confidence_level": 0.9,
     "deletions": 20,
     "radii": 3,
     "public": 300,
@@ -85,7 +85,7 @@ class Settings:
     slices: int
     sequences: int
     n_calib_parts: int
-    alpha: float
+    confidence_level: float
     deletions: int
     radii: int
     public: int
@@ -104,7 +104,7 @@ class Settings:
         check_keys(BENCHMARK, params, DEFAULTS)
         values = {**DEFAULTS, **params}
         check_choice(f"{BENCHMARK}.unlearner", values["unlearner"], UNLEARNERS)
-        for name in ("alpha", "lr"):
+        for name in ("confidence_level", "lr"):
             values[name] = check_real(
                 f"{BENCHMARK}.{name}",
                 values[name],
@@ -114,7 +114,7 @@ class Settings:
                 open_high=True,
             )
         for name, value in values.items():
-            if name not in ("unlearner", "alpha", "lr"):
+            if name not in ("unlearner", "confidence_level", "lr"):
                 low = 0 if name == "sequences" else 1
                 values[name] = check_int(f"{BENCHMARK}.{name}", value, minimum=low)
         if values["sequences"] == 0:
@@ -123,26 +123,28 @@ class Settings:
 
 
 def split_conformal(
-    cal_proba: FloatArray, cal_y: IntArray, proba: FloatArray, alpha: float
+    cal_proba: FloatArray, cal_y: IntArray, proba: FloatArray, confidence_level: float
 ) -> BoolArray:
     r"""Split-conformal sets :math:`\{y : p_y(x) \ge \tau\}` (THR / LAC score).
 
     :math:`\tau` is the :math:`\lfloor (n + 1)\alpha \rfloor`-th smallest
-    calibration score :math:`p_{y_i}(x_i)`, so the set covers with probability at
-    least :math:`1 - \alpha` on exchangeable data (Vovk et al., 2005).
+    calibration score :math:`p_{y_i}(x_i)`, :math:`\alpha = 1 -
+    \text{confidence\_level}`, so the set covers with probability at least the
+    confidence level on exchangeable data (Vovk et al., 2005).
     """
     n = cal_y.size
+    alpha = 1.0 - confidence_level
     rank = textbook_rank(n, alpha)
     if rank < 1:
         raise ValueError(
-            f"split conformal at alpha={alpha} needs at least {int(np.ceil(1 / alpha))}"
-            f" calibration points, got {n}"
+            f"split conformal at confidence_level={confidence_level} needs at least "
+            f"{int(np.ceil(1 / alpha - 1e-9)) - 1} calibration points, got {n}"
         )
     tau = np.sort(cal_proba[np.arange(n), cal_y])[rank - 1]
     return np.asarray(proba >= tau)
 
 
-def _unlearner(settings: Settings, backbone: ResidualMLP, seed: int) -> Unlearner:
+def _unlearner(settings: Settings, backbone: nn.Module, seed: int) -> Unlearner:
     common: dict[str, Any] = {
         "rank": settings.rank,
         "epochs": settings.epochs,
@@ -235,7 +237,7 @@ def _cp_record(
         model.unlearner.predict_proba(calibration[0]),
         calibration[1],
         proba,
-        settings.alpha,
+        settings.confidence_level,
     )
     utility = {
         **_set_metrics(sets, test[1]),
@@ -250,7 +252,7 @@ def _cp_record(
 
 def _timed_build(
     settings: Settings,
-    backbone: ResidualMLP,
+    backbone: nn.Module,
     seed: int,
     train: tuple[FloatArray, IntArray, IntArray],
     calibration: tuple[FloatArray, IntArray],
@@ -258,12 +260,12 @@ def _timed_build(
     model = ReliableUnlearner(
         _unlearner(settings, backbone, seed),
         n_calib_parts=settings.n_calib_parts,
-        alpha=settings.alpha,
+        confidence_level=settings.confidence_level,
     )
     began = time.perf_counter()
     model.fit(*train)
     fitted = time.perf_counter()
-    model.calibrate(*calibration, max_train_radius=settings.radii)
+    model.conformalize(*calibration, max_train_radius=settings.radii)
     return model, fitted - began, time.perf_counter() - fitted
 
 
@@ -308,7 +310,7 @@ def s3t_rps(params: Mapping[str, Any], seeds: Sequence[int]) -> Iterator[Result]
         )
         with single_thread():
             pool = (data.X[split.pool], data.y[split.pool], split.pool)
-            model, train_s, calibrate_s = _timed_build(
+            model, train_s, conformalize_s = _timed_build(
                 settings, backbone, seed, pool, calibration
             )
             yield _rps_record(
@@ -318,7 +320,7 @@ def s3t_rps(params: Mapping[str, Any], seeds: Sequence[int]) -> Iterator[Result]
                 settings,
                 seed,
                 {"deleted": 0.0},
-                {"train_s": train_s, "calibrate_s": calibrate_s},
+                {"train_s": train_s, "conformalize_s": conformalize_s},
                 record_params,
             )
             yield _cp_record(

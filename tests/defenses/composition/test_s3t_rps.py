@@ -80,14 +80,14 @@ def _build(
     keep: np.ndarray | None = None,
     deleted: Sequence[int] = (),
 ) -> ReliableUnlearner:
-    """Fit on the pool (relabelled, restricted), delete ``deleted``, calibrate."""
+    """Fit on the pool (relabelled, restricted), delete ``deleted``, conformalize."""
     rows = np.ones(task.ids.size, dtype=bool) if keep is None else keep
     y = task.y if labels is None else labels
-    model = ReliableUnlearner(_s3t(task), n_calib_parts=5, alpha=ALPHA)
+    model = ReliableUnlearner(_s3t(task), n_calib_parts=5, confidence_level=1 - ALPHA)
     model.fit(task.X[rows], y[rows], task.ids[rows])
     if len(deleted):
         model.delete(list(deleted))
-    return model.calibrate(task.cal_X, task.cal_y)
+    return model.conformalize(task.cal_X, task.cal_y)
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def _assert_certified_kept(
     """Every (point, class) certified at ``radius`` before keeps its membership."""
     cert = before.certify(X)
     certified = cert.certified(radius, 0)
-    sets = after.predict_sets(X)
+    sets = after.predict_set(X)[1][:, :, 0]
     assert certified.any()
     changed = certified & (sets != cert.sets)
     assert not changed.any(), f"{int(changed.sum())} certified memberships changed"
@@ -129,12 +129,16 @@ def test_sets_and_certificates_are_rps_on_the_shard_votes(
     assert votes.shape == (SHARDS, task.test_y.size)
     assert votes.min() >= 0
     direct = ReliableConformalClassifier.from_voter(
-        ShardVoter(fitted.unlearner), np.arange(10), 64, n_calib_parts=5, alpha=ALPHA
-    ).calibrate(task.cal_X, task.cal_y)
-    sets = fitted.predict_sets(task.test_X)
+        ShardVoter(fitted.unlearner),
+        np.arange(10),
+        64,
+        n_calib_parts=5,
+        confidence_level=1 - ALPHA,
+    ).conformalize(task.cal_X, task.cal_y)
+    sets = fitted.predict_set(task.test_X)[1][:, :, 0]
     cert = fitted.certify(task.test_X)
     assert sets.shape == (task.test_y.size, 10)
-    assert np.array_equal(sets, direct.predict_sets(task.test_X))
+    assert np.array_equal(sets, direct.predict_set(task.test_X)[1][:, :, 0])
     assert np.array_equal(cert.sets, sets)
     assert np.array_equal(cert.training, direct.certify(task.test_X).training)
     assert np.array_equal(
@@ -151,10 +155,10 @@ def test_sets_and_certificates_are_rps_on_the_shard_votes(
     )
 
 
-def test_clean_coverage_is_near_one_minus_alpha(
+def test_clean_coverage_is_near_the_confidence_level(
     task: Task, fitted: ReliableUnlearner
 ) -> None:
-    sets = fitted.predict_sets(task.test_X)
+    sets = fitted.predict_set(task.test_X)[1][:, :, 0]
     assert coverage(sets, task.test_y) >= 1 - ALPHA - 0.05
     assert mean_set_size(sets) < 2.0
     assert fitted.rps.miscoverage_bound_ <= ALPHA + 1e-9
@@ -182,7 +186,9 @@ def test_deletion_serves_what_a_model_trained_without_the_ids_serves(
     fresh = _build(task, keep=keep)
     assert np.array_equal(model.part_votes(X), fresh.part_votes(X))
     assert np.array_equal(model.certify(X).training, fresh.certify(X).training)
-    assert np.array_equal(model.predict_sets(X), fresh.predict_sets(X))
+    assert np.array_equal(
+        model.predict_set(X)[1][:, :, 0], fresh.predict_set(X)[1][:, :, 0]
+    )
 
 
 def test_the_shards_pass_the_s3t_twin_test(task: Task) -> None:
@@ -256,7 +262,8 @@ def test_certified_memberships_survive_whole_shards_relabelled(
     assert changed[:2].all()
     assert not changed[2:].any()
     assert (
-        poisoned.predict_sets(task.test_X) != fitted.predict_sets(task.test_X)
+        poisoned.predict_set(task.test_X)[1][:, :, 0]
+        != fitted.predict_set(task.test_X)[1][:, :, 0]
     ).any()
     _assert_certified_kept(fitted, poisoned, task.test_X, 2)
 
@@ -275,7 +282,10 @@ def test_a_dead_shard_abstains_and_the_certificate_still_holds(
         model.rps.predict_votes(task.test_X).sum(axis=1),
         np.full(task.test_y.size, SHARDS - 1),
     )
-    assert coverage(model.predict_sets(task.test_X), task.test_y) >= 1 - ALPHA - 0.05
+    assert (
+        coverage(model.predict_set(task.test_X)[1][:, :, 0], task.test_y)
+        >= 1 - ALPHA - 0.05
+    )
     labels = _shard_flips(fitted, task, 2)
     poisoned = _build(task, labels=labels, deleted=victims)
     assert poisoned.dead_shards == (0,)
@@ -296,23 +306,25 @@ def test_further_deletions_within_the_radius_keep_certified_memberships(
 
 def test_sisa_shards_work_too(task: Task) -> None:
     sisa = SISA(task.backbone, 4, 2, epochs=2, rank=2, lr=3e-2, batch_size=32)
-    model = ReliableUnlearner(sisa, n_calib_parts=5, alpha=ALPHA)
-    model.fit(task.X, task.y, task.ids).calibrate(task.cal_X, task.cal_y)
+    model = ReliableUnlearner(sisa, n_calib_parts=5, confidence_level=1 - ALPHA)
+    model.fit(task.X, task.y, task.ids).conformalize(task.cal_X, task.cal_y)
     assert model.certify(task.test_X).max_train_radius == 4
     model.delete([int(task.ids[0])])
-    assert model.predict_sets(task.test_X).shape == (task.test_y.size, 10)
+    assert model.predict_set(task.test_X)[1][:, :, 0].shape == (task.test_y.size, 10)
 
 
 def test_misuse_is_refused(task: Task, fitted: ReliableUnlearner) -> None:
     with pytest.raises(ValueError, match="Unlearner"):
         ShardVoter(object())  # type: ignore[arg-type]
     with pytest.raises(NotFittedError):
-        ReliableUnlearner(_s3t(task), n_calib_parts=5).calibrate(task.cal_X, task.cal_y)
-    with pytest.raises(ValueError, match="alpha"):
-        ReliableUnlearner(_s3t(task), alpha=1.5)
+        ReliableUnlearner(_s3t(task), n_calib_parts=5).conformalize(
+            task.cal_X, task.cal_y
+        )
+    with pytest.raises(ValueError, match="confidence_level"):
+        ReliableUnlearner(_s3t(task), confidence_level=1.5)
     uncalibrated = ReliableUnlearner(copy.deepcopy(fitted.unlearner))
     with pytest.raises(RPSNotFitted):
-        uncalibrated.predict_sets(task.test_X)
+        uncalibrated.predict_set(task.test_X)
 
 
 TINY_BENCH = {
@@ -366,18 +378,18 @@ def test_the_benchmark_refuses_bad_parameters() -> None:
         list(s3t_rps({"shard": 3}, [0]))
     with pytest.raises(ValueError, match="unlearner"):
         list(s3t_rps({"unlearner": "retrain"}, [0]))
-    with pytest.raises(ValueError, match="alpha"):
-        list(s3t_rps({"alpha": 0.0}, [0]))
+    with pytest.raises(ValueError, match="confidence_level"):
+        list(s3t_rps({"confidence_level": 1.0}, [0]))
     with pytest.raises(ValueError, match="deletions"):
         list(s3t_rps({"deletions": 0}, [0]))
 
 
-def test_split_conformal_covers_at_one_minus_alpha() -> None:
+def test_split_conformal_covers_at_the_confidence_level() -> None:
     rng = np.random.default_rng(1)
     proba = rng.dirichlet(np.full(5, 0.5), size=4000)
     labels = np.array([rng.choice(5, p=p) for p in proba])
     cal, test = slice(0, 1000), slice(1000, None)
-    sets = split_conformal(proba[cal], labels[cal], proba[test], 0.1)
+    sets = split_conformal(proba[cal], labels[cal], proba[test], 0.9)
     assert abs(coverage(sets, labels[test]) - 0.9) < 0.03
     with pytest.raises(ValueError, match="calibration points"):
-        split_conformal(proba[:5], labels[:5], proba, 0.1)
+        split_conformal(proba[:5], labels[:5], proba, 0.9)

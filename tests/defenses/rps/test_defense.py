@@ -21,19 +21,33 @@ def lr():
 @pytest.fixture(scope="module")
 def fitted(digits_split):
     (Xt, yt), (Xc, yc), _ = digits_split
-    return ReliableConformalClassifier(lr(), 10, 5, 0.1).fit(Xt, yt).calibrate(Xc, yc)
+    return (
+        ReliableConformalClassifier(
+            lr(), n_train_parts=10, n_calib_parts=5, confidence_level=0.9
+        )
+        .fit(Xt, yt)
+        .conformalize(Xc, yc)
+    )
 
 
 def test_one_part_each_is_split_conformal(digits_split):
     (Xt, yt), (Xc, yc), (Xs, _) = digits_split
-    rps = ReliableConformalClassifier(lr(), 1, 1, 0.1).fit(Xt, yt).calibrate(Xc, yc)
-    plain = SplitConformalClassifier(lr(), 0.1).fit(Xt, yt).calibrate(Xc, yc)
-    assert np.array_equal(rps.predict_sets(Xs), plain.predict_sets(Xs))
+    rps = (
+        ReliableConformalClassifier(
+            lr(), n_train_parts=1, n_calib_parts=1, confidence_level=0.9
+        )
+        .fit(Xt, yt)
+        .conformalize(Xc, yc)
+    )
+    plain = SplitConformalClassifier(lr(), 0.9).fit(Xt, yt).conformalize(Xc, yc)
+    assert np.array_equal(
+        rps.predict_set(Xs)[1][:, :, 0], plain.predict_set(Xs)[1][:, :, 0]
+    )
 
 
 def test_sets_certificate_and_coverage(fitted, digits_split):
     _, _, (Xs, ys) = digits_split
-    sets = fitted.predict_sets(Xs)
+    sets = fitted.predict_set(Xs)[1][:, :, 0]
     cert = fitted.certify(Xs)
     assert sets.dtype == bool
     assert sets.shape == (len(ys), 10)
@@ -61,7 +75,7 @@ def test_compiled_search_equals_the_radius_by_radius_check(fitted, digits_split)
 
 def test_calibration_radius_is_capped_by_majority_margin(fitted, digits_split):
     cert = fitted.certify(digits_split[2][0])
-    tau_hat = fitted.tau_hat
+    tau_hat = fitted.tau_hat_
     inside = cert.calibration[cert.sets]
     outside = cert.calibration[~cert.sets]
     assert inside.max() <= fitted.n_calib_parts - tau_hat - 1
@@ -71,21 +85,35 @@ def test_calibration_radius_is_capped_by_majority_margin(fitted, digits_split):
 def test_labels_are_encoded(digits_split):
     (Xt, yt), (Xc, yc), (Xs, _) = digits_split
     names = np.array([f"digit-{c}" for c in range(10)])
-    rps = ReliableConformalClassifier(lr(), 5, 3, 0.1).fit(Xt, names[yt])
-    rps.calibrate(Xc, names[yc])
-    ref = ReliableConformalClassifier(lr(), 5, 3, 0.1).fit(Xt, yt).calibrate(Xc, yc)
+    rps = ReliableConformalClassifier(
+        lr(), n_train_parts=5, n_calib_parts=3, confidence_level=0.9
+    ).fit(Xt, names[yt])
+    rps.conformalize(Xc, names[yc])
+    ref = (
+        ReliableConformalClassifier(
+            lr(), n_train_parts=5, n_calib_parts=3, confidence_level=0.9
+        )
+        .fit(Xt, yt)
+        .conformalize(Xc, yc)
+    )
     assert rps.classes_.tolist() == names.tolist()
-    assert np.array_equal(rps.predict_sets(Xs), ref.predict_sets(Xs))
+    assert np.array_equal(
+        rps.predict_set(Xs)[1][:, :, 0], ref.predict_set(Xs)[1][:, :, 0]
+    )
 
 
 def test_deterministic_and_order_free(digits_split):
     (Xt, yt), (Xc, yc), (Xs, _) = digits_split
-    a = ReliableConformalClassifier(lr(), 4, 3).fit(Xt, yt).calibrate(Xc, yc)
+    a = (
+        ReliableConformalClassifier(lr(), n_train_parts=4, n_calib_parts=3)
+        .fit(Xt, yt)
+        .conformalize(Xc, yc)
+    )
     perm = np.random.default_rng(0).permutation(len(yt))
     c = (
-        ReliableConformalClassifier(lr(), 4, 3)
+        ReliableConformalClassifier(lr(), n_train_parts=4, n_calib_parts=3)
         .fit(Xt[perm], yt[perm])
-        .calibrate(Xc, yc)
+        .conformalize(Xc, yc)
     )
     assert np.array_equal(a.predict_scores(Xs), c.predict_scores(Xs))
     assert np.array_equal(a.thresholds_, c.thresholds_)
@@ -94,8 +122,16 @@ def test_deterministic_and_order_free(digits_split):
 @pytest.mark.slow
 def test_parallel_training_equals_sequential(digits_split):
     (Xt, yt), (Xc, yc), (Xs, _) = digits_split
-    a = ReliableConformalClassifier(lr(), 4, 3, n_jobs=1).fit(Xt, yt).calibrate(Xc, yc)
-    b = ReliableConformalClassifier(lr(), 4, 3, n_jobs=2).fit(Xt, yt).calibrate(Xc, yc)
+    a = (
+        ReliableConformalClassifier(lr(), n_train_parts=4, n_calib_parts=3, n_jobs=1)
+        .fit(Xt, yt)
+        .conformalize(Xc, yc)
+    )
+    b = (
+        ReliableConformalClassifier(lr(), n_train_parts=4, n_calib_parts=3, n_jobs=2)
+        .fit(Xt, yt)
+        .conformalize(Xc, yc)
+    )
     assert np.array_equal(a.predict_scores(Xs), b.predict_scores(Xs))
 
 
@@ -103,8 +139,10 @@ def test_modes_order_thresholds(digits_split):
     (Xt, yt), (Xc, yc), (Xs, _) = digits_split
     sizes = {}
     for mode in ("exact", "official", "markov"):
-        model = ReliableConformalClassifier(lr(), 5, 5, 0.2, mode).fit(Xt, yt)
-        sizes[mode] = model.calibrate(Xc, yc).predict_sets(Xs).sum()
+        model = ReliableConformalClassifier(
+            lr(), n_train_parts=5, n_calib_parts=5, confidence_level=0.8, quantile=mode
+        ).fit(Xt, yt)
+        sizes[mode] = model.conformalize(Xc, yc).predict_set(Xs)[1][:, :, 0].sum()
     assert sizes["markov"] >= sizes["exact"]
 
 
@@ -117,12 +155,26 @@ def test_torch_factory(digits_split):
         )
 
     trainer = TorchPartClassifier(factory, epochs=60, lr=0.05)
-    a = ReliableConformalClassifier(trainer, 3, 2, 0.1).fit(Xt, yt).calibrate(Xc, yc)
-    b = ReliableConformalClassifier(factory, 2, 2, 0.2).fit(Xt[:100], yt[:100])
-    assert b.calibrate(Xc, yc).predict_sets(Xs).shape == (len(ys), 10)
-    b = ReliableConformalClassifier(trainer, 3, 2, 0.1).fit(Xt, yt).calibrate(Xc, yc)
+    a = (
+        ReliableConformalClassifier(
+            trainer, n_train_parts=3, n_calib_parts=2, confidence_level=0.9
+        )
+        .fit(Xt, yt)
+        .conformalize(Xc, yc)
+    )
+    b = ReliableConformalClassifier(
+        factory, n_train_parts=2, n_calib_parts=2, confidence_level=0.8
+    ).fit(Xt[:100], yt[:100])
+    assert b.conformalize(Xc, yc).predict_set(Xs)[1][:, :, 0].shape == (len(ys), 10)
+    b = (
+        ReliableConformalClassifier(
+            trainer, n_train_parts=3, n_calib_parts=2, confidence_level=0.9
+        )
+        .fit(Xt, yt)
+        .conformalize(Xc, yc)
+    )
     assert np.array_equal(a.predict_scores(Xs), b.predict_scores(Xs))
-    assert coverage(a.predict_sets(Xs), ys) > 0.8
+    assert coverage(a.predict_set(Xs)[1][:, :, 0], ys) > 0.8
 
 
 class Broken(ClassifierMixin, BaseEstimator):
@@ -133,43 +185,48 @@ class Broken(ClassifierMixin, BaseEstimator):
         return np.zeros(len(X), dtype=int)
 
 
+def rcc(**params):
+    return ReliableConformalClassifier(lr(), **{"n_train_parts": 2, **params})
+
+
 def test_bad_input(fitted, digits_split):
     (Xt, yt), (Xc, yc), (Xs, _) = digits_split
     with pytest.raises(NotFittedError, match="not fitted"):
-        ReliableConformalClassifier(lr(), 2, 2).predict_sets(Xs)
-    with pytest.raises(NotFittedError, match="not calibrated"):
-        ReliableConformalClassifier(lr(), 2, 2).fit(Xt, yt).predict_sets(Xs)
-    with pytest.raises(NotFittedError, match="not calibrated"):
-        ReliableConformalClassifier(lr(), 2, 2).fit(Xt, yt).certify(Xs)
-    for alpha in (0.0, 1.0, -1.0, 2.0):
-        with pytest.raises(ValueError, match="alpha"):
-            ReliableConformalClassifier(lr(), 2, 2, alpha)
+        rcc(n_calib_parts=2).predict_set(Xs)
+    with pytest.raises(NotFittedError, match="not conformalized"):
+        rcc(n_calib_parts=2).fit(Xt, yt).predict_set(Xs)
+    with pytest.raises(NotFittedError, match="not conformalized"):
+        rcc(n_calib_parts=2).fit(Xt, yt).certify(Xs)
+    for level in (0.0, 1.0, -1.0, 2.0, np.nan):
+        with pytest.raises(ValueError, match="confidence_level"):
+            rcc(confidence_level=level).fit(Xt, yt)
     with pytest.raises(ValueError, match="n_train_parts"):
-        ReliableConformalClassifier(lr(), 0, 2)
+        rcc(n_train_parts=0).fit(Xt, yt)
     with pytest.raises(ValueError, match="quantile"):
-        ReliableConformalClassifier(lr(), 2, 2, quantile="median")  # type: ignore[arg-type]
+        rcc(quantile="median").fit(Xt, yt)
     with pytest.raises(ValueError, match="exceeds the number of training samples"):
-        ReliableConformalClassifier(lr(), 50, 2).fit(Xt[:20], yt[:20])
+        rcc(n_train_parts=50).fit(Xt[:20], yt[:20])
     with pytest.raises(ValueError, match="exceeds the number of calibration samples"):
-        ReliableConformalClassifier(lr(), 2, 30).fit(Xt, yt).calibrate(Xc[:20], yc[:20])
+        rcc(n_calib_parts=30).fit(Xt, yt).conformalize(Xc[:20], yc[:20])
     with pytest.raises(ValueError, match="needs at least"):
-        ReliableConformalClassifier(lr(), 2, 40).fit(Xt, yt).calibrate(Xc, yc)
+        rcc(n_calib_parts=40).fit(Xt, yt).conformalize(Xc, yc)
     with pytest.raises(ValueError, match="not seen at fit time"):
-        fitted.calibrate(Xc, np.where(yc == 3, 11, yc))
+        fitted.conformalize(Xc, np.where(yc == 3, 11, yc))
     bad = Xs.copy()
     bad[0, 0] = np.nan
-    with pytest.raises(ValueError, match="NaN or inf"):
-        fitted.predict_sets(bad)
-    with pytest.raises(ValueError, match="NaN or inf"):
-        ReliableConformalClassifier(lr(), 2, 2).fit(bad, ys_like(bad))
+    with pytest.raises(ValueError, match="Input X contains NaN"):
+        fitted.predict_set(bad)
+    with pytest.raises(ValueError, match="Input X contains NaN") as info:
+        rcc().fit(bad, ys_like(bad))
+    assert "RPS part" in " ".join(getattr(info.value, "__notes__", []))
     with pytest.raises(ValueError, match="features"):
-        fitted.predict_sets(Xs[:, :5])
+        fitted.predict_set(Xs[:, :5])
     with pytest.raises(ValueError, match="at least 2 classes"):
-        ReliableConformalClassifier(lr(), 2, 2).fit(Xt, np.zeros(len(Xt)))
-    with pytest.raises(ValueError, match="estimator"):
-        ReliableConformalClassifier(object(), 2, 2)
+        rcc().fit(Xt, np.zeros(len(Xt)))
+    with pytest.raises(TypeError, match="estimator"):
+        ReliableConformalClassifier(object()).fit(Xt, yt)
     with pytest.raises(PartTrainingError, match="part 0"):
-        ReliableConformalClassifier(Broken(), 2, 2).fit(Xt, yt)
+        ReliableConformalClassifier(Broken(), n_train_parts=2).fit(Xt, yt)
     with pytest.raises(ValueError, match="max_train_radius"):
         fitted.certify(Xs, max_train_radius=-1)
 
@@ -182,16 +239,18 @@ def test_single_class_part_is_constant(digits_split):
     (Xt, yt), _, (Xs, _) = digits_split
     keep = (yt == 0) | (yt == 1)
     X, y = Xt[keep][:6], yt[keep][:6]
-    model = ReliableConformalClassifier(lr(), 3, 1).fit(X, y)
+    model = ReliableConformalClassifier(lr(), n_train_parts=3, n_calib_parts=1).fit(
+        X, y
+    )
     assert model.predict_votes(Xs).sum(axis=1).tolist() == [3] * len(Xs)
 
 
 def test_memo_reuses_votes_only_for_the_same_batch(fitted, digits_split):
     _, _, (Xs, _) = digits_split
-    first = fitted.predict_sets(Xs)
+    first = fitted.predict_set(Xs)[1][:, :, 0]
     assert np.array_equal(fitted.certify(Xs).sets, first)
     other = Xs[::-1].copy()
-    assert np.array_equal(fitted.predict_sets(other), first[::-1])
+    assert np.array_equal(fitted.predict_set(other)[1][:, :, 0], first[::-1])
     changed = Xs.copy()
     changed[0] = 0.0
     assert (

@@ -17,7 +17,7 @@ from defenses.rps.attacks import (
 from defenses.rps.scenario import ConformalPoisoning
 from defenses.testing import check_pair
 
-TINY = ConformalPoisoning(dataset="wine", n_targets=20, alpha=0.2)
+TINY = ConformalPoisoning(dataset="wine", n_targets=20, confidence_level=0.8)
 ATTACKS = [
     TargetedFlip(flips=5),
     RandomFlip(fraction=0.3),
@@ -66,7 +66,7 @@ def test_wrap_does_not_mutate_and_rejects_foreign_learners():
     ("factory", "match"),
     [
         (lambda: ConformalPoisoning(dataset="mnist"), "dataset"),
-        (lambda: ConformalPoisoning(alpha=1.0), "alpha"),
+        (lambda: ConformalPoisoning(confidence_level=1.0), "confidence_level"),
         (
             lambda: ConformalPoisoning(train_fraction=0.7, calib_fraction=0.3),
             "test split",
@@ -80,7 +80,7 @@ def test_wrap_does_not_mutate_and_rejects_foreign_learners():
         (lambda: TargetedFlip(flips=0), "flips"),
         (lambda: CalibrationSize(fraction=2.0), "fraction"),
         (lambda: WorstCase(n_train_parts=2, train_parts=3), "more parts"),
-        (lambda: SplitConformalLearner(alpha=0.0), "alpha"),
+        (lambda: SplitConformalLearner(confidence_level=1.0), "confidence_level"),
     ],
 )
 def test_bad_parameters(factory, match):

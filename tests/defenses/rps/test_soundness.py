@@ -20,6 +20,7 @@ from defenses.rps.attacks import (
 )
 from defenses.rps.ensemble import ConstantClassifier
 from defenses.rps.partition import partition
+from defenses.rps.parts import FittedParts
 from defenses.rps.scenario import ConformalPoisoning
 
 K_T, K_C, ALPHA = 5, 3, 0.2
@@ -32,10 +33,19 @@ def small():
     X, y = data.X[keep], data.y[keep]
     tr, ca, te = stratified_split(y, [0.3, 0.3, 0.4], np.random.default_rng(3))
     model = ReliableConformalClassifier(
-        LogisticRegression(max_iter=500), K_T, K_C, ALPHA
+        LogisticRegression(max_iter=500),
+        n_train_parts=K_T,
+        n_calib_parts=K_C,
+        confidence_level=1 - ALPHA,
     )
-    model.fit(X[tr], y[tr]).calibrate(X[ca], y[ca])
+    model.fit(X[tr], y[tr]).conformalize(X[ca], y[ca])
     return model, (X[tr], y[tr]), (X[ca], y[ca]), X[te]
+
+
+def _use(model, models):
+    """Swap the fitted part models (the brute-force worst case of ``r_t`` votes)."""
+    model.estimators_ = models
+    model._parts = FittedParts(models, None, model.n_classes)
 
 
 def _check(cert, before, after, r_t, r_c):
@@ -49,7 +59,7 @@ def test_vote_level_worst_case(small):
     model, _, (Xc, yc), Xs = small
     cert = model.certify(Xs)
     before = cert.sets
-    original = list(model.models_)
+    original = list(model.estimators_)
     changed = 0
     try:
         for r_t in (1, 2):
@@ -58,12 +68,14 @@ def test_vote_level_worst_case(small):
                     models = list(original)
                     for part, label in zip(parts, labels, strict=True):
                         models[part] = ConstantClassifier(label)
-                    model.models_ = models
-                    model.calibrate(Xc, yc)
-                    changed += _check(cert, before, model.predict_sets(Xs), r_t, 0)
+                    _use(model, models)
+                    model.conformalize(Xc, yc)
+                    changed += _check(
+                        cert, before, model.predict_set(Xs)[1][:, :, 0], r_t, 0
+                    )
     finally:
-        model.models_ = original
-        model.calibrate(Xc, yc)
+        _use(model, original)
+        model.conformalize(Xc, yc)
     assert changed > 0
 
 
@@ -81,10 +93,13 @@ def test_training_label_flips_within_radius(small):
             flip = rng.choice(rows, size=max(1, rows.size // 2), replace=False)
             y[flip] = rng.integers(0, 4, flip.size)
         poisoned = ReliableConformalClassifier(
-            LogisticRegression(max_iter=500), K_T, K_C, ALPHA
+            LogisticRegression(max_iter=500),
+            n_train_parts=K_T,
+            n_calib_parts=K_C,
+            confidence_level=1 - ALPHA,
         )
-        poisoned.fit(Xt, y).calibrate(Xc, yc)
-        changed += _check(cert, cert.sets, poisoned.predict_sets(Xs), r_t, 0)
+        poisoned.fit(Xt, y).conformalize(Xc, yc)
+        changed += _check(cert, cert.sets, poisoned.predict_set(Xs)[1][:, :, 0], r_t, 0)
     assert changed > 0
 
 
@@ -106,15 +121,17 @@ def test_calibration_poisoning_within_radius(small):
                 np.delete(yc, rows[: rows.size // 3]),
             ),
         ):
-            model.calibrate(X2, y2)
-            changed += _check(cert, cert.sets, model.predict_sets(Xs), 0, 1)
-    model.calibrate(Xc, yc)
+            model.conformalize(X2, y2)
+            changed += _check(cert, cert.sets, model.predict_set(Xs)[1][:, :, 0], 0, 1)
+    model.conformalize(Xc, yc)
     assert cert.certified(0, 1).mean() > 0.5
     assert changed > 0
 
 
 def _scenario():
-    return ConformalPoisoning(dataset="digits", subsample=0.5, n_targets=1, alpha=ALPHA)
+    return ConformalPoisoning(
+        dataset="digits", subsample=0.5, n_targets=1, confidence_level=1 - ALPHA
+    )
 
 
 @pytest.mark.parametrize(

@@ -49,13 +49,13 @@ def test_voter_protocol_and_an_abstaining_part():
     assert isinstance(voter, PartVoter)
     X, _ = points(8)
     model = ReliableConformalClassifier.from_voter(
-        voter, ["a", "b", "c"], 2, n_calib_parts=1, alpha=0.3
+        voter, ["a", "b", "c"], 2, n_calib_parts=1, confidence_level=0.7
     )
     assert model.n_train_parts == 3
     assert model.predict_votes(X).sum(axis=1).tolist() == [2] * 8
-    model.calibrate(X[:6], np.array(["a", "b", "b", "c", "c", "a"]))
+    model.conformalize(X[:6], np.array(["a", "b", "b", "c", "c", "a"]))
     cert = model.certify(X[6:])
-    assert np.array_equal(cert.sets, model.predict_sets(X[6:]))
+    assert np.array_equal(cert.sets, model.predict_set(X[6:])[1][:, :, 0])
     assert cert.sets.shape == (2, 3)
     assert np.all(cert.training <= 3)
     scores = model.predict_scores(X[6:])
@@ -68,12 +68,14 @@ def test_voter_protocol_and_an_abstaining_part():
 def test_votes_are_read_afresh_after_the_parts_change():
     voter = TableVoter([[0, 1, 0, 1, 0, 0], [0, 1, 0, 1, 0, 0], [0, 1, 0, 1, 1, 1]])
     X, _ = points(6)
-    model = ReliableConformalClassifier.from_voter(voter, [0, 1], 2, 1, alpha=0.4)
-    model.calibrate(X[:4], np.array([0, 1, 0, 1]))
-    before = model.predict_sets(X[4:])
+    model = ReliableConformalClassifier.from_voter(
+        voter, [0, 1], 2, 1, confidence_level=0.6
+    )
+    model.conformalize(X[:4], np.array([0, 1, 0, 1]))
+    before = model.predict_set(X[4:])[1][:, :, 0]
     reads = voter.reads
     voter.table[:2, 4:] = 1  # two shards retrained after a deletion
-    after = model.predict_sets(X[4:])
+    after = model.predict_set(X[4:])[1][:, :, 0]
     assert voter.reads == reads + 1
     assert before.tolist() == [[False, False]] * 2
     assert after.tolist() == [[False, True]] * 2
@@ -84,12 +86,14 @@ def test_votes_are_read_afresh_after_the_parts_change():
 
 def test_voter_of_fitted_models_equals_the_fit_path(digits_split):
     (Xt, yt), (Xc, yc), (Xs, _) = digits_split
-    fitted = ReliableConformalClassifier(LogisticRegression(max_iter=1000), 6, 3, 0.1)
-    fitted.fit(Xt, yt).calibrate(Xc, yc)
-    voter = ModelVoter(fitted.models_)
+    fitted = ReliableConformalClassifier(
+        LogisticRegression(max_iter=1000), n_train_parts=6, n_calib_parts=3
+    )
+    fitted.fit(Xt, yt).conformalize(Xc, yc)
+    voter = ModelVoter(fitted.estimators_)
     external = ReliableConformalClassifier.from_voter(
-        voter, fitted.classes_, Xt.shape[1], 3, 0.1
-    ).calibrate(Xc, yc)
+        voter, fitted.classes_, Xt.shape[1], 3, 0.9
+    ).conformalize(Xc, yc)
     a, b = fitted.certify(Xs), external.certify(Xs)
     assert np.array_equal(a.sets, b.sets)
     assert np.array_equal(a.training, b.training)
@@ -105,12 +109,12 @@ def test_bad_voters():
         build(voter, [2, 1, 0], 2)
     with pytest.raises(ValueError, match="at least 2 labels"):
         build(voter, [0], 2)
-    with pytest.raises(ValueError, match="part_votes"):
+    with pytest.raises(TypeError, match="part_votes"):
         build(object(), [0, 1], 2)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="n_features"):
         build(voter, [0, 1, 2], 0)
-    with pytest.raises(ValueError, match="alpha"):
-        build(voter, [0, 1, 2], 2, alpha=1.5)
+    with pytest.raises(ValueError, match="confidence_level"):
+        build(voter, [0, 1, 2], 2, confidence_level=1.5)
     model = build(voter, [0, 1, 2], 2, 1, 0.5)
     with pytest.raises(ValueError, match="fit does not apply"):
         model.fit(X, [0, 1, 2])
@@ -143,7 +147,7 @@ def poisoned_sets(model, votes, cal, y_cal, test, parts):
     for members, rank in zip(parts, model.ranks_, strict=True):
         tau = np.sort(true[:, members], axis=1)[:, rank - 1]
         held += scores[:, test] >= tau[:, None, None]
-    return held > model.tau_hat
+    return held > model.tau_hat_
 
 
 def changes(base, r, n_classes):
@@ -166,8 +170,8 @@ def every_change_keeps_certified(base, y_cal, X, n_cal, k_c, alpha, radii, softm
     n_classes = int(max(base.max(), y_cal.max())) + 1
     cal, test = np.arange(n_cal), np.arange(n_cal, base.shape[1])
     model = ReliableConformalClassifier.from_voter(
-        TableVoter(base), np.arange(n_classes), 2, k_c, alpha, softmax=softmax
-    ).calibrate(X[cal], y_cal)
+        TableVoter(base), np.arange(n_classes), 2, k_c, 1 - alpha, softmax=softmax
+    ).conformalize(X[cal], y_cal)
     cert = model.certify(X[test])
     parts = partition(X[cal], y_cal, k_c)
     reference = poisoned_sets(model, base[None], cal, y_cal, test, parts)[0]

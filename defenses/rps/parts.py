@@ -1,0 +1,174 @@
+r"""The fitted part classifiers of RPS, seen as votes and scores.
+
+An RPS ensemble is either the :math:`k_t` classifiers it trained on hash parts or a
+:class:`~defenses.rps.ensemble.PartVoter` trained elsewhere (whose parts may
+abstain). :class:`FittedParts` turns either into votes per part and into the score
+geometry of a batch (:mod:`defenses.rps.scores`): with one trained part the score is
+that model's ``predict_proba`` (THR / LAC), otherwise the (softmax of the) vote
+fractions. The geometry of the last numeric batch is kept, so ``predict_set``
+followed by ``certify`` on the same points runs the models once.
+
+:func:`modal_share` measures how degenerate the parts are: the mean, over the parts
+that vote, of the share of points given the part's most common vote. Near 1 the
+votes do not depend on the input (parts too small to learn) and the sets grow.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from defenses.rps.certificate import ProbaGeometry, ScoreGeometry
+from defenses.rps.ensemble import (
+    PartClassifier,
+    PartVoter,
+    predict_parts,
+    proba_columns,
+    voter_votes,
+)
+from defenses.rps.scores import vote_counts, vote_geometry
+
+IntArray = npt.NDArray[np.int64]
+
+DEGENERATE_SHARE = 0.95
+"""Modal share (:func:`modal_share`) from which the parts count as degenerate."""
+
+
+class DegeneratePartsWarning(UserWarning):
+    """The part models give (nearly) the same vote whatever the input."""
+
+
+class FittedParts:
+    """The part classifiers of a fitted RPS: trained models or a voter.
+
+    Parameters
+    ----------
+    models : list of part classifiers or None
+        The trained parts (labels ``0..K-1``).
+    voter : PartVoter or None
+        Parts trained elsewhere (exactly one of ``models`` and ``voter``).
+    n_classes : int
+        K.
+    """
+
+    def __init__(
+        self,
+        models: list[PartClassifier] | None,
+        voter: PartVoter | None,
+        n_classes: int,
+    ) -> None:
+        if (models is None) == (voter is None):
+            raise ValueError("give exactly one of models and voter")
+        self.models = models
+        self.voter = voter
+        self.n_classes = n_classes
+        self._n_parts = int(voter.n_parts) if voter is not None else len(models or [])
+        self._last: tuple[npt.NDArray[Any], bool, ScoreGeometry] | None = None
+
+    @property
+    def n_parts(self) -> int:
+        """``k_t``, fixed when the parts were fitted (a voter must keep it)."""
+        return self._n_parts
+
+    @property
+    def abstain(self) -> bool:
+        """Whether parts may abstain (a voter's)."""
+        return self.voter is not None
+
+    @property
+    def single(self) -> bool:
+        """One trained model: scores are its probabilities, no training defense."""
+        return self.models is not None and len(self.models) == 1
+
+    def forget(self) -> None:
+        """Drop the kept batch (the next call runs the models)."""
+        self._last = None
+
+    def votes(self, X: Any, n_parts: int) -> IntArray:
+        """Class index per part and point (-1: abstain), shape (n_parts, n)."""
+        if self.voter is not None:
+            return voter_votes(self.voter, X, n_parts)
+        assert self.models is not None
+        return predict_parts(self.models, X)
+
+    def geometry(
+        self, X: Any, softmax: bool, votes: IntArray | None = None
+    ) -> ScoreGeometry:
+        """Scores of ``X`` and their bounds (``votes``: already computed ones).
+
+        The last numeric batch of trained models is kept and compared exactly
+        before reuse; a voter's votes are never kept (its parts may change between
+        calls).
+        """
+        key = (
+            X
+            if self.voter is None
+            and isinstance(X, np.ndarray)
+            and X.dtype.kind in "biuf"
+            else None
+        )
+        last = self._last
+        if (
+            key is not None
+            and last is not None
+            and last[0].shape == key.shape
+            and last[0].dtype == key.dtype
+            and last[1] == softmax
+            and np.array_equal(last[0], key, equal_nan=key.dtype.kind == "f")
+        ):
+            return last[2]
+        geometry: ScoreGeometry
+        if self.single:
+            assert self.models is not None
+            geometry = ProbaGeometry(proba_columns(self.models[0], X, self.n_classes))
+        else:
+            k_t = self.n_parts
+            v = self.votes(X, k_t) if votes is None else votes
+            counts = vote_counts(v, self.n_classes, abstain=self.abstain)
+            geometry = vote_geometry(counts, k_t, softmax, self.abstain)
+        if key is not None:
+            self._last = (key.copy(), softmax, geometry)
+        return geometry
+
+
+def modal_share(votes: IntArray) -> float | None:
+    """Mean share of points given each voting part's most common vote.
+
+    Parts that abstain on every point (dead shards) are left out; None when no
+    part votes.
+    """
+    live = [row for row in np.asarray(votes) if np.any(row >= 0)]
+    if not live:
+        return None
+    shares = [np.unique(row, return_counts=True)[1].max() / row.size for row in live]
+    return float(np.mean(shares))
+
+
+def warn_if_degenerate(
+    votes: IntArray, labels: IntArray, part_size: float | None
+) -> None:
+    """Warn (:class:`DegeneratePartsWarning`) when the parts' votes barely vary.
+
+    Degenerate: the :func:`modal_share` on the calibration data is at least
+    :data:`DEGENERATE_SHARE` and at least halfway from the largest class's share
+    of the labels to 1 (a vote that follows an imbalanced label is no sign).
+    ``part_size`` (mean training points per part) goes into the message.
+    """
+    share = modal_share(votes)
+    largest = float(np.bincount(labels).max() / labels.size)
+    if share is None or share < max(DEGENERATE_SHARE, (1 + largest) / 2):
+        return
+    per_part = "" if part_size is None else f", {part_size:.0f} training points a part"
+    warnings.warn(
+        f"RPS part models look degenerate: on the calibration data each part gives "
+        f"its most common vote to {share:.0%} of the points on average (the largest "
+        f"class holds {largest:.0%} of the labels), so the votes barely depend on "
+        "the input and the sets grow. Likely cause: too many training parts for the "
+        f"data (n_train_parts={len(votes)}{per_part}); use fewer parts, more "
+        "training data or a model that learns from few points",
+        DegeneratePartsWarning,
+        stacklevel=4,
+    )
