@@ -21,11 +21,11 @@ from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
+from torch import nn
 
 from defenses.api import DefenseKind, Learner
 from defenses.checks import check_choice, check_int
 from defenses.s3t.attacks import lineage_audit
-from defenses.s3t.backbone import ResidualMLP
 from defenses.s3t.baselines import SISA, FullRetrain
 from defenses.s3t.defense import S3T, Selection, Unlearner
 
@@ -38,8 +38,18 @@ class UnlearningTask(Protocol):
     """What the learners need from a task."""
 
     @property
-    def backbone(self) -> ResidualMLP:
-        """The frozen pretrained backbone."""
+    def backbone(self) -> nn.Module:
+        """The frozen pretrained model."""
+        ...
+
+    @property
+    def targets(self) -> list[str] | None:
+        """The layers that get adapters (None: the ResidualMLP's default)."""
+        ...
+
+    @property
+    def head(self) -> str | None:
+        """The module every stage trains in full (None: the default)."""
         ...
 
     @property
@@ -90,6 +100,8 @@ class NoUnlearning:
         model = FullRetrain(
             task.backbone,
             self.rank,
+            target_modules=task.targets,
+            head=task.head,
             epochs=self.epochs,
             batch_size=self.batch_size,
             lr=self.lr,
@@ -116,7 +128,7 @@ class UnlearningLearner:
 
     def fit(self, task: UnlearningTask, rng: np.random.Generator) -> Unlearner:
         """Train, delete ``task.forget``, and retrain if the policy asks for it."""
-        model = self.defense.build(task.backbone, self.base, int(rng.integers(2**31)))
+        model = self.defense.build(task, self.base, int(rng.integers(2**31)))
         model.fit(task.X, task.y, task.ids, task.groups)
         if task.forget.size:
             receipt = model.delete(task.forget)
@@ -138,7 +150,7 @@ class UnlearningDefense(ABC):
     retrain: Policy
 
     @abstractmethod
-    def build(self, backbone: ResidualMLP, base: NoUnlearning, seed: int) -> Unlearner:
+    def build(self, task: UnlearningTask, base: NoUnlearning, seed: int) -> Unlearner:
         """The unfitted model, with the undefended learner's training settings."""
 
     def wrap(self, learner: Learner[Any, Any]) -> UnlearningLearner:
@@ -187,10 +199,10 @@ class S3TDefense(UnlearningDefense):
             check_int("S3TDefense.sequences", self.sequences, minimum=1)
         check_choice("S3TDefense.selection", self.selection, ("cyclic", "bms"))
 
-    def build(self, backbone: ResidualMLP, base: NoUnlearning, seed: int) -> Unlearner:
+    def build(self, task: UnlearningTask, base: NoUnlearning, seed: int) -> Unlearner:
         """The unfitted model."""
         return S3T(
-            backbone,
+            task.backbone,
             self.shards,
             self.slices,
             self.sequences,
@@ -200,6 +212,8 @@ class S3TDefense(UnlearningDefense):
             batch_size=base.batch_size,
             lr=base.lr,
             seed=seed,
+            target_modules=task.targets,
+            head=task.head,
         )
 
 
@@ -217,10 +231,10 @@ class SISADefense(UnlearningDefense):
         check_int("SISADefense.shards", self.shards, minimum=1)
         check_int("SISADefense.slices", self.slices, minimum=1)
 
-    def build(self, backbone: ResidualMLP, base: NoUnlearning, seed: int) -> Unlearner:
+    def build(self, task: UnlearningTask, base: NoUnlearning, seed: int) -> Unlearner:
         """The unfitted model."""
         return SISA(
-            backbone,
+            task.backbone,
             self.shards,
             self.slices,
             base.rank,
@@ -228,6 +242,8 @@ class SISADefense(UnlearningDefense):
             batch_size=base.batch_size,
             lr=base.lr,
             seed=seed,
+            target_modules=task.targets,
+            head=task.head,
         )
 
 
@@ -238,13 +254,15 @@ class FullRetrainDefense(UnlearningDefense):
     name: ClassVar[str] = "s3t-full-retrain"
     retrain: Policy = field(default="always", init=False)
 
-    def build(self, backbone: ResidualMLP, base: NoUnlearning, seed: int) -> Unlearner:
+    def build(self, task: UnlearningTask, base: NoUnlearning, seed: int) -> Unlearner:
         """The unfitted model."""
         return FullRetrain(
-            backbone,
+            task.backbone,
             base.rank,
             epochs=base.epochs,
             batch_size=base.batch_size,
             lr=base.lr,
             seed=seed,
+            target_modules=task.targets,
+            head=task.head,
         )

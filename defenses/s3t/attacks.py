@@ -85,8 +85,7 @@ def twin_test(
     ``factory`` builds an unfitted model; it is called twice, and both models must be
     configured identically (same backbone, seed and sizes).
     """
-    features = np.asarray(X, dtype=np.float64)
-    labels, names = np.asarray(y), np.asarray(ids)
+    features, labels, names = np.asarray(X), np.asarray(y), np.asarray(ids)
     keep = names != target
     if keep.all():
         raise ValueError(f"target {target!r} is not among the ids")
@@ -102,7 +101,7 @@ def twin_test(
     differed = bool(
         _equal({n: p_before[n] for n in gone}, {n: q_before[n] for n in gone})
     )
-    points = features if probe is None else np.asarray(probe, dtype=np.float64)
+    points = features if probe is None else np.asarray(probe)
     p_out, q_out = _outputs(p_model, points), _outputs(q_model, points)
     outputs_equal = (p_out is None and q_out is None) or (
         p_out is not None and q_out is not None and np.array_equal(p_out, q_out)

@@ -1,4 +1,4 @@
-r"""The frozen backbone and its LoRA adapters.
+r"""The suite's demo backbone: a small pre-norm residual MLP, and its pretraining.
 
 The backbone is a small pre-norm residual MLP (a stand-in for the transformer of
 Chowdhury et al., ICLR 2025, "Towards Scalable Exact Machine Unlearning Using
@@ -11,12 +11,10 @@ Parameter-Efficient Fine-Tuning"):
     + b_{2,i}, \qquad
     \mathrm{logits} = W_o\,\mathrm{N}(h_{n}) + b_o .
 
-A LoRA adapter of rank ``r`` on a linear map ``W`` adds a low-rank update,
-``W x -> W x + B (A x)`` with ``A`` of shape ``(r, in)`` drawn from
-``N(0, 1/in)`` and ``B`` of shape ``(out, r)`` starting at zero (Hu et al., 2022), so
-a fresh adapter leaves the network unchanged. Every block carries one adapter on
-each of its two linear maps; adapters are held outside the module (plain tensors),
-so that one frozen backbone serves every shard and stage.
+S3T puts its adapters on both linear maps of every block by default
+(:meth:`ResidualMLP.default_targets`) and trains the ``head`` at every stage; any
+other ``nn.Module`` works the same way with its own ``target_modules``
+(:mod:`defenses.s3t.adapters`).
 
 ``N_i`` is a LayerNorm by default. ``norm="batch"`` builds BatchNorm layers instead:
 their running statistics are state shared by every stage, the leak that the
@@ -26,10 +24,8 @@ negative-control audit must catch.
 from __future__ import annotations
 
 import copy
-import hashlib
 import math
-from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -37,11 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from defenses.checks import check_int
+from defenses.checks import check_int, check_real
+from defenses.s3t import inputs
+from defenses.s3t.adapters import running_stats
+from defenses.threads import single_thread
 
 Norm = Literal["layer", "batch"]
-BlockLoRA = tuple[Tensor, Tensor, Tensor, Tensor]
-"""Adapter of one block: ``(A1, B1, A2, B2)`` for its first and second linear map."""
+M = TypeVar("M", bound=nn.Module)
 
 
 class Block(nn.Module):
@@ -55,16 +53,9 @@ class Block(nn.Module):
         self.fc1 = nn.Linear(width, hidden)
         self.fc2 = nn.Linear(hidden, width)
 
-    def forward(self, h: Tensor, lora: BlockLoRA | None = None) -> Tensor:
-        """Apply the block, with the adapter ``lora`` if given."""
-        z: Tensor = self.norm(h)
-        u: Tensor = self.fc1(z)
-        if lora is not None:
-            u = u + (z @ lora[0].T) @ lora[1].T
-        u = F.gelu(u)
-        v: Tensor = self.fc2(u)
-        if lora is not None:
-            v = v + (u @ lora[2].T) @ lora[3].T
+    def forward(self, h: Tensor) -> Tensor:
+        """``h + fc2(GELU(fc1(norm(h))))``."""
+        v: Tensor = self.fc2(F.gelu(self.fc1(self.norm(h))))
         return h + v
 
 
@@ -126,77 +117,57 @@ class ResidualMLP(nn.Module):
         """Number of residual blocks."""
         return len(self.blocks)
 
-    def embed(self, x: Tensor, stop: int) -> Tensor:
-        """Stem, then blocks ``0 .. stop-1`` without adapters."""
-        h: Tensor = self.stem(x)
-        for i in range(stop):
-            h = self.blocks[i](h)
-        return h
-
-    def top(
-        self,
-        h: Tensor,
-        start: int,
-        adapters: Mapping[int, BlockLoRA],
-        head: tuple[Tensor, Tensor],
-    ) -> Tensor:
-        """Blocks ``start ..`` with ``adapters`` (by block index), final norm, head."""
-        for i in range(start, self.n_blocks):
-            h = self.blocks[i](h, adapters.get(i))
-        return F.linear(self.norm(h), head[0], head[1])
-
     def forward(self, x: Tensor) -> Tensor:
-        """Logits of the plain backbone (no adapters, its own head)."""
-        return self.top(self.embed(x, 0), 0, {}, (self.head.weight, self.head.bias))
+        """Logits: stem, blocks, final norm, head."""
+        h: Tensor = self.stem(x)
+        for block in self.blocks:
+            h = block(h)
+        logits: Tensor = self.head(self.norm(h))
+        return logits
+
+    def default_targets(self) -> list[str]:
+        """The layers S3T adapts by default: both linear maps of every block."""
+        return [
+            f"blocks.{i}.{fc}" for i in range(self.n_blocks) for fc in ("fc1", "fc2")
+        ]
 
     def has_shared_state(self) -> bool:
         """Whether training in train mode would update buffers (BatchNorm stats)."""
-        return any(b.numel() > 0 for b in self.buffers())
+        return running_stats(self)
 
 
-def block_groups(n_blocks: int, n_groups: int) -> list[tuple[int, ...]]:
-    """Split blocks into ``n_groups`` contiguous groups counted from the top.
-
-    Group 0 holds the top blocks (trained first by S3T), group ``n_groups - 1`` the
-    bottom ones; sizes differ by at most one (larger groups on top).
-
-    >>> block_groups(6, 4)
-    [(4, 5), (2, 3), (1,), (0,)]
-    """
-    check_int("n_groups", n_groups, minimum=1)
-    if n_groups > n_blocks:
-        raise ValueError(
-            f"cannot split {n_blocks} blocks into {n_groups} groups; "
-            f"slices must be <= the backbone's n_blocks ({n_blocks})"
-        )
-    top_down = list(range(n_blocks - 1, -1, -1))
-    return [
-        tuple(sorted(int(i) for i in g)) for g in np.array_split(top_down, n_groups)
-    ]
-
-
-def fresh_lora(width: int, hidden: int, rank: int, gen: torch.Generator) -> BlockLoRA:
-    """A new block adapter: ``A ~ N(0, 1/in)``, ``B = 0`` (the identity update)."""
-    a1 = torch.randn(rank, width, generator=gen) / math.sqrt(width)
-    a2 = torch.randn(rank, hidden, generator=gen) / math.sqrt(hidden)
-    return (a1, torch.zeros(hidden, rank), a2, torch.zeros(width, rank))
-
-
-def fingerprint(backbone: nn.Module) -> str:
-    """SHA-256 of the backbone's parameters and buffers (names, shapes, bytes)."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(backbone.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(str(tuple(tensor.shape)).encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
-def frozen_copy(backbone: ResidualMLP) -> ResidualMLP:
+def frozen_copy(backbone: M) -> M:
     """A deep copy with every parameter frozen (``requires_grad=False``)."""
     clone = copy.deepcopy(backbone)
     clone.requires_grad_(False)
     return clone
+
+
+def train_module(
+    model: nn.Module,
+    X: npt.NDArray[np.generic],
+    y: npt.NDArray[np.int64],
+    gen: torch.Generator,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+) -> None:
+    """Train every parameter of ``model`` in place (Adam, cross-entropy, train mode).
+
+    Mini-batches are drawn by ``gen``; one torch thread.
+    """
+    features, labels = torch.as_tensor(X), torch.as_tensor(y)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    with single_thread():
+        model.train()
+        for _ in range(epochs):
+            order = torch.randperm(len(labels), generator=gen)
+            for start in range(0, len(labels), batch_size):
+                batch = order[start : start + batch_size]
+                optimizer.zero_grad()
+                loss = F.cross_entropy(model(features[batch]), labels[batch])
+                loss.backward()  # type: ignore[no-untyped-call]
+                optimizer.step()
 
 
 def pretrain(
@@ -204,7 +175,7 @@ def pretrain(
     y: npt.ArrayLike,
     rng: np.random.Generator,
     *,
-    n_classes: int = 10,
+    n_classes: int | None = None,
     width: int = 96,
     hidden: int = 192,
     n_blocks: int = 6,
@@ -215,35 +186,25 @@ def pretrain(
 ) -> ResidualMLP:
     """Train a backbone on public data, then freeze it and put it in eval mode.
 
-    The public split is treated as non-deletable: exactness of unlearning covers the
-    fine-tuning data only.
+    Adam on the cross-entropy, ``epochs`` passes in mini-batches. ``y`` holds class
+    indices ``0 .. K-1``; the head has ``n_classes`` outputs (``max(y) + 1`` if None,
+    at least 2), so pass the fine-tuning task's class count when the public data
+    cover only some classes. The public split is treated as non-deletable:
+    exactness of unlearning covers the fine-tuning data only.
     """
-    features = torch.as_tensor(np.asarray(X, dtype=np.float32))
-    labels = torch.as_tensor(np.asarray(y, dtype=np.int64))
-    if features.ndim != 2 or labels.shape != (features.shape[0],) or len(labels) == 0:
-        raise ValueError(
-            f"pretrain needs X of shape (n, d) and y of shape (n,), n > 0; got "
-            f"{tuple(features.shape)} and {tuple(labels.shape)}"
-        )
+    features_np = inputs.model_inputs(X, None, None)
+    if features_np.ndim != 2:
+        raise ValueError(f"X must have shape (n, d), got {features_np.shape}")
+    labels_np = inputs.class_codes(y, features_np.shape[0])
+    needed = int(labels_np.max()) + 1
+    k = max(needed, 2) if n_classes is None else check_int("n_classes", n_classes, 2)
+    if k < needed:
+        raise ValueError(f"n_classes={k} is too small for labels up to {needed - 1}")
     check_int("epochs", epochs, minimum=1)
+    check_int("batch_size", batch_size, minimum=1)
+    check_real("lr", lr, 0.0, 1.0, open_low=True, open_high=True)
     gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
-    model = ResidualMLP(
-        features.shape[1], width, hidden, n_blocks, n_classes, norm, generator=gen
-    )
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model.train()
-        for _ in range(epochs):
-            order = torch.randperm(len(labels), generator=gen)
-            for start in range(0, len(labels), batch_size):
-                batch = order[start : start + batch_size]
-                optimizer.zero_grad()
-                loss = F.cross_entropy(model(features[batch]), labels[batch])
-                loss.backward()  # type: ignore[no-untyped-call]
-                optimizer.step()
-    finally:
-        torch.set_num_threads(threads)
+    model = ResidualMLP(features_np.shape[1], width, hidden, n_blocks, k, norm, gen)
+    train_module(model, features_np, labels_np, gen, epochs, lr, batch_size)
     model.eval()
     return frozen_copy(model)

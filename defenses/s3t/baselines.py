@@ -1,7 +1,9 @@
 """Baselines with the S3T API: SISA and full retraining.
 
-Both run on the same engine (:class:`defenses.s3t.defense.Unlearner`), backbone and
-LoRA adapters as S3T, so that differences come from the training schedule alone.
+Both run on the same engine (:class:`defenses.s3t.defense.Unlearner`), model,
+target layers and LoRA adapters as S3T, so that differences come from the training
+schedule alone; they take any ``nn.Module`` with ``target_modules`` and ``head`` as
+:class:`~defenses.s3t.defense.S3T` does.
 """
 
 from __future__ import annotations
@@ -9,8 +11,10 @@ from __future__ import annotations
 import os
 from typing import ClassVar
 
+from torch import nn
+
 from defenses.checks import check_int
-from defenses.s3t.backbone import ResidualMLP
+from defenses.s3t.adapters import Targets
 from defenses.s3t.defense import Unlearner
 from defenses.s3t.parallel import Executor
 from defenses.s3t.training import Mode
@@ -29,11 +33,13 @@ class SISA(Unlearner):
 
     def __init__(
         self,
-        backbone: ResidualMLP,
+        model: nn.Module,
         shards: int = 3,
         slices: int = 3,
         rank: int = 4,
         *,
+        target_modules: Targets | None = None,
+        head: str | None = None,
         epochs: int = 20,
         batch_size: int = 64,
         lr: float = 3e-3,
@@ -45,7 +51,9 @@ class SISA(Unlearner):
         allow_shared_state: bool = False,
     ) -> None:
         super().__init__(
-            backbone,
+            model,
+            target_modules=target_modules,
+            head=head,
             shards=shards,
             slices=slices,
             orders=[tuple(range(check_int("slices", slices, minimum=1)))],
@@ -67,9 +75,11 @@ class FullRetrain(SISA):
 
     def __init__(
         self,
-        backbone: ResidualMLP,
+        model: nn.Module,
         rank: int = 4,
         *,
+        target_modules: Targets | None = None,
+        head: str | None = None,
         epochs: int = 20,
         batch_size: int = 64,
         lr: float = 3e-3,
@@ -78,7 +88,7 @@ class FullRetrain(SISA):
         allow_shared_state: bool = False,
     ) -> None:
         super().__init__(
-            backbone,
+            model,
             shards=1,
             slices=1,
             rank=rank,
@@ -88,4 +98,6 @@ class FullRetrain(SISA):
             seed=seed,
             store=store,
             allow_shared_state=allow_shared_state,
+            target_modules=target_modules,
+            head=head,
         )

@@ -1,39 +1,133 @@
-"""Checks of what a user hands to an unlearner: features, labels, ids, groups.
+"""Checks of what a user hands to an unlearner or to :func:`pretrain`.
 
-Every check runs at the boundary and raises ``ValueError`` naming the parameter.
+Every check runs at the boundary, in the dtype the model computes in, and raises
+``ValueError`` (or ``TypeError`` for a wrong kind of object) naming the parameter:
+
+* inputs are cast to float32 and must be finite *after* the cast (``1e39`` is
+  finite in float64 but ``inf`` in float32), or, for a model with an
+  ``nn.Embedding``, are integer token ids in ``[0, num_embeddings)``;
+* labels may be of any type scikit-learn calls ``binary`` or ``multiclass``
+  (integers, strings, integral floats); they are encoded as ``0 .. K-1`` against
+  the sorted ``classes_``. Continuous values (``1.7``) and NaN are refused.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import numpy.typing as npt
+from sklearn.utils.multiclass import type_of_target
 
 from defenses.s3t import partition
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
-def features(X: npt.ArrayLike, in_dim: int) -> npt.NDArray[np.float32]:
-    """``X`` as float32 of shape ``(n, in_dim)``, ``n > 0``, finite."""
-    array = np.asarray(X, dtype=np.float64)
-    if array.ndim != 2 or array.shape[1] != in_dim:
-        raise ValueError(f"X must have shape (n, {in_dim}), got {array.shape}")
+
+def _array(X: object, name: str) -> npt.NDArray[np.generic]:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            array = np.asarray(X)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{name} must be a rectangular array: {error}") from error
+    if array.dtype.kind not in "biuf":
+        raise ValueError(f"{name} must hold real numbers, got dtype {array.dtype}")
+    return array
+
+
+def model_inputs(
+    X: object,
+    shape: tuple[int, ...] | None,
+    tokens: int | None,
+    name: str = "X",
+) -> npt.NDArray[np.generic]:
+    """``X`` as a batch for the model: float32 (finite) or int64 token ids.
+
+    Parameters
+    ----------
+    X : array-like of shape (n, ...)
+        The batch, ``n > 0``.
+    shape : tuple or None
+        Required shape of one sample (None: any, at least one dimension).
+    tokens : int or None
+        Vocabulary size when the model takes token ids (an ``nn.Embedding``).
+    """
+    array = _array(X, name)
+    if array.ndim < 2:
+        raise ValueError(
+            f"{name} must have shape (n_samples, ...) with at least 2 dimensions, "
+            f"got {array.shape}"
+        )
+    if shape is not None and tuple(array.shape[1:]) != tuple(shape):
+        raise ValueError(
+            f"{name} must have shape (n, {', '.join(map(str, shape))}), "
+            f"got {array.shape}"
+        )
     if array.shape[0] == 0:
-        raise ValueError("X is empty")
-    if not np.all(np.isfinite(array)):
-        raise ValueError("X must be finite (found NaN or inf)")
-    return array.astype(np.float32)
+        raise ValueError(f"{name} is empty")
+    if tokens is not None:
+        if array.dtype.kind not in "iu":
+            raise ValueError(
+                f"{name} must hold integer token ids for a model with an "
+                f"nn.Embedding, got dtype {array.dtype}"
+            )
+        if array.min() < 0 or array.max() >= tokens:
+            raise ValueError(
+                f"{name} token ids must lie in [0, {tokens}), got "
+                f"[{array.min()}, {array.max()}]"
+            )
+        return array.astype(np.int64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = array.astype(np.float32)
+    if not np.all(np.isfinite(out)):
+        raise ValueError(
+            f"{name} must be finite in float32 (found NaN, inf, or a magnitude "
+            f"above {FLOAT32_MAX:.3g})"
+        )
+    return out
 
 
-def labels(y: npt.ArrayLike, n: int, k: int) -> npt.NDArray[np.int64]:
-    """``y`` as int64 of shape ``(n,)`` with values in ``[0, k)``."""
+def encode_labels(
+    y: object, n: int, name: str = "y"
+) -> tuple[npt.NDArray[np.generic], npt.NDArray[np.int64]]:
+    """The sorted classes of ``y`` and its codes ``0 .. K-1`` (``K >= 2``)."""
     array = np.asarray(y)
     if array.shape != (n,):
-        raise ValueError(f"y must have shape ({n},), got {array.shape}")
-    if array.dtype.kind not in "iu":
-        raise ValueError(f"y must hold integer labels, got dtype {array.dtype}")
-    if array.min() < 0 or array.max() >= k:
+        raise ValueError(f"{name} must have shape ({n},), got {array.shape}")
+    if array.dtype.kind == "c":
+        raise ValueError(f"{name} must hold class labels, got complex values")
+    try:
+        kind = type_of_target(array, input_name=name)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{name}: {error}") from error
+    if kind not in ("binary", "multiclass"):
         raise ValueError(
-            f"labels must lie in [0, {k}), got [{array.min()}, {array.max()}]"
+            f"{name} must hold class labels (integers, strings or integral floats), "
+            f"got {kind} values"
         )
+    try:
+        classes, codes = np.unique(array, return_inverse=True)
+    except TypeError as error:
+        raise ValueError(f"{name}: labels of mixed types ({error})") from error
+    if classes.size < 2:
+        raise ValueError(f"{name} holds a single class {classes.tolist()}; need >= 2")
+    return classes, codes.astype(np.int64)
+
+
+def class_codes(y: object, n: int, name: str = "y") -> npt.NDArray[np.int64]:
+    """Integer labels ``>= 0`` used as class indices (no re-encoding)."""
+    array = np.asarray(y)
+    if array.shape != (n,):
+        raise ValueError(f"{name} must have shape ({n},), got {array.shape}")
+    if array.dtype.kind not in "iuf":
+        raise ValueError(f"{name} must hold integer class indices, got {array.dtype}")
+    if array.dtype.kind == "f" and not (
+        np.all(np.isfinite(array)) and np.all(array == np.round(array))
+    ):
+        raise ValueError(f"{name} must hold integer class indices (found fractions)")
+    if array.min() < 0:
+        raise ValueError(f"{name} class indices must be >= 0, got {array.min()}")
     return array.astype(np.int64)
 
 
@@ -46,7 +140,9 @@ def fit_ids(
         raise ValueError(f"ids must have shape ({n},), got {idx.shape}")
     values, counts = np.unique(idx, return_counts=True)
     if np.any(counts > 1):
-        raise ValueError(f"duplicate ids at fit: {values[counts > 1][:5].tolist()}")
+        raise ValueError(
+            f"ids: duplicate ids at fit: {values[counts > 1][:5].tolist()}"
+        )
     source = idx if groups is None else partition.check_ids(groups, "groups")
     if source.shape != (n,):
         raise ValueError(f"groups must have shape ({n},), got {source.shape}")

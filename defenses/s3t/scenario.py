@@ -20,6 +20,7 @@ from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
+from torch import nn
 
 from defenses.checks import check_int, check_real
 from defenses.metrics import accuracy, membership_metrics
@@ -32,7 +33,6 @@ from defenses.s3t.arms import (
     SISADefense,
 )
 from defenses.s3t.attacks import CanaryAttack, CanaryView
-from defenses.s3t.backbone import ResidualMLP
 from defenses.s3t.benchmark import deletion_benchmark
 from defenses.s3t.defense import Unlearner
 from defenses.s3t.figures import figures
@@ -40,6 +40,7 @@ from defenses.s3t.tasks import (
     CANARY_GROUP,
     CANARY_ID_BASE,
     BackboneSpec,
+    Kind,
     pretrained_backbone,
     split_digits,
 )
@@ -60,7 +61,9 @@ register("figures", "s3t")(figures)
 class CanaryTask:
     """Training data with planted canaries, deletion requests, test set, secrets."""
 
-    backbone: ResidualMLP
+    backbone: nn.Module
+    targets: list[str] | None
+    head: str | None
     X: FloatArray
     y: IntArray
     ids: IntArray
@@ -91,7 +94,12 @@ class CanaryDeletion:
     test_fraction : float
         Share of the non-public images kept for testing.
     width, hidden, blocks, pretrain_epochs : int
-        Backbone size and pretraining.
+        Backbone size and pretraining (for the transformer: model width,
+        feed-forward width and encoder layers).
+    model : {"residual", "transformer"}
+        The pretrained model: the built-in residual MLP, or a user-style
+        ``torch.nn.TransformerEncoder`` (:class:`~defenses.s3t.tasks.RowTransformer`,
+        adapters on every layer's ``linear1`` and ``linear2``).
     rank, epochs, batch_size : int
         LoRA rank and per-stage Adam settings of every arm.
     lr : float
@@ -114,6 +122,7 @@ class CanaryDeletion:
     epochs: int = 10
     batch_size: int = 64
     lr: float = 5e-3
+    model: Kind = "residual"
 
     def __post_init__(self) -> None:
         check_int("CanaryDeletion.canaries", self.canaries, 2, 100)
@@ -127,7 +136,12 @@ class CanaryDeletion:
 
     def _backbone_spec(self) -> BackboneSpec:
         return BackboneSpec(
-            self.public, self.width, self.hidden, self.blocks, self.pretrain_epochs
+            self.public,
+            self.width,
+            self.hidden,
+            self.blocks,
+            self.pretrain_epochs,
+            self.model,
         )
 
     @property
@@ -170,6 +184,8 @@ class CanaryDeletion:
         trained = np.r_[np.ones(self.canaries, bool), np.zeros(self.canaries, bool)]
         return CanaryTask(
             backbone=backbone,
+            targets=spec.targets,
+            head=spec.head,
             X=X,
             y=y,
             ids=ids,

@@ -11,19 +11,31 @@ Scikit-learn's bundled digits (1,797 8x8 images) are split into
 
 Pool, test and canaries come from one stratified split of the same images, so they
 are i.i.d. (a shifted hold-out set would masquerade as leakage).
+
+Two pretrained models: the built-in :class:`~defenses.s3t.backbone.ResidualMLP`
+(``kind="residual"``), and a user-style :class:`RowTransformer`
+(``kind="transformer"``), a ``torch.nn.TransformerEncoder`` over the eight pixel rows
+of a digit that S3T adapts on each encoder layer's ``linear1`` and ``linear2`` (the
+"bring your own model" path).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+import torch
+from torch import Tensor, nn
 
-from defenses.checks import check_int
+from defenses.checks import check_choice, check_int
 from defenses.data import Dataset, load_digits, stratified_split
-from defenses.s3t.backbone import ResidualMLP, pretrain
+from defenses.s3t.backbone import frozen_copy, pretrain, train_module
+
+Kind = Literal["residual", "transformer"]
 
 IntArray = npt.NDArray[np.int64]
 CANARY_ID_BASE = 100_000
@@ -39,10 +51,70 @@ class BackboneSpec:
     hidden: int = 128
     blocks: int = 6
     epochs: int = 20
+    kind: Kind = "residual"
 
     def __post_init__(self) -> None:
         for name in ("public", "width", "hidden", "blocks", "epochs"):
             check_int(f"BackboneSpec.{name}", getattr(self, name), minimum=1)
+        check_choice("BackboneSpec.kind", self.kind, ("residual", "transformer"))
+
+    @property
+    def targets(self) -> list[str] | None:
+        """The layers S3T adapts (None: the ResidualMLP's default)."""
+        return None if self.kind == "residual" else ["linear1", "linear2"]
+
+    @property
+    def head(self) -> str | None:
+        """The module every stage trains in full (None: the default)."""
+        return None if self.kind == "residual" else "head"
+
+
+class RowTransformer(nn.Module):
+    r"""A small transformer encoder classifying a digit from its 8 pixel rows.
+
+    ``h = Encoder(E x_rows + P)``; ``logits = W_o LN(mean_t h_t) + b_o``, with a
+    linear row embedding ``E``, learned positions ``P``, ``layers`` post-norm
+    ``nn.TransformerEncoderLayer`` blocks (ReLU feed-forward of width ``ff``, no
+    dropout). Takes flat ``(n, 64)`` images. Every parameter is drawn from
+    ``generator``: matrices ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, biases zero,
+    positions ``N(0, 0.02^2)``, norms at one.
+    """
+
+    def __init__(
+        self,
+        n_classes: int = 10,
+        d_model: int = 32,
+        heads: int = 2,
+        layers: int = 3,
+        ff: int = 64,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, d_model)
+        self.position = nn.Parameter(torch.zeros(8, d_model))
+        layer = nn.TransformerEncoderLayer(
+            d_model, heads, ff, dropout=0.0, batch_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, n_classes)
+        gen = generator if generator is not None else torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name == "position":
+                    p.normal_(0.0, 0.02, generator=gen)
+                elif p.ndim >= 2:
+                    bound = 1.0 / math.sqrt(p.shape[1])
+                    p.uniform_(-bound, bound, generator=gen)
+                elif name.endswith("bias"):
+                    p.zero_()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Logits of flat 8x8 images, shape ``(n, 64) -> (n, n_classes)``."""
+        rows = x.reshape(x.shape[0], 8, 8)
+        h: Tensor = self.encoder(self.embed(rows) + self.position)
+        logits: Tensor = self.head(self.norm(h.mean(dim=1)))
+        return logits
 
 
 @dataclass(frozen=True)
@@ -95,13 +167,20 @@ def split_digits(
 
 
 @functools.lru_cache(maxsize=8)
-def _pretrained(seed: int, public: tuple[int, ...], spec: BackboneSpec) -> ResidualMLP:
+def _pretrained(seed: int, public: tuple[int, ...], spec: BackboneSpec) -> nn.Module:
     data = load_digits()
     index = np.asarray(public, dtype=np.int64)
+    if spec.kind == "transformer":
+        gen = torch.Generator().manual_seed(seed)
+        model = RowTransformer(10, spec.width, 2, spec.blocks, spec.hidden, gen)
+        X = data.X[index].astype(np.float32)
+        train_module(model, X, data.y[index], gen, spec.epochs, 3e-3, 64)
+        return frozen_copy(model.eval())
     return pretrain(
         data.X[index],
         data.y[index],
         np.random.default_rng(seed),
+        n_classes=10,
         width=spec.width,
         hidden=spec.hidden,
         n_blocks=spec.blocks,
@@ -109,7 +188,7 @@ def _pretrained(seed: int, public: tuple[int, ...], spec: BackboneSpec) -> Resid
     )
 
 
-def pretrained_backbone(seed: int, public: IntArray, spec: BackboneSpec) -> ResidualMLP:
+def pretrained_backbone(seed: int, public: IntArray, spec: BackboneSpec) -> nn.Module:
     """The backbone pretrained on ``public`` (cached: arms of one seed share it).
 
     Callers must not modify it (S3T and the learners here work on frozen copies).

@@ -13,17 +13,16 @@ model of the same prefix:
 
 Each stage has its own head and its own ``torch.Generator``, seeded by
 ``(seed, shard, prefix, mode)`` only, and a fresh optimizer: nothing a stage computes
-depends on data outside its prefix. Blocks below the lowest trained group carry no
-adapter and are frozen, so their output is computed once per slice (slice by slice,
-so that it does not depend on other slices' contents).
+depends on data outside its prefix. The model itself is a frozen copy of the user's
+module (:class:`defenses.s3t.adapters.AdaptedModel`); adapters and heads are tensors
+bound to it for each forward pass.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,22 +33,29 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from defenses.checks import check_int, check_real
-from defenses.s3t.backbone import BlockLoRA, ResidualMLP, fresh_lora
+from defenses.s3t.adapters import AdaptedModel, LoRA
+from defenses.threads import single_thread
 
 Mode = Literal["slice", "all"]
 Order = tuple[int, ...]
 StageKey = tuple[int, Order]
 
-
-@contextlib.contextmanager
-def single_thread() -> Iterator[None]:
-    """Run the block with one torch thread (tiny models are much faster so)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+__all__ = [
+    "Mode",
+    "Order",
+    "ShardJob",
+    "SliceData",
+    "StageKey",
+    "StageState",
+    "TrainConfig",
+    "served_model",
+    "shard_probabilities",
+    "single_thread",
+    "slice_data",
+    "stage_seed",
+    "train_shard",
+    "train_stage",
+]
 
 
 @dataclass(frozen=True)
@@ -78,10 +84,10 @@ class SliceData:
 
 @dataclass(frozen=True)
 class StageState:
-    """What one stage trained: its adapters (by block), its head, and its lineage."""
+    """What one stage trained: its adapters (by target layer), head and lineage."""
 
-    adapters: Mapping[int, BlockLoRA]
-    head: tuple[Tensor, Tensor]
+    adapters: Mapping[str, LoRA]
+    head: Mapping[str, Tensor]
     lineage: frozenset[object]
     samples: int
     passes: int
@@ -96,8 +102,8 @@ class ShardJob:
     prefixes: tuple[Order, ...]
     existing: Mapping[Order, StageState]
     slices: Mapping[int, SliceData]
-    backbone: ResidualMLP
-    groups: tuple[tuple[int, ...], ...]
+    model: AdaptedModel
+    groups: tuple[tuple[str, ...], ...]
     mode: Mode
     config: TrainConfig
     seed: int
@@ -114,16 +120,16 @@ def stage_seed(seed: int, shard: int, prefix: Order, mode: Mode) -> int:
 
 def served_model(
     stages: Mapping[Order, StageState], prefix: Order
-) -> tuple[dict[int, BlockLoRA], tuple[Tensor, Tensor]]:
+) -> tuple[dict[str, LoRA], Mapping[str, Tensor]]:
     """Adapters and head of the model with ``prefix``: later stages override earlier."""
-    adapters: dict[int, BlockLoRA] = {}
+    adapters: dict[str, LoRA] = {}
     for k in range(1, len(prefix) + 1):
         adapters.update(stages[prefix[:k]].adapters)
     return adapters, stages[prefix].head
 
 
 def shard_probabilities(
-    backbone: ResidualMLP,
+    model: AdaptedModel,
     stages: Mapping[Order, StageState],
     prefix: Order,
     X: Tensor,
@@ -131,75 +137,69 @@ def shard_probabilities(
     """Class probabilities (float64 softmax) of the model one shard serves."""
     adapters, head = served_model(stages, prefix)
     with torch.no_grad(), single_thread():
-        logits = backbone.top(backbone.embed(X, 0), 0, adapters, head)
+        logits = model.logits(X, adapters, head)
     return torch.softmax(logits.double(), dim=1)
+
+
+def _start(
+    job: ShardJob,
+    prefix: Order,
+    stages: Mapping[Order, StageState],
+    gen: torch.Generator,
+) -> tuple[dict[str, LoRA], dict[str, LoRA], Mapping[str, Tensor]]:
+    """Frozen adapters, initial trainable adapters and initial head of a stage."""
+    model, k, rank = job.model, len(prefix), job.config.rank
+    if job.mode == "slice":
+        frozen, head = (
+            served_model(stages, prefix[:-1]) if k > 1 else ({}, model.base_head)
+        )
+        return frozen, model.fresh(job.groups[k - 1], rank, gen), head
+    if k > 1:
+        parent = stages[prefix[:-1]]
+        return {}, dict(parent.adapters), parent.head
+    return {}, model.fresh(model.targets, rank, gen), model.base_head
 
 
 def train_stage(
     job: ShardJob, prefix: Order, stages: Mapping[Order, StageState]
 ) -> StageState:
-    """Train the stage of ``prefix``; its ancestors must be in ``stages``."""
+    """Train the stage of ``prefix``; its ancestors must be in ``stages``.
+
+    Adam on the cross-entropy of the stage's cumulative data, ``epochs`` passes in
+    mini-batches drawn by the stage's own generator; only the stage's adapters and
+    its head receive updates.
+    """
     began = time.perf_counter()
-    bb, k, rank = job.backbone, len(prefix), job.config.rank
     gen = torch.Generator().manual_seed(
         stage_seed(job.seed, job.shard, prefix, job.mode)
     )
-    if job.mode == "slice":
-        trainable = job.groups[k - 1]
-        frozen, head = (
-            served_model(stages, prefix[:-1])
-            if k > 1
-            else ({}, (bb.head.weight, bb.head.bias))
-        )
-        init = {i: fresh_lora(bb.width, bb.hidden, rank, gen) for i in trainable}
-    else:
-        trainable = tuple(range(bb.n_blocks))
-        frozen = {}
-        if k > 1:
-            parent = stages[prefix[:-1]]
-            init, head = dict(parent.adapters), parent.head
-        else:
-            init = {i: fresh_lora(bb.width, bb.hidden, rank, gen) for i in trainable}
-            head = (bb.head.weight, bb.head.bias)
-    cut = min(trainable)
-    if any(i < cut for i in frozen):
-        raise RuntimeError(f"stage {prefix}: an adapter below the trained group {cut}")
+    frozen, init, head = _start(job, prefix, stages, gen)
     parts = [job.slices[j] for j in prefix]
-    with torch.no_grad():
-        feats = [bb.embed(p.X, cut) for p in parts if len(p.y)]
-    features = torch.cat(feats) if feats else torch.empty(0, bb.width)
+    features = torch.cat([p.X for p in parts])
     labels = torch.cat([p.y for p in parts])
     lineage = frozenset(i for p in parts for i in p.ids)
     params = {
-        i: tuple(t.clone().requires_grad_(True) for t in init[i]) for i in trainable
+        t: (a.clone().requires_grad_(True), b.clone().requires_grad_(True))
+        for t, (a, b) in init.items()
     }
-    head_params = (
-        head[0].detach().clone().requires_grad_(True),
-        head[1].detach().clone().requires_grad_(True),
-    )
+    head_params = {n: t.detach().clone().requires_grad_(True) for n, t in head.items()}
     optimizer = torch.optim.Adam(
-        [t for lora in params.values() for t in lora] + list(head_params),
+        [t for lora in params.values() for t in lora] + list(head_params.values()),
         lr=job.config.lr,
     )
-    adapters: dict[int, BlockLoRA] = {**frozen}
     n = int(labels.numel())
-    for _ in range(job.config.epochs if n else 0):
-        order = torch.randperm(n, generator=gen)
-        for start in range(0, n, job.config.batch_size):
-            batch = order[start : start + job.config.batch_size]
-            adapters.update({i: (t[0], t[1], t[2], t[3]) for i, t in params.items()})
-            optimizer.zero_grad()
-            logits = bb.top(features[batch], cut, adapters, head_params)
-            loss = F.cross_entropy(logits, labels[batch])
-            loss.backward()  # type: ignore[no-untyped-call]
-            optimizer.step()
-    trained = {
-        i: (t[0].detach(), t[1].detach(), t[2].detach(), t[3].detach())
-        for i, t in params.items()
-    }
+    with job.model.bound({**frozen, **params}, head_params):
+        for _ in range(job.config.epochs if n else 0):
+            order = torch.randperm(n, generator=gen)
+            for start in range(0, n, job.config.batch_size):
+                batch = order[start : start + job.config.batch_size]
+                optimizer.zero_grad()
+                loss = F.cross_entropy(job.model.run(features[batch]), labels[batch])
+                loss.backward()  # type: ignore[no-untyped-call]
+                optimizer.step()
     return StageState(
-        adapters=trained,
-        head=(head_params[0].detach(), head_params[1].detach()),
+        adapters={t: (a.detach(), b.detach()) for t, (a, b) in params.items()},
+        head={name: t.detach() for name, t in head_params.items()},
         lineage=lineage,
         samples=n,
         passes=n * job.config.epochs,

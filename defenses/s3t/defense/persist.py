@@ -3,8 +3,9 @@
 The payload holds only containers, strings, numbers and tensors (``torch.load``
 with ``weights_only=True`` reads it back, so a state file cannot run code): the
 configuration it was saved under (class, sizes, orders, training settings, seed,
-backbone fingerprint), the surviving rows, every stored stage with its lineage, the
-live table and the tombstones. :func:`decode` refuses a payload whose configuration
+target layers, head, backbone fingerprint), the classes and the input shape, the
+surviving rows, every stored stage with its lineage, the live table and the
+tombstones. :func:`decode` refuses a payload whose configuration
 differs from the model's, naming every differing field.
 """
 
@@ -20,7 +21,7 @@ from defenses.s3t import partition, store
 from defenses.s3t.defense.state import Data, State
 from defenses.s3t.training import StageKey, StageState
 
-FORMAT = 1
+FORMAT = 2
 
 
 def encode(state: State, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -28,8 +29,8 @@ def encode(state: State, config: Mapping[str, Any]) -> dict[str, Any]:
     stages = {}
     for (s, prefix), stage in state.stages.items():
         stages[f"{s}:{','.join(map(str, prefix))}"] = {
-            "adapters": {str(b): list(t) for b, t in stage.adapters.items()},
-            "head": list(stage.head),
+            "adapters": {name: list(t) for name, t in stage.adapters.items()},
+            "head": dict(stage.head),
             "lineage": sorted(stage.lineage, key=partition.id_token),
             "samples": stage.samples,
             "passes": stage.passes,
@@ -47,6 +48,8 @@ def encode(state: State, config: Mapping[str, Any]) -> dict[str, Any]:
         "live": [list(row) for row in state.live],
         "tombstones": sorted(t.hex() for t in state.tombstones),
         "shared_lineage": sorted(state.shared_lineage, key=partition.id_token),
+        "classes": state.classes.tolist(),
+        "input_shape": list(state.input_shape),
     }
 
 
@@ -63,8 +66,8 @@ def _check_config(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
 
 def _stage(raw: Mapping[str, Any]) -> StageState:
     return StageState(
-        adapters={int(b): (t[0], t[1], t[2], t[3]) for b, t in raw["adapters"].items()},
-        head=(raw["head"][0], raw["head"][1]),
+        adapters={str(name): (t[0], t[1]) for name, t in raw["adapters"].items()},
+        head={str(name): t for name, t in raw["head"].items()},
         lineage=frozenset(raw["lineage"]),
         samples=int(raw["samples"]),
         passes=int(raw["passes"]),
@@ -118,4 +121,6 @@ def decode(
         live,
         frozenset(bytes.fromhex(t) for t in payload["tombstones"]),
         frozenset(payload["shared_lineage"]),
+        np.asarray(payload["classes"]),
+        tuple(int(d) for d in payload["input_shape"]),
     )

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from typing import ClassVar, Literal
 
 import numpy as np
+from torch import nn
 
 from defenses.checks import check_int
-from defenses.s3t.backbone import ResidualMLP
+from defenses.s3t.adapters import Targets
 from defenses.s3t.defense.unlearner import Unlearner
 from defenses.s3t.parallel import Executor
 from defenses.s3t.sequences import bms_orders, cyclic_orders
@@ -23,14 +24,30 @@ class S3T(Unlearner):
 
     Parameters
     ----------
-    backbone : ResidualMLP
-        The frozen pretrained backbone (copied; put it in eval mode).
+    model : nn.Module
+        The user's pretrained model (copied and frozen; put it in eval mode). Its
+        output for a batch are class logits of shape ``(n, K)`` (a tensor, an
+        object with ``.logits`` such as a transformers output, or a tuple starting
+        with them), ``K`` the number of classes in ``y``.
     shards, slices : int
-        ``m`` shards of ``L`` slices; ``L`` at most the backbone's number of blocks.
+        ``m`` shards of ``L`` slices; ``L`` at most the number of target layers.
     sequences : int or None
         Budget ``B`` of slice orders per shard (``L`` if None).
     rank : int
         LoRA rank.
+    target_modules : list of str, str or callable
+        The layers that get the sliced adapters, as in peft's
+        ``LoraConfig(target_modules=...)``: names (a layer matches when its name
+        equals an entry or ends with ``"." + entry``), a regular expression (full
+        match) or a predicate ``(name, module) -> bool``; ``nn.Linear`` or
+        ``nn.Conv2d`` layers. They are split into ``L`` groups counted from the top
+        (registration order). Required except for the built-in
+        :class:`~defenses.s3t.backbone.ResidualMLP` (both linear maps of every
+        block).
+    head : str or None
+        The module (e.g. ``"classifier"``) trained in full at every stage and stored
+        with its prefix (peft's ``modules_to_save``). None: ``"head"`` for the
+        built-in ResidualMLP, no head (adapters only) for other models.
     selection : {"cyclic", "bms"}
         Order selection: cyclic rotation, or bipartite matching on ``slice_prior``.
     slice_prior : sequence of float or None
@@ -45,20 +62,22 @@ class S3T(Unlearner):
     store : path or None
         If given, every fit, deletion and retraining is saved there atomically.
     allow_shared_state : bool
-        Accept a backbone whose buffers training updates (negative control only).
+        Accept a model whose buffers training updates (negative control only).
     """
 
     mode: ClassVar[Mode] = "slice"
 
     def __init__(
         self,
-        backbone: ResidualMLP,
+        model: nn.Module,
         shards: int = 3,
         slices: int = 3,
         sequences: int | None = None,
         rank: int = 4,
         selection: Selection = "cyclic",
         *,
+        target_modules: Targets | None = None,
+        head: str | None = None,
         slice_prior: Sequence[float] | None = None,
         epochs: int = 20,
         batch_size: int = 64,
@@ -92,7 +111,9 @@ class S3T(Unlearner):
             raise ValueError(f"selection must be 'cyclic' or 'bms', got {selection!r}")
         self.sequences, self.selection = budget, selection
         super().__init__(
-            backbone,
+            model,
+            target_modules=target_modules,
+            head=head,
             shards=shards,
             slices=slices,
             orders=orders,

@@ -96,6 +96,8 @@ class State:
     live: tuple[tuple[int, ...], ...]
     tombstones: frozenset[bytes]
     shared_lineage: frozenset[object]
+    classes: npt.NDArray[np.generic]
+    input_shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -257,8 +259,8 @@ def stage_lineage(state: State) -> dict[str, frozenset[object]]:
     out: dict[str, frozenset[object]] = {}
     for (s, prefix), stage in sorted(state.stages.items()):
         base = f"shard{s}/prefix{list(prefix)}"
-        for block in sorted(stage.adapters):
-            out[f"{base}/block{block}"] = stage.lineage
+        for layer in sorted(stage.adapters):
+            out[f"{base}/adapter/{layer}"] = stage.lineage
         out[f"{base}/head"] = stage.lineage
     if state.shared_lineage:
         out["backbone/buffers"] = state.shared_lineage
@@ -270,10 +272,10 @@ def stage_tensors(state: State) -> dict[str, Tensor]:
     out = {}
     for (s, prefix), stage in sorted(state.stages.items()):
         base = f"shard{s}/prefix{list(prefix)}"
-        for block, lora in sorted(stage.adapters.items()):
-            for name, tensor in zip(("A1", "B1", "A2", "B2"), lora, strict=True):
-                out[f"{base}/block{block}/{name}"] = tensor
-        out[f"{base}/head/weight"], out[f"{base}/head/bias"] = stage.head
+        for layer, (a, b) in sorted(stage.adapters.items()):
+            out[f"{base}/adapter/{layer}/A"], out[f"{base}/adapter/{layer}/B"] = a, b
+        for name, tensor in sorted(stage.head.items()):
+            out[f"{base}/head/{name}"] = tensor
     return out
 
 

@@ -1,8 +1,9 @@
 """The engine of S3T, SISA and full retraining: fit, serve, delete, retrain.
 
 See :mod:`defenses.s3t.defense` for the algorithm; :mod:`.state` holds the deletion
-bookkeeping, :mod:`.persist` the state files' payload, :mod:`.inputs` the checks of
-what the user passes.
+bookkeeping, :mod:`.persist` the state files' payload, :mod:`defenses.s3t.inputs`
+the checks of what the user passes, :mod:`defenses.s3t.adapters` the user's model
+with its adapters.
 """
 
 from __future__ import annotations
@@ -18,12 +19,20 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 import torch
+from torch import nn
 
 from defenses.checks import check_int
 from defenses.cost import count, phase
-from defenses.s3t import partition, store
-from defenses.s3t.backbone import ResidualMLP, block_groups, fingerprint, frozen_copy
-from defenses.s3t.defense import inputs, persist
+from defenses.s3t import inputs, partition, store
+from defenses.s3t.adapters import (
+    AdaptedModel,
+    Targets,
+    fingerprint,
+    running_stats,
+    target_groups,
+)
+from defenses.s3t.backbone import ResidualMLP
+from defenses.s3t.defense import persist
 from defenses.s3t.defense.state import (
     AllShardsDeadError,
     DeletionReceipt,
@@ -57,18 +66,35 @@ logger = logging.getLogger(__name__)
 FloatArray = npt.NDArray[np.float64]
 
 
+def _adapt(
+    model: nn.Module, target_modules: Targets | None, head: str | None, keep: bool
+) -> AdaptedModel:
+    if target_modules is None:
+        if not isinstance(model, ResidualMLP):
+            raise ValueError(
+                f"target_modules is required for a {type(model).__name__}: the names "
+                "(or a predicate) of the layers that get the sliced adapters, as in "
+                "peft's LoraConfig(target_modules=...)"
+            )
+        target_modules, head = model.default_targets(), head or "head"
+    return AdaptedModel(model, target_modules, head, keep_mode=keep)
+
+
 class Unlearner:
     """Sharded, sliced, staged LoRA training with exact deletion (shared engine).
 
-    Use :class:`S3T`, :class:`SISA` or :class:`FullRetrain`.
+    Use :class:`S3T`, :class:`SISA` or :class:`FullRetrain`; their parameters are
+    documented on :class:`S3T`.
     """
 
     mode: ClassVar[Mode]
 
     def __init__(
         self,
-        backbone: ResidualMLP,
+        model: nn.Module,
         *,
+        target_modules: Targets | None,
+        head: str | None,
         shards: int,
         slices: int,
         orders: Sequence[Order],
@@ -83,35 +109,35 @@ class Unlearner:
         store_path: str | os.PathLike[str] | None,
         allow_shared_state: bool,
     ) -> None:
-        if not isinstance(backbone, ResidualMLP):
-            raise ValueError(
-                f"backbone must be a defenses.s3t.backbone.ResidualMLP, got "
-                f"{type(backbone).__name__}"
+        if not isinstance(model, nn.Module):
+            raise TypeError(
+                f"model must be a torch.nn.Module, got {type(model).__name__}"
             )
         self.shards = check_int("shards", shards, minimum=1)
         self.slices = check_int("slices", slices, minimum=1)
-        self.groups = tuple(block_groups(backbone.n_blocks, slices))
         self.config = TrainConfig(rank, epochs, batch_size, lr)
-        check_int("seed", seed, 0)
+        self.seed = check_int("seed", seed, 0)
         if executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
-        self.seed, self.executor = seed, executor
+        self.executor = executor
         self.n_jobs = check_int("n_jobs", n_jobs, minimum=1)
         self.ray_address = ray_address
         self.orders: tuple[Order, ...] = tuple(tuple(int(j) for j in o) for o in orders)
-        self.shared_state = backbone.training and backbone.has_shared_state()
+        self.shared_state = model.training and running_stats(model)
         if self.shared_state and not allow_shared_state:
             raise ValueError(
-                "the backbone is in training mode and has buffers (BatchNorm running "
+                "model: it is in training mode and has buffers (BatchNorm running "
                 "statistics) that every stage would update: a leak across deletions. "
-                "Call backbone.eval() first (allow_shared_state=True only for the "
+                "Call model.eval() first (allow_shared_state=True only for the "
                 "negative-control audit)"
             )
         if self.shared_state and executor != "serial":
-            raise ValueError("a backbone with shared state needs executor='serial'")
-        self.backbone = frozen_copy(backbone)
+            raise ValueError("a model with shared state needs executor='serial'")
+        self.model = _adapt(model, target_modules, head, self.shared_state)
+        self.backbone: nn.Module = self.model.module
+        self.groups = tuple(target_groups(self.model.targets, self.slices))
         self.fingerprint = fingerprint(self.backbone)
-        self.salt = f"s3t-partition-{seed}"
+        self.salt = f"s3t-partition-{self.seed}"
         self.store = None if store_path is None else os.fspath(store_path)
         self._state: State | None = None
 
@@ -125,6 +151,8 @@ class Unlearner:
             "orders": [list(o) for o in self.orders],
             "train": dataclasses.asdict(self.config),
             "seed": self.seed,
+            "targets": list(self.model.targets),
+            "head": self.model.head,
             "backbone": self.fingerprint,
         }
 
@@ -133,12 +161,21 @@ class Unlearner:
         """Whether :meth:`fit` has run."""
         return self._state is not None
 
+    @property
+    def classes_(self) -> npt.NDArray[np.generic]:
+        """The sorted class labels seen at :meth:`fit` (the probability columns)."""
+        return self._require().classes
+
     def _require(self) -> State:
         if self._state is None:
             raise NotFittedError(
                 f"this {type(self).__name__} is not fitted; call fit first"
             )
         return self._state
+
+    def _inputs(self, X: npt.ArrayLike, state: State | None) -> torch.Tensor:
+        shape = None if state is None else state.input_shape
+        return torch.as_tensor(inputs.model_inputs(X, shape, self.model.vocabulary))
 
     # ------------------------------------------------------------------ fit
     def fit(
@@ -152,27 +189,30 @@ class Unlearner:
 
         Parameters
         ----------
-        X : array of shape (n, d)
-            Fine-tuning features.
+        X : array of shape (n, ...)
+            Fine-tuning inputs, as the model takes them (float features or images;
+            integer token ids for a model with an ``nn.Embedding``).
         y : array of shape (n,)
-            Integer labels.
+            Class labels of any type (at least two classes); the model's logits
+            must have one column per class.
         ids : array of shape (n,)
             Unique sample ids (integers or strings): the handles for deletion.
         groups : array of shape (n,) or None
             Partition key (e.g. a user id): samples of one group share a slice, so
             deleting a user touches one slice. The sample ids by default.
         """
-        features = inputs.features(X, self.backbone.in_dim)
+        features = self._inputs(X, None)
         n = features.shape[0]
-        labels = inputs.labels(y, n, self.backbone.n_classes)
+        classes, labels = inputs.encode_labels(y, n)
         idx, source = inputs.fit_ids(ids, groups, n)
         if self.shards * self.slices > n:
             raise ValueError(
                 f"shards x slices = {self.shards * self.slices} exceeds the "
                 f"{n} samples; every slice needs data"
             )
+        self.model.check(features[:2], classes.size, self.config.rank)
         data = partition_data(
-            features, labels, idx, source, self.salt, self.shards, self.slices
+            features.numpy(), labels, idx, source, self.salt, self.shards, self.slices
         )
         empty = data.empty_cells(self.shards, self.slices)
         if empty:
@@ -183,7 +223,8 @@ class Unlearner:
         full = tuple(
             tuple(self.slices for _ in self.orders) for _ in range(self.shards)
         )
-        state = State(data, {}, full, frozenset(), frozenset())
+        shape = tuple(int(d) for d in features.shape[1:])
+        state = State(data, {}, full, frozenset(), frozenset(), classes, shape)
         with phase("train"):
             stages, _ = self._train(state, range(self.shards))
         self._commit(
@@ -204,30 +245,30 @@ class Unlearner:
     def _train(
         self, state: State, shards: Iterable[int]
     ) -> tuple[dict[StageKey, StageState], tuple[StageKey, ...]]:
+        """Train every missing stage of ``shards`` whose prefix has no empty cell."""
         jobs = []
         for s in shards:
+            empty = {j for j in range(self.slices) if not state.data.rows_of(s, j).size}
             existing = {p: st for (t, p), st in state.stages.items() if t == s}
-            missing = tuple(p for p in prefixes(self.orders) if p not in existing)
-            if not missing:
-                continue
-            for j in range(self.slices):
-                if not state.data.rows_of(s, j).size:
-                    logger.warning(
-                        "shard %d slice %d is empty; its stages do not train", s, j
-                    )
-            jobs.append(
-                ShardJob(
-                    shard=s,
-                    prefixes=missing,
-                    existing=existing,
-                    slices=state.data.slices_of(s, self.slices),
-                    backbone=self.backbone,
-                    groups=self.groups,
-                    mode=self.mode,
-                    config=self.config,
-                    seed=self.seed,
-                )
+            missing = tuple(
+                p
+                for p in prefixes(self.orders)
+                if p not in existing and not empty.intersection(p)
             )
+            if missing:
+                jobs.append(
+                    ShardJob(
+                        shard=s,
+                        prefixes=missing,
+                        existing=existing,
+                        slices=state.data.slices_of(s, self.slices),
+                        model=self.model,
+                        groups=self.groups,
+                        mode=self.mode,
+                        config=self.config,
+                        seed=self.seed,
+                    )
+                )
         results = run_jobs(jobs, self.executor, self.n_jobs, self.ray_address)
         stages = dict(state.stages)
         trained = []
@@ -251,36 +292,39 @@ class Unlearner:
         probabilities are ``softmax`` of the served model's logits, in float64.
         """
         state = self._require()
-        features = torch.as_tensor(inputs.features(X, self.backbone.in_dim))
-        alive = [(s, p) for s, p in enumerate(self.served()) if p]
+        features = self._inputs(X, state)
         out: dict[int, torch.Tensor] = {}
-        for s, prefix in alive:
-            shard_stages = {p: st for (t, p), st in state.stages.items() if t == s}
-            out[s] = shard_probabilities(self.backbone, shard_stages, prefix, features)
+        for s, prefix in enumerate(self.served()):
+            if prefix:
+                mine = {p: st for (t, p), st in state.stages.items() if t == s}
+                out[s] = shard_probabilities(self.model, mine, prefix, features)
         return features.shape[0], out
 
     def predict_proba(self, X: npt.ArrayLike) -> FloatArray:
-        """Class probabilities averaged over the shards that still serve."""
+        """Class probabilities averaged over the shards that still serve.
+
+        Columns follow :attr:`classes_`.
+        """
         n, per_shard = self._shard_proba(X)
         if not per_shard:
             raise AllShardsDeadError(
                 "every shard lost its models to deletions; call retrain() first"
             )
-        total = torch.zeros(n, self.backbone.n_classes, dtype=torch.float64)
+        total = torch.zeros(n, self.classes_.size, dtype=torch.float64)
         for proba in per_shard.values():
             total += proba
         return (total / len(per_shard)).numpy()
 
     def shard_predictions(self, X: npt.ArrayLike) -> npt.NDArray[np.int64]:
-        """Each shard's predicted class, shape ``(shards, n)``; -1 for a dead shard.
+        """Each shard's predicted class index, shape ``(shards, n)``; -1: abstains.
 
-        Row ``s`` is the arg-max of the model shard ``s`` serves (the same model
-        :meth:`predict_proba` averages), a function of that shard's surviving data
-        only. A shard whose every order lost its first slice to deletions has no
-        model and abstains (-1); when every shard is dead all rows are -1 (no error,
-        unlike :meth:`predict_proba`). These are the votes of a partitioned ensemble,
-        e.g. the part classifiers of reliable conformal prediction
-        (:mod:`defenses.composition.s3t_rps`).
+        Row ``s`` is the arg-max (an index into :attr:`classes_`) of the model shard
+        ``s`` serves (the same model :meth:`predict_proba` averages), a function of
+        that shard's surviving data only. A shard whose every order lost its first
+        slice has no model and abstains (-1); when every shard is dead all rows are
+        -1 (no error, unlike :meth:`predict_proba`). These are the votes of a
+        partitioned ensemble, e.g. the part classifiers of reliable conformal
+        prediction (:mod:`defenses.composition.s3t_rps`).
         """
         n, per_shard = self._shard_proba(X)
         votes = np.full((self.shards, n), -1, dtype=np.int64)
@@ -288,10 +332,12 @@ class Unlearner:
             votes[s] = np.argmax(proba.numpy(), axis=1)
         return votes
 
-    def predict(self, X: npt.ArrayLike) -> npt.NDArray[np.int64]:
-        """Predicted labels."""
-        labels: npt.NDArray[np.int64] = np.argmax(self.predict_proba(X), axis=1)
-        return labels.astype(np.int64)
+    def predict(self, X: npt.ArrayLike) -> npt.NDArray[np.generic]:
+        """Predicted labels (from :attr:`classes_`)."""
+        labels: npt.NDArray[np.generic] = self.classes_[
+            np.argmax(self.predict_proba(X), axis=1)
+        ]
+        return labels
 
     # ------------------------------------------------------------------ delete
     def _rows(self, state: State, ids: npt.ArrayLike) -> npt.NDArray[np.int64]:
@@ -350,14 +396,12 @@ class Unlearner:
         for s, j in cells:
             if not (0 <= s < self.shards and 0 <= j < self.slices):
                 raise ValueError(
-                    f"slot ({s}, {j}) out of range: {self.shards} shards x "
+                    f"slots: ({s}, {j}) out of range: {self.shards} shards x "
                     f"{self.slices} slices"
                 )
         new, dropped = switch_off(state, self.orders, cells)
         self._commit(new)
-        return deletion_receipt(
-            self._require().live, self.orders, (), cells, dropped, began
-        )
+        return deletion_receipt(new.live, self.orders, (), cells, dropped, began)
 
     # ------------------------------------------------------------------ retrain
     def retrain(self, only_dead: bool = False) -> RetrainReceipt:
@@ -366,7 +410,11 @@ class Unlearner:
         Afterwards the model equals, bit for bit, a fresh :meth:`fit` on the
         surviving data with the same seed (the partition and the stage seeds do not
         depend on the removed points). ``only_dead`` retrains only shards that have
-        no model left.
+        no model left. A (shard, slice) cell that deletions emptied is refused as a
+        fresh fit refuses it: no stage whose prefix holds it is trained, each order
+        of its shard serves only the slices before it, and a shard whose every order
+        starts at an empty cell abstains; the receipt lists both, and a warning is
+        logged.
         """
         state = self._require()
         began = time.perf_counter()
@@ -374,27 +422,50 @@ class Unlearner:
         shards = [s for s in range(self.shards) if not (only_dead and served[s])]
         with phase("retrain"):
             stages, trained = self._train(state, shards)
-        live = tuple(
-            tuple(self.slices for _ in self.orders) if s in shards else state.live[s]
-            for s in range(self.shards)
+        empty = tuple(
+            c
+            for c in state.data.empty_cells(self.shards, self.slices)
+            if c[0] in shards
         )
+        live = list(state.live)
+        for s in shards:
+            gaps = {j for t, j in empty if t == s}
+            live[s] = tuple(
+                next((i for i, j in enumerate(o) if j in gaps), self.slices)
+                for o in self.orders
+            )
         new = dataclasses.replace(
-            state, stages=stages, live=live, shared_lineage=self._shared(state, stages)
+            state,
+            stages=stages,
+            live=tuple(live),
+            shared_lineage=self._shared(state, stages),
         )
         self._commit(new)
+        abstaining = tuple(
+            s for s, p in enumerate(served_prefixes(new.live, self.orders)) if not p
+        )
+        if empty:
+            logger.warning(
+                "retrain: cells %s are empty after deletions; their stages are not "
+                "trained (a fresh fit refuses empty cells); abstaining shards: %s",
+                list(empty),
+                list(abstaining),
+            )
         return RetrainReceipt(
             stages=trained,
             passes=sum(stages[k].passes for k in trained),
             seconds=time.perf_counter() - began,
+            empty=empty,
+            abstaining=abstaining,
         )
 
     # ------------------------------------------------------------------ audit
     def lineage(self) -> dict[str, frozenset[object]]:
-        """Every stored parameter group and stage head, and the ids it was trained on.
+        """Every stored adapter and stage head, and the ids it was trained on.
 
-        Keys are ``shard<s>/prefix<p>/block<i>`` (an adapter) and
-        ``shard<s>/prefix<p>/head``; ``backbone/buffers`` appears when the backbone
-        has shared state updated by training (the leak the audit must catch).
+        Keys are ``shard<s>/prefix<p>/adapter/<layer>`` and
+        ``shard<s>/prefix<p>/head``; ``backbone/buffers`` appears when the model has
+        shared state updated by training (the leak the audit must catch).
         """
         return stage_lineage(self._require())
 
@@ -409,9 +480,8 @@ class Unlearner:
 
     def training_seconds(self) -> tuple[float, ...]:
         """Wall time spent training each shard's stored stages."""
-        state = self._require()
         per = [0.0] * self.shards
-        for (s, _), stage in state.stages.items():
+        for (s, _), stage in self._require().stages.items():
             per[s] += stage.seconds
         return tuple(per)
 

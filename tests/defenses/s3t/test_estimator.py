@@ -49,10 +49,15 @@ def test_stages_are_cached_by_prefix(tiny, fast) -> None:
 def test_s3t_trains_one_group_per_stage_and_sisa_all(tiny, fast) -> None:
     s3t = S3T(tiny.backbone, 1, 2, 1, **fast).fit(tiny.X, tiny.y, tiny.ids)
     sisa = SISA(tiny.backbone, 1, 2, **fast).fit(tiny.X, tiny.y, tiny.ids)
-    s3t_blocks = {p: set(st.adapters) for (_, p), st in s3t.stages().items()}
-    assert s3t_blocks == {(0,): {2, 3}, (0, 1): {0, 1}}
-    sisa_blocks = {p: set(st.adapters) for (_, p), st in sisa.stages().items()}
-    assert sisa_blocks == {(0,): {0, 1, 2, 3}, (0, 1): {0, 1, 2, 3}}
+    def blocks(model):
+        return {
+            p: {int(name.split(".")[1]) for name in st.adapters}
+            for (_, p), st in model.stages().items()
+        }
+
+    assert blocks(s3t) == {(0,): {2, 3}, (0, 1): {0, 1}}
+    assert blocks(sisa) == {(0,): {0, 1, 2, 3}, (0, 1): {0, 1, 2, 3}}
+    assert all(len(st.adapters) == 4 for st in s3t.stages().values())
 
 
 def test_delete_switches_off_exactly_the_stages_that_saw_the_point(tiny, fast) -> None:
@@ -164,8 +169,12 @@ def test_predict_before_fit(tiny) -> None:
     [
         ({}, lambda t: (t.X, t.y, np.r_[t.ids[:-1], t.ids[0]]), "duplicate ids"),
         ({"shards": 50, "slices": 4}, lambda t: (t.X, t.y, t.ids), "exceeds the 180"),
-        ({}, lambda t: (t.X, t.y + 10, t.ids), "labels must lie"),
-        ({}, lambda t: (t.X, t.y.astype(float), t.ids), "integer labels"),
+        ({}, lambda t: (t.X, t.y % 2, t.ids), "has 2 classes"),
+        ({}, lambda t: (t.X, t.y + 0.5, t.ids), "continuous"),
+        ({}, lambda t: (t.X, np.r_[t.y[:-1], np.nan], t.ids), "NaN"),
+        ({}, lambda t: (t.X, np.zeros_like(t.y), t.ids), "single class"),
+        ({}, lambda t: (t.X[:, :10], t.y, t.ids), "X: the ResidualMLP cannot take"),
+        ({}, lambda t: (t.X + 1e39, t.y, t.ids), "finite in float32"),
         ({}, lambda t: (t.X[:0], t.y[:0], t.ids[:0]), "empty"),
         ({}, lambda t: (t.X, t.y, t.ids.astype(float)), "integers or strings"),
         ({"shards": 30, "slices": 4}, lambda t: (t.X, t.y, t.ids), "got no samples"),
@@ -182,7 +191,7 @@ def test_bad_fit_input(tiny, fast, kwargs, fit, match) -> None:
     ("kwargs", "match"),
     [
         ({"shards": 0}, "shards must be an int >= 1"),
-        ({"slices": 5}, "slices must be <= the backbone's n_blocks"),
+        ({"slices": 9}, "slices=9 exceeds the 8 target layers"),
         ({"sequences": 0}, "sequences must be an int >= 1"),
         ({"selection": "random"}, "selection must be"),
         ({"slice_prior": [0.5, 0.5]}, "selection='bms' only"),
@@ -202,8 +211,10 @@ def test_backbone_with_shared_state_is_refused(tiny) -> None:
     with pytest.raises(ValueError, match="BatchNorm"):
         S3T(leaky.train(), 1, 2)
     S3T(leaky.eval(), 1, 2)
-    with pytest.raises(ValueError, match="ResidualMLP"):
-        S3T(torch.nn.Linear(64, 10), 1, 2)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="target_modules is required"):
+        S3T(torch.nn.Linear(64, 10), 1, 2)
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        S3T("not a model", 1, 2)  # type: ignore[arg-type]
 
 
 def test_bms_orders_are_used(tiny, fast) -> None:
