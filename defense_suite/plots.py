@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 from defense_suite.labels import delta_label, fit_title, metric_label
 from defense_suite.tables import SETTING_SECTIONS, varying_settings
@@ -31,18 +32,39 @@ def setting_words(result: Result, varying: dict[str, list[str]]) -> str:
 
 def _panels(results: Sequence[Result]) -> dict[str, list[Result]]:
     varying = varying_settings(results)
-    several = len({r.attack for r in results}) > 1
     panels: dict[str, list[Result]] = {}
     for result in results:
         words = setting_words(result, varying)
-        name = "\n".join(p for p in (result.attack if several else "", words) if p)
+        name = "\n".join(p for p in (f"attack: {result.attack}", words) if p)
         panels.setdefault(name, []).append(result)
     return panels
+
+
+def _save(fig: Figure, out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
 
 
 def tradeoff_plot(
     results: Sequence[Result], x: str, y: str, out: Path, title: str = ""
 ) -> Path:
+    """Write :func:`tradeoff_figure` to ``out`` (PNG); return the path."""
+    return _save(tradeoff_figure(results, x, y, title), out)
+
+
+def delta_plot(
+    results: Sequence[Result], metric: str, out: Path, title: str = ""
+) -> Path | None:
+    """Write :func:`delta_figure` to ``out`` (PNG); None if there is nothing to plot."""
+    fig = delta_figure(results, metric, title)
+    return None if fig is None else _save(fig, out)
+
+
+def tradeoff_figure(
+    results: Sequence[Result], x: str, y: str, title: str = ""
+) -> Figure:
     """Scatter ``y`` against ``x`` per arm (mean ± std over seeds).
 
     One panel per attack and per scenario setting that differs (data set, model,
@@ -82,15 +104,12 @@ def tradeoff_plot(
     if title:
         fig.suptitle(fit_title(title, width), fontsize=10)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return fig
 
 
-def delta_plot(
-    results: Sequence[Result], metric: str, out: Path, title: str = ""
-) -> Path | None:
+def delta_figure(
+    results: Sequence[Result], metric: str, title: str = ""
+) -> Figure | None:
     """Bars of the paired change (defended minus undefended, same seed) of ``metric``.
 
     One bar per defended arm with the standard deviation over seeds as its error
@@ -137,7 +156,4 @@ def delta_plot(
     ax.set_title(fit_title(title or delta_label(metric), width), fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return fig
