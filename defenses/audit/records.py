@@ -25,6 +25,8 @@ Records = tuple[npt.ArrayLike, npt.ArrayLike] | Dataset
 
 
 def _features(name: str, X: npt.ArrayLike) -> FloatArray:
+    if np.iscomplexobj(X):
+        raise TypeError(f"{name} features must be real numbers, got complex")
     try:
         arr = np.asarray(X, dtype=np.float64)
     except (TypeError, ValueError) as error:

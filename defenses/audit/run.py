@@ -28,6 +28,7 @@ from defenses.audit.records import (
 from defenses.audit.report import AuditReport
 from defenses.audit.target import Outputs, as_audited
 from defenses.audit.threats import threat_model
+from defenses.checks import check_real
 from defenses.threat import ThreatModel
 
 
@@ -42,6 +43,19 @@ def _records(
             f"{job_name} records have {data.X.shape[1]} features, members {n_features}"
         )
     return data
+
+
+def _check_bounds(bounds: Any) -> tuple[float, float] | str | None:
+    """``"data"``, None, or a finite ``(low, high)`` with low < high."""
+    if bounds is None or (isinstance(bounds, str) and bounds == "data"):
+        return bounds
+    if not isinstance(bounds, tuple | list) or len(bounds) != 2:
+        raise TypeError(f"bounds must be (low, high), None or 'data', got {bounds!r}")
+    low = check_real("bounds[0]", bounds[0])
+    high = check_real("bounds[1]", bounds[1])
+    if not low < high:
+        raise ValueError(f"bounds must have low < high, got {bounds!r}")
+    return (low, high)
 
 
 def audit(
@@ -101,6 +115,7 @@ def audit(
     -------
     AuditReport
     """
+    bounds = _check_bounds(bounds)
     config = AuditConfig() if config is None else config
     if not isinstance(config, AuditConfig):
         raise TypeError("config must be an AuditConfig")
@@ -122,7 +137,10 @@ def audit(
                 f"{mem.X.shape[1]} features"
             )
     target = as_audited(model, shape, outputs)
-    n_classes = int(target.predict_proba(mem.X[:1]).shape[1])
+    try:
+        n_classes = int(target.predict_proba(mem.X[:1]).shape[1])
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"model could not answer the members: {error}") from error
     non = _records("non_members", non_members, classes, mem.X.shape[1])
     tst = _records("test", test, classes, mem.X.shape[1]) or non
     val = _records("validation", validation, classes, mem.X.shape[1]) or tst
@@ -153,19 +171,7 @@ def audit(
             None if public is None else np.asarray(public, dtype=np.float64),
         )
     )
-    if isinstance(bounds, str):
-        if bounds != "data":
-            raise ValueError(
-                f"bounds must be (low, high), None or 'data', got {bounds!r}"
-            )
-        box: tuple[float, float] | None = data.bounds()
-    elif bounds is None:
-        box = None
-    else:
-        low, high = (float(b) for b in bounds)
-        if not (np.isfinite(low) and np.isfinite(high) and low < high):
-            raise ValueError(f"bounds must be finite with low < high, got {bounds!r}")
-        box = (low, high)
+    box = data.bounds() if isinstance(bounds, str) else bounds
     job = AuditJob(
         name,
         target,

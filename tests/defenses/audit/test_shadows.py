@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from defenses.audit.attacks import ShadowScores, lira_scores
-from defenses.audit.executors import map_jobs
 from defenses.audit.examples import build_mlp
+from defenses.audit.executors import map_jobs
 from defenses.audit.shadows import ShadowConfig, inclusion, train_shadows
 
 
