@@ -32,14 +32,14 @@ repeating a query returns the same answer (``seeding="input-hash"``); a
 ``hash_resolution`` rounds the input before hashing, so that tiny perturbations of a
 query also share its answer (a coarse stand-in for locality-sensitive hashing).
 
-The whole call is one compiled row loop (:func:`~defenses.ssd.kernels.shield_rows`):
-each row is read once into a row scratch that stays in cache while its budget,
-pseudo-label and projection are computed, and the answer is written in the input's
-dtype, so the only memory beyond the input is the answer itself. Large batches are
-split into blocks of rows shared among threads (``n_threads``); every row's
-uniform number comes from a counter-based stream (SplitMix64 at the row's index) or
-from the hash of its query, so the answers are the same, bit for bit, whatever the
-number of threads or blocks.
+The whole call is one compiled row loop
+(:func:`~defenses.ssd.kernels.shield.shield_rows`): each row is read once into a
+row scratch that stays in cache while its budget, pseudo-label and projection are
+computed, and the answer is written once in the input's dtype, so the only memory
+beyond the input is the answer itself. Large batches are split into blocks of rows
+shared among threads (``n_threads``). Every row's uniform number comes from a
+counter-based stream (SplitMix64 at the row's index) or from the hash of its query,
+so the answers are the same, bit for bit, whatever the number of threads or blocks.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from scipy.special import entr
 
 from defenses.checks import check_int, check_real
 from defenses.ssd.batch import as_rows, check_stats, run_blocks
-from defenses.ssd.kernels import shield_rows
+from defenses.ssd.kernels.shield import shield_rows
 from defenses.ssd.seeding import SEEDINGS, Seeding, hash_uniforms, input_keys
 from defenses.ssd.sklearn import ShieldedClassifier
 from defenses.ssd.torch import ShieldedCallable, ShieldedModule, check_outputs
@@ -247,8 +247,9 @@ class StealthyShield:
         -------
         StealthyShield
             ``self``, fitted: prototype entries floored at
-            :data:`~defenses.ssd.waterfill.FLOOR` and renormalised, and a fresh key
-            drawn from ``seed``.
+            :data:`~defenses.ssd.waterfill.FLOOR`, renormalised and floored again
+            (rows then sum to one within ``K * FLOOR``), and a fresh key drawn from
+            ``seed``.
         """
         self._validate()
         if isinstance(val_labels, torch.Tensor):
@@ -280,7 +281,8 @@ class StealthyShield:
         sums = np.zeros((k, k))
         np.add.at(sums, labels.astype(np.int64), probs)
         prototypes = np.maximum(sums / counts[:, None], FLOOR)
-        self.prototypes_ = prototypes / prototypes.sum(axis=1, keepdims=True)
+        prototypes /= prototypes.sum(axis=1, keepdims=True)
+        self.prototypes_ = np.maximum(prototypes, FLOOR)
         seed = None if self.seed is None else int(self.seed)
         self.key_ = np.random.default_rng(seed).integers(
             0, 2**64, dtype=np.uint64, endpoint=False

@@ -47,7 +47,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from defenses.ssd.kernels import project_rows
+from defenses.ssd.kernels.projection import project_rows
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -29,18 +29,16 @@ Algorithm 2, which bounds a row at :math:`O(K \log K)`.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import numpy.typing as npt
 
-from defenses.jit import compiled, inlined
+from defenses.ssd.kernels import simd, simd_inlined
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 
-@compiled
+@simd
 def _walk(
     ratio: FloatArray,
     f: FloatArray,
@@ -73,7 +71,7 @@ def _walk(
     return (sum_f + sign * h) / sum_q
 
 
-@inlined
+@simd_inlined
 def _level(
     ratio: FloatArray,
     f: FloatArray,
@@ -115,8 +113,8 @@ def _level(
     return _walk(ratio, f, q, alive[:count], h, raising)
 
 
-@inlined
-def _project_row(
+@simd_inlined
+def project_row(
     f_row: FloatArray,
     q_row: FloatArray,
     floor: float,
@@ -193,7 +191,7 @@ def _project_row(
     return sum_f, sum_q, least_f, least_q
 
 
-@compiled
+@simd
 def project_rows(
     f: FloatArray,
     q: FloatArray,
@@ -214,138 +212,10 @@ def project_rows(
     below = np.empty(k, dtype=np.int64)
     above = np.empty(k, dtype=np.int64)
     for row in range(n):
-        sum_f, sum_q, least_f, least_q = _project_row(
+        sum_f, sum_q, least_f, least_q = project_row(
             f[row], q[row], floor, half[row], max_steps, scratch, below, above, out[row]
         )
         stats[row, 0] = sum_f
         stats[row, 1] = sum_q
         stats[row, 2] = least_f
         stats[row, 3] = least_q
-
-
-GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-"""The SplitMix64 increment (2^64 divided by the golden ratio, odd)."""
-
-
-@inlined
-def counter_uniform(key: np.uint64, index: np.uint64) -> float:
-    """A uniform number in [0, 1): SplitMix64's output for ``key + index * GOLDEN``.
-
-    A counter-based stream: the ``index``-th number depends on nothing else, so rows
-    can be drawn in any order, block or thread and give the same numbers.
-    """
-    z = key + index * GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z = z ^ (z >> np.uint64(31))
-    return float(z >> np.uint64(11)) * 2.0**-53
-
-
-@compiled
-def shield_rows(
-    f: npt.NDArray[np.floating[Any]],
-    prototypes: FloatArray,
-    uniforms: FloatArray,
-    key: np.uint64,
-    counter: np.uint64,
-    settings: FloatArray,
-    max_steps: int,
-    start: int,
-    stop: int,
-    out: FloatArray,
-    labels: IntArray,
-) -> FloatArray:
-    r"""SSD on rows ``start:stop`` of ``f``: budget, pseudo-label, projection, one pass.
-
-    For each row, in one read of ``f`` into a row scratch (which stays in cache for
-    the passes that follow): the row's sum, least and largest entry and entropy
-    :math:`H = -\sum_i f_i \ln f_i`; the pseudo-label :math:`y`, the first index
-    whose cumulative weight exceeds :math:`u \sum_i w_i` with
-    :math:`w_i = e^{(f_i - \max f) / T}` (``settings[2] > 0``; the same distribution
-    as :math:`\operatorname{softmax}(f / T)`) or :math:`w_i = f_i`
-    (``settings[2] = 0``); and the water-filling projection of :math:`f` towards
-    ``prototypes[y]`` within :math:`\varepsilon H` (or the constant ``settings[1]``
-    when it is >= 0). ``u`` is ``uniforms[row]`` when given, else the counter stream
-    :func:`counter_uniform` at ``counter + row``.
-
-    ``settings`` holds :math:`\varepsilon`, the constant budget (< 0: none), ``T``
-    (0: draw from ``f``) and the floor of ``q``. ``out`` (N or 0 rows) receives the
-    answers, ``labels`` (N or 0 entries) the pseudo-labels. Returns, for the caller's
-    input checks, the largest :math:`|\sum_i f_i - 1|` (NaN if a row holds NaN or
-    inf), the row where it occurs and the least entry.
-    """
-    k = f.shape[1]
-    epsilon = settings[0]
-    constant = settings[1]
-    temperature = settings[2]
-    floor = settings[3]
-    row_f = np.empty(k)
-    scratch = np.empty((2, k))
-    below = np.empty(k, dtype=np.int64)
-    above = np.empty(k, dtype=np.int64)
-    worst = 0.0
-    worst_row = start
-    least = np.inf
-    for row in range(start, stop):
-        total = 0.0
-        largest = -np.inf
-        entropy = 0.0
-        for col in range(k):
-            v = np.float64(f[row, col])
-            row_f[col] = v
-            total += v
-            least = min(least, v)
-            largest = max(largest, v)
-            if v > 0.0:
-                entropy -= v * np.log(v)
-        if not np.isfinite(total):
-            if np.isfinite(worst):
-                worst = np.nan
-                worst_row = row
-            continue
-        if abs(total - 1.0) > worst:
-            worst = abs(total - 1.0)
-            worst_row = row
-        u = (
-            uniforms[row]
-            if uniforms.shape[0]
-            else counter_uniform(key, counter + np.uint64(row))
-        )
-        weight_sum = 0.0
-        weights = scratch[0]
-        for col in range(k):
-            w = (
-                np.exp((row_f[col] - largest) / temperature)
-                if temperature > 0.0
-                else max(row_f[col], 0.0)
-            )
-            weights[col] = w
-            weight_sum += w
-        threshold = u * weight_sum
-        label = k - 1
-        running = 0.0
-        for col in range(k):
-            running += weights[col]
-            if running > threshold:
-                label = col
-                break
-        if labels.shape[0]:
-            labels[row] = label
-        if out.shape[0]:
-            budget = constant if constant >= 0.0 else epsilon * entropy
-            _project_row(
-                row_f,
-                prototypes[label],
-                floor,
-                0.5 * budget,
-                max_steps,
-                scratch,
-                below,
-                above,
-                out[row],
-            )
-    result = np.empty(3)
-    result[0] = worst
-    result[1] = worst_row
-    result[2] = least
-    return result

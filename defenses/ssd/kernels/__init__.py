@@ -1,0 +1,49 @@
+"""SSD's compiled row loops (numba): the projection and the whole fused call.
+
+* :mod:`.projection`: the water-filling projection of one row (Newton's method on
+  each level, a sort as the fallback) and its batch loop behind
+  :func:`~defenses.ssd.waterfill.water_filling`;
+* :mod:`.elementary`: ``log``, ``exp`` and the counter-based uniform stream as
+  row loops the compiler turns into SIMD code;
+* :mod:`.shield`: the whole :class:`~defenses.ssd.defense.StealthyShield` call,
+  one pass per row.
+
+The kernels are compiled as :func:`defenses.jit.compiled` does (nopython, cached,
+GIL released, IEEE arithmetic without ``fastmath``), but with numpy's error model:
+under Python's, every float division tests its divisor for zero and raises, a
+branch per element that keeps the compiler from vectorizing the loop (measured:
+``(m - 1) / (m + 1)`` over a row compiled to scalar ``vdivsd`` under Python's model
+and to 4-wide ``vdivpd`` under numpy's). A zero divisor gives inf or NaN instead,
+which the callers' input checks catch.
+
+numba's on-disk cache of a kernel is invalidated by edits to the kernel's own file
+only, not to the files of the helpers it inlines: after editing
+:mod:`.elementary` or :mod:`.projection`, delete ``kernels/__pycache__/*.nb[ic]``
+(an installed package's files are all new, so users never see a stale kernel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar, cast
+
+import numba
+
+Kernel = TypeVar("Kernel", bound=Callable[..., object])
+
+
+def simd(function: Kernel) -> Kernel:
+    """Compile ``function`` (nopython, cached, no GIL, numpy's error model)."""
+    return cast(
+        Kernel, numba.njit(cache=True, nogil=True, error_model="numpy")(function)
+    )
+
+
+def simd_inlined(function: Kernel) -> Kernel:
+    """Compile a helper of kernels, inlined into each caller (see ``simd``)."""
+    return cast(
+        Kernel,
+        numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")(
+            function
+        ),
+    )
