@@ -1,0 +1,132 @@
+"""The fused call: same bits whatever the threads and blocks, same draw, one copy."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+import torch
+from numba import njit
+from scipy.stats import chisquare
+
+from defenses.ssd.defense import StealthyShield, entropy
+from defenses.ssd.kernels.elementary import GOLDEN, exp_row, log_row
+from defenses.ssd.waterfill import water_filling
+
+
+def _shield(k: int, **kwargs) -> StealthyShield:
+    rng = np.random.default_rng(0)
+    val = rng.dirichlet(np.full(k, 0.3), 10 * k)
+    return StealthyShield(seed=5, **kwargs).fit(val, np.arange(10 * k) % k)
+
+
+def _splitmix(key: np.uint64, index: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = key + index.astype(np.uint64) * GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def test_threads_and_blocks_give_the_same_bits():
+    probs = np.random.default_rng(1).dirichlet(np.full(100, 0.3), 3000)
+    one = _shield(100, n_threads=1)(probs)
+    two = _shield(100, n_threads=2)(probs)
+    np.testing.assert_array_equal(one, two)
+    split = _shield(100, n_threads=1)
+    halves = np.vstack([split(probs[:1234]), split(probs[1234:])])
+    np.testing.assert_array_equal(one, halves)
+    again = _shield(100, n_threads=1)
+    again(probs)
+    assert not np.array_equal(again(probs), one)  # the stream moves on
+
+
+def test_the_draw_is_the_inverse_cdf_of_the_temperature_softmax():
+    k = 20
+    shield = _shield(k, temperature=0.3)
+    probs = np.random.default_rng(2).dirichlet(np.full(k, 0.5), 4000)
+    u = _splitmix(shield.key_, np.arange(4000))
+    weights = np.exp((probs - probs.max(axis=1, keepdims=True)) / 0.3)
+    cdf = np.cumsum(weights, axis=1)
+    threshold = u * cdf[:, -1]
+    expected = np.argmax(cdf > threshold[:, None], axis=1)
+    margin = np.min(np.abs(cdf - threshold[:, None]), axis=1)
+    labels = shield.pseudo_labels(probs)
+    clear = margin > 1e-12 * cdf[:, -1]
+    assert clear.mean() > 0.99
+    np.testing.assert_array_equal(labels[clear], expected[clear])
+
+
+def test_pseudo_labels_follow_sampling_probs():
+    shield = _shield(6, temperature=0.2)
+    row = np.array([[0.3, 0.25, 0.2, 0.15, 0.07, 0.03]])
+    labels = shield.pseudo_labels(np.repeat(row, 20000, axis=0))
+    counts = np.bincount(labels, minlength=6)
+    expected = shield.sampling_probs(row)[0] * 20000
+    assert chisquare(counts, expected).pvalue > 1e-4
+
+
+def test_answers_are_the_projection_towards_the_drawn_prototype():
+    k = 30
+    probs = np.random.default_rng(3).dirichlet(np.full(k, 0.3), 2000)
+    labels = _shield(k, epsilon=0.4).pseudo_labels(probs)
+    answers = _shield(k, epsilon=0.4)(probs)
+    prototypes = _shield(k).prototypes_
+    expected = water_filling(probs, prototypes[labels], 0.4 * entropy(probs))
+    np.testing.assert_allclose(answers, expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_extra_memory_is_the_answer_alone(dtype):
+    probs = np.random.default_rng(4).dirichlet(np.full(50, 0.3), 20000).astype(dtype)
+    probs /= probs.sum(axis=1, keepdims=True)
+    shield = _shield(50, n_threads=2)
+    shield(probs[:10])
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        answers = shield(probs)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert answers.dtype == dtype
+    assert peak <= 1.02 * probs.nbytes + 65536
+
+
+def test_a_torch_tensor_is_read_in_place_and_answered_in_kind():
+    probs = torch.distributions.Dirichlet(torch.full((8,), 0.5)).sample((300,))
+    answers = _shield(8)(probs)
+    assert isinstance(answers, torch.Tensor)
+    assert answers.dtype == torch.float32
+    torch.testing.assert_close(answers.sum(1), torch.ones(300), atol=1e-5, rtol=0)
+
+
+@njit(error_model="numpy")
+def _log(x: np.ndarray) -> np.ndarray:
+    rows = np.empty((3, x.shape[0]))
+    rows[0] = x
+    log_row(rows[0], rows[1], rows[2], rows.view(np.int64))
+    return rows[1].copy()
+
+
+@njit(error_model="numpy")
+def _exp(a: np.ndarray) -> np.ndarray:
+    rows = np.empty((2, a.shape[0]))
+    rows[0] = a
+    exp_row(rows[0], rows[0], rows[1], rows.view(np.int64)[1])
+    return rows[0].copy()
+
+
+def test_row_log_and_exp_are_within_one_ulp_of_numpy():
+    rng = np.random.default_rng(5)
+    x = np.concatenate(
+        [10 ** rng.uniform(-307, 0, 50000), rng.uniform(0, 1, 50000), [1.0, 2**-1022]]
+    )
+    ulps = np.abs(_log(x) - np.log(x)) / np.spacing(np.abs(np.log(x)) + 1e-300)
+    assert ulps.max() <= 1.0
+    a = np.concatenate([-rng.uniform(0, 708, 50000), -rng.uniform(0, 1, 50000), [0.0]])
+    assert (np.abs(_exp(a) - np.exp(a)) / np.spacing(np.exp(a))).max() <= 1.0
+    assert _exp(np.array([-708.5, -1e300]))[0] == 0.0
