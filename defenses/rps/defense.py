@@ -304,7 +304,8 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
 
     def predict(self, X: Any) -> npt.NDArray[Any]:
         """Point predictions: the class of highest score (most votes) per point."""
-        return np.asarray(self.classes_[self.predict_scores(X).argmax(axis=1)])
+        best = self.predict_scores(X).argmax(axis=1)
+        return np.asarray(self.classes_[best])
 
     @property
     def _max_radius(self) -> int:

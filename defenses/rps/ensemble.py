@@ -98,6 +98,10 @@ class ConstantClassifier:
         return np.full(n_rows(X), self.label, dtype=np.int64)
 
 
+ABSTAIN = ConstantClassifier(-1)
+"""The classifier of a part that received no training point: it abstains."""
+
+
 class TorchPartClassifier(BaseEstimator):  # type: ignore[misc]
     """Full-batch, deterministic training of a torch model built by a factory.
 
@@ -264,20 +268,37 @@ def train_parts(
     """Hash-partition (X, y) and train one classifier per part.
 
     ``X`` (array, sparse matrix or DataFrame) reaches each part's estimator as its
-    own rows of the same type. Returns the fitted classifiers and each part's row
-    indices.
+    own rows of the same type. A part that received no point abstains
+    (:data:`ABSTAIN`; a poisoned point inserted there makes it vote, a move the
+    abstain-aware bounds of :mod:`defenses.rps.scores` cover). Returns the fitted
+    classifiers and each part's row indices.
     """
-    parts = partition(X, y, n_parts)
+    parts = partition(X, y, n_parts, allow_empty=True)
+    filled = [i for i, p in enumerate(parts) if p.size]
     jobs = [
         delayed(train_part)(
-            estimator, _safe_indexing(X, p), y[p], n_classes, i, random_state
+            estimator,
+            _safe_indexing(X, parts[i]),
+            y[parts[i]],
+            n_classes,
+            i,
+            random_state,
         )
-        for i, p in enumerate(parts)
+        for i in filled
     ]
-    if n_jobs == 1 or n_parts == 1:
-        models = [job[0](*job[1], **job[2]) for job in jobs]
+    if n_jobs == 1 or len(jobs) == 1:
+        trained = [job[0](*job[1], **job[2]) for job in jobs]
     else:
-        models = list(Parallel(n_jobs=n_jobs)(jobs))
+        trained = list(Parallel(n_jobs=n_jobs)(jobs))
+    models: list[PartClassifier] = [ABSTAIN] * n_parts
+    for i, model in zip(filled, trained, strict=True):
+        models[i] = model
+    if len(filled) < n_parts:
+        logger.info(
+            "%d of %d training parts are empty: they abstain",
+            n_parts - len(filled),
+            n_parts,
+        )
     return models, parts
 
 

@@ -3,7 +3,8 @@
 Features are handed to the part estimators as the user gave them (a DataFrame with
 string columns for a ``Pipeline``, a sparse matrix, NaN for an estimator that
 accepts it); this module only checks what every estimator needs (two dimensions, at
-least one sample and one feature) and turns lists into arrays. Labels of any type
+least one sample and one feature), turns lists into arrays and sparse formats
+without row indexing (COO, DIA, DOK, BSR, LIL) into CSR. Labels of any type
 are encoded into ``0..K-1`` against the sorted classes; a missing label (NaN, None,
 ``pandas.NA``) is refused, since it is no class.
 """
@@ -14,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from scipy import sparse
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array, column_or_1d
 
@@ -48,9 +50,12 @@ def check_inputs(X: Any, name: str = "X") -> Any:
                 f"1 is required ({name})."
             )
         return X
-    return check_array(
+    checked = check_array(
         X, accept_sparse=True, dtype=None, ensure_all_finite=False, input_name=name
     )
+    if sparse.issparse(checked) and checked.format not in ("csr", "csc"):
+        return checked.tocsr()
+    return checked
 
 
 def _missing(labels: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
@@ -84,6 +89,10 @@ def check_labels(y: Any, n: int, owner: str) -> npt.NDArray[Any]:
         )
     try:
         check_classification_targets(labels)
+    except TypeError as error:
+        raise TypeError(
+            f"y mixes label types that cannot be ordered ({error}); use one type"
+        ) from error
     except ValueError as error:
         raise ValueError(f"y: {error}") from error
     return np.asarray(labels)

@@ -20,11 +20,14 @@ Rows are hashed through canonical bytes, whatever the input type:
 * a scipy sparse matrix: BLAKE2b (64 bits) of the row's sorted column indices
   (int64) and non-zero values (float64, canonical as above), so explicit zeros and
   the storage format do not matter;
-* a pandas DataFrame: :func:`pandas.util.hash_pandas_object` with ``index=False``
+* an all-numeric pandas DataFrame: as the equal numeric array (so a data set gets
+  the same parts whatever its container); any other DataFrame (string or
+  categorical columns): :func:`pandas.util.hash_pandas_object` with ``index=False``
   (the values and their dtypes, not the index);
 * any other array (strings, objects): BLAKE2b of the row's ``repr`` of each value.
 
-Numeric rows are ordered lexicographically by their values within a label; other
+Numeric rows (arrays or all-numeric frames) are ordered lexicographically by their
+values within a label; other
 rows by their 64-bit hash (distinct rows with equal hashes, probability below
 :math:`n^2 / 2^{65}`, keep their relative order in the data, which insertions and
 deletions of other rows do not change).
@@ -60,6 +63,15 @@ def is_numeric(X: object) -> bool:
     return isinstance(X, np.ndarray) and X.dtype.kind in "biuf"
 
 
+def numeric_values(X: Any) -> npt.NDArray[Any] | None:
+    """The numbers of a numeric array or all-numeric DataFrame; None otherwise."""
+    if is_numeric(X):
+        return np.asarray(X)
+    if is_frame(X) and all(kind in "biuf" for kind in (d.kind for d in X.dtypes)):
+        return np.asarray(X.to_numpy(dtype=np.float64, na_value=np.nan))
+    return None
+
+
 def n_rows(X: Any) -> int:
     """Number of rows of an array, sparse matrix or DataFrame."""
     return int(X.shape[0])
@@ -78,6 +90,16 @@ def _digest(data: bytes) -> int:
 
 def hash_rows(X: Any) -> HashArray:
     """A hash of each row of ``X`` computed from that row alone (see the module)."""
+    numbers = numeric_values(X)
+    if numbers is not None:
+        if numbers.ndim != 2:
+            raise ValueError(f"X must be 2-D (n_samples, n), got {numbers.shape}")
+        floats = np.ascontiguousarray(_canonical_floats(numbers))
+        return np.fromiter(
+            (zlib.crc32(row.tobytes()) for row in floats),
+            dtype=np.uint64,
+            count=len(floats),
+        )
     if is_frame(X):
         from pandas.util import hash_pandas_object  # type: ignore[import-untyped]
 
@@ -100,13 +122,6 @@ def hash_rows(X: Any) -> HashArray:
     array = np.asarray(X)
     if array.ndim != 2:
         raise ValueError(f"X must be 2-D (n_samples, n_features), got {array.shape}")
-    if is_numeric(array):
-        floats = np.ascontiguousarray(_canonical_floats(array))
-        return np.fromiter(
-            (zlib.crc32(row.tobytes()) for row in floats),
-            dtype=np.uint64,
-            count=len(floats),
-        )
     if array.dtype.kind == "c":
         raise TypeError("X holds complex numbers; they have no canonical order")
     return np.fromiter(
@@ -135,7 +150,9 @@ def canonical_order(
     return np.lexsort([hashes, y]).astype(np.int64)
 
 
-def partition(X: Any, y: npt.ArrayLike, n_parts: int) -> list[IntArray]:
+def partition(
+    X: Any, y: npt.ArrayLike, n_parts: int, allow_empty: bool = False
+) -> list[IntArray]:
     """Indices of each part, each in canonical (label, row) order.
 
     Parameters
@@ -146,11 +163,14 @@ def partition(X: Any, y: npt.ArrayLike, n_parts: int) -> list[IntArray]:
         Labels (encoded or not: only their order is used).
     n_parts : int
         Number of parts.
+    allow_empty : bool
+        Return empty parts instead of raising.
 
     Raises
     ------
     ValueError
-        If there are more parts than samples or a part ends up empty.
+        If there are more parts than samples or (unless ``allow_empty``) a part
+        ends up empty.
     """
     k = check_int("n_parts", n_parts, 1)
     n = n_rows(X)
@@ -161,11 +181,11 @@ def partition(X: Any, y: npt.ArrayLike, n_parts: int) -> list[IntArray]:
         raise ValueError(f"n_parts={k} exceeds the number of samples (n_samples = {n})")
     hashes = hash_rows(X)
     parts = (hashes % np.uint64(k)).astype(np.int64)
-    numeric = np.asarray(X) if is_numeric(X) else None
+    numeric = numeric_values(X)
     out: list[IntArray] = []
     for i in range(k):
         members = np.flatnonzero(parts == i)
-        if members.size == 0:
+        if members.size == 0 and not allow_empty:
             raise ValueError(
                 f"part {i} of n_parts={k} received no sample (n_samples = {n}); "
                 "use fewer parts"

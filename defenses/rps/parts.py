@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from defenses.rps.certificate import ProbaGeometry, ScoreGeometry
 from defenses.rps.ensemble import (
+    ABSTAIN,
     PartClassifier,
     PartVoter,
     predict_parts,
@@ -75,8 +76,8 @@ class FittedParts:
 
     @property
     def abstain(self) -> bool:
-        """Whether parts may abstain (a voter's)."""
-        return self.voter is not None
+        """Whether parts may abstain (a voter's, or a trained part left empty)."""
+        return self.voter is not None or any(m == ABSTAIN for m in self.models or [])
 
     @property
     def single(self) -> bool:
@@ -167,7 +168,8 @@ def warn_if_degenerate(
         f"its most common vote to {share:.0%} of the points on average (the largest "
         f"class holds {largest:.0%} of the labels), so the votes barely depend on "
         "the input and the sets grow. Likely cause: too many training parts for the "
-        f"data (n_train_parts={len(votes)}{per_part}); use fewer parts, more "
+        f"data (n_train_parts={len(votes)}{per_part}), or a base model too "
+        "constrained to learn (strong regularisation); use fewer parts, more "
         "training data or a model that learns from few points",
         DegeneratePartsWarning,
         stacklevel=4,
