@@ -183,13 +183,26 @@ def _cmd_report(args: argparse.Namespace) -> int:
         print(text)
         return 0
     readme = None if args.readme is None else Path(args.readme)
-    if readme is not None and not readme.is_file():
-        raise UserError(f"--readme {readme}: no such file")
+    if readme is not None:
+        _check_readme(readme)
     out = Path(args.out or Path(args.results) / "REPORT.md")
     print(f"wrote {write_report(files, Path(args.specs), out, readme)}")
     if readme is not None:
         print(f"refreshed the results block of {readme}")
     return 0
+
+
+def _check_readme(readme: Path) -> None:
+    from defense_suite.report import README_END, README_START
+
+    if not readme.is_file():
+        raise UserError(f"--readme {readme}: no such file")
+    text = readme.read_text(encoding="utf-8")
+    if README_START not in text or README_END not in text:
+        raise UserError(
+            f"--readme {readme}: no results block (the lines {README_START} and "
+            f"{README_END})"
+        )
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -207,7 +220,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         (_plan_run(p, results_dir / f"{p.stem}.jsonl", None, mode), p) for p in paths
     ]
     for number, ((chosen, skip), path) in enumerate(runs, 1):
-        logger.warning("[%d/%d] running %s", number, len(runs), path.name)
+        logger.info("[%d/%d] running %s", number, len(runs), path.name)
         _execute(chosen, results_dir / f"{path.stem}.jsonl", skip, mode)
     out = write_report(_result_files(results_dir), specs, results_dir / "REPORT.md")
     print(f"wrote {out}")

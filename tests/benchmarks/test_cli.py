@@ -86,6 +86,9 @@ def test_run_table_plot_report_end_to_end(tmp_path, capsys):
     assert (results / "plots" / "mini-quick.png").exists()
     assert (results / "plots" / "mini-quick-delta.png").read_bytes()[:4] == b"\x89PNG"
     assert "plots/mini-quick-delta.png" in report
+    (tmp_path / "plain.md").write_text("no block\n")
+    assert main([*args, "--readme", str(tmp_path / "plain.md")]) == 2
+    assert "no results block" in capsys.readouterr().err
     assert main([*args, "--readme", str(readme)]) == 0
     assert "old" not in readme.read_text()
     assert "AUC falls" in readme.read_text()
@@ -241,3 +244,26 @@ def test_list_shows_registered_components(capsys):
     listing = capsys.readouterr().out
     assert "digits-membership" in listing
     assert "loss-mia" in listing
+
+
+def test_bench_writes_only_under_results(tmp_path, capsys):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "mini-quick.toml").write_text(SPEC.replace("[0, 1]", "[0]"))
+    (specs / "mini-full.toml").write_text(SPEC)
+    results = tmp_path / "results"
+    readme = REPO / "README.md"
+    before = readme.read_bytes()
+    args = ["bench", "--specs", str(specs), "--results", str(results)]
+    assert main(args) == 0
+    assert readme.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results", "specs"]
+    assert sorted(p.name for p in results.iterdir()) == [
+        "REPORT.md",
+        "mini-quick.jsonl",
+        "plots",
+    ]
+    assert len(read_jsonl(results / "mini-quick.jsonl")) == 2
+    first = (results / "mini-quick.jsonl").read_bytes()
+    assert main([*args, "--resume"]) == 0
+    assert (results / "mini-quick.jsonl").read_bytes() == first
