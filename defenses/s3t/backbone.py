@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from defenses.checks import check_int, check_real
 from defenses.s3t import inputs
-from defenses.s3t.adapters import running_stats
+from defenses.s3t.adapters import AdaptedModel, Targets, running_stats
 from defenses.threads import single_thread
 
 Norm = Literal["layer", "batch"]
@@ -141,6 +141,21 @@ def frozen_copy(backbone: M) -> M:
     clone = copy.deepcopy(backbone)
     clone.requires_grad_(False)
     return clone
+
+
+def adapt(
+    model: nn.Module, target_modules: Targets | None, head: str | None, keep: bool
+) -> AdaptedModel:
+    """The user's model with its adapter targets (the ResidualMLP's by default)."""
+    if target_modules is None:
+        if not isinstance(model, ResidualMLP):
+            raise ValueError(
+                f"target_modules is required for a {type(model).__name__}: the names "
+                "(or a predicate) of the layers that get the sliced adapters, as in "
+                "peft's LoraConfig(target_modules=...)"
+            )
+        target_modules, head = model.default_targets(), head or "head"
+    return AdaptedModel(model, target_modules, head, keep_mode=keep)
 
 
 def train_module(

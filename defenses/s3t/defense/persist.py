@@ -11,6 +11,7 @@ differs from the model's, naming every differing field.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -124,3 +125,20 @@ def decode(
         np.asarray(payload["classes"]),
         tuple(int(d) for d in payload["input_shape"]),
     )
+
+
+def read(
+    path: str | os.PathLike[str],
+    config: Mapping[str, Any],
+    shards: int,
+    slices: int,
+    n_orders: int,
+) -> State:
+    """The state saved at ``path``; any malformed content is a StateFileError."""
+    payload = store.read(path)
+    try:
+        return decode(payload, config, shards, slices, n_orders)
+    except store.StateFileError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise store.StateFileError(f"{path}: malformed state ({error!r})") from error

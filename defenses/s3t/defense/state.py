@@ -305,3 +305,23 @@ def deletion_receipt(
 def prefixes(orders: Sequence[Order]) -> list[Order]:
     """Every non-empty prefix of the orders (each trained stage), sorted."""
     return sorted({o[:k] for o in orders for k in range(1, len(o) + 1)})
+
+
+def refilled_live(
+    state: State, shards: Sequence[int], orders: Sequence[Order], slices: int
+) -> tuple[tuple[tuple[int, ...], ...], tuple[Slot, ...]]:
+    """The live table after retraining ``shards``, and their empty cells.
+
+    A retrained order serves up to its first empty cell (all of it if none): the
+    stages whose prefix holds an empty cell are not trained, as a fresh fit refuses
+    empty cells.
+    """
+    cells = state.data.empty_cells(len(state.live), slices)
+    empty = tuple(c for c in cells if c[0] in shards)
+    live = list(state.live)
+    for s in shards:
+        gaps = {j for t, j in empty if t == s}
+        live[s] = tuple(
+            next((i for i, j in enumerate(o) if j in gaps), slices) for o in orders
+        )
+    return tuple(live), empty

@@ -13,7 +13,6 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -23,20 +22,13 @@ from torch import nn
 
 from defenses.checks import check_int
 from defenses.cost import count, phase
-from defenses.s3t import inputs, partition, store
-from defenses.s3t.adapters import (
-    AdaptedModel,
-    Targets,
-    fingerprint,
-    running_stats,
-    target_groups,
-)
-from defenses.s3t.backbone import ResidualMLP
-from defenses.s3t.defense import persist
+from defenses.s3t import inputs, partition
+from defenses.s3t.adapters import Targets, fingerprint, running_stats, target_groups
+from defenses.s3t.backbone import adapt
+from defenses.s3t.defense.holder import StateHolder
 from defenses.s3t.defense.state import (
     AllShardsDeadError,
     DeletionReceipt,
-    NotFittedError,
     RetrainReceipt,
     Slot,
     State,
@@ -45,9 +37,8 @@ from defenses.s3t.defense.state import (
     forget_rows,
     partition_data,
     prefixes,
+    refilled_live,
     served_prefixes,
-    stage_lineage,
-    stage_tensors,
     switch_off,
 )
 from defenses.s3t.parallel import EXECUTORS, Executor, run_jobs
@@ -66,21 +57,7 @@ logger = logging.getLogger(__name__)
 FloatArray = npt.NDArray[np.float64]
 
 
-def _adapt(
-    model: nn.Module, target_modules: Targets | None, head: str | None, keep: bool
-) -> AdaptedModel:
-    if target_modules is None:
-        if not isinstance(model, ResidualMLP):
-            raise ValueError(
-                f"target_modules is required for a {type(model).__name__}: the names "
-                "(or a predicate) of the layers that get the sliced adapters, as in "
-                "peft's LoraConfig(target_modules=...)"
-            )
-        target_modules, head = model.default_targets(), head or "head"
-    return AdaptedModel(model, target_modules, head, keep_mode=keep)
-
-
-class Unlearner:
+class Unlearner(StateHolder):
     """Sharded, sliced, staged LoRA training with exact deletion (shared engine).
 
     Use :class:`S3T`, :class:`SISA` or :class:`FullRetrain`; their parameters are
@@ -133,7 +110,7 @@ class Unlearner:
             )
         if self.shared_state and executor != "serial":
             raise ValueError("a model with shared state needs executor='serial'")
-        self.model = _adapt(model, target_modules, head, self.shared_state)
+        self.model = adapt(model, target_modules, head, self.shared_state)
         self.backbone: nn.Module = self.model.module
         self.groups = tuple(target_groups(self.model.targets, self.slices))
         self.fingerprint = fingerprint(self.backbone)
@@ -155,23 +132,6 @@ class Unlearner:
             "head": self.model.head,
             "backbone": self.fingerprint,
         }
-
-    @property
-    def fitted(self) -> bool:
-        """Whether :meth:`fit` has run."""
-        return self._state is not None
-
-    @property
-    def classes_(self) -> npt.NDArray[np.generic]:
-        """The sorted class labels seen at :meth:`fit` (the probability columns)."""
-        return self._require().classes
-
-    def _require(self) -> State:
-        if self._state is None:
-            raise NotFittedError(
-                f"this {type(self).__name__} is not fitted; call fit first"
-            )
-        return self._state
 
     def _inputs(self, X: npt.ArrayLike, state: State | None) -> torch.Tensor:
         shape = None if state is None else state.input_shape
@@ -422,22 +382,11 @@ class Unlearner:
         shards = [s for s in range(self.shards) if not (only_dead and served[s])]
         with phase("retrain"):
             stages, trained = self._train(state, shards)
-        empty = tuple(
-            c
-            for c in state.data.empty_cells(self.shards, self.slices)
-            if c[0] in shards
-        )
-        live = list(state.live)
-        for s in shards:
-            gaps = {j for t, j in empty if t == s}
-            live[s] = tuple(
-                next((i for i, j in enumerate(o) if j in gaps), self.slices)
-                for o in self.orders
-            )
+        live, empty = refilled_live(state, shards, self.orders, self.slices)
         new = dataclasses.replace(
             state,
             stages=stages,
-            live=tuple(live),
+            live=live,
             shared_lineage=self._shared(state, stages),
         )
         self._commit(new)
@@ -458,69 +407,3 @@ class Unlearner:
             empty=empty,
             abstaining=abstaining,
         )
-
-    # ------------------------------------------------------------------ audit
-    def lineage(self) -> dict[str, frozenset[object]]:
-        """Every stored adapter and stage head, and the ids it was trained on.
-
-        Keys are ``shard<s>/prefix<p>/adapter/<layer>`` and
-        ``shard<s>/prefix<p>/head``; ``backbone/buffers`` appears when the model has
-        shared state updated by training (the leak the audit must catch).
-        """
-        return stage_lineage(self._require())
-
-    def active_state(self) -> dict[str, torch.Tensor]:
-        """Every tensor the model holds: backbone, stored adapters and heads."""
-        backbone = {f"backbone/{k}": v for k, v in self.backbone.state_dict().items()}
-        return {**backbone, **stage_tensors(self._require())}
-
-    def stages(self) -> Mapping[StageKey, StageState]:
-        """The stored stages by (shard, prefix) (read-only)."""
-        return MappingProxyType(dict(self._require().stages))
-
-    def training_seconds(self) -> tuple[float, ...]:
-        """Wall time spent training each shard's stored stages."""
-        per = [0.0] * self.shards
-        for (s, _), stage in self._require().stages.items():
-            per[s] += stage.seconds
-        return tuple(per)
-
-    def training_ids(self) -> frozenset[object]:
-        """The ids of the surviving fine-tuning data."""
-        return frozenset(self._require().data.ids)
-
-    # ------------------------------------------------------------------ persist
-    def _commit(self, state: State) -> None:
-        if self.store is not None:
-            store.write_atomic(self.store, store.encode(self._payload(state)))
-        self._state = state
-
-    def _payload(self, state: State) -> dict[str, Any]:
-        return persist.encode(state, self._config())
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the state atomically to ``path``."""
-        store.write_atomic(path, store.encode(self._payload(self._require())))
-
-    def load(self, path: str | os.PathLike[str]) -> Unlearner:
-        """Replace the state by the one saved at ``path``.
-
-        Raises
-        ------
-        StateFileError
-            The file is corrupted or was saved by a model with another class,
-            configuration or backbone. The model is left as it was.
-        """
-        payload = store.read(path)
-        try:
-            state = persist.decode(
-                payload, self._config(), self.shards, self.slices, len(self.orders)
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
-            if isinstance(error, store.StateFileError):
-                raise
-            raise store.StateFileError(
-                f"{path}: malformed state ({error!r})"
-            ) from error
-        self._state = state
-        return self
