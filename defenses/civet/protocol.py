@@ -210,7 +210,7 @@ class VAEInterface:
 def _method(module: nn.Module, name: str, role: str) -> None:
     if not isinstance(name, str) or not callable(getattr(module, name, None)):
         raise TypeError(
-            f"model ({type(module).__name__}) has no method {name!r} for {role}; "
+            f"model ({type(module).__name__}) has no {role} method {name!r}; "
             f"CIVET needs {PROTOCOL}"
         )
 

@@ -128,7 +128,13 @@ class CivetScenario:
     mc_samples: int = 256
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden", tuple(self.hidden))
+        if not isinstance(self.hidden, tuple | list) or not self.hidden:
+            raise ValueError(
+                "CivetScenario.hidden must be a non-empty list of widths, got "
+                f"{self.hidden!r}"
+            )
+        widths = tuple(check_int("CivetScenario.hidden", h, 1) for h in self.hidden)
+        object.__setattr__(self, "hidden", widths)
         if self.data not in DATASETS:
             raise ValueError(
                 f"CivetScenario.data must be one of {DATASETS}, got {self.data!r}"
