@@ -39,6 +39,15 @@ class Dataset:
     coarse: IntArray | None = None
 
     def __post_init__(self) -> None:
+        check_int("Dataset.n_classes", self.n_classes, 1)
+        for name, kinds in (("X", "biuf"), ("y", "iu")):
+            value = getattr(self, name)
+            if not isinstance(value, np.ndarray) or value.dtype.kind not in kinds:
+                raise TypeError(
+                    f"Dataset.{name} must be a numpy array of "
+                    f"{'real numbers' if name == 'X' else 'integer labels'}, got "
+                    f"{getattr(value, 'dtype', type(value).__name__)}"
+                )
         if self.X.ndim != 2 or self.y.shape != (self.X.shape[0],):
             raise ValueError(
                 f"Dataset needs X of shape (n, d) and y of shape (n,), got "
@@ -214,14 +223,22 @@ def stratified_split(
     labels = np.asarray(y)
     if labels.ndim != 1 or labels.size == 0:
         raise ValueError(f"y must be a non-empty 1-D array, got shape {labels.shape}")
-    f = np.asarray(fractions, dtype=np.float64)
-    if (
-        f.ndim != 1
-        or f.size == 0
-        or not np.all(np.isfinite(f))
-        or np.any(f <= 0)
-        or not np.isclose(f.sum(), 1.0)
+    if labels.dtype.kind == "c" or (
+        labels.dtype.kind == "f" and not np.all(np.isfinite(labels))
     ):
+        raise ValueError(
+            f"y must hold finite real or string labels, got {labels.dtype}"
+        )
+    if isinstance(fractions, str) or not isinstance(fractions, Sequence | np.ndarray):
+        raise TypeError(f"fractions must be a sequence of numbers, got {fractions!r}")
+    f = np.array(
+        [
+            check_real(f"fractions[{i}]", v, 0.0, 1.0, open_low=True)
+            for i, v in enumerate(fractions)
+        ],
+        dtype=np.float64,
+    )
+    if f.size == 0 or not np.isclose(f.sum(), 1.0):
         raise ValueError(
             f"fractions must be positive and sum to 1, got {list(fractions)}"
         )

@@ -165,7 +165,9 @@ def accuracy(predicted: npt.ArrayLike, labels: npt.ArrayLike) -> float:
             f"got {p.shape} and {y.shape}"
         )
     if p.size == 0:
-        raise ValueError("accuracy of an empty set is undefined")
+        raise ValueError(
+            "predicted and labels are empty: accuracy of an empty set is undefined"
+        )
     return float(np.mean(p == y))
 
 
@@ -218,13 +220,22 @@ def true_class_logit(
     monotone in the cross-entropy loss but spread out near :math:`p_y = 1`, where
     members and non-members differ (Carlini et al., 2022).
     """
-    s = np.asarray(scores, dtype=np.float64)
+    raw = np.asarray(scores)
+    if raw.dtype.kind not in "biuf":
+        raise TypeError(f"scores must be real numbers, got dtype {raw.dtype}")
+    s = raw.astype(np.float64)
     y = np.asarray(labels)
     if s.ndim != 2 or y.shape != (s.shape[0],):
         raise ValueError(
             f"scores must be (n, K) and labels (n,), got {s.shape} and {y.shape}"
         )
-    if not 0 < floor < 0.5:
-        raise ValueError(f"floor must lie in (0, 0.5), got {floor!r}")
-    p = np.clip(s[np.arange(s.shape[0]), y], floor, 1.0 - floor)
+    if not np.all(np.isfinite(s)):
+        raise ValueError("scores must be finite (found NaN or inf)")
+    if y.size and (y.dtype.kind not in "iu" or y.min() < 0 or y.max() >= s.shape[1]):
+        raise ValueError(
+            f"labels must be integers in [0, {s.shape[1]}), got {y.dtype} labels"
+        )
+    # below 1e-15, 1 - floor rounds to 1 and the logit of a sure score is infinite
+    floor = check_real("floor", floor, 1e-15, 0.5, open_high=True)
+    p = np.clip(s[np.arange(s.shape[0]), y.astype(np.int64)], floor, 1.0 - floor)
     return np.asarray(np.log(p) - np.log1p(-p), dtype=np.float64)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from defenses.checks import check_int
 from defenses.cost import count
 from defenses.threat import Capability, ThreatModel, ThreatModelViolation
 
@@ -40,8 +41,8 @@ class QueryOracle:
     used: int = 0
 
     def __post_init__(self) -> None:
-        if self.budget is not None and self.budget < 0:
-            raise ValueError(f"QueryOracle.budget must be >= 0, got {self.budget}")
+        if self.budget is not None:
+            self.budget = check_int("QueryOracle.budget", self.budget, 0)
 
     @classmethod
     def granted_by(
@@ -68,7 +69,12 @@ class QueryOracle:
 
     def __call__(self, x: npt.ArrayLike) -> npt.NDArray[np.generic]:
         """Answer a batch of queries, shape ``(n, ...)``."""
-        batch = np.asarray(x, dtype=np.float64)
+        raw = np.asarray(x)
+        if raw.dtype.kind not in "biuf":
+            raise TypeError(
+                f"queries must be real numbers, got an array of dtype {raw.dtype}"
+            )
+        batch = raw.astype(np.float64)
         if batch.ndim < 1 or batch.shape[0] == 0:
             raise ValueError(
                 "queries must be a non-empty batch of shape (n, ...), "

@@ -174,7 +174,9 @@ def test_true_class_logit():
     assert values[0] == pytest.approx(0.0)
     assert values[1] == pytest.approx(np.log(9))
     assert values[2] == pytest.approx(np.log((1 - 1e-6) / 1e-6))
-    with pytest.raises(ValueError, match="floor must lie"):
+    with pytest.raises(
+        ValueError, match=r"floor must be a finite number in \[1e-15, 0.5\)"
+    ):
         metrics.true_class_logit(scores, np.array([0, 1, 1]), floor=0.6)
     with pytest.raises(ValueError, match="labels"):
         metrics.true_class_logit(scores, np.array([0, 1]))

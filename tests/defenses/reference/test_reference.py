@@ -52,5 +52,7 @@ def test_bad_parameters():
     with pytest.raises(ValueError, match=r"DigitsMembership\.queries"):
         DigitsMembership(queries=0)
     assert DigitsMembership(members=np.float32(0.2), queries=np.int64(5)).queries == 5
-    with pytest.raises(ValueError, match="floor must lie"):
+    with pytest.raises(
+        ValueError, match=r"floor must be a finite number in \[1e-15, 0.5\)"
+    ):
         LossThresholdAttack(floor=0.7)
