@@ -1,28 +1,38 @@
-"""Speed of the SSD projection, side by side in one run (a measurement benchmark).
+"""Speed and memory of SSD beside its peers, side by side in one run.
 
-For one (N, K) batch of random instances (Dirichlet(0.3) rows ``f`` and ``q``,
-budgets uniform in ``[0, max_budget]``, so that most rows take the non-trivial
-branch; SSD's own budget ``epsilon * H(f)`` exceeds 2 for most such rows at K = 1000,
-where the answer is simply ``q``), time, interleaved and repeated, single-threaded;
-the time is the process CPU time (wall time counts the periods another job holds the
-core, which on a shared 2-core machine swamps the measurement) and the minimum over
-repeats is kept:
+For one (N, K) batch of Dirichlet(0.3) probability rows ``f`` (the same array for
+every variant), time, interleaved and repeated, on one thread; the time is the
+process CPU time (on a shared machine wall time counts the periods another job holds
+the core) and the minimum over repeats is kept:
 
-* ``none``: ``numpy.sort`` of the same (N, K) array, the floor of any sort-based
-  algorithm (the reference variant of the paired deltas);
-* ``water_filling``: the numpy closed form;
-* ``water_filling_torch``: the torch closed form (CPU; optional);
-* ``cvxpy``: :func:`~defenses.ssd.solver.solve_reference` on the first ``cvxpy_rows``
-  rows, reported per row, after one warm-up solve (cvxpy's first call in a process
-  pays for imports and canonicalisation caches, which would flatter the speed-up).
+* ``none``: ``numpy.sort`` of the array, the floor of a sort-based algorithm (the
+  reference variant of the paired deltas);
+* ``one_pass``: ``(f / q).sum(axis=1)`` with ``q`` the prototypes of the rows'
+  arg-max classes, one memory pass over two (N, K) arrays (the floor of any call);
+* ``water_filling`` (and ``water_filling_torch``): the projection alone, towards
+  Dirichlet(0.3) rows ``q`` with budgets uniform in ``[0, max_budget]``, so that most
+  rows take the non-trivial branch;
+* ``ssd``: the whole :class:`~defenses.ssd.defense.StealthyShield` call (budget,
+  pseudo-label, projection, checks) at ``epsilon``, prototypes fitted on Dirichlet
+  rows, one thread; ``ssd_threads``: the same call on every core, timed by wall
+  clock (``cost.wall_seconds``, beside the one-thread call's);
+* ``art_reverse_sigmoid``, ``art_gaussian_noise``, ``art_rounded``,
+  ``art_high_confidence``: IBM ART's post-processors at their defaults;
+* ``cvxpy``: :func:`~defenses.ssd.solver.solve_reference` on ``cvxpy_rows`` rows,
+  per row, after one warm-up solve.
 
-Each record carries its time per row and its ratio to the sort, and the
-``water_filling`` record the largest objective gap to cvxpy on the solved rows.
+Each record carries its time per row, its ratios to the sort, to the memory pass
+and to ReverseSigmoid, and ``extra_memory_per_input_byte``: the peak of memory
+allocated during one call (numpy's allocations, traced by :mod:`tracemalloc`, the
+answer included) over the bytes of ``f``. The ``ssd`` record states the targets of
+the whole call: at most ReverseSigmoid's time, at most 3x the memory pass, at most
+1x the input's bytes in extra memory (1 = met, 0 = not).
 """
 
 from __future__ import annotations
 
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,20 +40,32 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from defenses.checks import check_int, check_keys
+from defenses.checks import check_int, check_keys, check_real
 from defenses.harness import measurement
 from defenses.registry import register
 from defenses.results import Result
+from defenses.ssd.defense import StealthyShield, entropy
 from defenses.ssd.solver import kl_objective, solve_reference
 from defenses.ssd.waterfill import water_filling
 from defenses.threads import single_thread
 
 BENCHMARK = "ssd-perf"
 FloatArray = npt.NDArray[np.float64]
+PASSES = 3.0
+"""Target: the whole call costs at most this many memory passes."""
+MEMORY_SLACK = 0.01
+"""Target: extra memory at most the input's bytes (the answer) and 1% more."""
 
 
 def _positive_int(params: dict[str, Any], name: str, default: int) -> int:
     return check_int(f"{BENCHMARK}.{name}", params.get(name, default), 1)
+
+
+def _flag(params: dict[str, Any], name: str, default: bool) -> bool:
+    value = params.get(name, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{BENCHMARK}: {name} must be true or false, got {value!r}")
+    return value
 
 
 def _cpu_time(function: Callable[[], object]) -> float:
@@ -52,107 +74,207 @@ def _cpu_time(function: Callable[[], object]) -> float:
     return time.process_time() - start
 
 
-def _timings(
-    f: FloatArray, q: FloatArray, budget: FloatArray, repeats: int, with_torch: bool
-) -> dict[str, float]:
-    """Minimum CPU time of each variant over interleaved repeats (single-threaded)."""
-    f_t, q_t, b_t = (torch.from_numpy(a) for a in (f, q, budget))
+def _wall_time(function: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
+
+
+def _extra_memory(function: Callable[[], object], input_bytes: int) -> float:
+    """Peak bytes numpy allocates during one call, per byte of input."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        function()
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    return peak / input_bytes
+
+
+def _variants(
+    f: FloatArray,
+    q: FloatArray,
+    budget: FloatArray,
+    shield: StealthyShield,
+    torch_: bool,
+) -> dict[str, Callable[[], object]]:
+    from art.defences.postprocessor import (
+        GaussianNoise,
+        HighConfidence,
+        ReverseSigmoid,
+        Rounded,
+    )
+
+    gathered = shield.prototypes_[np.argmax(f, axis=1)]  # type: ignore[index]
     variants: dict[str, Callable[[], object]] = {
         "none": lambda: np.sort(f, axis=1),
+        "one_pass": lambda: (f / gathered).sum(axis=1),
         "water_filling": lambda: water_filling(f, q, budget),
+        "ssd": lambda: shield(f),
+        "art_reverse_sigmoid": lambda: ReverseSigmoid()(f),
+        "art_gaussian_noise": lambda: GaussianNoise()(f),
+        "art_rounded": lambda: Rounded()(f),
+        "art_high_confidence": lambda: HighConfidence()(f),
     }
-    if with_torch:
+    if torch_:
+        f_t, q_t, b_t = (torch.from_numpy(a) for a in (f, q, budget))
         variants["water_filling_torch"] = lambda: water_filling(f_t, q_t, b_t)
-    best = dict.fromkeys(variants, np.inf)
-    with single_thread():
-        for _ in range(repeats):
-            for name, function in variants.items():
-                best[name] = min(best[name], _cpu_time(function))
-    return best
+    return variants
+
+
+def _ssd_checks(
+    f: FloatArray, shield: StealthyShield, epsilon: float
+) -> dict[str, float]:
+    """Simplex and budget errors of the call's answers, and the trivial-row share."""
+    answers = shield(f)
+    moved = np.abs(answers - f).sum(axis=1)
+    budget = epsilon * entropy(f)
+    return {
+        "max_sum_error": float(np.abs(answers.sum(axis=1) - 1.0).max()),
+        "max_budget_excess": float(np.max(moved - budget)),
+        "trivial_fraction": float(np.mean(budget >= 2.0)),
+    }
+
+
+def _gap(f: FloatArray, q: FloatArray, budget: FloatArray, rows: int) -> float:
+    reference = solve_reference(f[:rows], q[:rows], budget[:rows])
+    ours = water_filling(f[:rows], q[:rows], budget[:rows])
+    return float(
+        np.max(kl_objective(ours, q[:rows]) - kl_objective(reference, q[:rows]))
+    )
 
 
 @register("benchmarks", BENCHMARK)
 def speed(params: dict[str, Any], seeds: list[int]) -> Iterator[Result]:
-    """Time ``water_filling`` against ``numpy.sort`` and cvxpy.
+    """Time the whole SSD call, its projection and ART's post-processors.
 
     Parameters
     ----------
     params : dict
         ``K`` (classes), ``N`` (rows, default 10,000), ``repeats`` (default 5),
-        ``cvxpy_rows`` (default 5), ``max_budget`` (default 1.0), ``torch``
-        (also time the torch version, default true).
+        ``cvxpy_rows`` (default 5), ``max_budget`` (the projection's budgets,
+        default 1.0), ``epsilon`` (the call's, default 0.5), ``torch`` (also time
+        the torch projection, default true), ``threads`` (also time the call on
+        every core, default true).
     seeds : list of int
         One measurement per seed.
     """
-    allowed = {"K", "N", "repeats", "cvxpy_rows", "max_budget", "torch"}
-    check_keys(BENCHMARK, params, allowed)
+    allowed = {"K", "N", "repeats", "cvxpy_rows", "max_budget", "torch", "epsilon"}
+    check_keys(BENCHMARK, params, allowed | {"threads"})
     k = _positive_int(params, "K", 10)
     n = _positive_int(params, "N", 10_000)
     repeats = _positive_int(params, "repeats", 5)
     rows = min(_positive_int(params, "cvxpy_rows", 5), n)
-    max_budget = float(params.get("max_budget", 1.0))
-    if not 0 < max_budget <= 2:
-        raise ValueError(
-            f"{BENCHMARK}: max_budget must lie in (0, 2], got {max_budget!r}"
-        )
-    with_torch = params.get("torch", True)
-    if not isinstance(with_torch, bool):
-        raise ValueError(
-            f"{BENCHMARK}: torch must be true or false, got {with_torch!r}"
-        )
+    max_budget = params.get("max_budget", 1.0)
+    check_real(f"{BENCHMARK}: max_budget", max_budget, 0.0, 2.0, open_low=True)
+    epsilon = check_real(
+        f"{BENCHMARK}: epsilon", params.get("epsilon", 0.5), 0.0, open_low=True
+    )
+    with_torch = _flag(params, "torch", True)
+    with_threads = _flag(params, "threads", True)
     setting = {
         "torch": with_torch,
+        "threads": with_threads,
         "K": k,
         "N": n,
         "repeats": repeats,
         "cvxpy_rows": rows,
-        "max_budget": max_budget,
+        "max_budget": float(max_budget),
+        "epsilon": epsilon,
     }
     for seed in seeds:
-        rng = np.random.default_rng(seed)
-        f = rng.dirichlet(np.full(k, 0.3), n)
-        q = rng.dirichlet(np.full(k, 0.3), n)
-        budget = rng.uniform(0.0, max_budget, n)
-        best = _timings(f, q, budget, repeats, with_torch)
-        solve_reference(f[-1:], q[-1:], budget[-1:])
-        start = time.process_time()
-        reference = solve_reference(f[:rows], q[:rows], budget[:rows])
-        cvxpy_row = (time.process_time() - start) / rows
-        ours = water_filling(f[:rows], q[:rows], budget[:rows])
-        gap = float(
-            np.max(kl_objective(ours, q[:rows]) - kl_objective(reference, q[:rows]))
-        )
-        full = water_filling(f, q, budget)
-        sort_time = best["none"]
-        for name, seconds in best.items():
-            per_row = seconds / n
-            cost = {
-                "seconds": seconds,
-                "per_row_us": 1e6 * per_row,
-                "ratio_to_sort": seconds / sort_time,
-                "speedup_vs_cvxpy": cvxpy_row / per_row,
-            }
-            utility = {}
-            if name == "water_filling":
-                utility = {
-                    "objective_gap_vs_cvxpy": gap,
-                    "max_sum_error": float(np.abs(full.sum(axis=1) - 1.0).max()),
-                    "max_budget_excess": float(
-                        np.max(np.abs(full - f).sum(axis=1) - budget)
-                    ),
-                }
-            yield measurement(
-                BENCHMARK, name, seed, utility=utility, cost=cost, params=setting
+        yield from _records(seed, setting)
+
+
+def _records(seed: int, setting: dict[str, Any]) -> Iterator[Result]:
+    """The records of one seed (see :func:`speed`)."""
+    k, n, repeats, rows = (setting[key] for key in ("K", "N", "repeats", "cvxpy_rows"))
+    epsilon, max_budget = setting["epsilon"], setting["max_budget"]
+    with_torch, with_threads = setting["torch"], setting["threads"]
+    rng = np.random.default_rng(seed)
+    f = rng.dirichlet(np.full(k, 0.3), n)
+    q = rng.dirichlet(np.full(k, 0.3), n)
+    budget = rng.uniform(0.0, float(max_budget), n)
+    val = rng.dirichlet(np.full(k, 0.3), 2 * k)
+    labels = np.arange(2 * k) % k
+    shield = StealthyShield(epsilon=epsilon, seed=seed, n_threads=1)
+    shield.fit(val, labels)
+    parallel = StealthyShield(epsilon=epsilon, seed=seed).fit(val, labels)
+    variants = _variants(f, q, budget, shield, with_torch)
+    best = dict.fromkeys(variants, np.inf)
+    wall = {"ssd": np.inf, "ssd_threads": np.inf}
+    with single_thread():
+        for function in variants.values():
+            function()  # warm-up: compiles kernels, faults pages in
+        for _ in range(repeats):
+            for name, function in variants.items():
+                best[name] = min(best[name], _cpu_time(function))
+            wall["ssd"] = min(wall["ssd"], _wall_time(variants["ssd"]))
+    memory = {
+        name: _extra_memory(function, f.nbytes) for name, function in variants.items()
+    }
+    if with_threads:
+        parallel(f)
+        for _ in range(repeats):
+            wall["ssd_threads"] = min(
+                wall["ssd_threads"], _wall_time(lambda: parallel(f))
             )
+        memory["ssd_threads"] = _extra_memory(lambda: parallel(f), f.nbytes)
+    solve_reference(f[-1:], q[-1:], budget[-1:])
+    start = time.process_time()
+    solve_reference(f[:rows], q[:rows], budget[:rows])
+    cvxpy_row = (time.process_time() - start) / rows
+    floor = {"sort": best["none"], "pass": best["one_pass"]}
+    floor["sigmoid"] = best["art_reverse_sigmoid"]
+
+    def cost(seconds: float, name: str) -> dict[str, float]:
+        out = {
+            "seconds": seconds,
+            "per_row_us": 1e6 * seconds / n,
+            "ratio_to_sort": seconds / floor["sort"],
+            "ratio_to_one_pass": seconds / floor["pass"],
+            "ratio_to_reverse_sigmoid": seconds / floor["sigmoid"],
+            "speedup_vs_cvxpy": cvxpy_row * n / seconds,
+        }
+        if name in memory:
+            out["extra_memory_per_input_byte"] = memory[name]
+        if name in wall and np.isfinite(wall[name]):
+            out["wall_seconds"] = wall[name]
+        return out
+
+    for name, seconds in best.items():
+        utility: dict[str, float] = {}
+        if name == "water_filling":
+            full = water_filling(f, q, budget)
+            utility = {
+                "objective_gap_vs_cvxpy": _gap(f, q, budget, rows),
+                "max_sum_error": float(np.abs(full.sum(axis=1) - 1.0).max()),
+                "max_budget_excess": float(
+                    np.max(np.abs(full - f).sum(axis=1) - budget)
+                ),
+            }
+        if name == "ssd":
+            utility = _ssd_checks(f, shield, epsilon)
+            utility["meets_reverse_sigmoid"] = float(seconds <= floor["sigmoid"])
+            utility["meets_passes"] = float(seconds <= PASSES * floor["pass"])
+            utility["meets_memory"] = float(memory["ssd"] <= 1.0 + MEMORY_SLACK)
         yield measurement(
-            BENCHMARK,
-            "cvxpy",
-            seed,
-            cost={
-                "seconds": cvxpy_row * n,
-                "per_row_us": 1e6 * cvxpy_row,
-                "ratio_to_sort": cvxpy_row * n / sort_time,
-                "speedup_vs_cvxpy": 1.0,
-            },
+            BENCHMARK, name, seed, utility=utility, cost=cost(seconds, name),
             params=setting,
-        )
+        )  # fmt: skip
+        if name == "ssd" and with_threads:
+            threaded = {
+                "seconds": wall["ssd_threads"],
+                "per_row_us": 1e6 * wall["ssd_threads"] / n,
+                "wall_seconds": wall["ssd_threads"],
+                "speedup_vs_one_thread": wall["ssd"] / wall["ssd_threads"],
+                "extra_memory_per_input_byte": memory["ssd_threads"],
+            }
+            yield measurement(
+                BENCHMARK, "ssd_threads", seed, cost=threaded, params=setting
+            )
+    yield measurement(
+        BENCHMARK, "cvxpy", seed, cost=cost(cvxpy_row * n, "cvxpy"), params=setting
+    )

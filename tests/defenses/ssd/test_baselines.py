@@ -56,14 +56,33 @@ def test_ablation_shields():
 
 
 def test_speed_benchmark_records():
-    results = list(speed({"K": 4, "N": 50, "repeats": 1, "cvxpy_rows": 2}, [0]))
-    variants = [r.defense for r in results]
-    assert variants == ["none", "water_filling", "water_filling_torch", "cvxpy"]
-    wf = results[1]
+    params = {"K": 4, "N": 50, "repeats": 1, "cvxpy_rows": 2}
+    results = {r.defense: r for r in speed(params, [0])}
+    assert list(results) == [
+        "none",
+        "one_pass",
+        "water_filling",
+        "ssd",
+        "ssd_threads",
+        "art_reverse_sigmoid",
+        "art_gaussian_noise",
+        "art_rounded",
+        "art_high_confidence",
+        "water_filling_torch",
+        "cvxpy",
+    ]
+    wf = results["water_filling"]
     assert wf.utility["objective_gap_vs_cvxpy"] <= 1e-6
     assert wf.utility["max_sum_error"] < 1e-12
-    assert results[0].cost["ratio_to_sort"] == 1.0
-    assert results[3].cost["speedup_vs_cvxpy"] == 1.0
+    assert results["none"].cost["ratio_to_sort"] == 1.0
+    assert results["one_pass"].cost["ratio_to_one_pass"] == 1.0
+    assert results["cvxpy"].cost["speedup_vs_cvxpy"] == pytest.approx(1.0)
+    ssd = results["ssd"]
+    assert ssd.utility["max_sum_error"] < 1e-12
+    assert ssd.utility["max_budget_excess"] <= 1e-12
+    assert ssd.utility["meets_memory"] in (0.0, 1.0)
+    assert ssd.cost["extra_memory_per_input_byte"] >= 1.0  # the answer itself
+    assert results["ssd_threads"].cost["speedup_vs_one_thread"] > 0
 
 
 def test_speed_benchmark_rejects_bad_params():
