@@ -126,6 +126,18 @@ def load(name: str) -> Dataset:
     return LOADERS[name]()
 
 
+MAX_ENTRIES = 50_000_000
+"""Largest generated feature matrix (rows times dimension, 400 MB of float64)."""
+
+
+def _check_size(owner: str, rows: int, dim: int) -> None:
+    if rows * dim > MAX_ENTRIES:
+        raise ValueError(
+            f"{owner}: {rows} samples of dimension {dim} exceed {MAX_ENTRIES:,} "
+            "entries; lower per_class, the class counts or dim"
+        )
+
+
 def make_identities(
     rng: np.random.Generator,
     n_classes: int = 50,
@@ -147,6 +159,7 @@ def make_identities(
     check_int("dim", dim, 1)
     check_int("per_class", per_class, 1)
     check_real("spread", spread, 0.0, open_low=True)
+    _check_size("make_identities", int(n_classes) * int(per_class), int(dim))
     prototypes = rng.standard_normal((n_classes, dim))
     y = np.repeat(np.arange(n_classes, dtype=np.int64), per_class)
     X = prototypes[y] + spread * rng.standard_normal((y.size, dim))
@@ -184,6 +197,11 @@ def make_coarse_to_fine(
         ("noise", noise),
     ):
         check_real(name, spread, 0.0, open_low=True)
+    _check_size(
+        "make_coarse_to_fine",
+        int(n_coarse) * int(fine_per_coarse) * int(per_class),
+        int(dim),
+    )
     coarse_means = coarse_spread * rng.standard_normal((n_coarse, dim))
     fine_of = np.repeat(np.arange(n_coarse), fine_per_coarse)
     fine_means = coarse_means[fine_of] + fine_spread * rng.standard_normal(

@@ -7,6 +7,7 @@ parameter (``defenses.testing.assert_rule``), for generated bad and edge inputs.
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from defenses import data, metrics
 from defenses.oracle import QueryBudgetExceeded, QueryOracle
@@ -14,13 +15,21 @@ from defenses.testing import assert_rule, bad_arrays, bad_reals, rule_settings
 
 SCORES = ["scores", "truth"]
 
+# right-shaped scores with NaN, inf and huge entries, beside the shared strategy's
+SCORE_ROWS = hnp.arrays(np.float64, 12, elements=st.floats(allow_nan=True))
+
+# membership bits with both classes, so that bad scores reach the computation
+TRUTH = st.lists(st.booleans(), min_size=10, max_size=10).map(
+    lambda bits: np.array([True, False, *bits])
+)
+
 
 def _rate(value):
     assert 0.0 <= value <= 1.0
 
 
 @rule_settings(25)
-@given(bad_arrays((12,)), bad_arrays((12,)))
+@given(st.one_of(SCORE_ROWS, bad_arrays((12,))), st.one_of(TRUTH, bad_arrays((12,))))
 def test_membership_metrics(scores, truth):
     for function in (metrics.auc, metrics.advantage):
         assert_rule(lambda f=function: f(scores, truth), SCORES, _rate)
@@ -146,6 +155,18 @@ def test_generators(n_classes, dim, per_class, spread):
         ),
         params,
         identities,
+    )
+
+    def fine(dataset):
+        assert dataset.coarse is not None
+        assert dataset.coarse.shape == dataset.y.shape
+
+    assert_rule(
+        lambda: data.make_coarse_to_fine(
+            np.random.default_rng(0), n_coarse=n_classes, dim=dim, per_class=per_class
+        ),
+        ["n_coarse", "dim", "per_class"],
+        fine,
     )
 
 
