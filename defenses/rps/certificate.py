@@ -303,6 +303,7 @@ class Certificate:
         """Whether each (point, class) keeps its membership at (r_t, r_c)."""
         train_radius = check_int("train_radius", train_radius, 0)
         calib_radius = check_int("calib_radius", calib_radius, 0)
+        calib_radius = min(calib_radius, self.thresholds.guard + 1)  # past the guard
         if train_radius > self.max_train_radius:
             return np.zeros(self.sets.shape, dtype=bool)
         ok = self.thresholds.certified(

@@ -85,7 +85,8 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
     softmax : bool
         Smooth vote fractions with a softmax (the paper's default) or use them raw.
     random_state : int
-        Base seed of the per-part training (``random_state * 7919 + part``).
+        Base seed of the per-part training, in [0, 2**32): part ``i`` gets
+        ``(random_state * 7919 + i) mod 2**32``.
     n_jobs : int or None
         Parallel training jobs (joblib; None or 1: one, -1: all cores; not 0).
 

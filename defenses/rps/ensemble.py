@@ -7,8 +7,8 @@ module enforces it:
 * each part is trained on its own rows only, in canonical (label, row) order, of
   the type the user gave (array, sparse matrix or DataFrame);
 * a scikit-learn estimator is cloned per part and, if it has a ``random_state``
-  parameter, gets the seed ``random_state * 7919 + part`` (per-part normalisation
-  comes for free with a ``Pipeline`` holding a scaler);
+  parameter, gets the seed ``(random_state * 7919 + part) mod 2**32`` (per-part
+  normalisation comes for free with a ``Pipeline`` holding a scaler);
 * a torch model factory is trained full-batch by :class:`TorchPartClassifier` with
   its own initialisation, inside a forked torch RNG seeded per part, on one thread;
 * a part holding a single class becomes a constant predictor;
@@ -117,7 +117,7 @@ class TorchPartClassifier(BaseEstimator):  # type: ignore[misc]
     epochs : int
         Full-batch Adam steps.
     lr : float
-        Adam learning rate.
+        Adam learning rate in (0, 1e6]; a run whose loss ends NaN or inf raises.
     seed : int
         Seed of the part's initialisation and training.
     """
@@ -139,8 +139,8 @@ class TorchPartClassifier(BaseEstimator):  # type: ignore[misc]
         if not callable(self.factory):
             raise ValueError(f"factory must be callable, got {self.factory!r}")
         epochs = check_int("epochs", self.epochs, 1)
-        lr = check_real("lr", self.lr, 0.0, open_low=True)
-        seed = check_int("seed", self.seed, 0)
+        lr = check_real("lr", self.lr, 0.0, 1e6, open_low=True)
+        seed = check_int("seed", self.seed, 0, 2**63 - 1)
         inputs = torch.as_tensor(float32_rows(X))
         targets = torch.as_tensor(np.asarray(y), dtype=torch.int64)
         k = int(targets.max()) + 1 if n_classes is None else n_classes
@@ -158,8 +158,14 @@ class TorchPartClassifier(BaseEstimator):  # type: ignore[misc]
                     loss = loss_fn(model(inputs), targets)
                     loss.backward()
                     optimizer.step()
+                final = float(loss.detach())
         finally:
             torch.set_num_threads(threads)
+        finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+        if not (np.isfinite(final) and finite):
+            raise ValueError(
+                f"training diverged (loss {final}) at lr={lr}: use a smaller lr"
+            )
         self.model_ = model.eval()
         self.classes_ = np.arange(k, dtype=np.int64)
         return self
@@ -196,7 +202,7 @@ def float32_rows(X: Any) -> npt.NDArray[np.float32]:
 
 
 def _fresh(estimator: Any, part: int, random_state: int) -> Any:
-    seed = random_state * 7919 + part
+    seed = (random_state * 7919 + part) % 2**32
     if isinstance(estimator, BaseEstimator):
         model = clone(estimator)
         params = model.get_params(deep=False)
@@ -316,6 +322,12 @@ def proba_columns(model: Any, X: Any, n_classes: int) -> FloatArray:
         out[np.arange(n), labels] = 1.0
         return out
     proba = np.asarray(model.predict_proba(X), dtype=np.float64)
+    if not np.all(np.isfinite(proba)):
+        bad = int(np.count_nonzero(~np.isfinite(proba).all(axis=1)))
+        raise ValueError(
+            f"the estimator's predict_proba returned NaN or inf for {bad} row(s) of "
+            "X (values beyond what the model computes with?)"
+        )
     known = np.asarray(
         getattr(model, "classes_", np.arange(proba.shape[1])), dtype=np.int64
     )

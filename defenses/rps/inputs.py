@@ -50,9 +50,20 @@ def check_inputs(X: Any, name: str = "X") -> Any:
                 f"1 is required ({name})."
             )
         return X
-    checked = check_array(
-        X, accept_sparse=True, dtype=None, ensure_all_finite=False, input_name=name
-    )
+    dtype = getattr(X, "dtype", None)
+    if dtype is None:
+        dtype = np.asarray(X).dtype
+    if np.dtype(dtype).kind == "c":
+        raise ValueError(
+            f"Complex data not supported: {name} holds complex numbers; features "
+            "must be real"
+        )
+    try:
+        checked = check_array(
+            X, accept_sparse=True, dtype=None, ensure_all_finite=False, input_name=name
+        )
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from error
     if sparse.issparse(checked) and checked.format not in ("csr", "csc"):
         return checked.tocsr()
     return checked

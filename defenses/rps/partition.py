@@ -123,7 +123,7 @@ def hash_rows(X: Any) -> HashArray:
     if array.ndim != 2:
         raise ValueError(f"X must be 2-D (n_samples, n_features), got {array.shape}")
     if array.dtype.kind == "c":
-        raise TypeError("X holds complex numbers; they have no canonical order")
+        raise ValueError("Complex data not supported: X holds complex numbers")
     return np.fromiter(
         (_digest("\x1f".join(repr(v) for v in row.tolist()).encode()) for row in array),
         dtype=np.uint64,

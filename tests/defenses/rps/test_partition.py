@@ -51,7 +51,7 @@ def test_bad_input():
         part_of(X, 0)
     with pytest.raises(ValueError, match="n_parts"):
         part_of(X, 2.5)
-    with pytest.raises(TypeError, match="complex"):
+    with pytest.raises(ValueError, match="complex"):
         part_of(X.astype(complex), 3)
 
 
