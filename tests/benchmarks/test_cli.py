@@ -267,3 +267,24 @@ def test_bench_writes_only_under_results(tmp_path, capsys):
     first = (results / "mini-quick.jsonl").read_bytes()
     assert main([*args, "--resume"]) == 0
     assert (results / "mini-quick.jsonl").read_bytes() == first
+
+
+def test_every_registered_defense_has_a_party_that_enforces_it():
+    from defense_suite.security import ENFORCED_BY, package_of
+    from defenses.registry import available, load
+
+    missing = {}
+    for name in available("defenses"):
+        if load("defenses", name).__module__.startswith("tests."):
+            continue
+        record = RECORD | {"defense": name, "meta": {"spec": "x-quick"}}
+        package = package_of(read_record(record))
+        if package not in ENFORCED_BY:
+            missing[name] = package
+    assert missing == {}
+
+
+def read_record(data):
+    from defenses.results import Result
+
+    return Result.from_dict(data)
