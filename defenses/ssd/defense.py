@@ -179,7 +179,7 @@ class StealthyShield:
                 raise ValueError(f"seed must be an int or None, got {self.seed!r}")
             check_int("seed", self.seed, 0)
         if self.n_threads is not None:
-            check_int("n_threads", self.n_threads, 1)
+            check_int("n_threads", self.n_threads, 1, 1024)
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         """The constructor's parameters (scikit-learn's protocol)."""

@@ -90,7 +90,7 @@ def _array_keys(inputs: Any, resolution: float | None) -> list[bytes]:
         raise TypeError(
             f"inputs must be numbers, a DataFrame or a sparse matrix, got {error}"
         ) from error
-    rows = rows.reshape(rows.shape[0], -1)
+    rows = rows.reshape(rows.shape[0], int(np.prod(rows.shape[1:])))
     values, off_grid = _grid(rows, resolution)
     return [v.tobytes() + o.tobytes() for v, o in zip(values, off_grid, strict=True)]
 

@@ -153,7 +153,10 @@ def _prepare(
             f"f and q must have the same shape (N, K) with K >= 1, got {f64.shape} and "
             f"{q64.shape}"
         )
-    b64 = np.asarray(budget, dtype=np.float64)
+    b_in = np.asarray(budget)
+    if b_in.dtype.kind not in "fiub":
+        raise ValueError(f"budget must be real numbers, got {b_in.dtype}")
+    b64 = b_in.astype(np.float64)
     _check_budget(b64, f64.shape[0])
     return f64, q64, b64, np.dtype(dtype)
 
@@ -188,7 +191,10 @@ def _prepare_torch(
     q64 = q.detach().to(device=f.device, dtype=torch.float64)
     _check_torch("f", f64, tol)
     _check_torch("q", q64, tol)
-    b64 = torch.as_tensor(budget, dtype=torch.float64).to(f.device)
+    b_in = torch.as_tensor(budget)
+    if b_in.is_complex():
+        raise ValueError(f"budget must be real numbers, got {b_in.dtype}")
+    b64 = b_in.to(device=f.device, dtype=torch.float64)
     if b64.shape != (f.shape[0],):
         raise ValueError(
             f"budget must have shape ({f.shape[0]},), got {tuple(b64.shape)}"
