@@ -433,7 +433,10 @@ def mc_check(
         raise ValueError(
             f"x_adv must have shape {tuple(clean.shape)}, got {tuple(adv.shape)}"
         )
-    limit = np.asarray(bound, dtype=np.float64)
+    limit = np.asarray(bound)
+    if limit.dtype.kind not in "iuf":
+        raise TypeError(f"bound must hold real numbers, got dtype {limit.dtype}")
+    limit = limit.astype(np.float64)
     if limit.shape != (clean.shape[0],) or not np.all(np.isfinite(limit)):
         raise ValueError(f"bound must be finite with shape ({clean.shape[0]},)")
     generator = torch_generator(rng if rng is not None else torch.Generator())

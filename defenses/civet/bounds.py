@@ -66,20 +66,35 @@ class Box:
     upper: torch.Tensor
 
     def validate(self) -> Box:
-        """Return ``self`` after checking shapes, NaN and ``lower <= upper``.
+        """Return ``self`` after checking dtypes, shapes, finiteness and order.
 
         Raises
         ------
+        TypeError
+            If the bounds are not floating-point tensors of one dtype.
         ValueError
-            If the bounds differ in shape, hold NaN or cross.
+            If the bounds differ in shape, hold NaN or inf, or cross.
         """
         if self.lower.shape != self.upper.shape:
             raise ValueError(
                 f"Box bounds must have the same shape, got {tuple(self.lower.shape)} "
                 f"and {tuple(self.upper.shape)}"
             )
-        if bool(torch.isnan(self.lower).any() | torch.isnan(self.upper).any()):
-            raise ValueError("Box bounds hold NaN")
+        for end in (self.lower, self.upper):
+            if not isinstance(end, torch.Tensor) or not end.is_floating_point():
+                raise TypeError(
+                    "Box bounds must be floating-point tensors, got "
+                    f"{getattr(end, 'dtype', type(end).__name__)}"
+                )
+        if self.lower.dtype != self.upper.dtype:
+            raise TypeError(
+                f"Box bounds must share a dtype, got {self.lower.dtype} and "
+                f"{self.upper.dtype}"
+            )
+        if not bool(
+            torch.isfinite(self.lower).all() & torch.isfinite(self.upper).all()
+        ):
+            raise ValueError("Box bounds hold NaN or inf")
         if bool((self.lower > self.upper).any()):
             gap = float((self.lower - self.upper).max())
             raise ValueError(f"Box needs lower <= upper; lower exceeds upper by {gap}")

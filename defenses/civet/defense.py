@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from defenses.checks import check_int
+from defenses.checks import check_int, check_real
 from defenses.civet.baselines import pgd_inputs
 from defenses.civet.certificate import support_loss_bounds
 from defenses.civet.model import kl_standard_normal, sse
@@ -95,25 +95,15 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "pgd_steps", "threads"):
             check_int(f"TrainConfig.{name}", getattr(self, name), minimum=1)
         check_int("TrainConfig.warmup", self.warmup, minimum=0)
-        limits = {
-            "lr": (0.0, math.inf, False),
-            "beta": (0.0, math.inf, True),
-            "eps": (0.0, math.inf, True),
-            "kappa": (0.0, 1.0, True),
-            "ramp": (0.0, 1.0, False),
-        }
-        for name, (low, high, closed) in limits.items():
-            value = getattr(self, name)
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            ok = number and math.isfinite(value) and value <= high
-            ok = ok and (value >= low if closed else value > low)
-            if not ok:
-                left = "[" if closed else "("
-                right = ")" if math.isinf(high) else "]"
-                raise ValueError(
-                    f"TrainConfig.{name} must be a finite number in {left}{low}, "
-                    f"{high}{right}, got {value!r}"
-                )
+        check_real("TrainConfig.lr", self.lr, 0.0, open_low=True)
+        check_real("TrainConfig.beta", self.beta, 0.0)
+        check_real("TrainConfig.eps", self.eps, 0.0)
+        check_real("TrainConfig.kappa", self.kappa, 0.0, 1.0)
+        check_real("TrainConfig.ramp", self.ramp, 0.0, 1.0, open_low=True)
+        if not isinstance(self.levels, tuple | list):
+            raise ValueError(
+                f"TrainConfig.levels must be a sequence of levels, got {self.levels!r}"
+            )
         object.__setattr__(self, "levels", check_levels(tuple(self.levels)))
 
 

@@ -178,6 +178,14 @@ def output_range(graph: fx.GraphModule) -> tuple[float, float] | None:
     return None
 
 
+def parameter_dtype(module: nn.Module) -> torch.dtype:
+    """Dtype of the first floating-point parameter (the default dtype if none)."""
+    for parameter in module.parameters():
+        if parameter.is_floating_point():
+            return parameter.dtype
+    return torch.get_default_dtype()
+
+
 def ibp(module: nn.Module, box: Box) -> Box:
     """Propagate ``box`` through ``module``: a sound, differentiable output box.
 
@@ -198,13 +206,29 @@ def ibp(module: nn.Module, box: Box) -> Box:
 
     Raises
     ------
+    TypeError
+        If ``box`` is not of floating-point tensors in the module's dtype.
     ValueError
-        If ``box`` is malformed (see :meth:`Box.validate`).
+        If ``box`` is malformed (see :meth:`Box.validate`) or its shape does not
+        fit the module.
     UnsupportedLayerError
         If an operation has no sound rule here (e.g. LayerNorm, BatchNorm or
         Dropout in training mode); the message names it.
     """
-    out = _forward(module, box.validate())
+    box = box.validate()
+    dtype = parameter_dtype(module)
+    if any(True for _ in module.parameters()) and box.lower.dtype != dtype:
+        raise TypeError(
+            f"box dtype {box.lower.dtype} does not match the module's parameters "
+            f"({dtype}); cast one of them"
+        )
+    try:
+        out = _forward(module, box)
+    except RuntimeError as error:
+        raise ValueError(
+            f"box of shape {tuple(box.lower.shape)} does not fit "
+            f"{type(module).__name__}: {error}"
+        ) from error
     if not isinstance(out, Box):
         raise UnsupportedLayerError(
             f"{type(module).__name__}.forward must return one tensor, got "

@@ -35,7 +35,7 @@ from torch import fx, nn
 
 from defenses.checks import check_real
 from defenses.civet.bounds import Box, UnsupportedLayerError
-from defenses.civet.graph import output_range, propagate, trace
+from defenses.civet.graph import output_range, parameter_dtype, propagate, trace
 
 PROTOCOL = (
     "a torch.nn.Module with encode(x) -> (mu, logvar), two tensors of shape "
@@ -54,14 +54,6 @@ def evaluation(module: nn.Module) -> Iterator[None]:
     finally:
         for m, mode in modes:
             m.training = mode
-
-
-def parameter_dtype(module: nn.Module) -> torch.dtype:
-    """Dtype of the first floating-point parameter (the default dtype if none)."""
-    for parameter in module.parameters():
-        if parameter.is_floating_point():
-            return parameter.dtype
-    return torch.get_default_dtype()
 
 
 def check_inputs(
