@@ -62,3 +62,19 @@ class FailingDefense:
 
     def wrap(self, learner):
         return _Failing(learner)
+
+
+@register("benchmarks", "test-counter")
+def counter(params, seeds):
+    """A measurement benchmark: one record per seed and variant."""
+    from defenses.harness import measurement
+
+    for seed in seeds:
+        for variant in ("none", "fast"):
+            yield measurement(
+                "test-counter",
+                variant,
+                seed,
+                cost={"seconds": 1.0 + seed},
+                params=params,
+            )

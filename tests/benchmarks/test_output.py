@@ -167,3 +167,18 @@ def test_stale_temporary_files_of_dead_processes_are_removed(tmp_path):
     assert main(["run", str(_spec(tmp_path)), "--out", str(out), "--seeds", "0"]) == 0
     assert not stale.exists()
     assert len(read_jsonl(out)) == 2
+
+
+def test_measurement_specs_never_duplicate_a_key(tmp_path):
+    spec = _spec(
+        tmp_path,
+        'benchmark = "test-counter"\nseeds = [0, 1]\n[params.benchmark]\nn = [1, 2]\n',
+        "counter-quick.toml",
+    )
+    out = tmp_path / "r.jsonl"
+    assert main(["run", str(spec), "--out", str(out), "--seeds", "0"]) == 0
+    assert len(read_jsonl(out)) == 4
+    for flag in ("--resume", "--append", "--resume"):
+        assert main(["run", str(spec), "--out", str(out), flag]) == 0
+        keys = [record_key(r) for r in read_jsonl(out)]
+        assert len(keys) == len(set(keys)) == 8
