@@ -9,6 +9,7 @@ diagonal.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
 
 LOG_FLOOR = 1e-4
 """Rates are drawn from here up (log axes cannot show 0)."""
+
+PANELS_PER_ROW = 4
+"""Panels of the trade-off plot per row."""
 
 HEADLINE = {"membership": "success.auc", "inversion": "success.acc@1"}
 
@@ -78,11 +82,15 @@ def tradeoff_plot(report: AuditReport, out: Path) -> Path | None:
             panels.append((attack, metric, [r for r in runs if r.attack == attack]))
     if not panels:
         return None
+    cols = min(PANELS_PER_ROW, len(panels))
+    rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(
-        1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False
+        rows, cols, figsize=(4.2 * cols, 3.8 * rows), squeeze=False
     )
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
     x = "utility.accuracy"
-    for ax, (attack, metric, runs) in zip(axes[0], panels, strict=True):
+    for ax, (attack, metric, runs) in zip(axes.flat, panels, strict=False):
         for first, cells in summarize(runs, [x, metric]):
             cx, cy = cells[x], cells[metric]
             if cx is None or cy is None:

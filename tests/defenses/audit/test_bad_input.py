@@ -28,7 +28,7 @@ def _valid_report(report):
         assert 0.0 <= result.utility["accuracy"] <= 1.0
 
 
-@rule_settings(max_examples=15)
+@rule_settings(max_examples=10)
 @given(bad_arrays((20, 5)))
 def test_bad_member_features(features):
     assert_rule(
@@ -38,7 +38,7 @@ def test_bad_member_features(features):
     )
 
 
-@rule_settings(max_examples=15)
+@rule_settings(max_examples=10)
 @given(bad_arrays((20,)))
 def test_bad_non_member_labels(labels):
     assert_rule(
@@ -48,7 +48,7 @@ def test_bad_non_member_labels(labels):
     )
 
 
-@rule_settings(max_examples=15)
+@rule_settings(max_examples=10)
 @given(probability_rows(40, 2))
 def test_a_model_answering_bad_probabilities(rows):
     answers = np.asarray(rows)

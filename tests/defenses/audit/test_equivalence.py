@@ -1,6 +1,7 @@
 """An audit given a benchmark scenario's model, data and seed reproduces its numbers."""
 
 import numpy as np
+import pytest
 
 from defenses.audit import AuditConfig, audit
 from defenses.audit.inversion import judge
@@ -45,6 +46,7 @@ def test_membership_numbers_equal_the_reference_scenario():
     assert "aux-data" in report.refused["lira-offline"]
 
 
+@pytest.mark.slow
 def test_inversion_judge_equals_the_ssd_scenario_judge():
     scenario = DigitsInversion(per_target=3)
     r_setup, r_fit, _ = (

@@ -45,20 +45,6 @@ def test_labels_only_refuses_every_score_based_attack_by_name(cancer):
         assert f"`{name}`" in markdown
 
 
-def test_scores_threat_runs_every_attack(cancer):
-    model, members, non_members = cancer
-    report = audit(
-        model,
-        members,
-        non_members,
-        private_class=0,
-        build_model=build_mlp,
-        config=FAST,
-    )
-    assert report.refusals == ()
-    assert ran(report) == {*SCORE_BASED, *LABEL_BASED}
-
-
 def test_without_aux_data_lira_is_refused(cancer):
     model, members, non_members = cancer
     report = audit(
