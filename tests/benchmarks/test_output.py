@@ -144,7 +144,7 @@ def test_ctrl_c_aborts_and_records_nothing_of_the_interrupted_arm(tmp_path):
     ):
         assert process.poll() is None, process.communicate()
         time.sleep(0.1)
-    time.sleep(1.0)  # inside the second (slow) MLP fit
+    time.sleep(2.5)  # well inside the second (slow) MLP fit
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err
