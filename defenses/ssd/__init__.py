@@ -6,6 +6,11 @@ post-processor: :class:`~defenses.ssd.defense.StealthyShield` wraps a deployed m
 (torch module, scikit-learn classifier or callable) and answers each query with the
 KL projection of its output towards a randomly chosen class prototype, within an
 entropy-scaled L1 budget (:func:`~defenses.ssd.waterfill.water_filling`).
+
+Ways in for a user's own model: :mod:`defenses.ssd.sklearn` (a scikit-learn
+meta-estimator), :mod:`defenses.ssd.torch` (a module whose ``state_dict`` carries
+the defense) and :mod:`defenses.ssd.art` (an IBM ART post-processor; importing it
+imports ART).
 """
 
 from defenses.ssd.defense import StealthyShield, default_temperature, entropy

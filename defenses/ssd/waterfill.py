@@ -31,7 +31,10 @@ statistics in one read, then runs Newton's method on each level, whose steps are
 closed form on a shrinking active set and which ends exactly at its solution; rows that
 need many steps fall back to sorting their surviving ratios. The torch version
 follows the paper's GPU algorithm (Alg. 3): one sort, prefix sums and dense masks.
-Both compute in float64 and return the input's dtype.
+Both compute in float64 and return the input's dtype. The closed form is written
+here because no library has it: a general convex solver (cvxpy, kept as
+:func:`~defenses.ssd.solver.solve_reference` for the tests) solves the same problem
+about 10,000 times slower per row.
 
 Entries of ``q`` below ``floor`` are raised to ``floor`` and the rows renormalised
 (in effect: the levels absorb the row's new mass): :math:`\mathrm{KL}(p \| q)` is
