@@ -59,6 +59,7 @@ import numpy.typing as npt
 from sklearn.exceptions import NotFittedError
 
 from defenses.rps import Certificate, ReliableConformalClassifier
+from defenses.rps.inputs import check_inputs
 from defenses.rps.quantile import QuantileMode
 from defenses.rps.settings import check_settings
 from defenses.s3t.defense import DeletionReceipt, RetrainReceipt, Slot, Unlearner
@@ -177,13 +178,12 @@ class ReliableUnlearner:
         ``max_train_radius`` caps the training radius certified (default ``k_t``);
         smaller is faster.
         """
-        features = np.array(X, dtype=np.float64)
+        try:
+            features = np.array(check_inputs(X), dtype=np.float64)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"X must be numeric for the shards: {error}") from error
         labels = np.array(y)
-        if features.ndim != 2:
-            raise ValueError(
-                f"X must be 2-D (n_samples, n_features) for RPS, got {features.shape}"
-            )
-        self._rps = ReliableConformalClassifier.from_voter(
+        rps = ReliableConformalClassifier.from_voter(
             self.voter,
             self.unlearner.classes_,
             features.shape[1],
@@ -192,7 +192,7 @@ class ReliableUnlearner:
             quantile=self._template.quantile,
             softmax=self._template.softmax,
         )
-        self._rps.conformalize(features, labels, max_train_radius)
+        self._rps = rps.conformalize(features, labels, max_train_radius)
         self._calibration = _Calibration(features, labels, max_train_radius)
         return self
 
@@ -206,17 +206,17 @@ class ReliableUnlearner:
         self, X: npt.ArrayLike
     ) -> tuple[npt.NDArray[np.generic], BoolArray]:
         """RPS point predictions and majority sets, boolean (n, K, 1) (as MAPIE)."""
-        return self.rps.predict_set(np.asarray(X, dtype=np.float64))
+        return self.rps.predict_set(X)
 
     def certify(
         self, X: npt.ArrayLike, max_train_radius: int | None = None
     ) -> Certificate:
         """RPS certificate (sets and radii) of the current, post-deletion models."""
-        return self.rps.certify(np.asarray(X, dtype=np.float64), max_train_radius)
+        return self.rps.certify(X, max_train_radius)
 
     def part_votes(self, X: npt.ArrayLike) -> IntArray:
         """Each shard's vote, shape (k_t, n); -1 where a shard is dead."""
-        return self.voter.part_votes(np.asarray(X, dtype=np.float64))
+        return self.voter.part_votes(check_inputs(X))
 
     def predict(self, X: npt.ArrayLike) -> npt.NDArray[np.generic]:
         """The unlearner's own point prediction (shard probabilities averaged)."""
