@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from defenses.checks import check_int
+
 HE_STANDARD_128 = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
 
 
@@ -54,28 +56,25 @@ class CKKSParams:
     scale_bits: int = 40
 
     def __post_init__(self) -> None:
-        n = self.poly_modulus_degree
+        n = check_int("CKKSParams.poly_modulus_degree", self.poly_modulus_degree, 1)
         if n not in HE_STANDARD_128:
             raise ValueError(
                 "CKKSParams.poly_modulus_degree must be one of "
-                f"{sorted(HE_STANDARD_128)}, "
-                f"got {n!r}"
+                f"{sorted(HE_STANDARD_128)}, got {n!r}"
             )
-        bits = tuple(self.coeff_mod_bit_sizes)
-        object.__setattr__(self, "coeff_mod_bit_sizes", bits)
-        if len(bits) < 3 or any(
-            isinstance(b, bool) or not isinstance(b, int) or not 20 <= b <= 60
-            for b in bits
-        ):
+        object.__setattr__(self, "poly_modulus_degree", n)
+        raw = self.coeff_mod_bit_sizes
+        if not isinstance(raw, tuple | list) or len(raw) < 3:
             raise ValueError(
                 "CKKSParams.coeff_mod_bit_sizes must hold >= 3 ints in [20, 60], "
-                f"got {bits!r}"
+                f"got {raw!r}"
             )
-        if not isinstance(self.scale_bits, int) or not 20 <= self.scale_bits <= 59:
-            raise ValueError(
-                "CKKSParams.scale_bits must be an int in [20, "
-                f"59], got {self.scale_bits!r}"
-            )
+        bits = tuple(
+            check_int("CKKSParams.coeff_mod_bit_sizes", b, 20, 60) for b in raw
+        )
+        object.__setattr__(self, "coeff_mod_bit_sizes", bits)
+        scale = check_int("CKKSParams.scale_bits", self.scale_bits, 20, 59)
+        object.__setattr__(self, "scale_bits", scale)
         if any(b != self.scale_bits for b in bits[1:-1]):
             raise ValueError(
                 "CKKSParams is inconsistent: middle primes "
@@ -185,7 +184,7 @@ def load_public(data: bytes) -> Any:
         raise TypeError(f"context must be bytes, got {type(data).__name__}")
     try:
         ctx = _ts().context_from(data)
-    except ValueError as err:
+    except (ValueError, RuntimeError) as err:  # TenSEAL's parse errors
         raise ValueError(f"context: not a serialised TenSEAL context ({err})") from None
     if ctx.is_private() or ctx.has_secret_key():
         raise ValueError(
@@ -209,7 +208,7 @@ def load_ciphertext(ctx: Any, data: bytes, what: str, size: int | None = None) -
         raise TypeError(f"{what} must be bytes, got {type(data).__name__}")
     try:
         vec = _ts().ckks_vector_from(ctx, data)
-    except ValueError as err:
+    except (ValueError, RuntimeError) as err:  # TenSEAL's parse errors
         raise ValueError(f"{what}: not a CKKS ciphertext ({err})") from None
     if len(vec.data.ciphertext()) != 1 or (size is not None and vec.size() != size):
         raise ValueError(

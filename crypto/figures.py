@@ -26,6 +26,13 @@ LORA_CAPTION = (
     "full encrypted weights."
 )
 
+SWEEP_CAPTION = (
+    "One encrypted fine-tuning step per arm: measured over small widths (filled: "
+    "fitted, open: held out) and projected by the operation-count cost model along "
+    "BERT-like shapes (FFN 4d, 128 tokens, d/64 heads, batch 16) to d = 768."
+)
+PAPER_RATIO = 6.94
+
 
 def _mean(values: list[float]) -> tuple[float, float]:
     return float(np.mean(values)), float(np.std(values))
@@ -57,8 +64,64 @@ def _bars(
     return path
 
 
+def _sweep(results: list[Result], path: Path) -> Path:
+    """Measured points, projection curves and the projected ratio at the paper."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    colours: dict[str, str] = {}
+    for r in results:
+        p = r.params.get("benchmark", {})
+        name, role = str(p.get("variant", r.defense)), p.get("role")
+        colour = colours.setdefault(name, f"C{len(colours)}")
+        if role in ("fit", "held-out"):
+            ax.plot(
+                p["d"],
+                r.cost["step_cpu_s"],
+                "o",
+                color=colour,
+                mfc=colour if role == "fit" else "none",
+            )
+    for name, colour in colours.items():
+        curve = sorted(
+            (r.params["benchmark"]["d"], r.cost["projected_step_cpu_s"])
+            for r in results
+            if r.defense == f"curve {name}"
+        )
+        if curve:
+            xs, ys = zip(*curve, strict=True)
+            ax.plot(xs, ys, "-", color=colour, label=name)
+    paper = {
+        r.params["benchmark"]["variant"]: r
+        for r in results
+        if r.params.get("benchmark", {}).get("role") == "projected"
+    }
+    if "lora-gk" in paper:
+        r = paper["lora-gk"]
+        ax.set_title(
+            f"Fine-tuning step: measured up to d = "
+            f"{r.params['benchmark']['measured_up_to_d']}, projected at d = "
+            f"{r.params['benchmark']['d']}",
+            fontsize=10,
+        )
+        ax.annotate(
+            f"projected {r.utility['projected_speedup']:.2f}x\n(paper {PAPER_RATIO}x)",
+            (r.params["benchmark"]["d"], r.cost["projected_step_cpu_s"]),
+            textcoords="offset points",
+            xytext=(-70, 10),
+            fontsize=8,
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("model width d")
+    ax.set_ylabel("CPU seconds per encrypted step")
+    ax.legend(fontsize=7, title="arm", title_fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def figures(results: list[Result], out_dir: Path) -> list[tuple[str, Path]]:
-    """Accuracy per arm (game), attention latency, LoRA vs full timings."""
+    """Accuracy per arm (game), attention latency, LoRA vs full, the step sweep."""
     out_dir.mkdir(parents=True, exist_ok=True)
     out: list[tuple[str, Path]] = []
     game: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -66,6 +129,7 @@ def figures(results: list[Result], out_dir: Path) -> list[tuple[str, Path]]:
         lambda: defaultdict(list)
     )
     lora: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    sweep: list[Result] = []
     for r in results:
         spec = str(r.meta.get("spec", ""))
         if not spec.startswith("crypto"):
@@ -78,6 +142,8 @@ def figures(results: list[Result], out_dir: Path) -> list[tuple[str, Path]]:
         elif r.scenario == "crypto-attention":
             variant = str(r.params.get("benchmark", {}).get("variant", r.defense))
             attention[variant]["ms_per_sequence"].append(r.cost["ms_per_sequence"])
+        elif r.scenario == "crypto-finetune-sweep":
+            sweep.append(r)
         elif r.scenario == "crypto-lora":
             p = r.params.get("benchmark", {})
             name = f"{p.get('variant', r.defense)} d={p.get('d', '?')}"
@@ -119,4 +185,6 @@ def figures(results: list[Result], out_dir: Path) -> list[tuple[str, Path]]:
                 path,
             )
         )
+    if sweep:
+        out.append((SWEEP_CAPTION, _sweep(sweep, out_dir / "crypto_sweep.png")))
     return out

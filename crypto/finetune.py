@@ -53,6 +53,7 @@ from .folding import LORA_GK, Arm, effective_weights, plain_net
 from .model import HEFormer
 from .net import fit
 from .packing import pack, roll_tokens
+from .tasks import check_labels, check_sequences
 
 FloatArray = npt.NDArray[np.float64]
 TRAIN_PARAMS = CKKSParams(8192, (49, 40, 40, 40, 49), 40)
@@ -61,11 +62,16 @@ TRAIN_PARAMS = CKKSParams(8192, (49, 40, 40, 40, 49), 40)
 
 @dataclass
 class StepResult:
-    """Updated weights (model parametrisation), operation counts and seconds."""
+    """Updated weights (model parametrisation), operation counts and seconds.
+
+    ``seconds`` is the step's wall time, ``cpu_seconds`` the CPU time this process
+    spent on it (all threads), which a loaded machine inflates far less.
+    """
 
     weights: dict[str, FloatArray]
     counts: dict[str, int]
     seconds: float
+    cpu_seconds: float = 0.0
 
 
 class KeyOwner:
@@ -135,24 +141,19 @@ class _Services:
         return [Value(self.encrypt(np.asarray(t))) for t in total]
 
 
-def _check_batch(model: HEFormer, X: FloatArray, y: npt.ArrayLike) -> np.ndarray:
+def _check_batch(
+    model: HEFormer, X: npt.ArrayLike, y: npt.ArrayLike
+) -> tuple[FloatArray, npt.NDArray[np.int64]]:
     c = model.config
-    X = np.asarray(X, dtype=np.float64)
-    labels = np.asarray(y)
-    if X.ndim != 3 or X.shape[1:] != (c.n_tokens, c.token_dim):
-        raise ValueError(
-            f"expected sequences of shape (batch, {c.n_tokens}, {c.token_dim}), "
-            f"got {X.shape}"
-        )
-    if labels.shape != (X.shape[0],) or labels.min() < 0 or labels.max() >= c.n_classes:
-        raise ValueError(f"labels must be {X.shape[0]} ints in [0, {c.n_classes})")
-    slots = X.shape[0] * c.n_tokens
+    arr = check_sequences(X, c.n_tokens, c.token_dim)
+    labels = check_labels(y, arr.shape[0], c.n_classes)
+    slots = arr.shape[0] * c.n_tokens
     if slots & (slots - 1):
         raise ValueError(
-            f"batch x tokens = {slots} must be a power of two (slot sums rotate "
+            f"X: batch x tokens = {slots} must be a power of two (slot sums rotate "
             "within the packed vector)"
         )
-    return labels
+    return arr, labels
 
 
 def _run(
@@ -166,9 +167,11 @@ def _run(
     services: _Services,
     max_level: int,
 ) -> StepResult:
-    check_real("lr", lr, 0.0, open_low=True)
-    check_int("steps", steps, 1)
-    labels = _check_batch(model, X, y)
+    lr = check_real("lr", lr, 0.0, open_low=True)
+    steps = check_int("steps", steps, 1)
+    if not isinstance(arm, Arm):
+        raise TypeError(f"arm must be an Arm, got {type(arm).__name__}")
+    X, labels = _check_batch(model, X, y)
     c = model.config
     b, n, slots = X.shape[0], c.n_tokens, services.slots
     net, fold = plain_net(model, arm, X)
@@ -178,8 +181,20 @@ def _run(
     mask[::n] = 1.0 / b
     onehot = np.zeros((c.n_classes, slots))
     onehot[labels, np.arange(b) * n] = 1.0
+    owner = services
+
+    def encrypt(values: FloatArray) -> Any:
+        ev.note("encryptions")
+        return owner.encrypt(values)
+
+    def decrypt(handle: Any) -> FloatArray:
+        ev.note("decryptions")
+        return owner.decrypt(handle)
+
+    # the key owner's work inside the timed step is counted
+    services = _Services(encrypt, decrypt, owner.n, owner.slots)
     ev = Evaluator(backend, max_level, services.fresh)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     zs = [Value(services.encrypt(p)) for p in pack(z, slots)]
     targets = [Value(services.encrypt(t)) for t in onehot]
     for name in net.trained:
@@ -218,14 +233,15 @@ def _run(
                 ]
                 for i in range(len(G))
             ]
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    counts = dict(ev.counts)
     weights = {}
     for name in net.trained:
         W = net.mats[name]
         assert not isinstance(W, np.ndarray)
         folded = np.array([[services.decrypt(v.handle)[0] for v in row] for row in W])
         weights[name] = folded / np.asarray(fold[name], dtype=float)
-    return StepResult(weights, dict(ev.counts), seconds)
+    return StepResult(weights, counts, seconds, cpu)
 
 
 def simulated_step(
@@ -240,6 +256,7 @@ def simulated_step(
     rng: np.random.Generator | None = None,
 ) -> StepResult:
     """The packed step in float64 (optionally with CKKS-like noise)."""
+    X, _ = _check_batch(model, X, y)
     backend = NumpyBackend(noise, rng)
     slots = X.shape[0] * model.config.n_tokens
     services = _Services(
@@ -262,9 +279,14 @@ def encrypted_step(
     owner: KeyOwner | None = None,
 ) -> StepResult:
     """``steps`` encrypted SGD steps (TenSEAL), the server holding a public context."""
+    X, _ = _check_batch(model, X, y)
+    check_real("lr", lr, 0.0, open_low=True)
+    check_int("steps", steps, 1)
+    if not isinstance(arm, Arm):
+        raise TypeError(f"arm must be an Arm, got {type(arm).__name__}")
     if params.slots < X.shape[0] * model.config.n_tokens:
         raise ValueError(
-            f"{X.shape[0]} sequences of {model.config.n_tokens} tokens exceed "
+            f"X: {X.shape[0]} sequences of {model.config.n_tokens} tokens exceed "
             f"{params.slots} slots"
         )
     owner = owner or KeyOwner(params, model.config.n_tokens)
@@ -291,7 +313,7 @@ def reference_step(
     """
     if arm.attention != "gk":
         raise ValueError("the torch reference exists for the Gaussian-kernel arms")
-    labels = _check_batch(model, X, y)
+    X, labels = _check_batch(model, X, y)
     net = copy.deepcopy(model)
     params: list[torch.nn.Parameter]
     if arm.trained == "lora":
@@ -330,7 +352,7 @@ def simulated_loss(
 
     :math:`\tfrac1{2B}\sum_b\lVert\ell_b-y_b\rVert^2`, for either attention.
     """
-    labels = _check_batch(model, X, y)
+    X, labels = _check_batch(model, X, y)
     n = model.config.n_tokens
     net, _ = plain_net(model, arm, X)
     with torch.no_grad():

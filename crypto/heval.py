@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from defenses.checks import check_int
+
 from .evaluator import Evaluator, NumpyBackend, Roll, Value
 from .packing import pack, roll_tokens, unit
 
@@ -303,9 +305,18 @@ def simulate(
     max_level: int = 10**6,
     interactive: bool = True,
 ) -> tuple[FloatArray, dict[str, int]]:
-    """HE simulation of :func:`forward` in float64: (CLS logits, operation counts)."""
+    """HE simulation of :func:`forward` in float64: (CLS logits, operation counts).
+
+    Inputs outside the model's calibrated ranges are refused (``RangeError``), as
+    the client refuses them before encrypting.
+    """
     import torch
 
+    from .train import predict_logits
+
+    predict_logits(model, X, guard=True)  # refuses bad shapes, values and ranges
+    X = np.asarray(X, dtype=np.float64)
+    check_int("max_level", max_level, 1)
     w = HEWeights.from_model(model)
     backend = NumpyBackend(noise, rng)
     n = w.n_tokens

@@ -47,6 +47,7 @@ from .ckks import (
 from .evaluator import Evaluator, Value
 from .heval import HEWeights, forward, lora_factors
 from .packing import pack, roll_tokens
+from .tasks import check_sequences
 from .wire import Channel, Message
 
 if TYPE_CHECKING:
@@ -107,6 +108,10 @@ class Client:
     """
 
     def __init__(self, model: HEFormer, params: CKKSParams):
+        if not isinstance(params, CKKSParams):
+            raise TypeError(f"params must be CKKSParams, got {type(params).__name__}")
+        if not hasattr(model, "config") or not hasattr(model, "calibration"):
+            raise TypeError(f"model must be an HEFormer, got {type(model).__name__}")
         self.model = model
         self.params = params
         self.context = make_context(params)
@@ -148,27 +153,15 @@ class Client:
     def check_inputs(self, X: npt.ArrayLike) -> FloatArray:
         """``X`` as float64 sequences of the model's shape, finite, at least one."""
         c = self.model.config
-        arr = np.asarray(X)
-        if arr.dtype.kind not in "biuf":
-            raise TypeError(f"X must be a real array, got dtype {arr.dtype}")
-        arr = arr.astype(np.float64)
-        if arr.ndim != 3 or arr.shape[1:] != (c.n_tokens, c.token_dim):
-            raise ValueError(
-                f"X: expected sequences of shape (batch, {c.n_tokens}, {c.token_dim}), "
-                f"got {arr.shape}"
-            )
-        if arr.shape[0] == 0:
-            raise ValueError("X is empty: give at least one sequence")
-        if not np.all(np.isfinite(arr)):
-            raise ValueError("X has NaN or inf values")
-        return arr
+        return check_sequences(X, c.n_tokens, c.token_dim)
 
-    def embed(self, X: FloatArray) -> FloatArray:
+    def embed(self, X: npt.ArrayLike) -> FloatArray:
         """Public embedding z = x W_e + P, after the range guard on the plaintext."""
         import torch
 
         from .train import predict_logits
 
+        X = self.check_inputs(X)
         predict_logits(self.model, X, guard=True)
         with torch.no_grad():
             z = self.model.embed_tokens(torch.as_tensor(X, dtype=torch.float64))
@@ -206,6 +199,8 @@ class Client:
         ProtocolError
             For any other request, or a roll of a bad number of copies.
         """
+        if not isinstance(request, Message):
+            raise TypeError(f"request must be a Message, got {type(request).__name__}")
         if request.kind == "refresh":
             self.refreshes += 1
             self.refreshed += len(request.blobs)
@@ -232,7 +227,9 @@ class Client:
     def decrypt_logits(self, message: Message, batch: int) -> FloatArray:
         """Decrypt the logits and read the CLS slot of each of ``batch`` sequences."""
         n = self.model.config.n_tokens
-        check_int("batch", batch, 1, self._slots // n)
+        if not isinstance(message, Message):
+            raise TypeError(f"message must be a Message, got {type(message).__name__}")
+        batch = check_int("batch", batch, 1, self._slots // n)
         if message.kind != "logits":
             raise ProtocolError(f"expected a logits message, got {message.kind!r}")
         if len(message.blobs) != self.model.config.n_classes:
@@ -333,6 +330,10 @@ class Server:
     """
 
     def __init__(self, context: bytes | None, weights: HEWeights, params: CKKSParams):
+        if not isinstance(weights, HEWeights):
+            raise TypeError(f"weights must be HEWeights, got {type(weights).__name__}")
+        if not isinstance(params, CKKSParams):
+            raise TypeError(f"params must be CKKSParams, got {type(params).__name__}")
         self.weights = weights
         self.params = params
         self.context: Any = None

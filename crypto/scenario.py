@@ -29,6 +29,7 @@ from .benchmark.attention import attention_benchmark
 from .benchmark.finetune import finetune_benchmark
 from .benchmark.layer import layer_benchmark
 from .benchmark.lora import lora_benchmark
+from .benchmark.sweep import finetune_sweep
 from .defense import CKKSDefense, EmbeddingNoise
 from .figures import figures
 from .model import ModelConfig
@@ -44,6 +45,7 @@ register("benchmarks", "crypto-attention")(attention_benchmark)
 register("benchmarks", "crypto-lora")(lora_benchmark)
 register("benchmarks", "crypto-finetune")(finetune_benchmark)
 register("benchmarks", "crypto-layer")(layer_benchmark)
+register("benchmarks", "crypto-finetune-sweep")(finetune_sweep)
 register("figures", "crypto")(figures)
 
 

@@ -17,7 +17,6 @@ import numpy as np
 import numpy.typing as npt
 
 from defenses.checks import check_int
-from defenses.data import load_digits
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -49,17 +48,16 @@ class Sequences:
     n_classes: int
 
     def __post_init__(self) -> None:
-        if self.X.ndim != 3 or self.y.shape != (self.X.shape[0],):
+        n_classes = check_int("Sequences.n_classes", self.n_classes, 2)
+        X = np.asarray(self.X)
+        if X.ndim != 3:
             raise ValueError(
-                f"Sequences need X of shape (n, tokens, dim) and y of shape (n,), "
-                f"got {self.X.shape} and {self.y.shape}"
+                f"Sequences.X must have shape (n, tokens, dim), got {X.shape}"
             )
-        if self.X.shape[0] == 0:
-            raise ValueError("Sequences is empty")
-        if not np.all(np.isfinite(self.X)):
-            raise ValueError("Sequences has NaN or inf values")
-        if self.y.min() < 0 or self.y.max() >= self.n_classes:
-            raise ValueError(f"labels must lie in [0, {self.n_classes})")
+        X = check_sequences(X, X.shape[1], X.shape[2])
+        object.__setattr__(self, "X", X)
+        object.__setattr__(self, "y", check_labels(self.y, X.shape[0], n_classes))
+        object.__setattr__(self, "n_classes", n_classes)
 
     def subset(self, index: npt.ArrayLike) -> Sequences:
         """Return the sequences at ``index``."""
@@ -70,8 +68,60 @@ class Sequences:
         return int(self.X.shape[0])
 
 
+def check_sequences(X: npt.ArrayLike, n_tokens: int, token_dim: int) -> FloatArray:
+    """``X`` as float64 sequences of shape (batch >= 1, n_tokens, token_dim), finite.
+
+    Raises
+    ------
+    TypeError
+        If ``X`` is not a real (bool, integer or float) array.
+    ValueError
+        Naming ``X`` for a wrong shape, no sequences, or NaN or inf after the cast.
+    """
+    arr = np.asarray(X)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"X must be a real array, got dtype {arr.dtype}")
+    arr = arr.astype(np.float64)
+    if arr.ndim != 3 or arr.shape[1:] != (n_tokens, token_dim):
+        raise ValueError(
+            f"X: expected sequences of shape (batch, {n_tokens}, {token_dim}), "
+            f"got {arr.shape}"
+        )
+    if arr.shape[0] == 0:
+        raise ValueError("X is empty: give at least one sequence")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError("X has NaN or inf values")
+    return arr
+
+
+def check_labels(y: npt.ArrayLike, n: int, n_classes: int) -> IntArray:
+    """``y`` as ``n`` integer labels in [0, n_classes) (integral floats accepted).
+
+    Raises
+    ------
+    TypeError
+        If ``y`` is not a real array.
+    ValueError
+        Naming ``y`` for a wrong length, fractional or non-finite values, or labels
+        out of range.
+    """
+    arr = np.asarray(y)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"y must be an array of integer labels, got dtype {arr.dtype}")
+    if arr.shape != (n,):
+        raise ValueError(f"y: expected {n} labels, got shape {arr.shape}")
+    values = arr.astype(np.float64)
+    if not np.all(np.isfinite(values)) or np.any(values != np.round(values)):
+        raise ValueError("y must hold whole-number labels (no NaN, inf or fractions)")
+    if n and (values.min() < 0 or values.max() >= n_classes):
+        raise ValueError(f"y: labels must lie in [0, {n_classes})")
+    return values.astype(np.int64)
+
+
 def digit_sequences() -> Sequences:
     """The 1,797 digits as sequences of 8 row tokens of 8 pixels in [0, 1]."""
+    from defenses.data import load_digits  # scikit-learn, only when data is needed
+
     data = load_digits()
     return Sequences(data.X.reshape(-1, 8, 8).copy(), data.y, 10)
 

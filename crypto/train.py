@@ -24,8 +24,9 @@ from tqdm.auto import tqdm
 
 from defenses.checks import check_real
 
+from .approx import RangeError
 from .model import HEFormer, ModelConfig
-from .tasks import Sequences
+from .tasks import Sequences, check_sequences
 
 logger = logging.getLogger(__name__)
 
@@ -163,9 +164,13 @@ def personalise(
 
 def predict_logits(model: HEFormer, X: np.ndarray, guard: bool = True) -> np.ndarray:
     """Plaintext logits of the deployed (polynomial) model, as float64."""
+    X = check_sequences(X, model.config.n_tokens, model.config.token_dim)
     poly = model.config.attention == "gk" and model.calibration.calibrated
     with torch.no_grad():
-        out = model(
-            torch.as_tensor(X, dtype=torch.float64), poly=poly, guard=guard and poly
-        )
+        try:
+            out = model(
+                torch.as_tensor(X, dtype=torch.float64), poly=poly, guard=guard and poly
+            )
+        except RangeError as err:
+            raise RangeError(f"X leaves the model's calibrated ranges: {err}") from None
     return np.asarray(out.numpy(), dtype=np.float64)

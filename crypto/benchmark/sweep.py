@@ -1,0 +1,269 @@
+"""Benchmark ``crypto-finetune-sweep``: the fine-tuning speed-up at the paper's width.
+
+Rho et al. (2025) report 6.94x for LoRA + Gaussian-kernel fine-tuning against full
+fine-tuning + softmax at BERT-base width (d = 768), far beyond what one encrypted
+step can reach on a laptop. This benchmark
+
+1. times one encrypted SGD step (:func:`crypto.finetune.encrypted_step`) of each
+   arm over a grid of widths and sequence lengths, one after the other in one
+   process and under one key per sequence length; the model is fitted on the CPU
+   seconds of this process (wall seconds are recorded beside them: on a shared
+   machine they measure the other processes too);
+2. counts each arm's operations exactly: :class:`~crypto.costmodel.CountModel` is
+   fitted on simulated steps of 15 small shapes and checked on larger ones;
+3. fits the unit costs (:class:`~crypto.costmodel.CostModel`) on every measured
+   width but ``held_out`` and checks them on the held-out width;
+4. projects each arm's step to :data:`~crypto.costmodel.PAPER` (and along a curve of
+   widths up to it), in this package's layout and ring.
+
+Records keep the two apart: measured steps are the arms' own labels (``none`` for
+full + softmax), projections ``paper-width <arm>`` and the curve ``curve <arm>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from defenses.harness import measurement
+from defenses.results import Result
+
+from ..costmodel import PAPER, CostModel, CountModel, Shape, operations
+from ..finetune import TRAIN_PARAMS, KeyOwner, encrypted_step, simulated_step
+from ..folding import Arm
+from ..model import HEFormer, ModelConfig
+from ..tasks import Sequences, digit_sequences
+from ..train import TrainConfig, pretrain
+from .finetune import ARM_NAMES, BASELINE
+from .personalised import int_param
+
+COUNT_DESIGN = tuple(
+    Shape(d, f, n, h, 2)
+    for d, f, n, h in (
+        (2, 1, 2, 1),
+        (2, 1, 2, 2),
+        (2, 1, 4, 1),
+        (2, 2, 2, 1),
+        (2, 1, 4, 2),
+        (2, 2, 2, 2),
+        (3, 1, 2, 1),
+        (2, 3, 2, 1),
+        (2, 1, 8, 1),
+        (2, 2, 4, 1),
+        (4, 1, 2, 2),
+        (4, 1, 2, 1),
+        (3, 1, 4, 1),
+        (3, 2, 2, 1),
+        (6, 1, 2, 3),
+    )
+)
+"""Fifteen small shapes that determine every monomial of the count polynomials."""
+COUNT_CHECK = (Shape(8, 16, 4, 2, 2), Shape(12, 20, 8, 3, 2))
+"""Larger shapes the fitted counts must reproduce exactly."""
+CURVE = (8, 16, 32, 64, 128, 256, 512, 768)
+
+
+def _model(data: Sequences, shape: Shape, epochs: int, seed: int) -> HEFormer:
+    config = ModelConfig(
+        n_tokens=shape.n_tokens,
+        token_dim=data.X.shape[2],
+        d=shape.d,
+        heads=shape.heads,
+        ffn=shape.ffn,
+        n_classes=data.n_classes,
+    )
+    return pretrain(
+        data,
+        config,
+        torch.Generator().manual_seed(seed),
+        TrainConfig(epochs=epochs, batch=128),
+        TrainConfig(epochs=1, lr=3e-3, batch=128, penalty=10.0),
+    )
+
+
+def count_model(arm: Arm, seed: int = 0) -> tuple[CountModel, float]:
+    """The arm's exact operation counts and their largest error on larger shapes."""
+    rng = np.random.default_rng(seed)
+
+    def counted(shape: Shape) -> dict[str, int]:
+        X = rng.random((32, shape.n_tokens, 4))
+        data = Sequences(X, rng.integers(0, 10, 32), 10)
+        model = _model(data, shape, 1, seed)
+        b = shape.batch
+        return simulated_step(model, X[:b], data.y[:b], 0.1, arm).counts
+
+    model = CountModel.fit(COUNT_DESIGN, [counted(s) for s in COUNT_DESIGN])
+    return model, model.max_error(COUNT_CHECK, [counted(s) for s in COUNT_CHECK])
+
+
+def _tokens(data: Sequences, n: int) -> Sequences:
+    """Digits as ``n`` tokens of ``64 / n`` pixels."""
+    return Sequences(data.X.reshape(len(data), n, 64 // n), data.y, data.n_classes)
+
+
+def _list(params: Mapping[str, Any], key: str, default: list[int]) -> list[int]:
+    values = params.get(key, default)
+    if not isinstance(values, list) or not values:
+        raise ValueError(f"benchmark parameter {key} must be a non-empty list")
+    return [int_param({key: v}, key, 1) for v in values]
+
+
+def _arm(name: str) -> Arm:
+    trained, attention = name.split("-")
+    return Arm(trained, attention)
+
+
+def _label(name: str) -> str:
+    return "none" if name == BASELINE else name
+
+
+def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Result]:
+    """Measured steps over widths and lengths, the fitted model, the projection."""
+    widths = _list(params, "widths", [2, 3, 4, 5])
+    tokens = _list(params, "tokens", [2])
+    held_out = int_param(params, "held_out", max(widths))
+    batch = int_param(params, "batch", 4)
+    ratio = int_param(params, "ffn_ratio", 1)
+    epochs = int_param(params, "pretrain_epochs", 1)
+    lr = float(params.get("lr", 0.5))
+    arms = list(params.get("arms", list(ARM_NAMES)))
+    if len(set(widths)) < 4 or held_out not in widths:
+        raise ValueError(
+            "benchmark parameters: widths needs at least four distinct values and "
+            f"held_out one of them, got widths={widths}, held_out={held_out}"
+        )
+    if not arms or any(a not in ARM_NAMES for a in arms) or BASELINE not in arms:
+        raise ValueError(
+            f"benchmark parameter arms must be from {ARM_NAMES} and include "
+            f"{BASELINE}, got {arms}"
+        )
+    bad = [n for n in tokens if 64 % n]
+    if bad:
+        raise ValueError(f"benchmark parameter tokens: {bad} do not divide 64 pixels")
+    digits = digit_sequences()
+    for seed in seeds:
+        order = np.random.default_rng(seed).permutation(len(digits))
+        counts = {name: count_model(_arm(name), seed) for name in arms}
+        points = []
+        wall: dict[tuple[str, Shape], float] = {}
+        for n in tokens:
+            data = _tokens(digits.subset(order[:300]), n)
+            owner = KeyOwner(TRAIN_PARAMS, n)
+            for d in widths:
+                shape = Shape(d, ratio * d, n, 1, batch)
+                model = _model(data, shape, epochs, seed)
+                X, y = data.X[:batch], data.y[:batch]
+                for name in arms:
+                    got = encrypted_step(model, X, y, lr, _arm(name), owner=owner)
+                    want = simulated_step(model, X, y, lr, _arm(name))
+                    diff = max(
+                        float(np.max(np.abs(got.weights[k] - want.weights[k])))
+                        for k in got.weights
+                    )
+                    points.append((name, shape, got.cpu_seconds, got.counts, diff))
+                    wall[name, shape] = got.seconds
+        fit = [p for p in points if p[1].d != held_out]
+        cost = CostModel.fit([operations(p[3], p[1]) for p in fit], [p[2] for p in fit])
+        held = [
+            abs(cost.predict(operations(c, s)) - t) / t
+            for _, s, t, c, _ in points
+            if s.d == held_out
+        ]
+        base = {(s.d, s.n_tokens): t for name, s, t, _, _ in points if name == BASELINE}
+        for name, shape, seconds, step_counts, diff in points:
+            ops = operations(step_counts, shape)
+            predicted = cost.predict(ops)
+            yield measurement(
+                "crypto-finetune-sweep",
+                _label(name),
+                seed,
+                utility={
+                    "speedup_vs_full_softmax": base[shape.d, shape.n_tokens] / seconds,
+                    "step_diff": diff,
+                    "model_error": abs(predicted - seconds) / seconds,
+                },
+                cost={
+                    "step_cpu_s": seconds,
+                    "step_s": wall[name, shape],
+                    "model_step_cpu_s": predicted,
+                    **ops,
+                    "rescalings": ops["ct_ct_mul"] + ops["ct_pt_mul"],
+                    "refresh_rounds": float(step_counts.get("refresh_rounds", 0)),
+                },
+                params={
+                    "variant": name,
+                    "d": shape.d,
+                    "ffn": shape.ffn,
+                    "tokens": shape.n_tokens,
+                    "batch": batch,
+                    "role": "held-out" if shape.d == held_out else "fit",
+                },
+            )
+        yield from _projection(arms, counts, cost, points, held, held_out, seed)
+
+
+def _projection(
+    arms: list[str],
+    counts: Mapping[str, tuple[CountModel, float]],
+    cost: CostModel,
+    points: list[tuple[str, Shape, float, dict[str, int], float]],
+    held: list[float],
+    held_out: int,
+    seed: int,
+) -> Iterable[Result]:
+    widest = max(s.d for _, s, _, _, _ in points)
+    longest = max(s.n_tokens for _, s, _, _, _ in points if s.d == widest)
+    measured = {
+        name: t
+        for name, s, t, _, _ in points
+        if s.d == widest and s.n_tokens == longest
+    }
+
+    def projected(name: str, shape: Shape) -> tuple[float, dict[str, float]]:
+        ops = operations(counts[name][0].predict(shape), shape)
+        return cost.predict(ops), ops
+
+    paper_base, _ = projected(BASELINE, PAPER)
+    for name in arms:
+        seconds, ops = projected(name, PAPER)
+        yield measurement(
+            "crypto-finetune-sweep",
+            f"paper-width {name}",
+            seed,
+            utility={
+                "projected_speedup": paper_base / seconds,
+                "measured_speedup": measured[BASELINE] / measured[name],
+                "heldout_error": max(held),
+                "count_error": counts[name][1],
+            },
+            cost={
+                "projected_step_cpu_s": seconds,
+                **ops,
+                **{f"unit_{k}_ms": 1000 * v for k, v in cost.unit_s.items()},
+            },
+            params={
+                "variant": name,
+                "d": PAPER.d,
+                "ffn": PAPER.ffn,
+                "tokens": PAPER.n_tokens,
+                "heads": PAPER.heads,
+                "batch": PAPER.batch,
+                "measured_up_to_d": widest,
+                "held_out_d": held_out,
+                "role": "projected",
+            },
+        )
+    for d in CURVE:
+        shape = Shape(d, 4 * d, PAPER.n_tokens, max(1, d // 64), PAPER.batch)
+        for name in arms:
+            seconds, _ = projected(name, shape)
+            yield measurement(
+                "crypto-finetune-sweep",
+                f"curve {name}",
+                seed,
+                cost={"projected_step_cpu_s": seconds},
+                params={"variant": name, "d": d, "role": "curve"},
+            )

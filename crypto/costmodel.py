@@ -1,0 +1,228 @@
+r"""The cost of an encrypted fine-tuning step, from its operation counts.
+
+A step of :func:`crypto.finetune.encrypted_step` is a fixed program of CKKS
+operations whose number depends only on the layer's shape
+:math:`s = (d, f, n, h)` (width, feed-forward width, tokens, heads) and the arm. The
+model has two parts:
+
+1. **Operation counts.** Every counter :math:`c_k` the evaluator records
+   (ciphertext-ciphertext and ciphertext-plaintext multiplications, slot sums,
+   polynomial evaluations, client encryptions and decryptions) is a polynomial in
+   the shape; :class:`CountModel` fits it on the monomials of degree <= 2 in
+   :math:`(d, f, n, h)` from counted (simulated) steps, and is exact when it
+   reproduces held-out shapes without error. Rotations follow:
+   :math:`\mathrm{rot} = \mathrm{slot\_sums}\cdot\lceil\log_2(Bn)\rceil` (rotate and
+   add over the :math:`Bn` packed slots of a batch of :math:`B` sequences).
+2. **Unit costs.** At a fixed ring (the step's :math:`N`) each operation costs
+   about the same whatever the width, so the step's time is
+   :math:`T = \sum_k t_k\, o_k` over the operations :math:`o_k` of
+   :data:`OPERATIONS` (a multiplication's :math:`t_k` includes its
+   relinearisation and rescale: TenSEAL rescales after every product, so the
+   rescalings are the multiplications and are not a separate term).
+   The key owner's encryptions and decryptions (``client_crypto``) are one term.
+   :class:`CostModel` fits :math:`t \ge 0` by non-negative least squares on measured
+   steps, weighted by :math:`1/T` so that every width counts as much in relative
+   error.
+
+Projecting to the paper's width evaluates both parts at :data:`PAPER` (BERT-base
+width, 128 tokens, 12 heads, batch 16) in this package's layout and ring.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from defenses.checks import check_int
+
+FloatArray = npt.NDArray[np.float64]
+OPERATIONS = ("ct_ct_mul", "ct_pt_mul", "rotations", "polyval", "client_crypto")
+COUNTERS = (
+    "ct_ct_mul",
+    "ct_pt_mul",
+    "slot_sums",
+    "polyval",
+    "encryptions",
+    "decryptions",
+    "refreshed_values",
+    "refresh_rounds",
+)
+MONOMIALS = (
+    "1",
+    "d",
+    "f",
+    "n",
+    "h",
+    "d^2",
+    "f^2",
+    "n^2",
+    "h^2",
+    "d f",
+    "d n",
+    "d h",
+    "f n",
+    "f h",
+    "n h",
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The shape of one fine-tuning step.
+
+    Parameters
+    ----------
+    d : int
+        Model width (a multiple of ``heads``).
+    ffn : int
+        Feed-forward width.
+    n_tokens : int
+        Tokens per sequence.
+    heads : int
+        Attention heads.
+    batch : int
+        Sequences per step (``batch * n_tokens`` packed slots).
+    """
+
+    d: int
+    ffn: int
+    n_tokens: int
+    heads: int = 1
+    batch: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("d", "ffn", "n_tokens", "heads", "batch"):
+            object.__setattr__(
+                self, name, check_int(f"Shape.{name}", getattr(self, name), 1)
+            )
+        if self.d % self.heads:
+            raise ValueError(
+                f"Shape.d = {self.d} must be a multiple of Shape.heads = {self.heads}"
+            )
+
+    @property
+    def slots(self) -> int:
+        """Packed slots per ciphertext: batch x tokens."""
+        return self.batch * self.n_tokens
+
+    def monomials(self) -> FloatArray:
+        """The values of :data:`MONOMIALS` at this shape."""
+        d, f, n, h = (float(x) for x in (self.d, self.ffn, self.n_tokens, self.heads))
+        linear = [1.0, d, f, n, h]
+        squares = [d * d, f * f, n * n, h * h]
+        products = [d * f, d * n, d * h, f * n, f * h, n * h]
+        return np.array([*linear, *squares, *products], dtype=np.float64)
+
+
+PAPER = Shape(d=768, ffn=3072, n_tokens=128, heads=12, batch=16)
+"""The paper's BERT-base layer (Rho et al., 2025: width 768, FFN 3072, 12 heads,
+sequences of 128 tokens, batch 16)."""
+
+
+def operations(counts: Mapping[str, float], shape: Shape) -> dict[str, float]:
+    """The timed operations of one step from its counters.
+
+    Rotations are derived from the slot sums; ``client_crypto`` is the key owner's
+    encryptions plus decryptions (uploads, refreshes, rolls), which move together.
+    """
+    c = {k: float(counts.get(k, 0)) for k in COUNTERS}
+    return {
+        "ct_ct_mul": c["ct_ct_mul"],
+        "ct_pt_mul": c["ct_pt_mul"],
+        "rotations": c["slot_sums"] * math.ceil(math.log2(shape.slots)),
+        "polyval": c["polyval"],
+        "client_crypto": c["encryptions"] + c["decryptions"],
+    }
+
+
+@dataclass(frozen=True)
+class CountModel:
+    """Per-counter polynomial coefficients on :data:`MONOMIALS` (one arm)."""
+
+    coefficients: Mapping[str, FloatArray]
+
+    @classmethod
+    def fit(
+        cls, shapes: Sequence[Shape], counts: Sequence[Mapping[str, float]]
+    ) -> CountModel:
+        """Least squares of every counter of :data:`COUNTERS` on the monomials.
+
+        Raises
+        ------
+        ValueError
+            If fewer shapes than monomials are given, or the shapes do not
+            determine the coefficients (rank-deficient design).
+        """
+        if len(shapes) != len(counts) or len(shapes) < len(MONOMIALS):
+            raise ValueError(
+                f"CountModel.fit needs as many counts as shapes, at least "
+                f"{len(MONOMIALS)}; got {len(shapes)} shapes and {len(counts)} counts"
+            )
+        A = np.stack([s.monomials() for s in shapes])
+        if np.linalg.matrix_rank(A) < len(MONOMIALS):
+            raise ValueError(
+                "CountModel.fit: the shapes do not determine every monomial "
+                "(vary d, ffn, n_tokens and heads independently)"
+            )
+        out = {}
+        for key in COUNTERS:
+            y = np.array([float(c.get(key, 0)) for c in counts])
+            out[key] = np.linalg.lstsq(A, y, rcond=None)[0]
+        return cls(out)
+
+    def predict(self, shape: Shape) -> dict[str, float]:
+        """The counters at ``shape``."""
+        m = shape.monomials()
+        return {k: float(m @ c) for k, c in self.coefficients.items()}
+
+    def max_error(
+        self, shapes: Sequence[Shape], counts: Sequence[Mapping[str, float]]
+    ) -> float:
+        """Largest absolute difference from the counted values at ``shapes``."""
+        worst = 0.0
+        for shape, c in zip(shapes, counts, strict=True):
+            got = self.predict(shape)
+            worst = max(worst, *(abs(got[k] - float(c.get(k, 0))) for k in COUNTERS))
+        return worst
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds per operation of :data:`OPERATIONS` (one ring, one machine)."""
+
+    unit_s: Mapping[str, float]
+
+    @classmethod
+    def fit(
+        cls, ops: Sequence[Mapping[str, float]], seconds: Sequence[float]
+    ) -> CostModel:
+        r"""Non-negative least squares of :math:`1 = \sum_k t_k o_k / T` over the steps.
+
+        Raises
+        ------
+        ValueError
+            If there are fewer measured steps than operations, or a time is not
+            positive and finite.
+        """
+        from scipy.optimize import nnls
+
+        if len(ops) != len(seconds) or len(ops) < len(OPERATIONS):
+            raise ValueError(
+                f"CostModel.fit needs one time per step and at least "
+                f"{len(OPERATIONS)} steps, got {len(ops)} steps and {len(seconds)} "
+                "times"
+            )
+        T = np.asarray(seconds, dtype=np.float64)
+        if not np.all(np.isfinite(T) & (T > 0)):
+            raise ValueError("CostModel.fit: seconds must be positive and finite")
+        A = np.array([[float(o[k]) for k in OPERATIONS] for o in ops])
+        unit, _ = nnls(A / T[:, None], np.ones_like(T))
+        return cls(dict(zip(OPERATIONS, map(float, unit), strict=True)))
+
+    def predict(self, ops: Mapping[str, float]) -> float:
+        """Seconds of a step with these operations."""
+        return float(sum(self.unit_s[k] * float(ops[k]) for k in OPERATIONS))

@@ -1,0 +1,139 @@
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from defense_suite.crypto.benchmark.sweep import (
+    COUNT_CHECK,
+    COUNT_DESIGN,
+    count_model,
+    finetune_sweep,
+)
+from defense_suite.crypto.costmodel import (
+    MONOMIALS,
+    OPERATIONS,
+    PAPER,
+    CostModel,
+    CountModel,
+    Shape,
+    operations,
+)
+from defense_suite.crypto.figures import figures
+from defense_suite.crypto.folding import Arm
+from defenses.harness import measurement
+
+
+def test_shape_is_validated() -> None:
+    with pytest.raises(ValueError, match=r"Shape\.d"):
+        Shape(0, 4, 2)
+    with pytest.raises(ValueError, match=r"multiple of Shape\.heads"):
+        Shape(6, 4, 2, heads=4)
+    assert Shape(np.int64(4), 8, 2).d == 4
+    assert PAPER.slots == 16 * 128
+    assert len(Shape(2, 2, 2).monomials()) == len(MONOMIALS)
+
+
+def test_rotations_are_log2_of_the_packed_slots_per_slot_sum() -> None:
+    ops = operations({"slot_sums": 5, "encryptions": 3, "decryptions": 2}, PAPER)
+    assert ops["rotations"] == 5 * 11  # 16 x 128 = 2^11 slots
+    assert ops["client_crypto"] == 5
+    assert list(ops) == list(OPERATIONS)
+
+
+def test_count_model_reproduces_larger_shapes_exactly() -> None:
+    model, error = count_model(Arm("lora", "gk"))
+    assert error < 1e-6, "the counts are not the fitted polynomial"
+    # the width's square terms: d^2 plaintext products per frozen matrix
+    counts = model.predict(PAPER)
+    assert counts["ct_pt_mul"] > PAPER.d**2
+    assert all(v >= 0 for v in counts.values())
+
+
+def test_count_model_refuses_an_undetermined_design() -> None:
+    shapes = [Shape(2 + i, 4, 2) for i in range(len(MONOMIALS))]  # n, h fixed
+    with pytest.raises(ValueError, match="do not determine"):
+        CountModel.fit(shapes, [{} for _ in shapes])
+    with pytest.raises(ValueError, match="at least"):
+        CountModel.fit(COUNT_DESIGN[:3], [{}] * 3)
+    assert len(COUNT_DESIGN) >= len(MONOMIALS)
+    assert all(s.d > 6 for s in COUNT_CHECK)
+
+
+def test_cost_model_recovers_unit_costs() -> None:
+    rng = np.random.default_rng(0)
+    unit = {"ct_ct_mul": 4e-3, "ct_pt_mul": 1e-3, "rotations": 3e-3}
+    unit |= {"polyval": 2e-2, "client_crypto": 2.5e-3}
+    ops = [{k: float(rng.integers(10, 5000)) for k in OPERATIONS} for _ in range(12)]
+    seconds = [sum(unit[k] * o[k] for k in OPERATIONS) for o in ops]
+    model = CostModel.fit(ops, seconds)
+    for k in OPERATIONS:
+        assert math.isclose(model.unit_s[k], unit[k], rel_tol=1e-6)
+    assert math.isclose(model.predict(ops[0]), seconds[0], rel_tol=1e-9)
+    with pytest.raises(ValueError, match="positive"):
+        CostModel.fit(ops, [0.0] * 12)
+    with pytest.raises(ValueError, match="at least"):
+        CostModel.fit(ops[:2], seconds[:2])
+
+
+@pytest.mark.parametrize(
+    ("params", "match"),
+    [
+        ({"widths": [2, 3, 4]}, "four distinct"),
+        ({"widths": [2, 3, 4, 5], "held_out": 8}, "held_out"),
+        ({"arms": ["lora-gk"]}, "include full-softmax"),
+        ({"widths": 3}, "non-empty list"),
+        ({"tokens": [2, 3]}, "do not divide"),
+    ],
+)
+def test_sweep_refuses_bad_parameters(params: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        list(finetune_sweep(params, [0]))
+
+
+def test_sweep_figure(tmp_path: Path) -> None:
+    rows = []
+    for name in ("full-softmax", "lora-gk"):
+        for d, t in ((2, 1.0), (4, 2.0)):
+            rows.append(
+                measurement(
+                    "crypto-finetune-sweep",
+                    name,
+                    0,
+                    cost={"step_cpu_s": t},
+                    params={"variant": name, "d": d, "role": "fit"},
+                )
+            )
+        for d in (8, 768):
+            rows.append(
+                measurement(
+                    "crypto-finetune-sweep",
+                    f"curve {name}",
+                    0,
+                    cost={"projected_step_cpu_s": float(d)},
+                    params={"variant": name, "d": d, "role": "curve"},
+                )
+            )
+        rows.append(
+            measurement(
+                "crypto-finetune-sweep",
+                f"paper-width {name}",
+                0,
+                utility={"projected_speedup": 2.0},
+                cost={"projected_step_cpu_s": 768.0},
+                params={
+                    "variant": name,
+                    "d": 768,
+                    "measured_up_to_d": 4,
+                    "role": "projected",
+                },
+            )
+        )
+    for r in rows:
+        r.meta["spec"] = "crypto_sweep-quick"
+    [(caption, path)] = figures(rows, tmp_path)
+    assert path.name == "crypto_sweep.png"
+    assert path.stat().st_size > 0
+    assert "projected" in caption
