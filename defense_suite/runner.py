@@ -205,10 +205,16 @@ def run_plan(
         for number, (function, setting) in enumerate(chosen.measurements, 1):
             bar.update(len(chosen.seeds))
             start = time.perf_counter()
-            results = [
-                dataclasses.replace(r, meta={**r.meta, **meta})
-                for r in function(setting, chosen.seeds)
-            ]
+            try:
+                results = [
+                    dataclasses.replace(r, meta={**r.meta, **meta})
+                    for r in function(setting, chosen.seeds)
+                ]
+            except (ValueError, TypeError) as error:
+                # a measurement checks its parameters when it runs: name the spec
+                raise SpecError(
+                    f"{chosen.spec.name}: [params.benchmark] {setting}: {error}"
+                ) from error
             if check is not None:
                 check()
             fresh = [r for r in results if record_key(r) not in done]

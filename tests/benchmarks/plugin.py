@@ -69,6 +69,8 @@ def counter(params, seeds):
     """A measurement benchmark: one record per seed and variant."""
     from defenses.harness import measurement
 
+    if params.get("refuse"):
+        raise ValueError("test-counter: unknown parameter(s) ['refuse']")
     for seed in seeds:
         for variant in ("none", "fast"):
             yield measurement(

@@ -182,3 +182,17 @@ def test_measurement_specs_never_duplicate_a_key(tmp_path):
         assert main(["run", str(spec), "--out", str(out), flag]) == 0
         keys = [record_key(r) for r in read_jsonl(out)]
         assert len(keys) == len(set(keys)) == 8
+
+
+def test_a_measurement_refusing_its_parameters_names_the_spec(tmp_path, capsys):
+    spec = _spec(
+        tmp_path,
+        'benchmark = "test-counter"\n[params.benchmark]\nrefuse = true\n',
+        "refusing-quick.toml",
+    )
+    out = tmp_path / "r.jsonl"
+    assert main(["run", str(spec), "--out", str(out)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("defense-suite: error: refusing-quick: [params.benchmark]")
+    assert "refuse" in line
+    assert not out.exists()
