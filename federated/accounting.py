@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Literal
 
-from defenses.checks import check_real
+from defenses.checks import check_int, check_real
 
 Accountant = Literal["rdp", "prv"]
 ORDERS: tuple[float, ...] = (
@@ -43,14 +43,14 @@ class UnreachableBudget(ValueError):
     """No sampling rate in the allowed range makes epsilon hit the budget."""
 
 
-def check_delta(delta: float) -> None:
-    """Raise ValueError unless ``0 < delta < 1``."""
-    check_real("delta", delta, 0.0, 1.0, open_low=True, open_high=True)
+def check_delta(delta: object) -> float:
+    """``delta`` as a float; ValueError unless ``0 < delta < 1``."""
+    return check_real("delta", delta, 0.0, 1.0, open_low=True, open_high=True)
 
 
-def check_budget(budget: float, what: str = "budget") -> None:
-    """Raise ValueError unless ``budget`` is a finite number > 0."""
-    check_real(what, budget, 0.0, open_low=True)
+def check_budget(budget: object, what: str = "budget") -> float:
+    """``budget`` as a float; ValueError unless it is a finite number > 0."""
+    return check_real(what, budget, 0.0, open_low=True)
 
 
 def check_accountant(accountant: str) -> None:
@@ -62,18 +62,16 @@ def check_accountant(accountant: str) -> None:
 def check_history(history: Sequence[Phase]) -> list[Phase]:
     """Validate and normalise a history; return it as a list of float/int tuples."""
     out: list[Phase] = []
+    if isinstance(history, str | bytes) or not isinstance(history, Sequence):
+        raise TypeError(f"history must be a list of (sigma, q, steps), got {history!r}")
     for i, item in enumerate(history):
-        if len(item) != 3:
+        if not isinstance(item, Sequence) or len(item) != 3:
             raise ValueError(f"history[{i}] must be (sigma, q, steps), got {item!r}")
-        sigma, q, steps = float(item[0]), float(item[1]), item[2]
-        if not math.isfinite(sigma) or sigma <= 0:
-            raise ValueError(f"history[{i}]: sigma must be finite and > 0, got {sigma}")
-        if not 0.0 <= q <= 1.0:
-            raise ValueError(f"history[{i}]: q must lie in [0, 1], got {q}")
-        if isinstance(steps, bool) or int(steps) != steps or steps < 0:
-            raise ValueError(f"history[{i}]: steps must be an int >= 0, got {steps!r}")
+        sigma = check_real(f"history[{i}] sigma", item[0], 0.0, open_low=True)
+        q = check_real(f"history[{i}] q", item[1], 0.0, 1.0)
+        steps = check_int(f"history[{i}] steps", item[2], 0)
         if steps > 0 and q > 0:
-            out.append((sigma, q, int(steps)))
+            out.append((sigma, q, steps))
     return out
 
 
@@ -90,23 +88,34 @@ def merge(history: Sequence[Phase]) -> list[Phase]:
 
 @functools.lru_cache(maxsize=4096)
 def _epsilon_cached(history: tuple[Phase, ...], delta: float, accountant: str) -> float:
-    from opacus.accountants import PRVAccountant, RDPAccountant
-
     if not history:
         return 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if accountant == "rdp":
-            rdp = RDPAccountant()
-            rdp.history = list(history)
-            eps = float(rdp.get_privacy_spent(delta=delta, alphas=list(ORDERS))[0])
-        else:
-            prv = PRVAccountant()
-            prv.history = list(history)
-            eps = float(prv.get_epsilon(delta=delta))
+        try:
+            eps = _accounted(history, delta, accountant)
+        except ArithmeticError as error:  # e.g. sigma near 0 or huge
+            raise ValueError(
+                f"the {accountant} accountant cannot evaluate (sigma, q) "
+                f"{[(p[0], p[1]) for p in history]} at delta={delta}: {error!r}"
+            ) from None
     if math.isnan(eps):
-        raise ValueError(f"the {accountant} accountant returned NaN for {history}")
+        raise ValueError(
+            f"the {accountant} accountant returned NaN for (sigma, q, steps) {history}"
+        )
     return eps
+
+
+def _accounted(history: tuple[Phase, ...], delta: float, accountant: str) -> float:
+    from opacus.accountants import PRVAccountant, RDPAccountant
+
+    if accountant == "rdp":
+        rdp = RDPAccountant()
+        rdp.history = list(history)
+        return float(rdp.get_privacy_spent(delta=delta, alphas=list(ORDERS))[0])
+    prv = PRVAccountant()
+    prv.history = list(history)
+    return float(prv.get_epsilon(delta=delta))
 
 
 def epsilon(
@@ -116,11 +125,9 @@ def epsilon(
 
     An empty history (or one whose phases all have ``q = 0`` or no steps) spends 0.
     """
-    check_delta(delta)
+    delta = check_delta(delta)
     check_accountant(accountant)
-    return _epsilon_cached(
-        tuple(merge(check_history(history))), float(delta), accountant
-    )
+    return _epsilon_cached(tuple(merge(check_history(history))), delta, accountant)
 
 
 def _bisect_rate(
@@ -142,8 +149,9 @@ def _bisect_rate(
 
     if eps_at(low) > budget:
         raise UnreachableBudget(
-            f"budget {budget} is already exceeded at the smallest allowed rate "
-            f"q={low:.4g} ({eps_at(low):.4g}); lower the saving rate or raise sigma"
+            f"budget {budget} at delta={delta} is already exceeded at the smallest "
+            f"allowed rate q={low:.4g} (epsilon {eps_at(low):.4g}); lower the saving "
+            "rate, raise sigma or delta"
         )
     top = eps_at(1.0)
     if top <= budget:
@@ -189,7 +197,6 @@ def _bisect_rate(
     )
 
 
-@functools.lru_cache(maxsize=1024)
 def solve_uniform_rate(
     budget: float,
     delta: float,
@@ -205,15 +212,27 @@ def solve_uniform_rate(
     UnreachableBudget
         If even q = 1 spends less than the budget.
     """
-    check_budget(budget)
-    check_delta(delta)
+    budget = check_budget(budget)
+    delta = check_delta(delta)
     check_accountant(accountant)
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    return _bisect_rate((), sigma, steps, budget, delta, accountant, 0.0, tolerance)
+    sigma = check_real("sigma", sigma, 0.0, open_low=True)
+    steps = check_int("steps", steps, 1)
+    tolerance = check_real("tolerance", tolerance, 0.0, 1.0, open_low=True)
+    return _uniform_rate(budget, delta, sigma, steps, accountant, tolerance)
 
 
 @functools.lru_cache(maxsize=1024)
+def _uniform_rate(
+    budget: float,
+    delta: float,
+    sigma: float,
+    steps: int,
+    accountant: str,
+    tolerance: float,
+) -> float:
+    return _bisect_rate((), sigma, steps, budget, delta, accountant, 0.0, tolerance)
+
+
 def solve_spend_rate(
     budget: float,
     delta: float,
@@ -235,18 +254,36 @@ def solve_spend_rate(
     UnreachableBudget
         If the saving phase alone exceeds the budget or q = 1 cannot spend it.
     """
-    check_budget(budget)
-    check_delta(delta)
+    budget = check_budget(budget)
+    delta = check_delta(delta)
     check_accountant(accountant)
-    if spend_steps < 1:
-        raise ValueError(f"spend_steps must be >= 1, got {spend_steps}")
+    sigma = check_real("sigma", sigma, 0.0, open_low=True)
+    save_rate = check_real("save_rate", save_rate, 0.0, 1.0, open_low=True)
+    save_steps = check_int("save_steps", save_steps, 0)
+    spend_steps = check_int("spend_steps", spend_steps, 1)
+    tolerance = check_real("tolerance", tolerance, 0.0, 1.0, open_low=True)
+    return _spend_rate(
+        budget, delta, sigma, save_rate, save_steps, spend_steps, accountant, tolerance
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _spend_rate(
+    budget: float,
+    delta: float,
+    sigma: float,
+    save_rate: float,
+    save_steps: int,
+    spend_steps: int,
+    accountant: str,
+    tolerance: float,
+) -> float:
     prefix = tuple(check_history([(sigma, save_rate, save_steps)]))
     return _bisect_rate(
         prefix, sigma, spend_steps, budget, delta, accountant, save_rate, tolerance
     )
 
 
-@functools.lru_cache(maxsize=256)
 def solve_noise_multiplier(
     budget: float,
     delta: float,
@@ -260,12 +297,24 @@ def solve_noise_multiplier(
     Bisects sigma on a log scale in [0.05, 1000] so that
     ``eps([(sigma, rate, steps)])`` lies in ``[(1 - tolerance) budget, budget]``.
     """
-    check_budget(budget)
-    check_delta(delta)
+    budget = check_budget(budget)
+    delta = check_delta(delta)
     check_accountant(accountant)
-    if not 0.0 < rate <= 1.0 or steps < 1:
-        raise ValueError(f"need rate in (0, 1] and steps >= 1, got {rate}, {steps}")
+    rate = check_real("rate", rate, 0.0, 1.0, open_low=True)
+    steps = check_int("steps", steps, 1)
+    tolerance = check_real("tolerance", tolerance, 0.0, 1.0, open_low=True)
+    return _noise_multiplier(budget, delta, rate, steps, accountant, tolerance)
 
+
+@functools.lru_cache(maxsize=256)
+def _noise_multiplier(
+    budget: float,
+    delta: float,
+    rate: float,
+    steps: int,
+    accountant: str,
+    tolerance: float,
+) -> float:
     def eps_at(sigma: float) -> float:
         return _epsilon_cached(((sigma, rate, steps),), delta, accountant)
 

@@ -30,7 +30,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from defenses.checks import check_real
+from defenses.checks import check_int, check_real
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -109,18 +109,26 @@ class LocalData:
     n_classes: int
 
     def __post_init__(self) -> None:
+        if not isinstance(self.X, np.ndarray) or not isinstance(self.y, np.ndarray):
+            raise TypeError("LocalData.X and LocalData.y must be numpy arrays")
         if self.X.ndim != 2 or self.y.shape != (self.X.shape[0],):
             raise ValueError(
-                f"client data needs X (n, d) and y (n,), got {self.X.shape}, "
-                f"{self.y.shape}"
+                f"LocalData needs X (n, d) and y (n,), got X {self.X.shape}, "
+                f"y {self.y.shape}"
             )
         if self.X.shape[0] == 0:
-            raise ValueError("a client has no data (n = 0)")
-        if not np.all(np.isfinite(self.X)):
-            raise ValueError("client features contain NaN or inf")
+            raise ValueError("LocalData.X has no rows: a client has no data")
+        if self.X.dtype.kind not in "fiu" or self.y.dtype.kind not in "iu":
+            raise TypeError(
+                f"LocalData.X must be real and y integer, got {self.X.dtype}, "
+                f"{self.y.dtype}"
+            )
+        if not np.all(np.isfinite(self.X.astype(np.float64))):
+            raise ValueError("LocalData.X contains NaN or inf")
+        check_int("LocalData.n_classes", self.n_classes, 1)
         if self.y.min() < 0 or self.y.max() >= self.n_classes:
             raise ValueError(
-                f"client labels must lie in [0, {self.n_classes}), got "
+                f"LocalData.y labels must lie in [0, {self.n_classes}), got "
                 f"[{self.y.min()}, {self.y.max()}]"
             )
 
@@ -141,8 +149,7 @@ class StepPlan:
 
     def __post_init__(self) -> None:
         check_real("rate", self.rate, 0.0, 1.0, open_low=True)
-        if self.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {self.steps!r}")
+        check_int("steps", self.steps, 1)
         if self.sigma is not None:
             check_real("sigma", self.sigma, 0.0, open_low=True)
 
@@ -315,10 +322,22 @@ def local_train(
     check_real("lr", lr, 0.0, open_low=True)
     check_real("clip", clip, 0.0, open_low=True)
     current = [np.asarray(p, dtype=np.float64) for p in params]
+    if current and (current[0].ndim != 2 or current[0].shape[0] != data.X.shape[1]):
+        raise ValueError(
+            f"LocalData.X has {data.X.shape[1]} features but params[0] has shape "
+            f"{current[0].shape}"
+        )
     if len(current) == 2:
-        return _train_softmax(current, data, plan, lr, clip, rng, sampling)
-    if len(current) == 4:
-        return _train_mlp(current, data, plan, lr, clip, rng, sampling)
-    raise ValueError(
-        f"params must hold 2 (softmax) or 4 (MLP) arrays, got {len(current)}"
-    )
+        new = _train_softmax(current, data, plan, lr, clip, rng, sampling)
+    elif len(current) == 4:
+        new = _train_mlp(current, data, plan, lr, clip, rng, sampling)
+    else:
+        raise ValueError(
+            f"params must hold 2 (softmax) or 4 (MLP) arrays, got {len(current)}"
+        )
+    if not all(np.isfinite(p).all() for p in new):
+        raise ValueError(
+            f"local training diverged (non-finite weights) with lr={lr}, "
+            f"clip={clip}, sigma={plan.sigma}, rate={plan.rate}; lower lr or sigma"
+        )
+    return new

@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
+
 from defenses.checks import check_choice, check_int, check_real
 
 from .accounting import (
@@ -157,12 +159,14 @@ def _number(name: str, value: object, integer: bool) -> float:
     """A requested value as a finite number (bool, text and NaN refused)."""
     if value is None:
         raise TypeError(f"{name} is missing")
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool | np.bool_) or not isinstance(
+        value, int | float | np.integer | np.floating
+    ):
         raise TypeError(f"{name} must be a number, got {value!r}")
-    if integer and int(value) != value:
-        raise TypeError(f"{name} must be an integer, got {value!r}")
     if not math.isfinite(float(value)):
         raise TypeError(f"{name} must be finite, got {value!r}")
+    if integer and int(value) != value:
+        raise TypeError(f"{name} must be an integer, got {value!r}")
     return float(value)
 
 
@@ -234,13 +238,15 @@ class PrivacyLedger:
             raise self._refuse(t, request, "steps must be >= 1")
         agreed = self.privacy.rounds
         if not 1 <= t <= agreed:
-            raise self._refuse(t, request, f"the client agreed to rounds 1..{agreed}")
+            raise self._refuse(
+                t, request, f"server-round: the client agreed to rounds 1..{agreed}"
+            )
         if self.answered and t <= self.answered[-1].server_round:
             raise self._refuse(
                 t,
                 request,
-                f"round {self.answered[-1].server_round} was already answered "
-                "(a replayed or out-of-order round)",
+                f"server-round: round {self.answered[-1].server_round} was already "
+                "answered (a replayed or out-of-order round)",
             )
         own = self.privacy.schedule().rounds[t - 1]
         if (

@@ -35,11 +35,12 @@ def dirichlet_split(
     labels = np.asarray(y)
     if labels.ndim != 1 or labels.size == 0:
         raise ValueError(f"y must be a non-empty 1-D array, got shape {labels.shape}")
-    check_int("n_clients", n_clients, 1)
-    check_real("alpha", alpha, 0.0, open_low=True)
+    n_clients = check_int("n_clients", n_clients, 1)
+    alpha = check_real("alpha", alpha, 0.0, open_low=True)
     if n_clients * min_size > labels.size:
         raise ValueError(
-            f"{labels.size} records cannot give {n_clients} clients {min_size} each"
+            f"n_clients={n_clients}: {labels.size} records cannot give every client "
+            f"{min_size}"
         )
     for _ in range(max_tries):
         parts: list[list[int]] = [[] for _ in range(n_clients)]

@@ -190,12 +190,14 @@ def plan_client(
         On a bad parameter, or (as ``UnreachableBudget``) when no rate in (0, 1]
         spends the budget.
     """
-    check_budget(budget)
-    check_delta(delta)
+    budget = check_budget(budget)
+    delta = check_delta(delta)
     check_accountant(accountant)
-    check_int("rounds", rounds, 1)
-    check_int("steps", steps, 1)
-    check_real("sigma", sigma, 0.0, open_low=True)
+    rounds = check_int("rounds", rounds, 1)
+    steps = check_int("steps", steps, 1)
+    sigma = check_real("sigma", sigma, 0.0, open_low=True)
+    save_rounds = check_int("save_rounds", save_rounds, 0)
+    save_ratio = check_real("save_ratio", save_ratio, 0.0, 1.0, open_low=True)
     if not 0 <= save_rounds < rounds:
         raise ValueError(
             f"save_rounds must lie in [0, rounds={rounds}), got {save_rounds}"
@@ -248,6 +250,13 @@ def plan_schedules(
         For an empty budget list, a budget <= 0, a delta outside (0, 1), or a budget
         no schedule can meet.
     """
+    if not isinstance(policy, Uniform | TimeAdaptive | StrictOnly):
+        raise TypeError(
+            "policy must be a Uniform, TimeAdaptive or StrictOnly instance, got "
+            f"{policy!r}"
+        )
+    if isinstance(budgets, str | bytes) or not isinstance(budgets, Sequence):
+        raise TypeError(f"budgets must be a list of epsilons, got {budgets!r}")
     if len(budgets) == 0:
         raise ValueError("budgets must list one epsilon per client, got none")
     for i, b in enumerate(budgets):

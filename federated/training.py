@@ -6,7 +6,8 @@ Round :math:`t`: every client :math:`n` starts from the global weights
 :math:`w_{t+1} = \sum_n \frac{|D_n|}{\sum_m |D_m|} w_t^n` (McMahan et al., 2017), or
 hands the updates to a custom aggregator (central DP). Each client draws from its own
 random stream, spawned once from the run's generator, so a run is reproducible bit
-for bit and the Flower app (:mod:`federated.flower.app`) can replay the same client step.
+for bit and the Flower app (:mod:`federated.flower.app`) can replay the same client
+step.
 The loop records what each client actually ran (its accountant history) and the test
 accuracy after every round.
 """

@@ -64,6 +64,7 @@ def _stop_local_superlink(env):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_flwr_run_through_the_entry_point_completes_or_fails_honestly(tmp_path):
     home = _simulation_home(tmp_path, 3)
     result = tmp_path / "result.json"
@@ -93,7 +94,7 @@ def test_flwr_run_through_the_entry_point_completes_or_fails_honestly(tmp_path):
         # a run that fails inside the ServerApp: flwr run exits 0, we do not
         bad = subprocess.run(
             [*command, "--run-config",
-             f"num-server-rounds=1 result-path='{tmp_path}/missing/dir/r.json'"],
+             f"num-server-rounds=2 result-path='{tmp_path}/missing/dir/r.json'"],
             env=env, capture_output=True, text=True, timeout=500, check=False,
         )  # fmt: skip
         assert bad.returncode == 1, bad.stdout[-3000:]
