@@ -13,6 +13,7 @@ in ``clone``, ``cross_val_score`` and ``GridSearchCV`` (over ``estimator__*`` an
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from typing import Any, ClassVar, Protocol
@@ -154,8 +155,9 @@ class ShieldedClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):  #
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
-        inner = get_tags(self.estimator)
-        tags.input_tags = inner.input_tags
+        # a wrapped model that is no sklearn estimator keeps the default input tags
+        with contextlib.suppress(AttributeError, TypeError):
+            tags.input_tags = get_tags(self.estimator).input_tags
         tags.non_deterministic = self.shield.get_params().get("seeding") == "random"
         return tags
 

@@ -315,3 +315,14 @@ def test_hash_resolution_keeps_nan_inf_and_huge_apart():
     assert input_keys(np.array([[-0.0]]), 1, None) == input_keys(
         np.array([[0.0]]), 1, None
     )
+
+
+def test_wrap_accepts_a_model_that_is_no_sklearn_estimator():
+    class Plain:
+        def predict_proba(self, X):
+            return np.tile([[0.6, 0.3, 0.1]], (len(X), 1))
+
+    shield = StealthyShield(seed=0).fit(np.eye(3) * 0.7 + 0.1, np.arange(3))
+    protected = shield.wrap(Plain())
+    assert protected.predict_proba(np.zeros((5, 2))).shape == (5, 3)
+    assert set(protected.predict(np.zeros((5, 2)))) <= {0, 1, 2}
