@@ -22,10 +22,26 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
+from scipy import stats
 
 from defenses.metrics import epsilon_lower_bound, membership_metrics, roc
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+def _clopper_pearson_bounds(
+    successes: IntArray, trials: int, confidence: float
+) -> tuple[FloatArray, FloatArray]:
+    """One-sided ``confidence`` lower and upper Clopper-Pearson bounds, vectorized."""
+    tail = 1.0 - confidence
+    k = successes.astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        low = np.where(successes == 0, 0.0, stats.beta.ppf(tail, k, trials - k + 1))
+        high = np.where(
+            successes == trials, 1.0, stats.beta.ppf(1 - tail, k + 1, trials - k)
+        )
+    return np.asarray(low, dtype=np.float64), np.asarray(high, dtype=np.float64)
 
 
 def epsilon_bound(
@@ -36,17 +52,31 @@ def epsilon_bound(
     delta: float,
     confidence: float,
 ) -> float:
-    """The largest Clopper-Pearson epsilon lower bound over the ROC's points."""
-    points = sorted(
-        {(round(t * n_pos), round(f * n_neg)) for f, t in zip(fprs, tprs, strict=True)}
-    )
-    best = 0.0
-    for tp, fp in points:
-        bound = epsilon_lower_bound(
-            tp / n_pos, fp / n_neg, delta, n_pos, n_neg, confidence
+    """The largest Clopper-Pearson epsilon lower bound over the ROC's points.
+
+    The best point is found on all points at once (the exact Clopper-Pearson bounds
+    as beta quantiles); its bound is then computed by
+    :func:`defenses.metrics.epsilon_lower_bound`, the value reported.
+    """
+    tp = np.rint(np.asarray(tprs) * n_pos).astype(np.int64)
+    fp = np.rint(np.asarray(fprs) * n_neg).astype(np.int64)
+    tpr_low, _ = _clopper_pearson_bounds(tp, n_pos, confidence)
+    _, fpr_high = _clopper_pearson_bounds(fp, n_neg, confidence)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        first = np.where(
+            tpr_low - delta > 0,
+            np.log(np.maximum(tpr_low - delta, 1e-300) / fpr_high),
+            0.0,
         )
-        best = max(best, bound)
-    return best
+        second = np.where(
+            1 - delta - fpr_high > 0,
+            np.log(np.maximum(1 - delta - fpr_high, 1e-300) / (1 - tpr_low)),
+            0.0,
+        )
+    best = int(np.argmax(np.maximum(first, second)))
+    return epsilon_lower_bound(
+        tp[best] / n_pos, fp[best] / n_neg, delta, n_pos, n_neg, confidence
+    )
 
 
 def membership_success(
