@@ -1,7 +1,9 @@
 """The ``defense-suite`` command line (also ``python -m defense_suite``).
 
 Sub-commands: ``list`` what is registered, ``run`` a spec, ``table`` and ``plot``
-result files, ``report`` all results, and ``bench`` a whole profile then report.
+result files, ``report`` all results, ``bench`` a whole profile then report, ``audit``
+a user's own model (:mod:`defenses.audit`), and ``federated run`` a Flower app with its
+final status as the exit code (:mod:`defense_suite.federated.__main__`).
 A user error (a bad spec, flag or file) is one ``error:`` line and exit code 2; an
 interrupted run exits 130 and leaves its results file as it was.
 """
@@ -33,6 +35,8 @@ Run the defense-suite benchmarks and report their results.
   defense-suite plot FILE... --x M --y M --out P  scatter of two metrics
   defense-suite report [--readme]                 results/REPORT.md and its plots
   defense-suite bench [--profile quick|full]      run a profile, then report
+  defense-suite audit SPEC --out DIR              audit your own fitted model
+  defense-suite federated run [APP] [CONNECTION]  flwr run, validated, exit = status
 
 A metric is named by its section and key, e.g. success.auc or utility.accuracy.
 """
@@ -227,6 +231,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from defenses.audit.cli import run
+
+    return run(args)
+
+
+def _cmd_federated(args: argparse.Namespace) -> int:
+    from defense_suite.federated.__main__ import main as federated_main
+
+    return federated_main(["run", *args.rest])
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``defense-suite`` command."""
     parser = Parser(
@@ -296,6 +312,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--system", help="security report of one defense, per arm")
     report.add_argument("--json", action="store_true", help="with --system: JSON")
+    from defenses.audit.cli import add_arguments as audit_arguments
+
+    audit = sub.add_parser("audit", help="audit your own fitted model (a spec TOML)")
+    audit_arguments(audit)
+    audit.set_defaults(func=_cmd_audit)
+
+    federated = sub.add_parser(
+        "federated", help="run a Flower app; the exit code is its final status"
+    )
+    federated.add_argument("action", choices=("run",), help="the only action: run")
+    federated.add_argument(
+        "rest",
+        nargs=argparse.REMAINDER,
+        help="[APP] [CONNECTION] [--run-config ...], as for flwr run",
+    )
+    federated.set_defaults(func=_cmd_federated)
+
     bench = sub.choices["bench"]
     bench.add_argument("--profile", choices=("quick", "full"), default="quick")
     bench.add_argument("--only", nargs="+", help="packages to run (e.g. ssd rps)")

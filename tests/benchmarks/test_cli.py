@@ -288,3 +288,21 @@ def read_record(data):
     from defenses.results import Result
 
     return Result.from_dict(data)
+
+
+def test_audit_command_reports_a_bad_spec_as_one_line(tmp_path, capsys):
+    spec = tmp_path / "audit.toml"
+    spec.write_text('name = "x"\n[model]\nloader = "no_such_module:load"\n')
+    assert main(["audit", str(spec), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("defense-suite: error:")
+    assert "audit.toml" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_federated_run_refuses_a_folder_without_an_app(tmp_path, capsys):
+    assert main(["federated", "run", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "pyproject.toml" in err
+    assert "Traceback" not in err
