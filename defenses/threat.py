@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 
 class ThreatModelViolation(PermissionError):
     """An attack asked for a capability its threat model does not grant."""
@@ -65,7 +67,9 @@ NORMS = ("l1", "l2", "linf")
 def _check_nonnegative(name: str, value: float | None) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(
+        value, int | float | np.integer | np.floating
+    ):
         raise TypeError(f"Budget.{name} must be a number or None, got {value!r}")
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"Budget.{name} must be finite and >= 0, got {value!r}")
@@ -94,12 +98,18 @@ class Budget:
 
     def __post_init__(self) -> None:
         if self.queries is not None and (
-            isinstance(self.queries, bool) or not isinstance(self.queries, int)
+            isinstance(self.queries, bool)
+            or not isinstance(self.queries, int | np.integer)
         ):
             raise TypeError(
                 f"Budget.queries must be an int or None, got {self.queries!r}"
             )
         _check_nonnegative("queries", self.queries)
+        for name in ("queries", "poison_fraction", "radius"):
+            value = getattr(self, name)
+            if value is not None:
+                cast = int if name == "queries" else float
+                object.__setattr__(self, name, cast(value))
         _check_nonnegative("poison_fraction", self.poison_fraction)
         _check_nonnegative("radius", self.radius)
         if self.poison_fraction is not None and self.poison_fraction > 1:
@@ -177,6 +187,42 @@ class ThreatModel:
                 f"Budget.poison_fraction={self.budget.poison_fraction} needs a "
                 f"poisoning capability; capabilities={sorted(caps)}"
             )
+
+    @classmethod
+    def granting(
+        cls,
+        goal: Goal | str,
+        *capabilities: Capability | str,
+        knowledge: Knowledge | str = Knowledge.BLACK_BOX,
+        budget: Budget | None = None,
+        adaptive: bool = False,
+    ) -> ThreatModel:
+        """The threat model of a ``goal`` with these capabilities, the rest implied.
+
+        The consistency rules fix two fields: the stage is ``TRAINING`` exactly when a
+        poisoning capability is granted, and the knowledge is ``WHITE_BOX`` exactly
+        when ``READ_PARAMETERS`` is (``knowledge`` is then ignored).
+
+        Examples
+        --------
+        >>> ThreatModel.granting("confidentiality", "query-scores").stage.value
+        'deployment'
+        >>> ThreatModel.granting("integrity", "read-parameters").knowledge.value
+        'white-box'
+        """
+        caps = frozenset(Capability(c) for c in capabilities)
+        return cls(
+            goal=Goal(goal),
+            stage=Stage.TRAINING if caps & POISONING else Stage.DEPLOYMENT,
+            knowledge=(
+                Knowledge.WHITE_BOX
+                if Capability.READ_PARAMETERS in caps
+                else Knowledge(knowledge)
+            ),
+            capabilities=caps,
+            budget=budget if budget is not None else Budget(),
+            adaptive=adaptive,
+        )
 
     def grants(self, capability: Capability) -> bool:
         """Return whether ``capability`` is granted."""

@@ -82,3 +82,37 @@ def test_bad_budgets_are_refused(kwargs, message):
 def test_budget_queries_must_be_an_integer():
     with pytest.raises(TypeError, match="queries must be an int"):
         Budget(queries=1.5)  # type: ignore[arg-type]
+
+
+def test_granting_implies_stage_and_white_box_knowledge():
+    from defenses.threat import Budget, Capability, Knowledge, Stage, ThreatModel
+
+    poison = ThreatModel.granting(
+        "integrity", "poison-train", "poison-calibration", knowledge="gray-box"
+    )
+    assert poison.stage is Stage.TRAINING
+    assert poison.knowledge is Knowledge.GRAY_BOX
+    white = ThreatModel.granting(
+        "integrity", Capability.READ_PARAMETERS, budget=Budget(radius=0.1, norm="linf")
+    )
+    assert white.stage is Stage.DEPLOYMENT
+    assert white.knowledge is Knowledge.WHITE_BOX
+    assert white == ThreatModel(
+        goal="integrity",
+        stage="deployment",
+        knowledge="white-box",
+        capabilities=frozenset({Capability.READ_PARAMETERS}),
+        budget=Budget(radius=0.1, norm="linf"),
+    )
+
+
+def test_budget_accepts_numpy_numbers_as_python_ones():
+    import numpy as np
+
+    from defenses.threat import Budget
+
+    budget = Budget(queries=np.int64(50), poison_fraction=np.float32(0.25))
+    assert budget.queries == 50
+    assert type(budget.queries) is int
+    assert type(budget.poison_fraction) is float
+    assert budget.to_dict()["queries"] == 50
