@@ -19,7 +19,7 @@ import dataclasses
 import importlib
 import importlib.util
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, TypeVar
 
 Kind = Literal["scenarios", "attacks", "defenses", "benchmarks", "figures"]
@@ -46,6 +46,26 @@ def register(kind: Kind, name: str) -> Callable[[C], C]:
         return obj
 
     return decorate
+
+
+def register_package(
+    *,
+    attacks: Iterable[Any] = (),
+    defenses: Iterable[Any] = (),
+    benchmarks: Mapping[str, Callable[..., Any]] | None = None,
+    figures: Mapping[str, Callable[..., Any]] | None = None,
+) -> None:
+    """Register a package's components in one call (its ``scenario`` module's job).
+
+    Attacks and defenses are registered under their ``name`` attribute; benchmarks
+    and figures under the keys of their mappings.
+    """
+    for kind, named in (("attacks", attacks), ("defenses", defenses)):
+        for component in named:
+            register(kind, component.name)(component)  # type: ignore[arg-type]
+    for kind, table in (("benchmarks", benchmarks), ("figures", figures)):
+        for name, function in (table or {}).items():
+            register(kind, name)(function)  # type: ignore[arg-type]
 
 
 def _builtin_modules() -> list[str]:

@@ -33,3 +33,21 @@ def test_a_name_cannot_be_taken_twice():
     registry.register("figures", "test-only-name")(One)
     with pytest.raises(ValueError, match="already taken"):
         registry.register("figures", "test-only-name")(dict)
+
+
+def test_register_package_registers_by_name_and_by_key():
+    @dataclass
+    class TestOnlyAttack:
+        name = "test-only-attack"
+
+    def test_only_benchmark(params, seeds):
+        return []
+
+    registry.register_package(
+        attacks=[TestOnlyAttack],
+        benchmarks={"test-only-benchmark": test_only_benchmark},
+    )
+    assert registry.load("attacks", "test-only-attack") is TestOnlyAttack
+    assert registry.load("benchmarks", "test-only-benchmark") is test_only_benchmark
+    with pytest.raises(ValueError, match="already taken"):
+        registry.register_package(benchmarks={"test-only-benchmark": dict})
