@@ -58,7 +58,6 @@ def cnn():
     return net, (X[members], data.y[members]), (X[non_members], data.y[non_members])
 
 
-@pytest.mark.slow
 def test_torch_module_equals_its_softmax_callable(cnn):
     net, members, non_members = cnn
 
@@ -83,7 +82,6 @@ def test_torch_module_equals_its_softmax_callable(cnn):
     assert {"acc@1", "acc@2", "verified_rate", "feature_dist"} <= set(inversion.success)
 
 
-@pytest.mark.slow
 def test_torch_shadows_train_through_lira(cnn):
     net, members, non_members = cnn
     config = dataclasses.replace(

@@ -1,7 +1,6 @@
 """An audit given a benchmark scenario's model, data and seed reproduces its numbers."""
 
 import numpy as np
-import pytest
 
 from defenses.audit import AuditConfig, audit
 from defenses.audit.inversion import judge
@@ -46,7 +45,6 @@ def test_membership_numbers_equal_the_reference_scenario():
     assert "aux-data" in report.refused["lira-offline"]
 
 
-@pytest.mark.slow
 def test_inversion_judge_equals_the_ssd_scenario_judge():
     scenario = DigitsInversion(per_target=3)
     r_setup, r_fit, _ = (
