@@ -300,7 +300,8 @@ class StealthyShield:
         if self.draws_from_probs:
             out: FloatArray = f / f.sum(axis=1, keepdims=True)
             return out
-        weights = np.exp((f - f.max(axis=1, keepdims=True)) / self.temperature_)
+        with np.errstate(over="ignore"):  # -inf below a subnormal T: weight 0
+            weights = np.exp((f - f.max(axis=1, keepdims=True)) / self.temperature_)
         out = weights / weights.sum(axis=1, keepdims=True)
         return out
 

@@ -20,7 +20,6 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd  # type: ignore[import-untyped]
 import scipy.sparse
 from sklearn.base import BaseEstimator, ClassifierMixin, MetaEstimatorMixin, clone
 from sklearn.exceptions import DataConversionWarning
@@ -74,6 +73,8 @@ def check_labels(y: Any) -> npt.NDArray[Any]:
         raise ValueError(f"y must be 1-D labels, got shape {labels.shape}")
     if labels.dtype.kind == "c":
         raise ValueError(f"Complex data not supported for y (got {labels.dtype})")
+    import pandas as pd  # type: ignore[import-untyped]  # lazily: 0.3 s to import
+
     if labels.size and pd.isna(labels).any():
         raise ValueError("y contains NaN or missing labels; drop or label those rows")
     check_classification_targets(labels)

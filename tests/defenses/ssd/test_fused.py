@@ -104,7 +104,7 @@ def test_a_torch_tensor_is_read_in_place_and_answered_in_kind():
     torch.testing.assert_close(answers.sum(1), torch.ones(300), atol=1e-5, rtol=0)
 
 
-@njit(error_model="numpy")
+@njit(error_model="numpy", cache=True)
 def _log(x: np.ndarray) -> np.ndarray:
     rows = np.empty((3, x.shape[0]))
     rows[0] = x
@@ -112,7 +112,7 @@ def _log(x: np.ndarray) -> np.ndarray:
     return rows[1].copy()
 
 
-@njit(error_model="numpy")
+@njit(error_model="numpy", cache=True)
 def _exp(a: np.ndarray) -> np.ndarray:
     rows = np.empty((2, a.shape[0]))
     rows[0] = a
