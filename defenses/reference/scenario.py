@@ -22,15 +22,14 @@ from defenses.reference.attacks import (
     MembershipView,
 )
 from defenses.reference.defense import LabelOnly, ProbabilisticClassifier, Rounding
-from defenses.registry import register
-from defenses.threat import Budget, Capability, Goal, Knowledge, Stage, ThreatModel
+from defenses.registry import register, register_package
+from defenses.threat import Budget, Capability, ThreatModel
 
 FloatArray = npt.NDArray[np.float64]
 
-register("attacks", LossThresholdAttack.name)(LossThresholdAttack)
-register("attacks", LabelOnlyAttack.name)(LabelOnlyAttack)
-register("defenses", Rounding.name)(Rounding)
-register("defenses", LabelOnly.name)(LabelOnly)
+register_package(
+    attacks=[LossThresholdAttack, LabelOnlyAttack], defenses=[Rounding, LabelOnly]
+)
 
 
 @dataclass(frozen=True)
@@ -100,11 +99,10 @@ class DigitsMembership:
     @property
     def threat(self) -> ThreatModel:
         """Black-box scores and labels, with the data owner's label for candidates."""
-        return ThreatModel(
-            goal=Goal.CONFIDENTIALITY,
-            stage=Stage.DEPLOYMENT,
-            knowledge=Knowledge.BLACK_BOX,
-            capabilities=frozenset({Capability.QUERY_SCORES, Capability.QUERY_LABEL}),
+        return ThreatModel.granting(
+            "confidentiality",
+            Capability.QUERY_SCORES,
+            Capability.QUERY_LABEL,
             budget=Budget(queries=self.queries),
         )
 
