@@ -95,7 +95,9 @@ def fit_module(
 ) -> torch.nn.Module:
     """Train ``module`` by mini-batch Adam on cross-entropy (shuffles from ``seed``)."""
     generator = torch.Generator().manual_seed(seed)
-    param = next(iter(module.parameters()))
+    param = next(iter(module.parameters()), None)
+    if param is None:
+        raise TypeError("build_model returned a torch module without parameters")
     inputs = torch.as_tensor(X, dtype=param.dtype)
     labels = torch.as_tensor(y, dtype=torch.int64)
     optimizer = torch.optim.Adam(module.parameters(), lr=config.lr)
