@@ -133,7 +133,7 @@ def hash_rows(X: Any) -> HashArray:
 
 def part_of(X: Any, n_parts: int) -> IntArray:
     """Part index ``h(x) mod n_parts`` of each row of ``X``."""
-    k = check_int("n_parts", n_parts, 1)
+    k = check_int("n_parts", n_parts, 1, 2**63 - 1)
     return (hash_rows(X) % np.uint64(k)).astype(np.int64)
 
 
@@ -172,7 +172,7 @@ def partition(
         If there are more parts than samples or (unless ``allow_empty``) a part
         ends up empty.
     """
-    k = check_int("n_parts", n_parts, 1)
+    k = check_int("n_parts", n_parts, 1, 2**63 - 1)
     n = n_rows(X)
     labels = np.asarray(y)
     if labels.shape != (n,):
