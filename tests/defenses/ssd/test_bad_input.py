@@ -47,7 +47,7 @@ def _rows(n: int | None = None, k: int = K):
     return valid
 
 
-@rule_settings(30)
+@rule_settings(20)
 @given(name=st.sampled_from(PARAMS), value=bad_reals())
 def test_constructor_parameters(name, value):
     kwargs = {name: value}
@@ -60,7 +60,7 @@ def test_constructor_parameters(name, value):
     assert_rule(call, [name], _rows(5))
 
 
-@rule_settings(30)
+@rule_settings(20)
 @given(probs=probability_rows(6, K), hashed=st.booleans())
 def test_call_on_probability_rows(probs, hashed):
     shield = _fitted(seeding="input-hash" if hashed else "random")
@@ -69,7 +69,7 @@ def test_call_on_probability_rows(probs, hashed):
     assert_rule(lambda: shield.predict_label(probs), ["probs"])
 
 
-@rule_settings(30)
+@rule_settings(20)
 @given(probs=bad_arrays((5, K)))
 def test_call_on_bad_arrays(probs):
     shield = _fitted()
