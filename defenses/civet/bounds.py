@@ -36,6 +36,7 @@ silently unsound bound.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -341,6 +342,12 @@ def layer_rule(layer: nn.Module) -> Rule:
         return _batch_norm(layer)
     if isinstance(layer, _DROPOUT) and not layer.training:
         return lambda box: box
+    if getattr(layer, "return_indices", False):
+        raise UnsupportedLayerError(f"{layer!r}: pooling indices are not bounded")
+    if getattr(layer, "inplace", False):
+        raise UnsupportedLayerError(
+            f"{layer!r} works in place; bound a copy with inplace=False"
+        )
     if isinstance(layer, nn.Upsample) and layer.mode in LINEAR_MODES:
         return lambda box: monotone(box, layer)
     rule = _activation(layer)
@@ -356,6 +363,19 @@ def layer_rule(layer: nn.Module) -> Rule:
     )
 
 
+def out_of_place(layer: nn.Module) -> nn.Module:
+    """``layer`` itself, or a shallow copy with ``inplace=False`` if it works in place.
+
+    In a chain (a Sequential, or a graph node whose input has no other reader) the
+    out-of-place layer computes the same values.
+    """
+    if not getattr(layer, "inplace", False):
+        return layer
+    copied = copy.copy(layer)
+    setattr(copied, "inplace", False)  # noqa: B010
+    return copied
+
+
 def check_supported(module: nn.Module) -> None:
     """Raise :class:`UnsupportedLayerError` if ``module`` holds an unsupported layer.
 
@@ -363,4 +383,4 @@ def check_supported(module: nn.Module) -> None:
     """
     for layer in module.modules():
         if next(layer.children(), None) is None:
-            layer_rule(layer)
+            layer_rule(out_of_place(layer))

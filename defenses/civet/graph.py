@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from defenses.civet.bounds import Box, UnsupportedLayerError, layer_rule
+from defenses.civet.bounds import Box, UnsupportedLayerError, layer_rule, out_of_place
 from defenses.civet.operations import FUNCTIONS, METHODS, SHAPE_METHODS, holds_box
 
 
@@ -114,7 +114,45 @@ def _concrete(graph: fx.GraphModule, node: fx.Node, args: Any, kwargs: Any) -> A
     return node.target(*args, **kwargs)  # type: ignore[operator]
 
 
+_INPLACE_LAST = (F.relu, F.relu6, F.hardtanh, F.elu, F.leaky_relu, F.silu, F.dropout)
+"""Functions whose last positional parameter is ``inplace``."""
+
+
+def _in_place(graph: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether the node overwrites its input (``inplace=True``)."""
+    if node.op == "call_module":
+        return bool(getattr(graph.get_submodule(str(node.target)), "inplace", False))
+    if node.kwargs.get("inplace") is True:
+        return True
+    positional = node.op == "call_function" and node.target in _INPLACE_LAST
+    return positional and len(node.args) > 1 and node.args[-1] is True
+
+
+def _out_of_place(
+    graph: fx.GraphModule, node: fx.Node, args: Any, kwargs: Any
+) -> tuple[Any, Any]:
+    """The arguments of the out-of-place call, or an error if that would differ.
+
+    An in-place activation equals its out-of-place version unless its input is
+    read again afterwards (it would see the overwritten values); that case is
+    refused.
+    """
+    source = node.args[0] if node.args else None
+    if isinstance(source, fx.Node) and len(source.users) > 1:
+        raise UnsupportedLayerError(
+            f"{_describe(node, graph)} works in place on a tensor that is used "
+            "again; use inplace=False"
+        )
+    if "inplace" in node.kwargs:
+        kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}
+    elif node.op == "call_function":
+        args = args[:-1]
+    return args, kwargs
+
+
 def _bound(graph: fx.GraphModule, node: fx.Node, args: Any, kwargs: Any) -> Any:
+    if _in_place(graph, node):
+        args, kwargs = _out_of_place(graph, node, args, kwargs)
     if node.op == "call_module":
         layer = graph.get_submodule(str(node.target))
         if len(args) != 1 or kwargs or not isinstance(args[0], Box):
@@ -122,7 +160,7 @@ def _bound(graph: fx.GraphModule, node: fx.Node, args: Any, kwargs: Any) -> Any:
                 f"{_describe(node, graph)} is called with several inputs"
             )
         try:
-            layer_bound = layer_rule(layer)
+            layer_bound = layer_rule(out_of_place(layer))
         except UnsupportedLayerError as error:
             raise UnsupportedLayerError(f"layer {node.target!r}: {error}") from error
         return layer_bound(args[0])
@@ -243,5 +281,5 @@ def _forward(module: nn.Module, box: Box) -> Any:
             box = _forward(layer, box)
         return box
     if type(module).__module__.startswith("torch.nn"):
-        return layer_rule(module)(box)
+        return layer_rule(out_of_place(module))(box)
     return propagate(trace(module), box)

@@ -246,3 +246,47 @@ def test_operations_without_a_rule_are_named() -> None:
         )
     with pytest.raises(TypeError, match=r"model\.forward could not be traced"):
         ibp(Branchy(), box)
+
+
+class InPlaceChain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu6(self.act(self.fc(x)), inplace=True) + x
+
+
+class InPlaceReuse(InPlaceChain):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return self.act(h) + h  # the ReLU overwrote h: both terms are relu(h)
+
+
+def test_in_place_activations_are_bounded_or_refused() -> None:
+    chain = InPlaceChain().double()
+    box = _box((3, 3), 0, 1.0)
+    before = box.lower.clone()
+    _assert_inside(chain, box, 0)
+    assert torch.equal(box.lower, before)  # the caller's box is not overwritten
+    _assert_inside(
+        nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True)).double(), box, 1
+    )
+    with pytest.raises(
+        UnsupportedLayerError, match="in place on a tensor that is used"
+    ):
+        ibp(InPlaceReuse().double(), box)
+    with pytest.raises(UnsupportedLayerError, match="pooling indices"):
+        ibp(nn.MaxPool1d(2, return_indices=True), Box(box.lower[None], box.upper[None]))
+
+
+def test_keepdim_is_not_mistaken_for_inplace() -> None:
+    class Sums(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.sum(1, True) + F.relu(2.0 * x, True)
+
+    box = _box((2, 3), 4, 1.0)
+    out = ibp(Sums().double(), box)
+    assert out.lower.shape == (2, 3)
+    _assert_inside(Sums().double(), box, 4)
