@@ -34,7 +34,7 @@ from defenses.results import Result
 from defenses.rps.baselines import SplitConformalClassifier
 from defenses.rps.certificate import ProbaGeometry, ScoreGeometry
 from defenses.rps.defense import ReliableConformalClassifier
-from defenses.rps.quantile import QUANTILE_MODES
+from defenses.rps.quantile import QUANTILE_MODES, textbook_rank
 from defenses.rps.scores import vote_geometry
 
 FloatArray = npt.NDArray[np.float64]
@@ -173,8 +173,9 @@ def coverage_study(params: dict[str, Any], seeds: Sequence[int]) -> Iterator[Res
                     params={**record, "quantile": mode},
                 )
             own = plain_scores[cal, y[cal]]
-            rank = int(np.floor((cal.size + 1) * alpha + 1e-9))
-            sets = plain_scores[test] >= np.sort(own)[rank - 1]
+            rank = textbook_rank(cal.size, alpha)
+            cut = np.sort(own)[rank - 1] if rank >= 1 else -np.inf  # full sets
+            sets = plain_scores[test] >= cut
             yield measurement(
                 "rps-coverage",
                 "none",

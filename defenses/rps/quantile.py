@@ -78,8 +78,12 @@ def majority_threshold(n_parts: int, alpha: float) -> int:
 
 
 def textbook_rank(n: int, alpha: float) -> int:
-    r"""The split-conformal rank :math:`\lfloor (n + 1)\alpha \rfloor`."""
-    return math.floor((n + 1) * alpha + 1e-9)
+    r"""The split-conformal rank :math:`\min(\lfloor (n + 1)\alpha \rfloor, n)`.
+
+    The cap matters only when :math:`\alpha > n / (n + 1)` (a confidence level
+    below :math:`1 / (n + 1)`): the largest score is then the threshold.
+    """
+    return min(math.floor((n + 1) * alpha + 1e-9), n)
 
 
 def official_rank(n: int, alpha: float) -> int:
@@ -87,7 +91,7 @@ def official_rank(n: int, alpha: float) -> int:
     q_level = math.floor((n + 1) * alpha - 1) / n
     if q_level < 0:
         return 0
-    return math.floor(q_level * (n - 1)) + 1
+    return min(math.floor(q_level * (n - 1)) + 1, n)
 
 
 @functools.cache

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from defenses.checks import check_real
+from defenses.checks import check_int, check_real
 from defenses.data import LOADERS, load, stratified_split
 from defenses.metrics import coverage, mean_set_size
 from defenses.registry import register
@@ -112,20 +112,10 @@ class ConformalPoisoning:
                 f"(a test split is needed), got {self.train_fraction} + "
                 f"{self.calib_fraction}"
             )
-        if (
-            isinstance(self.n_targets, bool)
-            or not isinstance(self.n_targets, int)
-            or self.n_targets < 1
-        ):
-            raise ValueError(
-                "ConformalPoisoning.n_targets must be an integer >= 1, "
-                f"got {self.n_targets!r}"
-            )
-        if not 0 < self.subsample <= 1:
-            raise ValueError(
-                "ConformalPoisoning.subsample must lie in (0, 1], "
-                f"got {self.subsample!r}"
-            )
+        check_int("ConformalPoisoning.n_targets", self.n_targets, 1)
+        check_real(
+            "ConformalPoisoning.subsample", self.subsample, 0.0, 1.0, open_low=True
+        )
 
     @property
     def threat(self) -> ThreatModel:

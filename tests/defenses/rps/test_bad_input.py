@@ -14,8 +14,19 @@ from hypothesis import given
 from sklearn.linear_model import LogisticRegression
 
 from defenses.rps import ReliableConformalClassifier, TorchPartClassifier
+from defenses.rps.arms import RPS, BaggingEnsemble, SplitConformalLearner
+from defenses.rps.attacks import (
+    CalibrationCoverage,
+    CalibrationSize,
+    PairFlip,
+    RandomFlip,
+    TargetedFlip,
+    WorstCase,
+)
 from defenses.rps.baselines import SplitConformalClassifier
+from defenses.rps.benchmark import coverage_study, performance, tradeoff
 from defenses.rps.partition import part_of
+from defenses.rps.scenario import ConformalPoisoning
 from defenses.rps.sklearn import coverage_size_scorer
 from defenses.testing import assert_rule, bad_arrays, bad_reals, rule_settings
 
@@ -150,3 +161,49 @@ def test_regressions_of_issue_19():
         FITTED.predict_set(X0 + 1j)
     with pytest.raises(ValueError, match=r"n_train_parts=3 exceeds .*n_samples = 2"):
         model(n_train_parts=3).fit(X0[:2], [0, 1])
+
+
+CONFIGS = [
+    (RandomFlip, ["fraction"]),
+    (PairFlip, ["source", "target", "fraction"]),
+    (TargetedFlip, ["flips"]),
+    (CalibrationCoverage, ["fraction"]),
+    (CalibrationSize, ["fraction"]),
+    (WorstCase, ["n_train_parts", "n_calib_parts", "train_parts", "copies"]),
+    (SplitConformalLearner, ["confidence_level", "C"]),
+    (RPS, ["n_train_parts", "n_calib_parts", "softmax", "quantile"]),
+    (BaggingEnsemble, ["n_models"]),
+    (
+        ConformalPoisoning,
+        ["confidence_level", "train_fraction", "n_targets", "subsample"],
+    ),
+]
+
+
+@rule_settings()
+@given(value=bad_reals())
+def test_harness_configs(value):
+    """Every numeric field of the harness's attacks, arms and scenario."""
+    for config, fields in CONFIGS:
+        for field in fields:
+            assert_rule(lambda config=config, f=field: config(**{f: value}), [field])
+
+
+@rule_settings(10)
+@given(value=bad_reals())
+def test_benchmark_parameters(value):
+    for run, key in (
+        (coverage_study, "n_splits"),
+        (coverage_study, "confidence_level"),
+        (tradeoff, "n_calib_parts"),
+        (performance, "repeats"),
+    ):
+        base = {"n_train_parts": 2, "n_calib_parts": 1, "n_splits": 1}
+        if run is performance:
+            base = {"n_points": 50, "n_train_parts": 2, "n_calib_parts": 1}
+        params = {**base, key: value}
+        if run is coverage_study and key == "n_splits" and isinstance(value, int):
+            params[key] = min(value, 2) if value > 0 else value
+        if run is performance and isinstance(value, int) and value > 3:
+            continue  # a valid, merely long run
+        assert_rule(lambda run=run, params=params: list(run(params, [0])), [key])
