@@ -14,15 +14,14 @@ model has two parts:
    :math:`\mathrm{rot} = \mathrm{slot\_sums}\cdot\lceil\log_2(Bn)\rceil` (rotate and
    add over the :math:`Bn` packed slots of a batch of :math:`B` sequences).
 2. **Unit costs.** At a fixed ring (the step's :math:`N`) each operation costs
-   about the same whatever the width, so the step's time is
-   :math:`T = \sum_k t_k\, o_k` over the operations :math:`o_k` of
-   :data:`OPERATIONS` (a multiplication's :math:`t_k` includes its
-   relinearisation and rescale: TenSEAL rescales after every product, so the
-   rescalings are the multiplications and are not a separate term).
-   The key owner's encryptions and decryptions (``client_crypto``) are one term.
-   :class:`CostModel` fits :math:`t \ge 0` by non-negative least squares on measured
-   steps, weighted by :math:`1/T` so that every width counts as much in relative
-   error.
+   about the same whatever the width. The seconds :math:`t_k` of each operation
+   :math:`o_k` of :data:`OPERATIONS` are timed in isolation (a multiplication's
+   :math:`t_k` includes its relinearisation and rescale: TenSEAL rescales after
+   every product, so the rescalings are the multiplications and are not a
+   separate term), and :class:`CostModel` fits the step's time as
+   :math:`T = \alpha \sum_k t_k o_k + \beta` on measured steps. (Fitting every
+   :math:`t_k` freely from steps is ill-posed at small widths: the counts grow
+   together, and non-negative least squares sets some unit costs to zero.)
 
 Projecting to the paper's width evaluates both parts at :data:`PAPER` (BERT-base
 width, 128 tokens, 12 heads, batch 16) in this package's layout and ring.
@@ -40,7 +39,14 @@ import numpy.typing as npt
 from defenses.checks import check_int
 
 FloatArray = npt.NDArray[np.float64]
-OPERATIONS = ("ct_ct_mul", "ct_pt_mul", "rotations", "polyval", "client_crypto")
+OPERATIONS = (
+    "ct_ct_mul",
+    "ct_pt_mul",
+    "rotations",
+    "polyval",
+    "encryptions",
+    "decryptions",
+)
 COUNTERS = (
     "ct_ct_mul",
     "ct_pt_mul",
@@ -124,10 +130,10 @@ sequences of 128 tokens, batch 16)."""
 
 
 def operations(counts: Mapping[str, float], shape: Shape) -> dict[str, float]:
-    """The timed operations of one step from its counters.
+    """The timed operations of one step from its counters (rotations derived).
 
-    Rotations are derived from the slot sums; ``client_crypto`` is the key owner's
-    encryptions plus decryptions (uploads, refreshes, rolls), which move together.
+    ``encryptions`` and ``decryptions`` are the key owner's (uploads, refreshes,
+    rolls), each with its serialisation.
     """
     c = {k: float(counts.get(k, 0)) for k in COUNTERS}
     return {
@@ -135,7 +141,8 @@ def operations(counts: Mapping[str, float], shape: Shape) -> dict[str, float]:
         "ct_pt_mul": c["ct_pt_mul"],
         "rotations": c["slot_sums"] * math.ceil(math.log2(shape.slots)),
         "polyval": c["polyval"],
-        "client_crypto": c["encryptions"] + c["decryptions"],
+        "encryptions": c["encryptions"],
+        "decryptions": c["decryptions"],
     }
 
 
@@ -192,37 +199,56 @@ class CountModel:
 
 @dataclass(frozen=True)
 class CostModel:
-    """Seconds per operation of :data:`OPERATIONS` (one ring, one machine)."""
+    r"""Step seconds from operation counts: :math:`T = \alpha\sum_k t_k o_k + \beta`.
+
+    ``unit_s`` are the seconds of each operation of :data:`OPERATIONS` timed in
+    isolation (one ring, one machine); ``scale`` (:math:`\alpha`) is what a real
+    step adds on top of the bare operations (level bookkeeping, operand
+    management, serialisation), ``overhead_s`` (:math:`\beta`) its fixed cost.
+    """
 
     unit_s: Mapping[str, float]
+    scale: float = 1.0
+    overhead_s: float = 0.0
 
     @classmethod
     def fit(
-        cls, ops: Sequence[Mapping[str, float]], seconds: Sequence[float]
+        cls,
+        unit_s: Mapping[str, float],
+        ops: Sequence[Mapping[str, float]],
+        seconds: Sequence[float],
     ) -> CostModel:
-        r"""Non-negative least squares of :math:`1 = \sum_k t_k o_k / T` over the steps.
+        r"""Non-negative least squares of :math:`(\alpha, \beta)` in relative error.
+
+        Minimises :math:`\sum_j (1 - (\alpha B_j + \beta)/T_j)^2` with
+        :math:`B_j = \sum_k t_k o_{jk}` the bare-operation seconds of step j.
 
         Raises
         ------
         ValueError
-            If there are fewer measured steps than operations, or a time is not
-            positive and finite.
+            If there are fewer than two measured steps, a time is not positive
+            and finite, or a unit cost is missing or negative.
         """
         from scipy.optimize import nnls
 
-        if len(ops) != len(seconds) or len(ops) < len(OPERATIONS):
+        if len(ops) != len(seconds) or len(ops) < 2:
             raise ValueError(
-                f"CostModel.fit needs one time per step and at least "
-                f"{len(OPERATIONS)} steps, got {len(ops)} steps and {len(seconds)} "
-                "times"
+                "CostModel.fit needs one time per step and at least 2 steps, got "
+                f"{len(ops)} steps and {len(seconds)} times"
             )
         T = np.asarray(seconds, dtype=np.float64)
         if not np.all(np.isfinite(T) & (T > 0)):
             raise ValueError("CostModel.fit: seconds must be positive and finite")
-        A = np.array([[float(o[k]) for k in OPERATIONS] for o in ops])
-        unit, _ = nnls(A / T[:, None], np.ones_like(T))
-        return cls(dict(zip(OPERATIONS, map(float, unit), strict=True)))
+        if any(not (unit_s.get(k, -1.0) >= 0) for k in OPERATIONS):
+            raise ValueError(
+                f"CostModel.fit: unit_s needs a cost >= 0 for {OPERATIONS}"
+            )
+        bare = cls(unit_s)
+        B = np.array([bare.predict(o) for o in ops])
+        (scale, overhead), _ = nnls(np.stack([B / T, 1.0 / T], axis=1), np.ones_like(T))
+        return cls(dict(unit_s), float(scale), float(overhead))
 
     def predict(self, ops: Mapping[str, float]) -> float:
         """Seconds of a step with these operations."""
-        return float(sum(self.unit_s[k] * float(ops[k]) for k in OPERATIONS))
+        bare = sum(self.unit_s[k] * float(ops[k]) for k in OPERATIONS)
+        return float(self.scale * bare + self.overhead_s)

@@ -28,8 +28,9 @@ LORA_CAPTION = (
 
 SWEEP_CAPTION = (
     "One encrypted fine-tuning step per arm: measured over small widths (filled: "
-    "fitted, open: held out) and projected by the operation-count cost model along "
-    "BERT-like shapes (FFN 4d, 128 tokens, d/64 heads, batch 16) to d = 768."
+    "fitted, open: held out), the operation-count cost model along the measured "
+    "shapes (dotted) and projected along BERT-like shapes (solid: FFN 4d, 128 "
+    "tokens, d/64 heads, batch 16) to d = 768."
 )
 PAPER_RATIO = 6.94
 
@@ -81,14 +82,16 @@ def _sweep(results: list[Result], path: Path) -> Path:
                 mfc=colour if role == "fit" else "none",
             )
     for name, colour in colours.items():
-        curve = sorted(
-            (r.params["benchmark"]["d"], r.cost["projected_step_cpu_s"])
-            for r in results
-            if r.defense == f"curve {name}"
-        )
-        if curve:
-            xs, ys = zip(*curve, strict=True)
-            ax.plot(xs, ys, "-", color=colour, label=name)
+        for role, style in (("curve", "-"), ("model", ":")):
+            line = sorted(
+                (r.params["benchmark"]["d"], r.cost["projected_step_cpu_s"])
+                for r in results
+                if r.defense == f"{role} {name}"
+            )
+            if line:
+                xs, ys = zip(*line, strict=True)
+                label = name if role == "curve" else None
+                ax.plot(xs, ys, style, color=colour, label=label)
     paper = {
         r.params["benchmark"]["variant"]: r
         for r in results
@@ -106,14 +109,18 @@ def _sweep(results: list[Result], path: Path) -> Path:
             f"projected {r.utility['projected_speedup']:.2f}x\n(paper {PAPER_RATIO}x)",
             (r.params["benchmark"]["d"], r.cost["projected_step_cpu_s"]),
             textcoords="offset points",
-            xytext=(-70, 10),
+            xytext=(-90, -40),
             fontsize=8,
         )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("model width d")
     ax.set_ylabel("CPU seconds per encrypted step")
-    ax.legend(fontsize=7, title="arm", title_fontsize=7)
+    ax.legend(
+        fontsize=7,
+        title="arm (solid: BERT-like shapes, dotted: measured shapes)",
+        title_fontsize=7,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

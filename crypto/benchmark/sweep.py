@@ -11,18 +11,23 @@ step can reach on a laptop. This benchmark
    machine they measure the other processes too);
 2. counts each arm's operations exactly: :class:`~crypto.costmodel.CountModel` is
    fitted on simulated steps of 15 small shapes and checked on larger ones;
-3. fits the unit costs (:class:`~crypto.costmodel.CostModel`) on every measured
-   width but ``held_out`` and checks them on the held-out width;
+3. times each operation in isolation and fits how a real step scales the bare
+   operations (:class:`~crypto.costmodel.CostModel`) on every measured width but
+   ``held_out``, and checks the model on the held-out width;
 4. projects each arm's step to :data:`~crypto.costmodel.PAPER` (and along a curve of
    widths up to it), in this package's layout and ring.
 
 Records keep the two apart: measured steps are the arms' own labels (``none`` for
-full + softmax), projections ``paper-width <arm>`` and the curve ``curve <arm>``.
+full + softmax), projections ``paper-width <arm>``, the projection along BERT-like
+shapes ``curve <arm>`` and the fitted model along the measured shapes ``model
+<arm>``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -31,6 +36,7 @@ import torch
 from defenses.harness import measurement
 from defenses.results import Result
 
+from ..ckks import TenSEALBackend
 from ..costmodel import PAPER, CostModel, CountModel, Shape, operations
 from ..finetune import TRAIN_PARAMS, KeyOwner, encrypted_step, simulated_step
 from ..folding import Arm
@@ -99,6 +105,35 @@ def count_model(arm: Arm, seed: int = 0) -> tuple[CountModel, float]:
     return model, model.max_error(COUNT_CHECK, [counted(s) for s in COUNT_CHECK])
 
 
+def unit_costs(owner: KeyOwner, size: int, reps: int = 20) -> dict[str, float]:
+    r"""CPU seconds of each operation of the step, timed in isolation.
+
+    On ciphertexts of ``size`` slots as the server holds them (loaded under the
+    public context); a rotation is a slot sum's time over its
+    :math:`\lceil\log_2 \text{size}\rceil` rotate-and-add rounds; a polynomial
+    is of degree 3 (the median degree of the step's polynomials).
+    """
+    rng = np.random.default_rng(0)
+    values = rng.random(size)
+    a, b = owner.encrypt(values), owner.encrypt(values[::-1].copy())
+    backend = TenSEALBackend()
+
+    def timed(operation: Callable[[], object]) -> float:
+        start = time.process_time()
+        for _ in range(reps):
+            operation()
+        return (time.process_time() - start) / reps
+
+    return {
+        "ct_ct_mul": timed(lambda: backend.mul(a, b)),
+        "ct_pt_mul": timed(lambda: backend.mul_scalar(a, 0.37)),
+        "rotations": timed(lambda: backend.sum_slots(a)) / math.ceil(math.log2(size)),
+        "polyval": timed(lambda: backend.polyval(a, [0.1, 0.2, 0.3, 0.4])),
+        "encryptions": timed(lambda: owner.encrypt(values)),
+        "decryptions": timed(lambda: owner.decrypt(a)),
+    }
+
+
 def _tokens(data: Sequences, n: int) -> Sequences:
     """Digits as ``n`` tokens of ``64 / n`` pixels."""
     return Sequences(data.X.reshape(len(data), n, 64 // n), data.y, data.n_classes)
@@ -149,9 +184,11 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
         counts = {name: count_model(_arm(name), seed) for name in arms}
         points = []
         wall: dict[tuple[str, Shape], float] = {}
+        unit: dict[str, float] = {}
         for n in tokens:
             data = _tokens(digits.subset(order[:300]), n)
             owner = KeyOwner(TRAIN_PARAMS, n)
+            unit = unit or unit_costs(owner, batch * n)
             for d in widths:
                 shape = Shape(d, ratio * d, n, 1, batch)
                 model = _model(data, shape, epochs, seed)
@@ -166,7 +203,9 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
                     points.append((name, shape, got.cpu_seconds, got.counts, diff))
                     wall[name, shape] = got.seconds
         fit = [p for p in points if p[1].d != held_out]
-        cost = CostModel.fit([operations(p[3], p[1]) for p in fit], [p[2] for p in fit])
+        cost = CostModel.fit(
+            unit, [operations(p[3], p[1]) for p in fit], [p[2] for p in fit]
+        )
         held = [
             abs(cost.predict(operations(c, s)) - t) / t
             for _, s, t, c, _ in points
@@ -202,7 +241,8 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
                     "role": "held-out" if shape.d == held_out else "fit",
                 },
             )
-        yield from _projection(arms, counts, cost, points, held, held_out, seed)
+        family = (ratio, max(tokens), batch)
+        yield from _projection(arms, counts, cost, points, held, held_out, family, seed)
 
 
 def _projection(
@@ -212,6 +252,7 @@ def _projection(
     points: list[tuple[str, Shape, float, dict[str, int], float]],
     held: list[float],
     held_out: int,
+    family: tuple[int, int, int],
     seed: int,
 ) -> Iterable[Result]:
     widest = max(s.d for _, s, _, _, _ in points)
@@ -243,6 +284,8 @@ def _projection(
                 "projected_step_cpu_s": seconds,
                 **ops,
                 **{f"unit_{k}_ms": 1000 * v for k, v in cost.unit_s.items()},
+                "model_scale": cost.scale,
+                "model_overhead_s": cost.overhead_s,
             },
             params={
                 "variant": name,
@@ -256,14 +299,26 @@ def _projection(
                 "role": "projected",
             },
         )
-    for d in CURVE:
-        shape = Shape(d, 4 * d, PAPER.n_tokens, max(1, d // 64), PAPER.batch)
-        for name in arms:
-            seconds, _ = projected(name, shape)
-            yield measurement(
-                "crypto-finetune-sweep",
-                f"curve {name}",
-                seed,
-                cost={"projected_step_cpu_s": seconds},
-                params={"variant": name, "d": d, "role": "curve"},
-            )
+    ratio, n, batch = family
+    widths = sorted({2, *CURVE})
+    curves = (
+        (
+            "curve",
+            [
+                Shape(d, 4 * d, PAPER.n_tokens, max(1, d // 64), PAPER.batch)
+                for d in CURVE
+            ],
+        ),
+        ("model", [Shape(d, ratio * d, n, 1, batch) for d in widths]),
+    )
+    for role, shapes in curves:
+        for shape in shapes:
+            for name in arms:
+                seconds, _ = projected(name, shape)
+                yield measurement(
+                    "crypto-finetune-sweep",
+                    f"{role} {name}",
+                    seed,
+                    cost={"projected_step_cpu_s": seconds},
+                    params={"variant": name, "d": shape.d, "role": role},
+                )

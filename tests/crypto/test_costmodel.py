@@ -11,6 +11,7 @@ from defense_suite.crypto.benchmark.sweep import (
     COUNT_DESIGN,
     count_model,
     finetune_sweep,
+    unit_costs,
 )
 from defense_suite.crypto.costmodel import (
     MONOMIALS,
@@ -22,6 +23,7 @@ from defense_suite.crypto.costmodel import (
     operations,
 )
 from defense_suite.crypto.figures import figures
+from defense_suite.crypto.finetune import TRAIN_PARAMS, KeyOwner
 from defense_suite.crypto.folding import Arm
 from defenses.harness import measurement
 
@@ -39,7 +41,7 @@ def test_shape_is_validated() -> None:
 def test_rotations_are_log2_of_the_packed_slots_per_slot_sum() -> None:
     ops = operations({"slot_sums": 5, "encryptions": 3, "decryptions": 2}, PAPER)
     assert ops["rotations"] == 5 * 11  # 16 x 128 = 2^11 slots
-    assert ops["client_crypto"] == 5
+    assert (ops["encryptions"], ops["decryptions"]) == (3, 2)
     assert list(ops) == list(OPERATIONS)
 
 
@@ -62,20 +64,30 @@ def test_count_model_refuses_an_undetermined_design() -> None:
     assert all(s.d > 6 for s in COUNT_CHECK)
 
 
-def test_cost_model_recovers_unit_costs() -> None:
+def test_cost_model_recovers_scale_and_overhead() -> None:
     rng = np.random.default_rng(0)
     unit = {"ct_ct_mul": 4e-3, "ct_pt_mul": 1e-3, "rotations": 3e-3}
-    unit |= {"polyval": 2e-2, "client_crypto": 2.5e-3}
-    ops = [{k: float(rng.integers(10, 5000)) for k in OPERATIONS} for _ in range(12)]
-    seconds = [sum(unit[k] * o[k] for k in OPERATIONS) for o in ops]
-    model = CostModel.fit(ops, seconds)
-    for k in OPERATIONS:
-        assert math.isclose(model.unit_s[k], unit[k], rel_tol=1e-6)
+    unit |= {"polyval": 2e-2, "encryptions": 2.5e-3, "decryptions": 1e-3}
+    ops = [{k: float(rng.integers(10, 5000)) for k in OPERATIONS} for _ in range(6)]
+    bare = [sum(unit[k] * o[k] for k in OPERATIONS) for o in ops]
+    seconds = [1.7 * b + 0.4 for b in bare]
+    model = CostModel.fit(unit, ops, seconds)
+    assert math.isclose(model.scale, 1.7, rel_tol=1e-6)
+    assert math.isclose(model.overhead_s, 0.4, rel_tol=1e-6)
     assert math.isclose(model.predict(ops[0]), seconds[0], rel_tol=1e-9)
     with pytest.raises(ValueError, match="positive"):
-        CostModel.fit(ops, [0.0] * 12)
-    with pytest.raises(ValueError, match="at least"):
-        CostModel.fit(ops[:2], seconds[:2])
+        CostModel.fit(unit, ops, [0.0] * 6)
+    with pytest.raises(ValueError, match="at least 2"):
+        CostModel.fit(unit, ops[:1], seconds[:1])
+    with pytest.raises(ValueError, match="unit_s"):
+        CostModel.fit({"ct_ct_mul": 1.0}, ops, seconds)
+
+
+def test_unit_costs_are_positive() -> None:
+    owner = KeyOwner(TRAIN_PARAMS, 2)
+    unit = unit_costs(owner, 8, reps=2)
+    assert set(unit) == set(OPERATIONS)
+    assert all(v > 0 for v in unit.values())
 
 
 @pytest.mark.parametrize(
