@@ -21,7 +21,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
-from .protocol import Server
+from .server import Server
 from .wire import Message
 
 if TYPE_CHECKING:

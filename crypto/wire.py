@@ -40,6 +40,10 @@ KINDS = (
 _LENGTH = struct.Struct(">I")
 
 
+class ProtocolError(ValueError):
+    """The other party sent a message the protocol does not allow."""
+
+
 class Channel(Protocol):
     """One end of an ordered, reliable exchange of byte strings."""
 
