@@ -10,9 +10,13 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "federated.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
 
 
-def test_docs_have_a_short_quick_tour_and_an_example():
-    assert len(BLOCKS) >= 2
-    assert 3 <= len(BLOCKS[0].strip().splitlines()) <= 8
+def test_docs_open_with_the_three_pieces_and_have_a_short_quick_tour():
+    text = DOC.read_text(encoding="utf-8")
+    assert text.splitlines()[2] == "## Add time-adaptive DP to your Flower app"
+    for piece in ("TimeAdaptiveMod", "TimeAdaptiveClient", "TimeAdaptiveStrategy"):
+        assert piece in BLOCKS[0]
+    assert any(3 <= len(b.strip().splitlines()) <= 8 for b in BLOCKS)
+    assert len(BLOCKS) >= 3
 
 
 @pytest.mark.parametrize("block", range(len(BLOCKS)))
