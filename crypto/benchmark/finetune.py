@@ -75,6 +75,7 @@ def finetune_benchmark(params: Mapping[str, Any], seeds: list[int]) -> Iterable[
             counts = got.counts
             runs[name] = {
                 "step_s": got.seconds / steps,
+                "step_cpu_s": got.cpu_seconds / steps,
                 "step_diff": max(
                     float(np.max(np.abs(got.weights[k] - want.weights[k])))
                     for k in arm.names
