@@ -214,7 +214,7 @@ class AdaptedModel:
         self.head = head
         self.head_names: tuple[str, ...] = ()
         if head is not None:
-            if head not in layers or not head:
+            if not isinstance(head, str) or head not in layers or not head:
                 raise ValueError(
                     f"head={head!r} is not a module of the {type(model).__name__}"
                 )

@@ -40,6 +40,8 @@ from defenses.threads import single_thread
 
 Norm = Literal["layer", "batch"]
 M = TypeVar("M", bound=nn.Module)
+MAX_SIZE = 2**16
+"""Largest width, depth or class count of a ResidualMLP (beyond: out of memory)."""
 
 
 class Block(nn.Module):
@@ -91,7 +93,7 @@ class ResidualMLP(nn.Module):
             ("n_blocks", n_blocks),
             ("n_classes", n_classes),
         ):
-            check_int(f"ResidualMLP.{name}", value, minimum=1)
+            check_int(f"ResidualMLP.{name}", value, 1, MAX_SIZE)
         if n_classes < 2:
             raise ValueError(f"ResidualMLP.n_classes must be >= 2, got {n_classes}")
         if norm not in ("layer", "batch"):
@@ -207,12 +209,20 @@ def pretrain(
     cover only some classes. The public split is treated as non-deletable:
     exactness of unlearning covers the fine-tuning data only.
     """
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(
+            f"rng must be a numpy.random.Generator, got {type(rng).__name__}"
+        )
     features_np = inputs.model_inputs(X, None, None)
     if features_np.ndim != 2:
         raise ValueError(f"X must have shape (n, d), got {features_np.shape}")
     labels_np = inputs.class_codes(y, features_np.shape[0])
     needed = int(labels_np.max()) + 1
-    k = max(needed, 2) if n_classes is None else check_int("n_classes", n_classes, 2)
+    k = (
+        max(needed, 2)
+        if n_classes is None
+        else check_int("n_classes", n_classes, 2, MAX_SIZE)
+    )
     if k < needed:
         raise ValueError(f"n_classes={k} is too small for labels up to {needed - 1}")
     check_int("epochs", epochs, minimum=1)

@@ -69,6 +69,16 @@ def decode(blob: bytes, where: str) -> dict[str, Any]:
     return payload
 
 
+def check_path(path: object, name: str = "path") -> str:
+    """``path`` as a string, or raise TypeError naming ``name``."""
+    try:
+        return os.fspath(path)  # type: ignore[call-overload, no-any-return]
+    except TypeError as error:
+        raise TypeError(
+            f"{name} must be a str or os.PathLike, got {type(path).__name__}"
+        ) from error
+
+
 def temporary_files(path: str | os.PathLike[str]) -> list[Path]:
     """The temporary files of ``path`` in its directory (live or stale)."""
     target = Path(path)
@@ -142,7 +152,9 @@ def _locked_temporary(target: Path) -> tuple[Path, int]:
 
 def write_atomic(path: str | os.PathLike[str], blob: bytes) -> None:
     """Write ``blob`` to ``path`` atomically, leaving no temporary file behind."""
-    target = Path(path)
+    target = Path(check_path(path))
+    if target.is_dir():
+        raise ValueError(f"path {target} is a directory, not a state file")
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(target)
     temporary, handle = _locked_temporary(target)
@@ -163,7 +175,7 @@ def write_atomic(path: str | os.PathLike[str], blob: bytes) -> None:
 
 def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and check a state file (after removing its stale temporary files)."""
-    target = Path(path)
+    target = Path(check_path(path))
     remove_stale(target)
     if not target.is_file():
         raise FileNotFoundError(f"no state file at {target}")

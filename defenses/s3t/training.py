@@ -69,8 +69,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("rank", "epochs", "batch_size"):
-            check_int(name, getattr(self, name), minimum=1)
-        check_real("lr", self.lr, 0.0, 1.0, open_low=True, open_high=True)
+            object.__setattr__(self, name, check_int(name, getattr(self, name), 1))
+        lr = check_real("lr", self.lr, 0.0, 1.0, open_low=True, open_high=True)
+        object.__setattr__(self, "lr", lr)
 
 
 @dataclass(frozen=True)

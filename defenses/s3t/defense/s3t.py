@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import ClassVar, Literal
 
 import numpy as np
+import numpy.typing as npt
 from torch import nn
 
 from defenses.checks import check_int
@@ -17,6 +18,28 @@ from defenses.s3t.sequences import bms_orders, cyclic_orders
 from defenses.s3t.training import Mode
 
 Selection = Literal["cyclic", "bms"]
+MAX_SLICES = 1024
+
+
+def _prior(slice_prior: Sequence[float] | None, slices: int) -> npt.NDArray[np.float64]:
+    """The deletion probabilities of the slices (uniform if None), normalised."""
+    if slice_prior is None:
+        return np.full(slices, 1.0 / slices)
+    try:
+        prior = np.asarray(slice_prior, dtype=np.float64)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"slice_prior must hold numbers: {error}") from error
+    if prior.shape != (slices,):
+        raise ValueError(
+            f"slice_prior must have one value per slice ({slices}), got shape "
+            f"{prior.shape}"
+        )
+    if not np.all(np.isfinite(prior)) or np.any(prior < 0) or prior.sum() <= 0:
+        raise ValueError(
+            f"slice_prior must be finite, >= 0 and not all zero, got {prior}"
+        )
+    normalised: npt.NDArray[np.float64] = prior / prior.sum()
+    return normalised
 
 
 class S3T(Unlearner):
@@ -89,24 +112,15 @@ class S3T(Unlearner):
         store: str | os.PathLike[str] | None = None,
         allow_shared_state: bool = False,
     ) -> None:
-        budget = (
-            check_int("slices", slices, minimum=1) if sequences is None else sequences
-        )
-        check_int("sequences", budget, minimum=1)
+        slices = check_int("slices", slices, 1, MAX_SLICES)
+        budget = slices if sequences is None else sequences
+        budget = check_int("sequences", budget, minimum=1)
         if selection == "cyclic":
             if slice_prior is not None:
                 raise ValueError("slice_prior is used by selection='bms' only")
             orders = cyclic_orders(slices, budget)
         elif selection == "bms":
-            prior = (
-                np.full(slices, 1.0 / slices) if slice_prior is None else slice_prior
-            )
-            if len(prior) != slices:
-                raise ValueError(
-                    f"slice_prior must have one value per slice ({slices}), "
-                    f"got {len(prior)}"
-                )
-            orders = bms_orders(prior, budget)
+            orders = bms_orders(_prior(slice_prior, slices), budget)
         else:
             raise ValueError(f"selection must be 'cyclic' or 'bms', got {selection!r}")
         self.sequences, self.selection = budget, selection

@@ -35,6 +35,10 @@ class NotFittedError(RuntimeError):
     """The model was used before :meth:`Unlearner.fit`."""
 
 
+class UnknownIdError(KeyError, ValueError):
+    """A requested id is unknown or already deleted (names ``ids``)."""
+
+
 class AllShardsDeadError(RuntimeError):
     """Every shard lost its models to deletions: :meth:`Unlearner.retrain` first."""
 
@@ -182,8 +186,9 @@ def find_rows(
     ------
     ValueError
         No ids, or an id twice.
-    KeyError
-        An id is unknown or already deleted (told apart by the tombstones).
+    UnknownIdError
+        An id is unknown or already deleted (told apart by the tombstones); a
+        ``KeyError`` and a ``ValueError``.
     """
     if not request:
         raise ValueError("ids: no ids given to delete")
@@ -195,9 +200,9 @@ def find_rows(
         if v in where:
             rows.append(where[v])
         elif partition.digest(v, salt) in state.tombstones:
-            raise KeyError(f"id {v!r} was already deleted")
+            raise UnknownIdError(f"ids: id {v!r} was already deleted")
         else:
-            raise KeyError(f"unknown id {v!r}: it was never trained on")
+            raise UnknownIdError(f"ids: unknown id {v!r}: it was never trained on")
     return np.asarray(rows, dtype=np.int64)
 
 

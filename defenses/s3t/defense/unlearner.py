@@ -22,7 +22,7 @@ from torch import nn
 
 from defenses.checks import check_int
 from defenses.cost import count, phase
-from defenses.s3t import inputs, partition
+from defenses.s3t import inputs, partition, store
 from defenses.s3t.adapters import Targets, fingerprint, running_stats, target_groups
 from defenses.s3t.backbone import adapt
 from defenses.s3t.defense.holder import StateHolder
@@ -55,6 +55,13 @@ from defenses.s3t.training import (
 logger = logging.getLogger(__name__)
 
 FloatArray = npt.NDArray[np.float64]
+
+
+def _slot(cell: object) -> Slot:
+    """One ``(shard, slice)`` pair of integers (message names ``slots``)."""
+    if not isinstance(cell, tuple | list) or len(cell) != 2:
+        raise ValueError(f"slots must hold (shard, slice) pairs, got {cell!r}")
+    return (check_int("slots: shard", cell[0]), check_int("slots: slice", cell[1]))
 
 
 class Unlearner(StateHolder):
@@ -115,7 +122,7 @@ class Unlearner(StateHolder):
         self.groups = tuple(target_groups(self.model.targets, self.slices))
         self.fingerprint = fingerprint(self.backbone)
         self.salt = f"s3t-partition-{self.seed}"
-        self.store = None if store_path is None else os.fspath(store_path)
+        self.store = None if store_path is None else store.check_path(store_path)
         self._state: State | None = None
 
     # ------------------------------------------------------------------ config
@@ -317,8 +324,9 @@ class Unlearner(StateHolder):
 
         Raises
         ------
-        KeyError
-            An id is unknown or already deleted.
+        UnknownIdError
+            An id is unknown or already deleted (a ``KeyError`` and a
+            ``ValueError``).
         """
         began = time.perf_counter()
         with phase("unlearn"):
@@ -352,7 +360,7 @@ class Unlearner(StateHolder):
         """
         began = time.perf_counter()
         state = self._require()
-        cells = tuple(sorted({(int(s), int(j)) for s, j in slots}))
+        cells = tuple(sorted({_slot(c) for c in slots}))
         for s, j in cells:
             if not (0 <= s < self.shards and 0 <= j < self.slices):
                 raise ValueError(
@@ -376,6 +384,8 @@ class Unlearner(StateHolder):
         starts at an empty cell abstains; the receipt lists both, and a warning is
         logged.
         """
+        if not isinstance(only_dead, bool | np.bool_):
+            raise TypeError(f"only_dead must be a bool, got {only_dead!r}")
         state = self._require()
         began = time.perf_counter()
         served = self.served()
