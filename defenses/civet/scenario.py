@@ -51,18 +51,17 @@ from defenses.civet.model import sse
 from defenses.civet.support import halfwidth
 from defenses.civet.tasks import DATASETS, VAETask, load_images
 from defenses.data import stratified_split
-from defenses.registry import register
+from defenses.registry import register, register_package
 from defenses.results import Result
-from defenses.threat import Budget, Capability, Goal, Knowledge, Stage, ThreatModel
+from defenses.threat import Budget, Capability, ThreatModel
 
 FloatArray = npt.NDArray[np.float64]
 
-for _attack in (JointPGD, EOTPGD, LatentAttack, MaxDamage):
-    register("attacks", _attack.name)(_attack)
-register("defenses", CivetTraining.name)(CivetTraining)
-register("defenses", PGDTraining.name)(PGDTraining)
-
-register("figures", "civet")(figures.draw)
+register_package(
+    attacks=[JointPGD, EOTPGD, LatentAttack, MaxDamage],
+    defenses=[CivetTraining, PGDTraining],
+    figures={"civet": figures.draw},
+)
 
 TOLERANCE = 1e-6
 HOEFFDING_DELTA = 0.01
@@ -175,11 +174,9 @@ class CivetScenario:
     @property
     def threat(self) -> ThreatModel:
         """White-box integrity attack on the deployed VAE within an L-inf ball."""
-        return ThreatModel(
-            goal=Goal.INTEGRITY,
-            stage=Stage.DEPLOYMENT,
-            knowledge=Knowledge.WHITE_BOX,
-            capabilities=frozenset({Capability.READ_PARAMETERS}),
+        return ThreatModel.granting(
+            "integrity",
+            Capability.READ_PARAMETERS,
             budget=Budget(radius=float(self.eps), norm="linf"),
             adaptive=True,
         )

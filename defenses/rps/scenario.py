@@ -23,7 +23,7 @@ import numpy as np
 from defenses.checks import check_int, check_real
 from defenses.data import LOADERS, load, stratified_split
 from defenses.metrics import coverage, mean_set_size
-from defenses.registry import register
+from defenses.registry import register, register_package
 from defenses.rps import benchmark, figures
 from defenses.rps.arms import (
     RPS,
@@ -40,23 +40,25 @@ from defenses.rps.attacks import (
     WorstCase,
 )
 from defenses.rps.tasks import ConformalTask
-from defenses.threat import Capability, Goal, Knowledge, Stage, ThreatModel
+from defenses.threat import Capability, ThreatModel
 
-for _attack in (
-    RandomFlip,
-    PairFlip,
-    TargetedFlip,
-    CalibrationCoverage,
-    CalibrationSize,
-    WorstCase,
-):
-    register("attacks", _attack.name)(_attack)
-register("defenses", RPS.name)(RPS)
-register("defenses", BaggingEnsemble.name)(BaggingEnsemble)
-register("benchmarks", "rps-coverage")(benchmark.coverage_study)
-register("benchmarks", "rps-tradeoff")(benchmark.tradeoff)
-register("benchmarks", "rps-perf")(benchmark.performance)
-register("figures", "rps")(figures.figures)
+register_package(
+    attacks=[
+        RandomFlip,
+        PairFlip,
+        TargetedFlip,
+        CalibrationCoverage,
+        CalibrationSize,
+        WorstCase,
+    ],
+    defenses=[RPS, BaggingEnsemble],
+    benchmarks={
+        "rps-coverage": benchmark.coverage_study,
+        "rps-tradeoff": benchmark.tradeoff,
+        "rps-perf": benchmark.performance,
+    },
+    figures={"rps": figures.figures},
+)
 
 
 @register("scenarios", "rps-poisoning")
@@ -120,13 +122,11 @@ class ConformalPoisoning:
     @property
     def threat(self) -> ThreatModel:
         """A gray-box poisoner of the training and calibration data."""
-        return ThreatModel(
-            goal=Goal.INTEGRITY,
-            stage=Stage.TRAINING,
-            knowledge=Knowledge.GRAY_BOX,
-            capabilities=frozenset(
-                {Capability.POISON_TRAIN, Capability.POISON_CALIBRATION}
-            ),
+        return ThreatModel.granting(
+            "integrity",
+            Capability.POISON_TRAIN,
+            Capability.POISON_CALIBRATION,
+            knowledge="gray-box",
         )
 
     def setup(self, rng: np.random.Generator) -> ConformalTask:

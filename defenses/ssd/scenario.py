@@ -34,7 +34,7 @@ from scipy.spatial.distance import cdist
 from defenses.checks import check_int
 from defenses.metrics import accuracy
 from defenses.oracle import QueryOracle
-from defenses.registry import register
+from defenses.registry import register, register_package
 from defenses.ssd import benchmark, figures  # noqa: F401  (they register themselves)
 from defenses.ssd.arms import Deployed, SSDDefense
 from defenses.ssd.attacks import (
@@ -54,23 +54,23 @@ from defenses.ssd.baselines import (
 )
 from defenses.ssd.tasks import InversionTask, build_task, predict_proba, train_mlp
 from defenses.threads import single_thread
-from defenses.threat import Budget, Capability, Goal, Knowledge, Stage, ThreatModel
+from defenses.threat import Budget, Capability, ThreatModel
 
 FloatArray = npt.NDArray[np.float64]
 
-for _attack in (BoundaryRepulsion, GeneticInversion, VotingBoundaryRepulsion):
-    register("attacks", _attack.name)(_attack)
-for _defense in (
-    SSDDefense,
-    SSDNoTemperature,
-    SSDConstantBudget,
-    ARTReverseSigmoid,
-    ARTGaussianNoise,
-    ARTRounded,
-    ARTHighConfidence,
-    ARTClassLabels,
-):
-    register("defenses", _defense.name)(_defense)
+register_package(
+    attacks=[BoundaryRepulsion, GeneticInversion, VotingBoundaryRepulsion],
+    defenses=[
+        SSDDefense,
+        SSDNoTemperature,
+        SSDConstantBudget,
+        ARTReverseSigmoid,
+        ARTGaussianNoise,
+        ARTRounded,
+        ARTHighConfidence,
+        ARTClassLabels,
+    ],
+)
 
 TARGET_HIDDEN = (128,)
 
@@ -145,13 +145,11 @@ class _InversionGame:
     @property
     def threat(self) -> ThreatModel:
         """Black-box scores and labels; the adversary knows the defense (adaptive)."""
-        return ThreatModel(
-            goal=Goal.CONFIDENTIALITY,
-            stage=Stage.DEPLOYMENT,
-            knowledge=Knowledge.BLACK_BOX,
-            capabilities=frozenset(
-                {Capability.QUERY_SCORES, Capability.QUERY_LABEL, Capability.AUX_DATA}
-            ),
+        return ThreatModel.granting(
+            "confidentiality",
+            Capability.QUERY_SCORES,
+            Capability.QUERY_LABEL,
+            Capability.AUX_DATA,
             budget=Budget(queries=self.queries),
             adaptive=True,
         )
