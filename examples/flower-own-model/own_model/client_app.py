@@ -50,7 +50,7 @@ def train(msg: Message, context: Context) -> Message:
     """DP-SGD on this client's own images, at the round its ledger granted."""
     rnd = TimeAdaptiveClient(privacy(context), context).round(msg)
     net = SmallCNN()
-    net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    net.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
     data = _data(context)
     g = torch.Generator().manual_seed(
         int(context.run_config["seed"]) * 10_000
@@ -66,7 +66,8 @@ def train(msg: Message, context: Context) -> Message:
     )
     for X, y in rnd.batches(loader):
         optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(model(X), y).backward()
+        loss = torch.nn.functional.cross_entropy(model(X), y)
+        torch.autograd.backward(loss)
         optimizer.step()
     metrics = MetricRecord({"num-examples": len(data)})
     content = RecordDict({"arrays": ArrayRecord(net.state_dict()), "metrics": metrics})
@@ -77,7 +78,7 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Accuracy of the global model on this client's own images."""
     net = SmallCNN()
-    net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    net.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
     data = _data(context)
     metrics = MetricRecord({"num-examples": len(data), "accuracy": accuracy(net, data)})
     return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)

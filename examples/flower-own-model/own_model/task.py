@@ -26,7 +26,8 @@ class SmallCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of a batch of 1x8x8 images."""
-        return self.head(self.features(x).flatten(1))
+        logits: torch.Tensor = self.head(self.features(x).flatten(1))
+        return logits
 
 
 def _images(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
