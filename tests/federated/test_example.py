@@ -58,3 +58,42 @@ def test_the_example_uses_only_the_public_api():
         for line in path.read_text().splitlines():
             if "defense_suite" in line and "import" in line:
                 assert line.startswith("from defense_suite.federated.flower import")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_example_runs_with_flwr_run_in_simulation(tmp_path):
+    import os
+    import signal
+    import subprocess
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
+        "options.num-supernodes = 3\n"
+    )
+    result = tmp_path / "result.json"
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "FEDERATED_RESULT_PATH": str(result),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": "39391",
+        "FLWR_LOCAL_CONTROL_API_PORT": "39393",
+    }
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "defense_suite.federated", "run", str(EXAMPLE),
+             "--run-config", "num-server-rounds=2"],
+            env=env, capture_output=True, text=True, timeout=1500, check=False,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+        summary = json.loads(result.read_text())
+        assert [r["budget"] for r in summary["clients"]] == [1.0, 3.0, 8.0]
+    finally:
+        found = subprocess.run(
+            ["pgrep", "-f", "flower-superlink.*--port 39391"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        for pid in found.stdout.split():
+            os.kill(int(pid), signal.SIGTERM)
