@@ -9,6 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from defenses.api import DefenseKind, Learner
+from defenses.checks import check_int
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -73,14 +74,7 @@ class Rounding:
     decimals: int = 1
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.decimals, bool)
-            or not isinstance(self.decimals, int)
-            or self.decimals < 0
-        ):
-            raise ValueError(
-                f"Rounding.decimals must be an int >= 0, got {self.decimals!r}"
-            )
+        check_int("Rounding.decimals", self.decimals, 0)
 
     def __call__(self, scores: FloatArray) -> FloatArray:
         """Rounded scores."""
