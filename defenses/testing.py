@@ -3,7 +3,8 @@
 In the spirit of scikit-learn's ``check_estimator``.
 
 :func:`check_pair` plays the game a few times and asserts what every scenario, attack
-and defense must satisfy, whatever the package. :func:`assert_rule` checks the
+and defense must satisfy, whatever the package; :func:`make_result` builds a valid
+result record for tests of the result tooling. :func:`assert_rule` checks the
 bad-input rule on one call of a public entry point; :func:`bad_reals`,
 :func:`bad_arrays` and :func:`probability_rows` are the shared hypothesis strategies
 that generate the inputs (hypothesis is imported only when a strategy is built).
@@ -66,6 +67,25 @@ def check_result(result: Result) -> None:
         for name, value in getattr(result, section).items():
             if _is_rate(name) and not 0.0 <= value <= 1.0:
                 _fail(f"{section}.{name} = {value} is a rate but lies outside [0, 1]")
+
+
+def make_result(defense: str = "none", seed: int = 0, **fields: Any) -> Result:
+    """A valid :class:`Result` for tests: ``fields`` over placeholder values.
+
+    The placeholders are scenario ``"s"``, attack ``"a"`` and empty threat, utility,
+    success and cost sections, so a test states only the fields it is about.
+    """
+    record: dict[str, Any] = {
+        "scenario": "s",
+        "attack": "a",
+        "defense": defense,
+        "seed": seed,
+        "threat": {},
+        "utility": {},
+        "success": {},
+        "cost": {},
+    }
+    return Result(**{**record, **fields})
 
 
 def check_pair(

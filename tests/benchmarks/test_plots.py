@@ -8,7 +8,7 @@ import pytest
 from defense_suite.labels import METRIC_LABELS, delta_label, fit_title, metric_label
 from defense_suite.plots import delta_figure, tradeoff_figure, tradeoff_plot
 from defense_suite.spec import load_spec
-from defenses.results import Result
+from defenses.testing import make_result
 
 LONG = (
     "Time-adaptive DP federated learning: accuracy and membership inference on two "
@@ -17,15 +17,13 @@ LONG = (
 
 
 def run(defense, seed, auc, dataset="digits"):
-    return Result(
+    return make_result(
+        defense,
+        seed,
         scenario="federated-membership",
         attack="loss-mia",
-        defense=defense,
-        seed=seed,
-        threat={},
         utility={"accuracy": 0.8 + 0.01 * seed},
         success={"auc": auc, "label_advantage": 0.1},
-        cost={},
         params={"scenario": {"dataset": dataset, "model": "softmax", "rounds": 5}},
     )
 

@@ -8,19 +8,16 @@ from defense_suite.summary import (
     summary_row,
     verdict,
 )
-from defenses.results import Result
+from defenses.testing import make_result
 
 
 def run(defense, seed, value, cert=None):
-    return Result(
-        scenario="s",
+    return make_result(
+        defense,
+        seed,
         attack="atk(x=1)",
-        defense=defense,
-        seed=seed,
-        threat={},
         utility={"accuracy": 0.9},
         success={"attack_acc": value},
-        cost={},
         certificate=cert or {},
     )
 

@@ -3,15 +3,13 @@ import json
 import pytest
 
 from defenses.results import Result, describe, read_jsonl, summarize, write_jsonl
+from defenses.testing import make_result
 
 
 def make(defense="none", seed=0, auc=0.7, acc=0.9):
-    return Result(
-        scenario="s",
-        attack="a",
-        defense=defense,
-        seed=seed,
-        threat={},
+    return make_result(
+        defense,
+        seed,
         utility={"accuracy": acc},
         success={"auc": auc},
         cost={"fit_s": 0.1},
