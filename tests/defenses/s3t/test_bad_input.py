@@ -64,6 +64,26 @@ def from_classes(n: int):
     return check
 
 
+def serves(model) -> None:
+    """A fitted model answers with finite probabilities on clean inputs."""
+    proba = model.predict_proba(X0[:5])
+    assert np.isfinite(proba).all()
+    simplex(5)(proba)
+
+
+def finite_logits(X):
+    """A pretrained backbone has finite logits on (the finite rows of) its data."""
+
+    def check(backbone) -> None:
+        import torch
+
+        with torch.no_grad():
+            logits = backbone(torch.as_tensor(X[:5], dtype=torch.float32))
+        assert torch.isfinite(logits).all()
+
+    return check
+
+
 def votes(n: int):
     def check(result):
         assert result.shape == (2, n)
@@ -88,7 +108,8 @@ def test_fit_features(X) -> None:
     n = _rows(X)
     labels, ids = np.arange(n) % 10, np.arange(n)
     params = ["X", "y", "ids", "shards"]
-    assert_rule(lambda: S3T(BACKBONE, 2, 2, **SETTINGS).fit(X, labels, ids), params)
+    model = S3T(BACKBONE, 2, 2, **SETTINGS)
+    assert_rule(lambda: model.fit(X, labels, ids), params, serves)
 
 
 @rule_settings(8)
@@ -138,7 +159,11 @@ def test_pretrain(X, value) -> None:
     n = _rows(X)
     rng = np.random.default_rng(0)
     small = {"width": 4, "hidden": 4, "n_blocks": 1, "epochs": 1}
-    assert_rule(lambda: pretrain(X, np.arange(n) % 3, rng, **small), ["X", "y"])
+    assert_rule(
+        lambda: pretrain(X, np.arange(n) % 3, rng, **small),
+        ["X", "y"],
+        finite_logits(X),
+    )
     long = isinstance(value, int | np.integer) and not isinstance(value, bool)
     for name in ("epochs", "lr", "batch_size", "n_classes", "width"):
         if name == "epochs" and long and value > 2:
