@@ -54,6 +54,7 @@ from .model import HEFormer
 from .net import fit
 from .packing import pack, roll_tokens
 from .tasks import check_labels, check_sequences
+from .train import predict_logits
 
 FloatArray = npt.NDArray[np.float64]
 TRAIN_PARAMS = CKKSParams(8192, (49, 40, 40, 40, 49), 40)
@@ -147,6 +148,7 @@ def _check_batch(
     c = model.config
     arr = check_sequences(X, c.n_tokens, c.token_dim)
     labels = check_labels(y, arr.shape[0], c.n_classes)
+    predict_logits(model, arr, guard=True)  # the polynomials' calibrated ranges
     slots = arr.shape[0] * c.n_tokens
     if slots & (slots - 1):
         raise ValueError(
@@ -241,6 +243,11 @@ def _run(
         assert not isinstance(W, np.ndarray)
         folded = np.array([[services.decrypt(v.handle)[0] for v in row] for row in W])
         weights[name] = folded / np.asarray(fold[name], dtype=float)
+        if not np.all(np.isfinite(weights[name])):
+            raise ValueError(
+                f"lr = {lr!r} made the step diverge ({name} is not finite); "
+                "use a smaller lr"
+            )
     return StepResult(weights, counts, seconds, cpu)
 
 
@@ -313,6 +320,8 @@ def reference_step(
     """
     if arm.attention != "gk":
         raise ValueError("the torch reference exists for the Gaussian-kernel arms")
+    lr = check_real("lr", lr, 0.0, open_low=True)
+    steps = check_int("steps", steps, 1)
     X, labels = _check_batch(model, X, y)
     net = copy.deepcopy(model)
     params: list[torch.nn.Parameter]
@@ -342,7 +351,10 @@ def reference_step(
             for p in params:
                 assert p.grad is not None
                 p.sub_(lr * p.grad)
-    return effective_weights(net, arm)
+    out = effective_weights(net, arm)
+    if not all(np.all(np.isfinite(w)) for w in out.values()):
+        raise ValueError(f"lr = {lr!r} made the step diverge; use a smaller lr")
+    return out
 
 
 def simulated_loss(
