@@ -5,8 +5,8 @@ string columns for a ``Pipeline``, a sparse matrix, NaN for an estimator that
 accepts it); this module only checks what every estimator needs (two dimensions, at
 least one sample and one feature), turns lists into arrays and sparse formats
 without row indexing (COO, DIA, DOK, BSR, LIL) into CSR. Labels of any type
-are encoded into ``0..K-1`` against the sorted classes; a missing label (NaN, None,
-``pandas.NA``) is refused, since it is no class.
+(checked by :func:`defenses.targets.check_labels`: a missing label is refused, since
+it is no class) are encoded into ``0..K-1`` against the sorted classes.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from scipy import sparse
-from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import check_array, column_or_1d
+from sklearn.utils.validation import check_array
 
 from defenses.rps.partition import is_frame
+from defenses.targets import check_labels
 
 IntArray = npt.NDArray[np.int64]
 
@@ -69,49 +69,9 @@ def check_inputs(X: Any, name: str = "X") -> Any:
     return checked
 
 
-def _missing(labels: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
-    if labels.dtype.kind == "f":
-        return np.asarray(np.isnan(labels))
-    if labels.dtype.kind != "O":
-        return np.zeros(labels.shape, dtype=bool)
-    return np.array(
-        [
-            v is None
-            or (isinstance(v, float | np.floating) and bool(np.isnan(v)))
-            or type(v).__name__ in ("NAType", "NaTType")
-            for v in labels.tolist()
-        ],
-        dtype=bool,
-    )
-
-
-def check_labels(y: Any, n: int, owner: str) -> npt.NDArray[Any]:
-    """``y`` as a 1-D array of ``n`` labels with none missing, or raise ValueError."""
-    if y is None:
-        raise ValueError(f"{owner} requires y to be passed, but the target y is None.")
-    labels = column_or_1d(y, warn=True)
-    if labels.shape[0] != n:
-        raise ValueError(f"y has {labels.shape[0]} labels for {n} samples of X")
-    missing = _missing(labels)
-    if missing.any():
-        raise ValueError(
-            f"Input y contains NaN: {int(missing.sum())} missing label(s) (NaN, None "
-            "or pandas.NA); drop or impute those rows, a missing label is no class"
-        )
-    try:
-        check_classification_targets(labels)
-    except TypeError as error:
-        raise TypeError(
-            f"y mixes label types that cannot be ordered ({error}); use one type"
-        ) from error
-    except ValueError as error:
-        raise ValueError(f"y: {error}") from error
-    return np.asarray(labels)
-
-
 def encode_labels(y: Any, n: int, owner: str) -> tuple[npt.NDArray[Any], IntArray]:
     """The sorted classes of ``y`` and each label's index among them."""
-    labels = check_labels(y, n, owner)
+    labels = check_labels(y, owner, n)
     try:
         classes, encoded = np.unique(labels, return_inverse=True)
     except TypeError as error:
@@ -123,7 +83,7 @@ def encode_labels(y: Any, n: int, owner: str) -> tuple[npt.NDArray[Any], IntArra
 
 def encode_with(classes: npt.NDArray[Any], y: Any, n: int, owner: str) -> IntArray:
     """Indices of the labels ``y`` among the fitted ``classes``, or raise ValueError."""
-    labels = check_labels(y, n, owner)
+    labels = check_labels(y, owner, n)
     try:
         unseen = np.setdiff1d(labels, classes)
     except TypeError as error:

@@ -4,7 +4,8 @@
 holds out a stratified validation split (``val_size``), fits a clone of the
 estimator on the rest and the shield's prototypes on the held-out outputs; with
 ``prefit=True`` the estimator is used as fitted and all of ``X, y`` is validation
-data. Labels may be of any type (the estimator's ``classes_``); the features go to
+data. Labels may be of any type (the estimator's ``classes_``; checked by
+:func:`defenses.targets.check_labels`); the features go to
 the estimator untouched (DataFrames, sparse matrices, NaN where it accepts them),
 so the classifier works as the last step of a :class:`~sklearn.pipeline.Pipeline`,
 in ``clone``, ``cross_val_score`` and ``GridSearchCV`` (over ``estimator__*`` and
@@ -15,21 +16,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import warnings
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
 import scipy.sparse
 from sklearn.base import BaseEstimator, ClassifierMixin, MetaEstimatorMixin, clone
-from sklearn.exceptions import DataConversionWarning
 from sklearn.model_selection import train_test_split
 from sklearn.utils import _safe_indexing
 from sklearn.utils._tags import get_tags
-from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_consistent_length, check_is_fitted
 
 from defenses.checks import check_real
+from defenses.targets import check_labels
 
 logger = logging.getLogger(__name__)
 
@@ -53,32 +52,6 @@ class Shield(Protocol):
     def __call__(self, probs: Any, inputs: Any = None) -> Any:
         """Defended probabilities."""
         ...
-
-
-def check_labels(y: Any) -> npt.NDArray[Any]:
-    """``y`` as a 1-D label array; NaN or missing labels raise ValueError naming y."""
-    if y is None:
-        raise ValueError(
-            "ShieldedClassifier requires y to be passed, but the target y is None"
-        )
-    labels = np.asarray(y)
-    if labels.ndim == 2 and labels.shape[1] == 1:
-        warnings.warn(
-            "A column-vector y was passed when a 1d array was expected",
-            DataConversionWarning,
-            stacklevel=3,
-        )
-        labels = labels.ravel()
-    if labels.ndim != 1:
-        raise ValueError(f"y must be 1-D labels, got shape {labels.shape}")
-    if labels.dtype.kind == "c":
-        raise ValueError(f"Complex data not supported for y (got {labels.dtype})")
-    import pandas as pd  # type: ignore[import-untyped]  # lazily: 0.3 s to import
-
-    if labels.size and pd.isna(labels).any():
-        raise ValueError("y contains NaN or missing labels; drop or label those rows")
-    check_classification_targets(labels)
-    return labels
 
 
 def _rows_indexable(X: Any) -> Any:
@@ -166,7 +139,7 @@ class ShieldedClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):  #
         """Fit the estimator (unless ``prefit``) and the shield's prototypes."""
         if not isinstance(self.prefit, bool | np.bool_):
             raise ValueError(f"prefit must be True or False, got {self.prefit!r}")
-        labels = check_labels(y)
+        labels = check_labels(y, "ShieldedClassifier")
         X = _rows_indexable(X)
         check_consistent_length(X, labels)
         if self.prefit:
