@@ -2,8 +2,9 @@
 
 Chowdhury et al., "Towards Scalable Exact Machine Unlearning Using Parameter-Efficient
 Fine-Tuning", ICLR 2025. The estimator :class:`S3T` (fit, predict, delete, retrain,
-lineage), the baselines :class:`SISA` and :class:`FullRetrain`, and the exactness
-audits in :mod:`defenses.s3t.audits`.
+lineage) on any ``torch.nn.Module`` with ``target_modules`` (the layers that get the
+sliced adapters, :mod:`defenses.s3t.adapters`), the baselines :class:`SISA` and
+:class:`FullRetrain`, and the exactness audits in :mod:`defenses.s3t.attacks`.
 """
 
 from defenses.s3t.attacks import lineage_audit, twin_test
@@ -17,6 +18,7 @@ from defenses.s3t.defense import (
     RetrainReceipt,
     Unlearner,
 )
+from defenses.s3t.defense.state import UnknownIdError
 from defenses.s3t.store import StateFileError
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "ResidualMLP",
     "RetrainReceipt",
     "StateFileError",
+    "UnknownIdError",
     "Unlearner",
     "lineage_audit",
     "pretrain",

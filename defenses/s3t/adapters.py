@@ -242,9 +242,10 @@ class AdaptedModel:
             if isinstance(layer, nn.Conv2d):
                 shape = (rank, layer.in_channels, *layer.kernel_size)
                 out_dim = layer.out_channels
-            else:
-                assert isinstance(layer, nn.Linear)
+            elif isinstance(layer, nn.Linear):
                 shape, out_dim = (rank, layer.in_features), layer.out_features
+            else:
+                raise TypeError(f"target {name} is a {type(layer).__name__}")
             fan_in = math.prod(shape[1:])
             a = torch.randn(shape, generator=gen) / math.sqrt(fan_in)
             out[name] = (a, torch.zeros(out_dim, rank))

@@ -135,6 +135,8 @@ def test_transformer_encoder_twin_tests_and_lineage(transformer, digits) -> None
     assert report.exact
     assert report.switched_off_differed
     fitted = make().fit(X[pool], data.y[pool], pool)
+    trained_b = [b for st in fitted.stages().values() for _, b in st.adapters.values()]
+    assert all(torch.count_nonzero(b) > 0 for b in trained_b)  # gradients reached B
     assert {n.split("/")[-1] for n in fitted.lineage() if "adapter" in n} == {
         "encoder.layers.0.linear1",
         "encoder.layers.0.linear2",

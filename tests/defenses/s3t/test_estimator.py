@@ -49,6 +49,7 @@ def test_stages_are_cached_by_prefix(tiny, fast) -> None:
 def test_s3t_trains_one_group_per_stage_and_sisa_all(tiny, fast) -> None:
     s3t = S3T(tiny.backbone, 1, 2, 1, **fast).fit(tiny.X, tiny.y, tiny.ids)
     sisa = SISA(tiny.backbone, 1, 2, **fast).fit(tiny.X, tiny.y, tiny.ids)
+
     def blocks(model):
         return {
             p: {int(name.split(".")[1]) for name in st.adapters}
@@ -213,7 +214,7 @@ def test_backbone_with_shared_state_is_refused(tiny) -> None:
     S3T(leaky.eval(), 1, 2)
     with pytest.raises(ValueError, match="target_modules is required"):
         S3T(torch.nn.Linear(64, 10), 1, 2)
-    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"model must be a torch\.nn\.Module"):
         S3T("not a model", 1, 2)  # type: ignore[arg-type]
 
 
