@@ -31,6 +31,18 @@ logger = logging.getLogger(__name__)
 _VERSIONED = ("numpy", "scipy", "torch", "scikit-learn", "opacus", "flwr", "tenseal")
 
 
+def game_streams(seed: int, n: int = 3) -> tuple[np.random.Generator, ...]:
+    """The independent streams of one seeded game, as :func:`run_once` draws them.
+
+    ``SeedSequence(seed).spawn(n)``, one generator per child: for ``n = 3`` the
+    scenario's set-up, the learner's fit and the attack. A benchmark that plays a game
+    by hand uses it so that its runs see the same split and initialisation as the
+    harness's at the same seed.
+    """
+    children = np.random.SeedSequence(seed).spawn(n)
+    return tuple(np.random.default_rng(child) for child in children)
+
+
 @functools.cache
 def _installed_versions() -> tuple[tuple[str, str], ...]:
     from importlib import metadata
@@ -136,9 +148,7 @@ def run_once(
     """
     threat = scenario.threat
     threat.require(attack.requires, f"attack {attack.name!r}")
-    r_setup, r_fit, r_attack = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
-    )
+    r_setup, r_fit, r_attack = game_streams(seed)
     with recording() as costs:
         with phase("setup"):
             task = scenario.setup(r_setup)

@@ -32,7 +32,7 @@ from defenses.civet.arms import (
 from defenses.civet.attacks import JointPGD, VAEGuess, VAEView
 from defenses.civet.certificate import certify
 from defenses.civet.tasks import VAETask
-from defenses.harness import measurement
+from defenses.harness import game_streams, measurement
 from defenses.results import Result
 
 logger = logging.getLogger(__name__)
@@ -151,9 +151,7 @@ def eps_sweep(
         restarts=int(params.get("attack_restarts", 2)),
     )
     for seed in tqdm(seeds, disable=None, desc="civet-eps", leave=False):
-        r_setup, r_fit, r_attack = (
-            np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
-        )
+        r_setup, r_fit, r_attack = game_streams(seed)
         task = scenario.setup(r_setup)
         fit_state = r_fit.bit_generator.state
         reference_epoch: float | None = None

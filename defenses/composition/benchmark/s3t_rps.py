@@ -39,7 +39,7 @@ from torch import nn
 from defenses.checks import check_choice, check_int, check_keys, check_real
 from defenses.composition.s3t_rps import ReliableUnlearner
 from defenses.data import stratified_split
-from defenses.harness import measurement
+from defenses.harness import game_streams, measurement
 from defenses.metrics import accuracy, coverage, mean_set_size
 from defenses.results import Result
 from defenses.rps.quantile import textbook_rank
@@ -283,9 +283,7 @@ def s3t_rps(params: Mapping[str, Any], seeds: Sequence[int]) -> Iterator[Result]
     m = settings.unlearner
     record_params = dict(params)
     for seed in seeds:
-        r_split, r_stream = (
-            np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)
-        )
+        r_split, r_stream = game_streams(seed, 2)
         split = split_digits(r_split, settings.public, 0.5, 0)
         data = split.data
         halves = stratified_split(data.y[split.test], [0.5, 0.5], r_split)

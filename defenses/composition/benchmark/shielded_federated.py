@@ -20,7 +20,7 @@ import numpy as np
 from defense_suite.federated.arms import TimeAdaptiveDP
 from defense_suite.federated.scenario import FederatedMembership
 from defenses.checks import check_keys
-from defenses.harness import measurement
+from defenses.harness import game_streams, measurement
 from defenses.metrics import accuracy, membership_metrics
 from defenses.oracle import QueryOracle
 from defenses.reference.attacks import LossThresholdAttack, MembershipView
@@ -53,9 +53,7 @@ def shielded_federated(
     method = TimeAdaptiveDP(sigma=float(params.get("sigma", 2.0)))
     epsilons = [float(e) for e in params.get("epsilons", [0.05, 0.2, 1.0])]
     for seed in seeds:
-        r_setup, r_fit, r_attack = (
-            np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
-        )
+        r_setup, r_fit, r_attack = game_streams(seed)
         task = scenario.setup(r_setup)
         model = method.wrap(scenario.learner()).fit(task, r_fit)
         certificate = method.certify(model, task)
