@@ -6,7 +6,8 @@ Machine Unlearning Using Parameter-Efficient Fine-Tuning", ICLR 2025
 
 The fine-tuning data are split into ``m`` shards of ``L`` slices each (by a salted
 hash of the sample ids, so removing a point never moves another). A frozen backbone
-gets ``L`` groups of LoRA adapters, counted from the top. For each of ``B`` slice
+(any ``torch.nn.Module``) gets ``L`` groups of LoRA adapters on its target layers,
+counted from the top. For each of ``B`` slice
 orders ``pi`` per shard, stage ``k`` trains adapter group ``k`` and a stage head on
 ``S_{pi_1} u ... u S_{pi_k}`` (see :mod:`defenses.s3t.training`); stages are cached
 by ordered prefix.
@@ -26,9 +27,10 @@ Expected deletions before every shard is dead (uniform deletions, cyclic orders)
 
 :class:`S3T` (:mod:`.s3t`) is the method, on the engine :class:`Unlearner`
 (:mod:`.unlearner`: fit, serve, delete, retrain); the deletion bookkeeping is in
-:mod:`.state`, the state files' payload in :mod:`.persist`, the input checks in
-:mod:`.inputs`. The baselines with the same API, SISA and full retraining, are in
-:mod:`defenses.s3t.baselines`.
+:mod:`.state`, the held state, its audits and its file in :mod:`.holder` and
+:mod:`.persist`; the input checks are in :mod:`defenses.s3t.inputs` and the user's
+model with its adapters in :mod:`defenses.s3t.adapters`. The baselines with the
+same API, SISA and full retraining, are in :mod:`defenses.s3t.baselines`.
 """
 
 from defenses.s3t.defense.s3t import S3T, Selection
