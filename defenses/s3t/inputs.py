@@ -6,9 +6,10 @@ Every check runs at the boundary, in the dtype the model computes in, and raises
 * inputs are cast to float32 and must be finite *after* the cast (``1e39`` is
   finite in float64 but ``inf`` in float32), or, for a model with an
   ``nn.Embedding``, are integer token ids in ``[0, num_embeddings)``;
-* labels may be of any type scikit-learn calls ``binary`` or ``multiclass``
-  (integers, strings, integral floats); they are encoded as ``0 .. K-1`` against
-  the sorted ``classes_``. Continuous values (``1.7``) and NaN are refused.
+* labels may be of any type scikit-learn counts as classes (integers, strings,
+  integral floats), checked by :func:`defenses.targets.check_labels`; they are
+  encoded as ``0 .. K-1`` against the sorted ``classes_``. Continuous values
+  (``1.7``), missing labels (NaN) and a single class are refused.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import warnings
 
 import numpy as np
 import numpy.typing as npt
-from sklearn.utils.multiclass import type_of_target
 
 from defenses.s3t import partition
+from defenses.targets import check_labels
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -92,20 +93,7 @@ def encode_labels(
     y: object, n: int, name: str = "y"
 ) -> tuple[npt.NDArray[np.generic], npt.NDArray[np.int64]]:
     """The sorted classes of ``y`` and its codes ``0 .. K-1`` (``K >= 2``)."""
-    array = np.asarray(y)
-    if array.shape != (n,):
-        raise ValueError(f"{name} must have shape ({n},), got {array.shape}")
-    if array.dtype.kind == "c":
-        raise ValueError(f"{name} must hold class labels, got complex values")
-    try:
-        kind = type_of_target(array, input_name=name)
-    except (ValueError, TypeError) as error:
-        raise ValueError(f"{name}: {error}") from error
-    if kind not in ("binary", "multiclass"):
-        raise ValueError(
-            f"{name} must hold class labels (integers, strings or integral floats), "
-            f"got {kind} values"
-        )
+    array = check_labels(y, "S3T", n)
     try:
         classes, codes = np.unique(array, return_inverse=True)
     except TypeError as error:
