@@ -115,6 +115,22 @@ def projected_ascent(
     return best, best_value
 
 
+def _input_ascent(
+    objective: Objective,
+    start: torch.Tensor,
+    box: tuple[torch.Tensor, torch.Tensor],
+    eps: float,
+    steps: int,
+    threads: int,
+) -> VAEGuess:
+    """Best input per row in ``box``: :func:`projected_ascent`, step 2.5 eps / steps."""
+    with torch_threads(threads):
+        (best,), _ = projected_ascent(
+            objective, [start], [box], [2.5 * eps / steps], steps
+        )
+    return VAEGuess(best.double().numpy())
+
+
 def _ball(
     vae: VAEInterface, eps: float, x: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,7 +245,7 @@ class EOTPGD:
         """Return the input that maximised the estimated expected loss per row."""
         g = torch_generator(rng)
         model, x = _open(view)
-        low, high = _ball(model, view.eps, x)
+        box = _ball(model, view.eps, x)
 
         def objective(v: Sequence[torch.Tensor]) -> torch.Tensor:
             mu, logvar = model.encode(v[0])
@@ -239,11 +255,7 @@ class EOTPGD:
             targets = x.repeat(self.samples, *([1] * (x.ndim - 1)))
             return sse(recon, targets).reshape(self.samples, -1).mean(0)
 
-        with torch_threads(self.threads):
-            (best,), _ = projected_ascent(
-                objective, [x], [(low, high)], [2.5 * view.eps / self.steps], self.steps
-            )
-        return VAEGuess(best.double().numpy())
+        return _input_ascent(objective, x, box, view.eps, self.steps, self.threads)
 
 
 @dataclass(frozen=True)
@@ -280,7 +292,7 @@ class LatentAttack:
         target[order] = torch.as_tensor(np.roll(order, shift))
         with torch.no_grad():
             mu_t, logvar_t = model.encode(x[target])
-        low, high = _ball(model, view.eps, x)
+        box = _ball(model, view.eps, x)
 
         def objective(v: Sequence[torch.Tensor]) -> torch.Tensor:
             mu, logvar = model.encode(v[0])
@@ -292,11 +304,7 @@ class LatentAttack:
             )
             return -kl.sum(dim=1)
 
-        with torch_threads(self.threads):
-            (best,), _ = projected_ascent(
-                objective, [x], [(low, high)], [2.5 * view.eps / self.steps], self.steps
-            )
-        return VAEGuess(best.double().numpy())
+        return _input_ascent(objective, x, box, view.eps, self.steps, self.threads)
 
 
 @dataclass(frozen=True)
@@ -331,15 +339,9 @@ class MaxDamage:
             return sse(model.decode(model.encode(v[0])[0]), reference)
 
         start = low + (high - low) * torch.rand(x.shape, generator=g, dtype=x.dtype)
-        with torch_threads(self.threads):
-            (best,), _ = projected_ascent(
-                objective,
-                [start],
-                [(low, high)],
-                [2.5 * view.eps / self.steps],
-                self.steps,
-            )
-        return VAEGuess(best.double().numpy())
+        return _input_ascent(
+            objective, start, (low, high), view.eps, self.steps, self.threads
+        )
 
 
 @dataclass(frozen=True)
