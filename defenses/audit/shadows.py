@@ -10,7 +10,7 @@
 
 Shadow ``k`` is trained on a random half of the candidates: each candidate is in
 exactly ``S // 2`` of the ``S`` shadows (chosen at random), so it is left out of at
-least half of them. Jobs run through :func:`~defenses.audit.executors.map_jobs`.
+least half of them. Jobs run through :func:`~defenses.parallel.map_jobs`.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import numpy.typing as npt
 import torch
 
 from defenses.audit.attacks import ShadowScores
-from defenses.audit.executors import EXECUTORS, Executor, map_jobs
 from defenses.audit.target import Outputs, as_audited
 from defenses.checks import check_choice, check_int, check_real
 from defenses.metrics import true_class_logit
+from defenses.parallel import EXECUTORS, Executor, map_jobs
 from defenses.threads import single_thread
 
 FloatArray = npt.NDArray[np.float64]
@@ -43,7 +43,7 @@ class ShadowConfig:
     n_shadows : int
         Number of shadow models S, >= 2 (each candidate is left out of >= S/2).
     executor : {"serial", "process", "ray"}
-        Where they train (:func:`~defenses.audit.executors.map_jobs`).
+        Where they train (:func:`~defenses.parallel.map_jobs`).
     n_jobs : int
         Parallel workers for ``"process"`` / ``"ray"``.
     ray_address : str or None

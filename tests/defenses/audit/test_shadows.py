@@ -5,8 +5,8 @@ import pytest
 
 from defenses.audit.attacks import ShadowScores, lira_scores
 from defenses.audit.examples import build_mlp
-from defenses.audit.executors import map_jobs
 from defenses.audit.shadows import ShadowConfig, inclusion, train_shadows
+from defenses.parallel import map_jobs
 
 
 @pytest.mark.parametrize("n_shadows", [2, 3, 4, 7])

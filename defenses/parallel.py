@@ -1,10 +1,13 @@
 """Run independent jobs serially, in local processes, or on a Ray cluster.
 
-The same three executors S3T trains its shards with (:mod:`defenses.s3t.parallel`,
-whose names :data:`EXECUTORS` this module shares), for any picklable function: the
-audit trains its shadow models with them. Every executor returns the results in job
-order, and the jobs carry their own seeds, so the executor never changes a result.
-A tqdm bar counts finished jobs (hidden when the output is not a terminal).
+The one home of the suite's three executors, for any picklable function: S3T trains
+its shards with them (:func:`defenses.s3t.parallel.run_jobs`) and the audit its
+shadow models (:func:`defenses.audit.shadows.train_shadows`). Every executor returns
+the results in job order, and the jobs carry their own seeds, so the executor never
+changes a result. ``"process"`` uses ``spawn``-started worker processes; ``"ray"``
+connects to ``ray_address`` or, if None, starts a local Ray instance on first use
+(left running for later calls; stop it with ``ray.shutdown()``). A tqdm bar counts
+finished jobs (hidden when the output is not a terminal).
 """
 
 from __future__ import annotations
@@ -13,12 +16,14 @@ import logging
 import multiprocessing
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from tqdm.auto import tqdm
 
 from defenses.checks import check_choice, check_int
-from defenses.s3t.parallel import EXECUTORS, Executor
+
+Executor = Literal["serial", "process", "ray"]
+EXECUTORS: tuple[Executor, ...] = ("serial", "process", "ray")
 
 J = TypeVar("J")
 R = TypeVar("R")
