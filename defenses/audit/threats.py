@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Literal
 
 from defenses.checks import check_choice, check_int
-from defenses.threat import Budget, Capability, Goal, Knowledge, Stage, ThreatModel
+from defenses.threat import Budget, Capability, Goal, ThreatModel
 
 Access = Literal["scores", "labels"]
 ACCESS: tuple[Access, ...] = ("scores", "labels")
@@ -50,11 +50,9 @@ def threat_model(
         caps.add(Capability.QUERY_SCORES)
     if aux_data:
         caps.add(Capability.AUX_DATA)
-    return ThreatModel(
-        goal=Goal.CONFIDENTIALITY,
-        stage=Stage.DEPLOYMENT,
-        knowledge=Knowledge.BLACK_BOX,
-        capabilities=frozenset(caps),
+    return ThreatModel.granting(
+        Goal.CONFIDENTIALITY,
+        *caps,
         budget=Budget(queries=queries),
         adaptive=bool(adaptive),
     )

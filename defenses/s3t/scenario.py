@@ -25,7 +25,7 @@ from torch import nn
 from defenses.checks import check_int, check_real
 from defenses.metrics import accuracy, membership_metrics
 from defenses.oracle import QueryOracle
-from defenses.registry import register
+from defenses.registry import register, register_package
 from defenses.s3t.arms import (
     FullRetrainDefense,
     NoUnlearning,
@@ -44,17 +44,17 @@ from defenses.s3t.tasks import (
     pretrained_backbone,
     split_digits,
 )
-from defenses.threat import Capability, Goal, Knowledge, Stage, ThreatModel
+from defenses.threat import Capability, Goal, ThreatModel
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-register("attacks", CanaryAttack.name)(CanaryAttack)
-register("defenses", S3TDefense.name)(S3TDefense)
-register("defenses", SISADefense.name)(SISADefense)
-register("defenses", FullRetrainDefense.name)(FullRetrainDefense)
-register("benchmarks", "s3t-deletion")(deletion_benchmark)
-register("figures", "s3t")(figures)
+register_package(
+    attacks=[CanaryAttack],
+    defenses=[S3TDefense, SISADefense, FullRetrainDefense],
+    benchmarks={"s3t-deletion": deletion_benchmark},
+    figures={"s3t": figures},
+)
 
 
 @dataclass(frozen=True)
@@ -147,13 +147,8 @@ class CanaryDeletion:
     @property
     def threat(self) -> ThreatModel:
         """Black-box scores; the auditor owns the canaries and requests deletion."""
-        return ThreatModel(
-            goal=Goal.CONFIDENTIALITY,
-            stage=Stage.DEPLOYMENT,
-            knowledge=Knowledge.BLACK_BOX,
-            capabilities=frozenset(
-                {Capability.QUERY_SCORES, Capability.REQUEST_DELETION}
-            ),
+        return ThreatModel.granting(
+            Goal.CONFIDENTIALITY, Capability.QUERY_SCORES, Capability.REQUEST_DELETION
         )
 
     def setup(self, rng: np.random.Generator) -> CanaryTask:
