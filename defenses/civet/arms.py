@@ -90,10 +90,7 @@ class VAELearner:
 
     def __post_init__(self) -> None:
         check_choice("VAELearner.arch", self.arch, ARCHS)
-        if self.method not in METHODS:
-            raise ValueError(
-                f"VAELearner.method must be one of {METHODS}, got {self.method!r}"
-            )
+        check_choice("VAELearner.method", self.method, METHODS)
         check_int("VAELearner.latent_dim", self.latent_dim, 1)
 
     def build(self, task: VAETaskLike, generator: torch.Generator) -> nn.Module:

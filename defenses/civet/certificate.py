@@ -26,7 +26,7 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from defenses.checks import check_real
+from defenses.checks import check_choice, check_real
 from defenses.civet.bounds import Box, UnsupportedLayerError
 from defenses.civet.crown import crown
 from defenses.civet.model import VAE
@@ -231,10 +231,8 @@ def certify(
     UnsupportedLayerError
         If the model holds an operation the chosen relaxation has no rule for.
     """
-    if relaxation not in RELAXATIONS:
-        raise ValueError(f"relaxation must be one of {RELAXATIONS}, got {relaxation!r}")
-    if support not in SUPPORTS:
-        raise ValueError(f"support must be one of {SUPPORTS}, got {support!r}")
+    check_choice("relaxation", relaxation, RELAXATIONS)
+    check_choice("support", support, SUPPORTS)
     eps = check_real("eps", eps, 0.0)
     p = check_real("p", p, 0.0, 1.0, open_low=True, open_high=True)
     every = tuple(sorted(set(check_levels(levels)) | {p}))

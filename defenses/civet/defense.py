@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from defenses.checks import check_int, check_real
+from defenses.checks import check_choice, check_int, check_real
 from defenses.civet.baselines import pgd_inputs
 from defenses.civet.certificate import support_loss_bounds
 from defenses.civet.model import kl_standard_normal, sse
@@ -198,8 +198,7 @@ def train_vae(
     TrainLog
         Per-epoch wall time and mean training objective.
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    check_choice("method", method, METHODS)
     if config is not None and not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
     cfg = config or TrainConfig()

@@ -134,10 +134,7 @@ class CivetScenario:
             )
         widths = tuple(check_int("CivetScenario.hidden", h, 1) for h in self.hidden)
         object.__setattr__(self, "hidden", widths)
-        if self.data not in DATASETS:
-            raise ValueError(
-                f"CivetScenario.data must be one of {DATASETS}, got {self.data!r}"
-            )
+        check_choice("CivetScenario.data", self.data, DATASETS)
         check_choice("CivetScenario.arch", self.arch, ARCHS)
         if self.arch in ("conv", "user-conv") and self.data != "digits":
             raise ValueError(

@@ -18,7 +18,7 @@ import numpy.typing as npt
 from sklearn.linear_model import LogisticRegression
 
 from defenses.api import DefenseKind
-from defenses.checks import check_int, check_real
+from defenses.checks import check_choice, check_int, check_real
 from defenses.rps.baselines import EnsembleConformalClassifier, SplitConformalClassifier
 from defenses.rps.defense import ReliableConformalClassifier
 from defenses.rps.quantile import QUANTILE_MODES, QuantileMode
@@ -194,10 +194,7 @@ class RPS:
     def __post_init__(self) -> None:
         check_int("RPS.n_train_parts", self.n_train_parts, 1)
         check_int("RPS.n_calib_parts", self.n_calib_parts, 1)
-        if self.quantile not in QUANTILE_MODES:
-            raise ValueError(
-                f"RPS.quantile must be one of {QUANTILE_MODES}, got {self.quantile!r}"
-            )
+        check_choice("RPS.quantile", self.quantile, QUANTILE_MODES)
         if not isinstance(self.softmax, bool):
             raise ValueError(f"RPS.softmax must be a bool, got {self.softmax!r}")
 

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from defenses.api import DefenseKind, Learner
-from defenses.checks import check_real
+from defenses.checks import check_choice, check_real
 from defenses.data import Dataset
 from defenses.ssd.defense import StealthyShield
 from defenses.ssd.seeding import SEEDINGS, Seeding
@@ -138,10 +138,7 @@ class SSDDefense:
         check_number(owner, "epsilon", self.epsilon, 1e-9, 100.0)
         if self.temperature is not None:
             check_number(owner, "temperature", self.temperature, 1e-6, 1e6)
-        if self.seeding not in SEEDINGS:
-            raise ValueError(
-                f"{owner}.seeding must be one of {SEEDINGS}, got {self.seeding!r}"
-            )
+        check_choice(f"{owner}.seeding", self.seeding, SEEDINGS)
         if self.hash_resolution is not None:
             check_number(owner, "hash_resolution", self.hash_resolution, 1e-12, 1e6)
             if self.seeding != "input-hash":

@@ -52,7 +52,7 @@ import numpy.typing as npt
 import torch
 from scipy.special import entr
 
-from defenses.checks import check_int, check_real
+from defenses.checks import check_choice, check_int, check_real
 from defenses.ssd.batch import as_rows, check_stats, run_blocks
 from defenses.ssd.kernels.shield import shield_rows
 from defenses.ssd.seeding import SEEDINGS, Seeding, hash_uniforms, input_keys
@@ -166,8 +166,7 @@ class StealthyShield:
         check_real("epsilon", self.epsilon, 0.0, open_low=True)
         if self.temperature is not None:
             check_real("temperature", self.temperature, 0.0, open_low=True)
-        if self.seeding not in SEEDINGS:
-            raise ValueError(f"seeding must be one of {SEEDINGS}, got {self.seeding!r}")
+        check_choice("seeding", self.seeding, SEEDINGS)
         if self.hash_resolution is not None:
             check_real("hash_resolution", self.hash_resolution, 0.0, open_low=True)
             if self.seeding != "input-hash":

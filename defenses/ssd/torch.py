@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from defenses.checks import check_choice
 from defenses.ssd.state import STATE_KEYS, load_shield_state, shield_state
 
 OUTPUTS = ("auto", "probs", "logits", "log-probs")
@@ -43,9 +44,7 @@ class Shield(Protocol):
 
 def check_outputs(outputs: str) -> str:
     """Return ``outputs`` if it is one of :data:`OUTPUTS`, else raise ValueError."""
-    if outputs not in OUTPUTS:
-        raise ValueError(f"outputs must be one of {OUTPUTS}, got {outputs!r}")
-    return outputs
+    return check_choice("outputs", outputs, OUTPUTS)
 
 
 def module_outputs(module: torch.nn.Module) -> str:
