@@ -18,10 +18,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from defenses.checks import check_int
+from defenses.checks import check_choice, check_int
 from defenses.metrics import accuracy
-from defenses.registry import register
-from defenses.threat import Capability, Goal, Knowledge, Stage, ThreatModel
+from defenses.registry import register, register_package
+from defenses.threat import Capability, ThreatModel
 
 from .arms import CryptoTask, PersonalisedLearner
 from .attacks import DistinguisherAttack, Guess, InversionAttack, ServerView
@@ -37,16 +37,18 @@ from .tasks import client_transform, digit_sequences, negation_sentiment
 
 TASKS = ("digits", "negation")
 
-register("attacks", InversionAttack.name)(InversionAttack)
-register("attacks", DistinguisherAttack.name)(DistinguisherAttack)
-register("defenses", CKKSDefense.name)(CKKSDefense)
-register("defenses", EmbeddingNoise.name)(EmbeddingNoise)
-register("benchmarks", "crypto-attention")(attention_benchmark)
-register("benchmarks", "crypto-lora")(lora_benchmark)
-register("benchmarks", "crypto-finetune")(finetune_benchmark)
-register("benchmarks", "crypto-layer")(layer_benchmark)
-register("benchmarks", "crypto-finetune-sweep")(finetune_sweep)
-register("figures", "crypto")(figures)
+register_package(
+    attacks=[InversionAttack, DistinguisherAttack],
+    defenses=[CKKSDefense, EmbeddingNoise],
+    benchmarks={
+        "crypto-attention": attention_benchmark,
+        "crypto-lora": lora_benchmark,
+        "crypto-finetune": finetune_benchmark,
+        "crypto-layer": layer_benchmark,
+        "crypto-finetune-sweep": finetune_sweep,
+    },
+    figures={"crypto": figures},
+)
 
 
 @register("scenarios", "crypto-private-inference")
@@ -89,19 +91,8 @@ class PrivateInference:
     personal_head: bool = True
 
     def __post_init__(self) -> None:
-        if self.task not in TASKS:
-            raise ValueError(
-                f"PrivateInference.task must be one of {TASKS}, got {self.task!r}"
-            )
-        if (
-            isinstance(self.test_size, bool)
-            or not isinstance(self.test_size, int)
-            or self.test_size < 10
-        ):
-            raise ValueError(
-                "PrivateInference.test_size must be an int >= "
-                f"10, got {self.test_size!r}"
-            )
+        check_choice("PrivateInference.task", self.task, TASKS)
+        check_int("PrivateInference.test_size", self.test_size, 10)
         for name in ("pretrain_epochs", "lora_epochs"):
             check_int(f"PrivateInference.{name}", getattr(self, name), 1)
         self.config  # noqa: B018 - validates the model shape
@@ -122,11 +113,11 @@ class PrivateInference:
     @property
     def threat(self) -> ThreatModel:
         """Honest-but-curious server: sees the traffic, holds public data."""
-        return ThreatModel(
-            goal=Goal.CONFIDENTIALITY,
-            stage=Stage.DEPLOYMENT,
-            knowledge=Knowledge.GRAY_BOX,
-            capabilities=frozenset({Capability.OBSERVE_TRAFFIC, Capability.AUX_DATA}),
+        return ThreatModel.granting(
+            "confidentiality",
+            Capability.OBSERVE_TRAFFIC,
+            Capability.AUX_DATA,
+            knowledge="gray-box",
         )
 
     def setup(self, rng: np.random.Generator) -> CryptoTask:
