@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from defenses.results import UNDEFENDED, summarize
+from defenses.tradeoff_points import draw_arm_point
 
 if TYPE_CHECKING:
     from defenses.audit.report import AuditReport
@@ -92,20 +93,7 @@ def tradeoff_plot(report: AuditReport, out: Path) -> Path | None:
     x = "utility.accuracy"
     for ax, (attack, metric, runs) in zip(axes.flat, panels, strict=False):
         for first, cells in summarize(runs, [x, metric]):
-            cx, cy = cells[x], cells[metric]
-            if cx is None or cy is None:
-                continue
-            undefended = first.defense == UNDEFENDED
-            ax.errorbar(
-                cx.mean,
-                cy.mean,
-                xerr=cx.std,
-                yerr=cy.std,
-                fmt="*" if undefended else "o",
-                markersize=12 if undefended else 6,
-                capsize=3,
-                label=first.defense,
-            )
+            draw_arm_point(ax, first.defense, cells[x], cells[metric], first.defense)
         ax.set_xlabel(x)
         ax.set_ylabel(metric)
         ax.set_title(attack)

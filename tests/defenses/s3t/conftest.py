@@ -4,10 +4,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-import torch
 
 from defenses.data import load_digits
 from defenses.s3t.backbone import ResidualMLP, pretrain
+from defenses.threads import torch_threads
 
 
 @dataclass(frozen=True)
@@ -22,10 +22,8 @@ class Tiny:
 
 @pytest.fixture(scope="session", autouse=True)
 def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="session")
