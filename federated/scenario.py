@@ -29,8 +29,8 @@ from defenses.checks import check_choice, check_int, check_real
 from defenses.metrics import membership_metrics
 from defenses.oracle import QueryOracle
 from defenses.reference.attacks import MembershipView
-from defenses.registry import register
-from defenses.threat import Capability, Goal, Knowledge, Stage, ThreatModel
+from defenses.registry import register, register_package
+from defenses.threat import Capability, Goal, Knowledge, ThreatModel
 
 from . import benchmark, figures
 from .accounting import check_budget, check_delta
@@ -49,13 +49,15 @@ from .training import FedConfig, FederatedModel
 
 FloatArray = npt.NDArray[np.float64]
 
-register("attacks", CanaryObserver.name)(CanaryObserver)
-register("attacks", GlobalModelMIA.name)(GlobalModelMIA)
-for _defense in (TimeAdaptiveDP, IDPFedAvg, DPFedAvg, FlowerCentralDP):
-    register("defenses", _defense.name)(_defense)
-register("benchmarks", "federated-audit-controls")(benchmark.audit_controls)
-register("benchmarks", "federated-flower")(benchmark.flower_side_by_side)
-register("figures", "federated")(figures.figures)
+register_package(
+    attacks=[CanaryObserver, GlobalModelMIA],
+    defenses=[TimeAdaptiveDP, IDPFedAvg, DPFedAvg, FlowerCentralDP],
+    benchmarks={
+        "federated-audit-controls": benchmark.audit_controls,
+        "federated-flower": benchmark.flower_side_by_side,
+    },
+    figures={"federated": figures.figures},
+)
 
 
 @dataclass(frozen=True)
@@ -193,11 +195,10 @@ class FederatedAudit(FederatedGame):
     @property
     def threat(self) -> ThreatModel:
         """A gray-box observer of client-to-server traffic."""
-        return ThreatModel(
-            goal=Goal.CONFIDENTIALITY,
-            stage=Stage.DEPLOYMENT,
+        return ThreatModel.granting(
+            Goal.CONFIDENTIALITY,
+            Capability.OBSERVE_TRAFFIC,
             knowledge=Knowledge.GRAY_BOX,
-            capabilities=frozenset({Capability.OBSERVE_TRAFFIC}),
         )
 
     def _canary_in(self, task: FederatedTask) -> npt.NDArray[np.bool_]:
@@ -246,12 +247,7 @@ class FederatedMembership(FederatedGame):
     @property
     def threat(self) -> ThreatModel:
         """Black-box scores of the deployed global model."""
-        return ThreatModel(
-            goal=Goal.CONFIDENTIALITY,
-            stage=Stage.DEPLOYMENT,
-            knowledge=Knowledge.BLACK_BOX,
-            capabilities=frozenset({Capability.QUERY_SCORES}),
-        )
+        return ThreatModel.granting(Goal.CONFIDENTIALITY, Capability.QUERY_SCORES)
 
     def expose(
         self, system: FederatedModel, task: FederatedTask, known_defense: object | None
