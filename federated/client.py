@@ -338,6 +338,7 @@ def local_train(
     if not all(np.isfinite(p).all() for p in new):
         raise ValueError(
             f"local training diverged (non-finite weights) with lr={lr}, "
-            f"clip={clip}, sigma={plan.sigma}, rate={plan.rate}; lower lr or sigma"
+            f"clip={clip}, sigma={plan.sigma}, rate={plan.rate}; lower lr or sigma, "
+            "or rescale the features X"
         )
     return new
