@@ -5,16 +5,17 @@ bad spec fails at once with a message naming the field, instead of deep inside a
 run. The three checks here cover what the dataclasses need: integers in a range
 (a ``bool`` is refused, though Python counts it as an ``int``), finite real numbers in
 an interval, one choice out of a fixed set, and no unknown keys in a benchmark's
-parameters.
+parameters; ``int_param`` reads a benchmark's positive integer parameter.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
-from typing import TypeVar
+from collections.abc import Collection, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 T = TypeVar("T")
 
@@ -128,6 +129,23 @@ def check_keys(owner: str, params: Collection[str], accepted: Collection[str]) -
         )
 
 
+def check_indices(what: str, values: npt.NDArray[Any], bound: int) -> None:
+    """Raise ValueError unless every entry of the non-empty ``values`` is in [0, bound).
+
+    For arrays of class labels or token ids; ``what`` is the message's subject.
+
+    Examples
+    --------
+    >>> check_indices("labels", np.array([0, 3]), 3)
+    Traceback (most recent call last):
+    ...
+    ValueError: labels must lie in [0, 3), got [0, 3]
+    """
+    low, high = values.min(), values.max()
+    if low < 0 or high >= bound:
+        raise ValueError(f"{what} must lie in [0, {bound}), got [{low}, {high}]")
+
+
 def _interval(low: float | None, high: float | None, opening: str, closing: str) -> str:
     """`` in [a, b]``, `` >= a``, `` <= b`` or nothing, for the messages."""
     if low is not None and high is not None:
@@ -137,3 +155,18 @@ def _interval(low: float | None, high: float | None, opening: str, closing: str)
     if high is not None:
         return f" {'<' if closing == ')' else '<='} {high}"
     return ""
+
+
+def int_param(params: Mapping[str, Any], key: str, default: int) -> int:
+    """The positive integer benchmark parameter ``key`` (``default`` when absent).
+
+    Examples
+    --------
+    >>> int_param({"rank": 4}, "rank", 2), int_param({}, "rank", 2)
+    (4, 2)
+    >>> int_param({"rank": 0}, "rank", 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: benchmark parameter 'rank' must be an int >= 1, got 0
+    """
+    return check_int(f"benchmark parameter {key!r}", params.get(key, default), 1)

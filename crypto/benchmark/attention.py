@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from defenses.checks import int_param
 from defenses.harness import measurement
 from defenses.results import Result
 
@@ -27,7 +28,6 @@ from ..ckks import CKKSParams, TenSEALBackend, make_context
 from ..evaluator import Evaluator, Value
 from ..heval import SoftmaxPolys, gk_attention, softmax_attention
 from ..packing import roll_tokens
-from .personalised import int_param
 
 FloatArray = npt.NDArray[np.float64]
 GK_PARAMS = CKKSParams(8192, (38, 30, 30, 30, 30, 30, 30), 30)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from defenses.checks import int_param
 from defenses.harness import measurement
 from defenses.results import Result
 
@@ -31,7 +32,7 @@ from ..finetune import TRAIN_PARAMS, KeyOwner, encrypted_step, simulated_step
 from ..folding import Arm, initial_weights
 from ..model import ModelConfig
 from ..tasks import digit_sequences
-from .personalised import int_param, personalised_model
+from .personalised import personalised_model
 
 ARM_NAMES = ("lora-gk", "full-softmax", "full-gk", "lora-softmax")
 BASELINE = "full-softmax"

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from defenses.checks import int_param
 from defenses.harness import measurement
 from defenses.results import Result
 
@@ -37,7 +38,7 @@ from ..protocol import Client, Server
 from ..tasks import digit_sequences
 from ..train import predict_logits
 from ..transport import Loopback
-from .personalised import int_param, personalised_model
+from .personalised import personalised_model
 
 TRANSPORTS = ("in-process", "loopback")
 

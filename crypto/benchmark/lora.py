@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from defenses.checks import int_param
 from defenses.harness import measurement
 from defenses.results import Result
 
@@ -26,7 +27,6 @@ from ..lora_he import (
     lora_gradient,
     simulate_step,
 )
-from .personalised import int_param
 
 LORA_PARAMS = CKKSParams(8192, (40, 30, 30, 30, 30, 40), 30)
 

@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import numpy as np
 import torch
-
-from defenses.checks import check_int
 
 from ..model import HEFormer, ModelConfig
 from ..tasks import Sequences, client_transform
 from ..train import TrainConfig, personalise, pretrain
-
-
-def int_param(params: Mapping[str, Any], key: str, default: int) -> int:
-    """The positive integer benchmark parameter ``key`` (``default`` when absent)."""
-    return check_int(f"benchmark parameter {key}", params.get(key, default), 1)
 
 
 def personalised_model(

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from defenses.checks import int_param
 from defenses.harness import measurement
 from defenses.results import Result
 
@@ -44,7 +45,6 @@ from ..model import HEFormer, ModelConfig
 from ..tasks import Sequences, digit_sequences
 from ..train import TrainConfig, pretrain
 from .finetune import ARM_NAMES, BASELINE
-from .personalised import int_param
 
 COUNT_DESIGN = tuple(
     Shape(d, f, n, h, 2)
