@@ -19,6 +19,7 @@ import warnings
 import numpy as np
 import numpy.typing as npt
 
+from defenses.checks import check_indices
 from defenses.s3t import partition
 from defenses.targets import check_labels
 
@@ -73,11 +74,7 @@ def model_inputs(
                 f"{name} must hold integer token ids for a model with an "
                 f"nn.Embedding, got dtype {array.dtype}"
             )
-        if array.min() < 0 or array.max() >= tokens:
-            raise ValueError(
-                f"{name} token ids must lie in [0, {tokens}), got "
-                f"[{array.min()}, {array.max()}]"
-            )
+        check_indices(f"{name} token ids", array, tokens)
         return array.astype(np.int64)
     with np.errstate(over="ignore", invalid="ignore"):
         out = array.astype(np.float32)
