@@ -25,8 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from defenses.metrics import true_class_logit
-from defenses.oracle import QueryOracle
+from defenses.reference.attacks import LossThresholdAttack
 from defenses.s3t.defense import AllShardsDeadError, Unlearner
 from defenses.threat import Capability
 
@@ -144,22 +143,16 @@ def lineage_audit(model: Unlearner, deleted: Iterable[object]) -> LineageReport:
 
 
 @dataclass(frozen=True)
-class CanaryView:
-    """The auditor's view: an oracle and the candidates with their planted labels."""
-
-    oracle: QueryOracle
-    candidates: FloatArray
-    planted: npt.NDArray[np.int64]
-
-
-@dataclass(frozen=True)
-class CanaryAttack:
+class CanaryAttack(LossThresholdAttack):
     """Score each canary by the log-odds of its planted (wrong) label.
+
+    The loss attack (:class:`~defenses.reference.attacks.LossThresholdAttack`) with
+    the planted labels as the candidates' ``labels``; it needs deletion requests.
 
     Parameters
     ----------
     floor : float
-        Probabilities are clipped to [floor, 1 - floor], in (0, 0.5).
+        Probabilities are clipped to [floor, 1 - floor], in [1e-15, 0.5).
     """
 
     name: ClassVar[str] = "s3t-canary-mia"
@@ -167,13 +160,3 @@ class CanaryAttack:
         {Capability.QUERY_SCORES, Capability.REQUEST_DELETION}
     )
     floor: float = 1e-12
-
-    def __post_init__(self) -> None:
-        if not 0 < self.floor < 0.5:
-            raise ValueError(
-                f"CanaryAttack.floor must lie in (0, 0.5), got {self.floor!r}"
-            )
-
-    def run(self, view: CanaryView, rng: np.random.Generator) -> FloatArray:
-        """Membership scores (higher: more likely still remembered)."""
-        return true_class_logit(view.oracle(view.candidates), view.planted, self.floor)

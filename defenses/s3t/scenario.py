@@ -25,6 +25,7 @@ from torch import nn
 from defenses.checks import check_int, check_real
 from defenses.metrics import accuracy, membership_metrics
 from defenses.oracle import QueryOracle
+from defenses.reference.attacks import MembershipView
 from defenses.registry import register, register_package
 from defenses.s3t.arms import (
     FullRetrainDefense,
@@ -32,7 +33,7 @@ from defenses.s3t.arms import (
     S3TDefense,
     SISADefense,
 )
-from defenses.s3t.attacks import CanaryAttack, CanaryView
+from defenses.s3t.attacks import CanaryAttack
 from defenses.s3t.benchmark import deletion_benchmark
 from defenses.s3t.defense import Unlearner
 from defenses.s3t.figures import figures
@@ -203,10 +204,10 @@ class CanaryDeletion:
 
     def expose(
         self, system: Unlearner, task: CanaryTask, known_defense: object | None
-    ) -> CanaryView:
+    ) -> MembershipView:
         """A score oracle on the deployed model, the canaries and planted labels."""
         oracle = QueryOracle.granted_by(system.predict_proba, self.threat)
-        return CanaryView(oracle, task.candidates, task.planted)
+        return MembershipView(oracle, task.candidates, task.planted)
 
     def judge(
         self, system: Unlearner, task: CanaryTask, guess: FloatArray | None

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from defenses.oracle import QueryOracle
+from defenses.reference.attacks import MembershipView
 from defenses.s3t import S3T, SISA, ResidualMLP
-from defenses.s3t.attacks import CanaryAttack, CanaryView, lineage_audit, twin_test
+from defenses.s3t.attacks import CanaryAttack, lineage_audit, twin_test
 from defenses.s3t.backbone import frozen_copy
 
 
@@ -72,12 +73,13 @@ def test_lineage_audit_flags_a_stage_that_saw_the_point(tiny, fast) -> None:
 def test_canary_attack_scores_the_planted_label() -> None:
     probs = np.array([[0.9, 0.1], [0.2, 0.8], [0.5, 0.5]])
     oracle = QueryOracle(lambda x: probs[: len(x)])
-    view = CanaryView(oracle, np.zeros((3, 2)), np.array([0, 0, 1]))
+    view = MembershipView(oracle, np.zeros((3, 2)), np.array([0, 0, 1]))
     scores = CanaryAttack().run(view, np.random.default_rng(0))
     np.testing.assert_allclose(scores, np.log([0.9 / 0.1, 0.2 / 0.8, 1.0]))
     assert oracle.used == 3
 
 
 def test_canary_attack_bad_floor() -> None:
-    with pytest.raises(ValueError, match="floor must lie"):
-        CanaryAttack(floor=0.7)
+    for floor in (0.7, 1e-16, "0.1"):
+        with pytest.raises(ValueError, match=r"CanaryAttack\.floor"):
+            CanaryAttack(floor=floor)
