@@ -27,6 +27,7 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from defenses.checks import check_real
 from defenses.metrics import true_class_logit
 from defenses.reference.attacks import MembershipView
 from defenses.threat import Capability
@@ -100,7 +101,8 @@ class OfflineLiRA:
     Parameters
     ----------
     floor : float
-        Probabilities are clipped to [floor, 1 - floor] before the logit, in (0, 0.5).
+        Probabilities are clipped to [floor, 1 - floor] before the logit, in
+        [1e-15, 0.5) (below 1e-15, 1 - floor rounds to 1).
     """
 
     name: ClassVar[str] = "lira-offline"
@@ -110,10 +112,7 @@ class OfflineLiRA:
     floor: float = 1e-15
 
     def __post_init__(self) -> None:
-        if not 0 < self.floor < 0.5:
-            raise ValueError(
-                f"OfflineLiRA.floor must lie in (0, 0.5), got {self.floor!r}"
-            )
+        check_real("OfflineLiRA.floor", self.floor, 1e-15, 0.5, open_high=True)
 
     def run(self, view: MembershipView, rng: np.random.Generator) -> FloatArray:
         """Membership scores (higher means more likely a member)."""

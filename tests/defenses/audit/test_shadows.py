@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from defenses.audit.attacks import ShadowScores, lira_scores
+from defenses.audit.attacks import OfflineLiRA, ShadowScores, lira_scores
 from defenses.audit.examples import build_mlp
 from defenses.audit.shadows import ShadowConfig, inclusion, train_shadows
 from defenses.parallel import map_jobs
@@ -82,3 +82,9 @@ def test_shadows_see_their_own_half_more_confidently(cancer):
     inside = bank.phi[bank.trained_on].mean()
     outside = bank.phi[~bank.trained_on].mean()
     assert inside > outside
+
+
+@pytest.mark.parametrize("floor", [0.5, 1e-16, -0.1, float("nan"), "0.1"])
+def test_offline_lira_rejects_a_floor_outside_the_logit_range(floor):
+    with pytest.raises(ValueError, match=r"OfflineLiRA\.floor"):
+        OfflineLiRA(floor=floor)
