@@ -44,7 +44,7 @@ from .arms import (
 from .attacks import AuditView, CanaryObserver, GlobalModelMIA
 from .audit import inclusion_profile, lower_bound, observe_canary
 from .client import MODELS, SAMPLINGS
-from .tasks import DATASETS, GROUP_NAMES, FederatedTask, make_task
+from .tasks import DATASETS, GROUP_NAMES, FederatedTask, task_of
 from .training import FedConfig, FederatedModel
 
 FloatArray = npt.NDArray[np.float64]
@@ -155,17 +155,7 @@ class FederatedGame:
 
     def setup(self, rng: np.random.Generator) -> FederatedTask:
         """Split the data across clients; draw groups and membership candidates."""
-        return make_task(
-            dataset=self.dataset,
-            n_clients=self.n_clients,
-            alpha=self.alpha,
-            budgets=self.budgets,
-            group_fractions=self.group_fractions,
-            delta=self.delta,
-            member_fraction=self.member_fraction,
-            test_fraction=0.2,
-            rng=rng,
-        )
+        return task_of(self, self.n_clients, rng)
 
     def learner(self) -> FedAvgLearner:
         """The undefended system: FedAvg with non-private local SGD."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +26,8 @@ from .training import FederatedData
 
 GROUP_NAMES = ("strict", "moderate", "relaxed", "loose", "open")
 DATASETS = ("digits", "coarse_to_fine")
+TEST_FRACTION = 0.2
+"""Share of the data held out as the test set (the harness game and the Flower app)."""
 
 
 @dataclass(frozen=True)
@@ -142,4 +145,57 @@ def make_task(
         is_member=np.concatenate(member),
         candidate_groups=np.asarray(cgroup),
         seed=int(rng.integers(2**31 - 1)),
+    )
+
+
+class TaskFields(Protocol):
+    """The configuration fields a federated task is drawn from.
+
+    Both the harness game (:class:`federated.scenario.FederatedGame`) and the Flower
+    app's :class:`federated.flower.config.AppConfig` carry them.
+    """
+
+    @property
+    def dataset(self) -> str:
+        """One of :data:`DATASETS`."""
+
+    @property
+    def alpha(self) -> float:
+        """Dirichlet label-skew concentration."""
+
+    @property
+    def budgets(self) -> Sequence[float]:
+        """Epsilon budget of each privacy group, strictest first."""
+
+    @property
+    def group_fractions(self) -> Sequence[float]:
+        """Fraction of clients in each group."""
+
+    @property
+    def delta(self) -> float:
+        """Target delta."""
+
+    @property
+    def member_fraction(self) -> float:
+        """Fraction of each client's records it trains on."""
+
+
+def task_of(
+    fields: TaskFields, n_clients: int, rng: np.random.Generator
+) -> FederatedTask:
+    """:func:`make_task` from a configuration's fields, :data:`TEST_FRACTION` held out.
+
+    The one place the harness game and the Flower app turn their configuration into
+    the clients' split, so both draw the same task from the same seed.
+    """
+    return make_task(
+        dataset=fields.dataset,
+        n_clients=n_clients,
+        alpha=fields.alpha,
+        budgets=fields.budgets,
+        group_fractions=fields.group_fractions,
+        delta=fields.delta,
+        member_fraction=fields.member_fraction,
+        test_fraction=TEST_FRACTION,
+        rng=rng,
     )

@@ -49,7 +49,7 @@ from ..client import (
     local_train,
 )
 from ..ledger import ClientPrivacy
-from ..tasks import load_test_set, make_task
+from ..tasks import TEST_FRACTION, load_test_set, task_of
 from ..training import accuracy_of
 from . import records
 from .client import TimeAdaptiveClient
@@ -57,23 +57,10 @@ from .config import AppConfig
 from .mod import TimeAdaptiveMod
 from .strategy import ClientFailure, TimeAdaptiveStrategy
 
-TEST_FRACTION = 0.2
-
 
 @functools.lru_cache(maxsize=8)
 def _partitions(config: AppConfig, n: int) -> tuple[LocalData, ...]:
-    task = make_task(
-        dataset=config.dataset,
-        n_clients=n,
-        alpha=config.alpha,
-        budgets=config.budgets,
-        group_fractions=config.group_fractions,
-        delta=config.delta,
-        member_fraction=config.member_fraction,
-        test_fraction=TEST_FRACTION,
-        rng=np.random.default_rng(config.seed),
-    )
-    return task.data.clients
+    return task_of(config, n, np.random.default_rng(config.seed)).data.clients
 
 
 def client_data(config: AppConfig, partition: int, partitions: int) -> LocalData:
