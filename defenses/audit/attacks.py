@@ -27,9 +27,7 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from defenses.checks import check_real
-from defenses.metrics import true_class_logit
-from defenses.reference.attacks import MembershipView
+from defenses.reference.attacks import LossThresholdAttack, MembershipView
 from defenses.threat import Capability
 
 FloatArray = npt.NDArray[np.float64]
@@ -95,30 +93,23 @@ def lira_scores(target_phi: FloatArray, bank: ShadowScores) -> FloatArray:
 
 
 @dataclass(frozen=True)
-class OfflineLiRA:
+class OfflineLiRA(LossThresholdAttack):
     """Offline likelihood-ratio attack with shadow models.
 
-    Parameters
-    ----------
-    floor : float
-        Probabilities are clipped to [floor, 1 - floor] before the logit, in
-        [1e-15, 0.5) (below 1e-15, 1 - floor rounds to 1).
+    The loss attack's statistic (the true-class logit of
+    :class:`~defenses.reference.attacks.LossThresholdAttack`, with its ``floor``),
+    standardized by the shadows that left each candidate out (:func:`lira_scores`).
     """
 
     name: ClassVar[str] = "lira-offline"
     requires: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.QUERY_SCORES, Capability.AUX_DATA}
     )
-    floor: float = 1e-15
-
-    def __post_init__(self) -> None:
-        check_real("OfflineLiRA.floor", self.floor, 1e-15, 0.5, open_high=True)
 
     def run(self, view: MembershipView, rng: np.random.Generator) -> FloatArray:
         """Membership scores (higher means more likely a member)."""
         if not isinstance(view, ShadowView) or view.shadows is None:
             raise ValueError("OfflineLiRA needs a ShadowView with shadow models")
         bank = view.shadows(rng)
-        answers = view.oracle(view.candidates)
-        target = true_class_logit(answers, view.labels, self.floor)
+        target = super().run(view, rng)
         return lira_scores(target, bank)
