@@ -6,7 +6,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from defense_suite.federated.flower.app import client_app, make_client_app, server_app
 from defense_suite.federated.flower.config import AppConfig, key_of
@@ -17,13 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = AppConfig(n_clients=3, rounds=4, min_nodes=3)
 
 
-@pytest.fixture(autouse=True)
-def task_identity():
-    # Messages built outside a Flower runtime need a task identity.
-    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def serve_over_loopback(config, tmp_path, **node):

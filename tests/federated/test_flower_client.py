@@ -16,7 +16,6 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from flwr.serverapp import ServerApp
 from flwr.serverapp.strategy import FedAvg, FedProx
-from flwr.supercore.task_identity import TaskIdentity
 
 from defense_suite.federated.flower import (
     ClientPrivacy,
@@ -34,12 +33,7 @@ PRIVACY = {"delta": 1e-5, "rounds": 2, "local-steps": 3, "sigma": 1.0}
 NODES = {"0": {"epsilon": 2.0, **PRIVACY}, "1": {"epsilon": 6.0, **PRIVACY}}
 
 
-@pytest.fixture(autouse=True)
-def task_identity():
-    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def torch_app(extra_steps=0):

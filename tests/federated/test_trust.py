@@ -12,7 +12,6 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
-from flwr.supercore.task_identity import TaskIdentity
 
 from defense_suite.federated.accounting import epsilon
 from defense_suite.federated.flower import (
@@ -35,12 +34,7 @@ NODE = {
 }  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def task_identity():
-    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def user_app(trained):
