@@ -17,7 +17,6 @@ benchmark and figure of the package.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -33,7 +32,7 @@ from defenses.registry import register, register_package
 from defenses.threat import Capability, Goal, Knowledge, ThreatModel
 
 from . import benchmark, figures
-from .accounting import check_budget, check_delta
+from .accounting import check_delta
 from .arms import (
     DPFedAvg,
     FedAvgLearner,
@@ -44,7 +43,7 @@ from .arms import (
 from .attacks import AuditView, CanaryObserver, GlobalModelMIA
 from .audit import inclusion_profile, lower_bound, observe_canary
 from .client import MODELS, SAMPLINGS
-from .tasks import DATASETS, GROUP_NAMES, FederatedTask, task_of
+from .tasks import DATASETS, FederatedTask, check_groups, task_of
 from .training import FedConfig, FederatedModel
 
 FloatArray = npt.NDArray[np.float64]
@@ -106,25 +105,12 @@ class FederatedGame:
         check_choice(f"{owner}.dataset", self.dataset, DATASETS)
         check_int(f"{owner}.n_clients", self.n_clients, minimum=2)
         check_real(f"{owner}.alpha", self.alpha, 0.0, open_low=True)
-        if not self.budgets or len(self.budgets) > len(GROUP_NAMES):
-            raise ValueError(
-                f"{owner}.budgets must list 1 to {len(GROUP_NAMES)} group budgets, "
-                f"got {self.budgets!r}"
-            )
-        for i, b in enumerate(self.budgets):
-            check_budget(b, f"{owner}.budgets[{i}]")
-        if len(self.group_fractions) != len(self.budgets):
-            raise ValueError(
-                f"{owner}.group_fractions must have one entry per budget "
-                f"({len(self.budgets)}), got {self.group_fractions!r}"
-            )
-        if any(f <= 0 for f in self.group_fractions) or not math.isclose(
-            sum(self.group_fractions), 1.0
-        ):
-            raise ValueError(
-                f"{owner}.group_fractions must be positive and sum to 1, "
-                f"got {self.group_fractions!r}"
-            )
+        check_groups(
+            self.budgets,
+            self.group_fractions,
+            f"{owner}.budgets",
+            f"{owner}.group_fractions",
+        )
         try:
             check_delta(self.delta)
         except ValueError as error:

@@ -11,6 +11,7 @@ are assigned to privacy groups in order ("strict", "moderate", "relaxed", ...) b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -18,6 +19,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from defenses.checks import check_real
 from defenses.data import Dataset, load_digits, make_coarse_to_fine, stratified_split
 
 from .client import FloatArray, IntArray, LocalData
@@ -146,6 +148,40 @@ def make_task(
         candidate_groups=np.asarray(cgroup),
         seed=int(rng.integers(2**31 - 1)),
     )
+
+
+def check_groups(
+    budgets: Sequence[float],
+    group_fractions: Sequence[float],
+    budgets_name: str,
+    fractions_name: str,
+) -> None:
+    """Raise ValueError unless the privacy groups are well formed.
+
+    There must be 1 to ``len(GROUP_NAMES)`` budgets, each finite and > 0, and one
+    fraction per budget, each > 0, summing to 1. Messages name ``budgets_name`` and
+    ``fractions_name`` (a budget as ``budgets_name[i]``, quotes stripped), so the
+    harness game names its fields and the Flower app its config keys.
+    """
+    if not 1 <= len(budgets) <= len(GROUP_NAMES):
+        raise ValueError(
+            f"{budgets_name} must list 1 to {len(GROUP_NAMES)} group budgets, "
+            f"got {budgets!r}"
+        )
+    element = budgets_name.strip("'")
+    for i, b in enumerate(budgets):
+        check_real(f"{element}[{i}]", b, 0.0, open_low=True)
+    if len(group_fractions) != len(budgets):
+        raise ValueError(
+            f"{fractions_name} must have one entry per budget "
+            f"({len(budgets)}), got {group_fractions!r}"
+        )
+    if any(not f > 0 for f in group_fractions) or not math.isclose(
+        sum(group_fractions), 1.0
+    ):
+        raise ValueError(
+            f"{fractions_name} must be positive and sum to 1, got {group_fractions!r}"
+        )
 
 
 class TaskFields(Protocol):

@@ -11,7 +11,6 @@ length and name, each error naming the key.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +19,7 @@ from defenses.checks import check_choice, check_int, check_real
 
 from ..client import MODELS
 from ..ledger import ClientPrivacy
-from ..tasks import DATASETS, GROUP_NAMES, assign_groups
+from ..tasks import DATASETS, assign_groups, check_groups
 
 POLICIES = ("time-adaptive", "strict-only", "uniform", "dp-fedavg", "none")
 RENAMED = {"rounds": "num-server-rounds"}
@@ -103,25 +102,9 @@ class AppConfig:
                        open_high=True)  # fmt: skip
         for name in ("batch_rate", "save_ratio"):
             check_real(k(name), getattr(self, name), 0.0, 1.0, open_low=True)
-        if not 1 <= len(self.budgets) <= len(GROUP_NAMES):
-            raise ValueError(
-                f"'budgets' must list 1 to {len(GROUP_NAMES)} group budgets, got "
-                f"{self.budgets!r}"
-            )
-        for i, b in enumerate(self.budgets):
-            check_real(f"budgets[{i}]", b, 0.0, open_low=True)
-        if len(self.group_fractions) != len(self.budgets):
-            raise ValueError(
-                f"'group-fractions' must have one entry per budget "
-                f"({len(self.budgets)}), got {self.group_fractions!r}"
-            )
-        if any(not f > 0 for f in self.group_fractions) or not math.isclose(
-            sum(self.group_fractions), 1.0
-        ):
-            raise ValueError(
-                f"'group-fractions' must be positive and sum to 1, got "
-                f"{self.group_fractions!r}"
-            )
+        check_groups(
+            self.budgets, self.group_fractions, "'budgets'", "'group-fractions'"
+        )
         if self.dp_wrapper and self.policy != "none":
             raise ValueError(
                 "'dp-wrapper' adds Flower's central DP; it needs policy='none', "
