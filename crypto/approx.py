@@ -28,9 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from defenses.arrays import FloatArray
 from defenses.checks import check_int, check_real
-
-FloatArray = npt.NDArray[np.float64]
 
 
 class RangeError(ValueError):

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
+from defenses.arrays import FloatArray
 from defenses.cost import phase
 
 from .ckks import CKKSParams
@@ -21,8 +21,6 @@ from .model import HEFormer, ModelConfig
 from .packing import pack, roll_tokens, unit
 from .tasks import Sequences
 from .train import TrainConfig, personalise, predict_logits, pretrain
-
-FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True)

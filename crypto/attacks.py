@@ -23,18 +23,15 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-import numpy.typing as npt
 from sklearn.linear_model import LogisticRegression
 from sklearn.neighbors import KNeighborsClassifier
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.cost import count
 from defenses.metrics import clopper_pearson
 from defenses.threat import Capability
 
 from .heval import HEWeights
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
+from defenses.arrays import FloatArray
 
 from .attention_grad import (
     gk_backward,
@@ -48,7 +47,6 @@ from .attention_grad import (
 from .evaluator import Evaluator, Value
 from .net import Net, derivative, fit, matmul, matmul_t, outer_sums
 
-FloatArray = npt.NDArray[np.float64]
 Unroll = Callable[[list[list[Value]]], list[Value]]
 Roll = Callable[[list[Value], int], list[list[Value]]]
 

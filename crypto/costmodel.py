@@ -34,11 +34,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
+from defenses.arrays import FloatArray
 from defenses.checks import check_int
 
-FloatArray = npt.NDArray[np.float64]
 OPERATIONS = (
     "ct_ct_mul",
     "ct_pt_mul",

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
+from defenses.arrays import FloatArray
 
 
 class DepthError(RuntimeError):

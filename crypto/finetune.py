@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from defenses.arrays import FloatArray
 from defenses.checks import check_int, check_real
 
 from .backprop import backward, forward
@@ -56,7 +57,6 @@ from .packing import pack, roll_tokens
 from .tasks import check_labels, check_sequences
 from .train import predict_logits
 
-FloatArray = npt.NDArray[np.float64]
 TRAIN_PARAMS = CKKSParams(8192, (49, 40, 40, 40, 49), 40)
 """N = 8192, 3 levels of 40 bits (218 bits), 49-bit special prime (precise sums)."""
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
+
+from defenses.arrays import FloatArray
 
 from .approx import exp_poly, reciprocal_poly
 from .heval import HEWeights, SoftmaxPolys, lora_factors
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 
     from .model import HEFormer
 
-FloatArray = npt.NDArray[np.float64]
 ARMS = ("lora", "full")
 
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import numpy.typing as npt
 
+from defenses.arrays import FloatArray
 from defenses.checks import check_int
 
 from .evaluator import Evaluator, NumpyBackend, Roll, Value
@@ -32,8 +32,6 @@ if TYPE_CHECKING:
     import torch
 
     from .model import HEFormer
-
-FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
+from defenses.arrays import FloatArray
 
 
 @dataclass

@@ -29,11 +29,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-import numpy.typing as npt
 import torch
 from torch import nn
 
+from defenses.arrays import FloatArray
 from defenses.checks import check_int
 
 from .approx import (
@@ -44,7 +43,6 @@ from .approx import (
     tanh_poly,
 )
 
-FloatArray = npt.NDArray[np.float64]
 ATTENTIONS = ("gk", "softmax")
 TANH_GAIN = 2.0
 HEADROOM = 0.7

@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
+
+from defenses.arrays import FloatArray
 
 from .evaluator import Evaluator, Value
 from .heval import SoftmaxPolys
 
-FloatArray = npt.NDArray[np.float64]
 Matrix = FloatArray | list[list[Value]]
 LORA_TRAINED = ("q_a", "q_b", "k_a", "k_b", "v_a", "v_b", "pool", "classifier")
 FULL_TRAINED = ("wq", "wk", "wv", "wo", "w1", "w2", "pool", "classifier")

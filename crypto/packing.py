@@ -12,11 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
+
+from defenses.arrays import FloatArray
 
 from .evaluator import Value
-
-FloatArray = npt.NDArray[np.float64]
 
 
 def unit(handle_of: Callable[[float], Any], M: FloatArray) -> list[list[Value]]:

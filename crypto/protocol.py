@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from defenses.arrays import FloatArray
 from defenses.checks import check_int
 from defenses.cost import count
 
@@ -50,7 +51,6 @@ __all__ = [
     "Server",
     "Transcript",
 ]
-FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.checks import check_int
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 POSITIVE = ("good", "great", "fine", "nice", "happy", "superb")
 NEGATIVE = ("bad", "awful", "poor", "sad", "nasty", "boring")

@@ -19,10 +19,8 @@ import math
 import numpy as np
 import numpy.typing as npt
 
+from defenses.arrays import BoolArray, FloatArray
 from defenses.checks import check_int, check_real
-
-FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
 
 
 def _scores_and_truth(

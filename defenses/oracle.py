@@ -8,11 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from defenses.arrays import FloatArray
 from defenses.checks import check_int
 from defenses.cost import count
 from defenses.threat import Capability, ThreatModel, ThreatModelViolation
-
-FloatArray = npt.NDArray[np.float64]
 
 
 class QueryBudgetExceeded(RuntimeError):

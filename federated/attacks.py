@@ -14,14 +14,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-import numpy.typing as npt
 
+from defenses.arrays import FloatArray
 from defenses.reference.attacks import LossThresholdAttack
 from defenses.threat import Capability
 
 from .audit import likelihood_ratio, matched_filter
-
-FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True)

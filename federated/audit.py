@@ -40,12 +40,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from defenses.arrays import BoolArray, FloatArray
 from defenses.metrics import epsilon_lower_bound
 
 from .client import Sampling, StepPlan, privatize, record_inclusion
-
-FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
 
 
 def observe_canary(

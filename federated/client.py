@@ -30,10 +30,9 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.checks import check_int, check_real
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 Params = list[FloatArray]
 Sampling = Literal["poisson", "fixed"]
 SAMPLINGS: tuple[Sampling, ...] = ("poisson", "fixed")

@@ -12,9 +12,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from defenses.arrays import IntArray
 from defenses.checks import check_int, check_real
-
-IntArray = npt.NDArray[np.int64]
 
 
 def dirichlet_split(

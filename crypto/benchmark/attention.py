@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
+from defenses.arrays import FloatArray
 from defenses.checks import int_param
 from defenses.harness import measurement
 from defenses.results import Result
@@ -29,7 +29,6 @@ from ..evaluator import Evaluator, Value
 from ..heval import SoftmaxPolys, gk_attention, softmax_attention
 from ..packing import roll_tokens
 
-FloatArray = npt.NDArray[np.float64]
 GK_PARAMS = CKKSParams(8192, (38, 30, 30, 30, 30, 30, 30), 30)
 SOFTMAX_PARAMS = CKKSParams(16384, (38, *([30] * 12), 30), 30)
 

@@ -28,17 +28,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from defenses.api import Defense
+from defenses.arrays import FloatArray
 from defenses.audit.records import AuditData
 from defenses.audit.target import AuditedModel
 from defenses.harness import label
 from defenses.results import UNDEFENDED
 from defenses.ssd import StealthyShield
 from defenses.ssd.arms import SSDDefense
-
-FloatArray = npt.NDArray[np.float64]
 
 
 class Answering(Protocol):

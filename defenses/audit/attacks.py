@@ -25,13 +25,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-import numpy.typing as npt
 
+from defenses.arrays import BoolArray, FloatArray
 from defenses.reference.attacks import LossThresholdAttack, MembershipView
 from defenses.threat import Capability
-
-FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
 
 SIGMA_FLOOR = 1e-6
 """Smallest out-residual standard deviation (identical shadows give zero)."""

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 from tqdm.auto import tqdm
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.audit.arms import Answering, Arm
 from defenses.audit.attacks import (
     ConfidenceThresholdAttack,
@@ -50,9 +51,6 @@ from defenses.results import Result
 from defenses.ssd.attacks import InversionView
 from defenses.ssd.tasks import Evaluator
 from defenses.threat import ThreatModel, ThreatModelViolation
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 logger = logging.getLogger(__name__)
 

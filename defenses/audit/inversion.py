@@ -20,15 +20,12 @@ stronger attack).
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 from scipy.spatial.distance import cdist
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.data import Dataset
 from defenses.ssd.tasks import EVAL_HIDDEN, Evaluator, features, train_mlp
 from defenses.threads import single_thread
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 EVAL_EPOCHS = 200
 

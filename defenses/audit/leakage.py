@@ -24,10 +24,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.metrics import epsilon_lower_bound, membership_metrics, roc
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 
 def _clopper_pearson_bounds(

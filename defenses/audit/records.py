@@ -17,10 +17,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.data import Dataset
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 Records = tuple[npt.ArrayLike, npt.ArrayLike] | Dataset
 
 

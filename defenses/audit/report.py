@@ -16,14 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
+from defenses.arrays import FloatArray
 from defenses.audit.threats import describe
 from defenses.results import Result, Summary, paired_deltas, summarize, write_jsonl
 from defenses.threat import ThreatModel
-
-FloatArray = npt.NDArray[np.float64]
 
 UTILITY = ["utility.accuracy", "utility.l1_distortion"]
 MEMBERSHIP_COLUMNS = [

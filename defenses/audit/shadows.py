@@ -23,15 +23,13 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.audit.attacks import ShadowScores
 from defenses.audit.target import Outputs, as_audited
 from defenses.checks import check_choice, check_int, check_real
 from defenses.metrics import true_class_logit
 from defenses.parallel import EXECUTORS, Executor, map_jobs
 from defenses.threads import single_thread
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from defenses.arrays import FloatArray
 from defenses.checks import check_choice, check_int
 
-FloatArray = npt.NDArray[np.float64]
 Outputs = Literal["auto", "probs", "logits"]
 OUTPUTS: tuple[Outputs, ...] = ("auto", "probs", "logits")
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
-import numpy.typing as npt
 import torch
 from torch import nn
 
 from defenses.api import DefenseKind
+from defenses.arrays import FloatArray
 from defenses.checks import check_choice, check_int, check_real
 from defenses.civet.certificate import Certificate, certify
 from defenses.civet.defense import METHODS, Method, TrainConfig, TrainLog, train_vae
@@ -33,7 +33,6 @@ from defenses.civet.support import check_levels
 from defenses.civet.tasks import USER_ARCHS, user_vae
 from defenses.threads import torch_generator
 
-FloatArray = npt.NDArray[np.float64]
 ARCHS = ("mlp", "conv", *USER_ARCHS)
 
 

@@ -31,6 +31,7 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
+from defenses.arrays import FloatArray
 from defenses.checks import check_int, check_real
 from defenses.civet.model import sse
 from defenses.civet.protocol import VAEInterface, as_vae
@@ -38,7 +39,6 @@ from defenses.metrics import clopper_pearson
 from defenses.threads import torch_generator, torch_threads
 from defenses.threat import Capability
 
-FloatArray = npt.NDArray[np.float64]
 WHITE_BOX = frozenset({Capability.READ_PARAMETERS})
 
 

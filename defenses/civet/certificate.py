@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import numpy.typing as npt
 import torch
 from torch import nn
 
+from defenses.arrays import FloatArray
 from defenses.checks import check_choice, check_real
 from defenses.civet.bounds import Box, UnsupportedLayerError
 from defenses.civet.crown import crown
@@ -37,8 +37,6 @@ from defenses.civet.support import (
     expected_bound,
     halfwidth,
 )
-
-FloatArray = npt.NDArray[np.float64]
 
 DEFAULT_LEVELS: tuple[float, ...] = (0.5, 0.75, 0.9, 0.95, 0.99)
 

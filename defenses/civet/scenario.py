@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
+from defenses.arrays import FloatArray
 from defenses.checks import check_choice, check_int, check_real
 from defenses.civet import figures
 from defenses.civet.arms import (
@@ -54,8 +54,6 @@ from defenses.data import stratified_split
 from defenses.registry import register, register_package
 from defenses.results import Result
 from defenses.threat import Budget, Capability, ThreatModel
-
-FloatArray = npt.NDArray[np.float64]
 
 register_package(
     attacks=[JointPGD, EOTPGD, LatentAttack, MaxDamage],

@@ -13,16 +13,14 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 from scipy.special import expit
 from torch import nn
 
+from defenses.arrays import FloatArray
 from defenses.civet.model import init_parameters
 from defenses.data import load_digits, make_identities
-
-FloatArray = npt.NDArray[np.float64]
 
 DATASETS = ("digits", "blobs")
 

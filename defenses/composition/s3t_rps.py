@@ -58,15 +58,12 @@ import numpy as np
 import numpy.typing as npt
 from sklearn.exceptions import NotFittedError
 
+from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.rps import Certificate, ReliableConformalClassifier
 from defenses.rps.inputs import check_inputs
 from defenses.rps.quantile import QuantileMode
 from defenses.rps.settings import check_settings
 from defenses.s3t.defense import DeletionReceipt, RetrainReceipt, Slot, Unlearner
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 
 class ShardVoter:

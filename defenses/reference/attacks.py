@@ -15,12 +15,11 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from defenses.arrays import FloatArray
 from defenses.checks import check_real
 from defenses.metrics import true_class_logit
 from defenses.oracle import QueryOracle
 from defenses.threat import Capability
-
-FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from defenses.api import DefenseKind, Learner
+from defenses.arrays import FloatArray
 from defenses.checks import check_int
-
-FloatArray = npt.NDArray[np.float64]
 
 
 class ProbabilisticClassifier(Protocol):

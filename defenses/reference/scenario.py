@@ -12,6 +12,7 @@ import numpy.typing as npt
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.neural_network import MLPClassifier
 
+from defenses.arrays import FloatArray
 from defenses.checks import check_int, check_real
 from defenses.data import Dataset, load_digits, stratified_split
 from defenses.metrics import accuracy, membership_metrics
@@ -24,8 +25,6 @@ from defenses.reference.attacks import (
 from defenses.reference.defense import LabelOnly, ProbabilisticClassifier, Rounding
 from defenses.registry import register, register_package
 from defenses.threat import Budget, Capability, ThreatModel
-
-FloatArray = npt.NDArray[np.float64]
 
 register_package(
     attacks=[LossThresholdAttack, LabelOnlyAttack], defenses=[Rounding, LabelOnly]

@@ -18,13 +18,12 @@ import numpy.typing as npt
 from sklearn.linear_model import LogisticRegression
 
 from defenses.api import DefenseKind
+from defenses.arrays import BoolArray
 from defenses.checks import check_choice, check_int, check_real
 from defenses.rps.baselines import EnsembleConformalClassifier, SplitConformalClassifier
 from defenses.rps.defense import ReliableConformalClassifier
 from defenses.rps.quantile import QUANTILE_MODES, QuantileMode
 from defenses.rps.tasks import ConformalTask, changed_rows, checksum, touched_parts
-
-BoolArray = npt.NDArray[np.bool_]
 
 _REFITS: OrderedDict[tuple[Any, int, int], ConformalSystem] = OrderedDict()
 _REFIT_CACHE_SIZE = 16

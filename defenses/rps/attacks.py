@@ -33,19 +33,16 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-import numpy.typing as npt
 from sklearn.linear_model import LogisticRegression
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.checks import check_int
 from defenses.data import Dataset
 from defenses.rps.defense import ReliableConformalClassifier
 from defenses.rps.partition import part_of
 from defenses.rps.tasks import ConformalTask, checksum
 from defenses.threat import Capability
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 _REPLICAS: dict[tuple[int, int], ReliableConformalClassifier] = {}
 

@@ -23,6 +23,7 @@ from sklearn.base import clone
 from sklearn.utils import _safe_indexing
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
+from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.checks import check_int, check_real
 from defenses.rps.defense import NotFittedError
 from defenses.rps.ensemble import proba_columns
@@ -30,10 +31,6 @@ from defenses.rps.inputs import check_inputs, encode_labels, encode_with
 from defenses.rps.partition import n_rows
 from defenses.rps.quantile import textbook_rank
 from defenses.rps.scores import smoothed_scores, vote_counts
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 
 class _Conformal:

@@ -26,6 +26,7 @@ from sklearn.linear_model import LogisticRegression
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 from tqdm.auto import tqdm
 
+from defenses.arrays import FloatArray
 from defenses.checks import check_int, check_real
 from defenses.data import load, stratified_split
 from defenses.harness import measurement
@@ -36,8 +37,6 @@ from defenses.rps.certificate import ProbaGeometry, ScoreGeometry
 from defenses.rps.defense import ReliableConformalClassifier
 from defenses.rps.quantile import QUANTILE_MODES, textbook_rank
 from defenses.rps.scores import vote_geometry
-
-FloatArray = npt.NDArray[np.float64]
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.rps.certificate import PartThresholds, ScoreGeometry
 from defenses.rps.quantile import (
     QuantileMode,
@@ -25,9 +25,6 @@ from defenses.rps.quantile import (
     minimum_part_size,
     part_rank,
 )
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)

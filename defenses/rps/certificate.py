@@ -33,11 +33,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.checks import check_int
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 TIE = 1e-10
 """Scores closer than this are treated as equal in certificate comparisons.

@@ -42,6 +42,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.utils import get_tags
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.checks import check_int
 from defenses.rps.calibration import calibrate_parts
 from defenses.rps.certificate import Certificate, ScoreGeometry, certify_batch
@@ -54,10 +55,6 @@ from defenses.rps.scores import vote_counts
 from defenses.rps.settings import Settings, check_settings
 
 logger = logging.getLogger(__name__)
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 
 class NotConformalizedError(NotFittedError):  # type: ignore[misc]

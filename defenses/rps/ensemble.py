@@ -36,15 +36,15 @@ from sklearn.exceptions import NotFittedError
 from sklearn.utils import _safe_indexing
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.checks import check_int, check_real
-from defenses.rps.partition import IntArray, n_rows, partition
+from defenses.rps.partition import n_rows, partition
 
 if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
 
-FloatArray = npt.NDArray[np.float64]
 ModelFactory = Callable[[int, int], "torch.nn.Module"]
 
 

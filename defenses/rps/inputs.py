@@ -18,10 +18,9 @@ import numpy.typing as npt
 from scipy import sparse
 from sklearn.utils.validation import check_array
 
+from defenses.arrays import IntArray
 from defenses.rps.partition import is_frame
 from defenses.targets import check_labels
-
-IntArray = npt.NDArray[np.int64]
 
 
 def check_inputs(X: Any, name: str = "X") -> Any:

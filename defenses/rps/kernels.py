@@ -21,13 +21,9 @@ galloping search over these bounds against the calibration parts' threshold boun
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
+from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.jit import compiled, inlined
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 
 @inlined

@@ -45,10 +45,9 @@ import numpy as np
 import numpy.typing as npt
 from scipy import sparse
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.checks import check_int
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 HashArray = npt.NDArray[np.uint64]
 
 

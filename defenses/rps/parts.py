@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from defenses.arrays import IntArray
 from defenses.rps.certificate import ProbaGeometry, ScoreGeometry
 from defenses.rps.ensemble import (
     ABSTAIN,
@@ -31,8 +32,6 @@ from defenses.rps.ensemble import (
     voter_votes,
 )
 from defenses.rps.scores import vote_counts, vote_geometry
-
-IntArray = npt.NDArray[np.int64]
 
 DEGENERATE_SHARE = 0.95
 """Modal share (:func:`modal_share`) from which the parts count as degenerate."""

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.rps.certificate import TIE
 from defenses.rps.kernels import (
     bounds,
@@ -71,10 +72,6 @@ from defenses.rps.kernels import (
 
 if TYPE_CHECKING:
     from defenses.rps.certificate import PartThresholds
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 
 ABSTAIN = -1

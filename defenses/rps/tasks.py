@@ -7,12 +7,10 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 import numpy as np
-import numpy.typing as npt
 
+from defenses.arrays import IntArray
 from defenses.data import Dataset
 from defenses.rps.partition import part_of
-
-IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)

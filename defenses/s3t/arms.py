@@ -24,12 +24,12 @@ import numpy.typing as npt
 from torch import nn
 
 from defenses.api import DefenseKind, Learner
+from defenses.arrays import FloatArray
 from defenses.checks import check_choice, check_int
 from defenses.s3t.attacks import lineage_audit
 from defenses.s3t.baselines import SISA, FullRetrain
 from defenses.s3t.defense import S3T, Selection, Unlearner
 
-FloatArray = npt.NDArray[np.float64]
 Policy = Literal["always", "when_dead"]
 POLICIES: tuple[Policy, ...] = ("always", "when_dead")
 

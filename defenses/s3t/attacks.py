@@ -25,11 +25,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from defenses.arrays import FloatArray
 from defenses.reference.attacks import LossThresholdAttack
 from defenses.s3t.defense import AllShardsDeadError, Unlearner
 from defenses.threat import Capability
-
-FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True)

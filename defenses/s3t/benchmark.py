@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 from tqdm.auto import tqdm
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.checks import check_int, check_keys, check_real
 from defenses.harness import measurement
 from defenses.metrics import accuracy
@@ -47,8 +47,6 @@ from defenses.s3t.training import single_thread
 
 logger = logging.getLogger(__name__)
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 DEFAULTS: dict[str, Any] = {
     "shards": 3,

@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 from torch import nn
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.checks import check_int, check_real
 from defenses.metrics import accuracy, membership_metrics
 from defenses.oracle import QueryOracle
@@ -46,9 +47,6 @@ from defenses.s3t.tasks import (
     split_digits,
 )
 from defenses.threat import Capability, Goal, ThreatModel
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 register_package(
     attacks=[CanaryAttack],

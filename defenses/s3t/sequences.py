@@ -34,11 +34,10 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import linear_sum_assignment
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.checks import check_int
 
 Order = tuple[int, ...]
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 
 def _check_budget(slices: int, budget: int) -> None:

@@ -27,17 +27,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import numpy.typing as npt
 import torch
 from torch import Tensor, nn
 
+from defenses.arrays import IntArray
 from defenses.checks import check_choice, check_int
 from defenses.data import Dataset, load_digits, stratified_split
 from defenses.s3t.backbone import frozen_copy, pretrain, train_module
 
 Kind = Literal["residual", "transformer"]
 
-IntArray = npt.NDArray[np.int64]
 CANARY_ID_BASE = 100_000
 CANARY_GROUP = -1
 

@@ -13,15 +13,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from defenses.api import DefenseKind, Learner
+from defenses.arrays import FloatArray
 from defenses.checks import check_choice, check_real
 from defenses.data import Dataset
 from defenses.ssd.defense import StealthyShield
 from defenses.ssd.seeding import SEEDINGS, Seeding
-
-FloatArray = npt.NDArray[np.float64]
 
 
 class Deployed(Protocol):

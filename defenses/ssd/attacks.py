@@ -30,14 +30,12 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.checks import check_int, check_real
 from defenses.oracle import QueryOracle
 from defenses.ssd.prior import PCAPrior
 from defenses.threads import single_thread
 from defenses.threat import Capability
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 LOG_FLOOR = 1e-12
 """Scores are floored here before the log (one-hot or zeroed outputs)."""

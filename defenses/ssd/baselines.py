@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-import numpy.typing as npt
 
 from defenses.api import DefenseKind, Learner
+from defenses.arrays import FloatArray
 from defenses.ssd.arms import (
     Deployed,
     HasValidation,
@@ -40,8 +40,6 @@ from defenses.ssd.arms import (
     check_number,
 )
 from defenses.ssd.defense import StealthyShield
-
-FloatArray = npt.NDArray[np.float64]
 
 
 @functools.cache

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-FloatArray = npt.NDArray[np.float64]
+from defenses.arrays import FloatArray
 
 PARALLEL_MIN_ENTRIES = 1 << 18
 """Batches with fewer entries (N K) run on one thread: starting more costs more."""

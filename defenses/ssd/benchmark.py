@@ -37,9 +37,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
+from defenses.arrays import FloatArray
 from defenses.checks import check_int, check_keys, check_real
 from defenses.harness import measurement
 from defenses.registry import register
@@ -50,7 +50,6 @@ from defenses.ssd.waterfill import water_filling
 from defenses.threads import single_thread
 
 BENCHMARK = "ssd-perf"
-FloatArray = npt.NDArray[np.float64]
 PASSES = 3.0
 """Target: the whole call costs at most this many memory passes."""
 MEMORY_SLACK = 0.01

@@ -52,6 +52,7 @@ import numpy.typing as npt
 import torch
 from scipy.special import entr
 
+from defenses.arrays import FloatArray
 from defenses.checks import check_choice, check_int, check_real
 from defenses.ssd.batch import as_rows, check_stats, run_blocks
 from defenses.ssd.kernels.shield import shield_rows
@@ -67,7 +68,6 @@ from defenses.ssd.waterfill import (
 
 __all__ = ["StealthyShield", "default_temperature", "entropy"]
 
-FloatArray = npt.NDArray[np.float64]
 PARAMS = ("epsilon", "temperature", "seed", "seeding", "hash_resolution", "n_threads")
 
 

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-import numpy.typing as npt
 import torch
 from scipy.spatial.distance import cdist
 
+from defenses.arrays import FloatArray
 from defenses.checks import check_int
 from defenses.metrics import accuracy
 from defenses.oracle import QueryOracle
@@ -55,8 +55,6 @@ from defenses.ssd.baselines import (
 from defenses.ssd.tasks import InversionTask, build_task, predict_proba, train_mlp
 from defenses.threads import single_thread
 from defenses.threat import Budget, Capability, ThreatModel
-
-FloatArray = npt.NDArray[np.float64]
 
 register_package(
     attacks=[BoundaryRepulsion, GeneticInversion, VotingBoundaryRepulsion],

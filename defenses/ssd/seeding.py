@@ -21,11 +21,11 @@ import hashlib
 from typing import Any, Literal
 
 import numpy as np
-import numpy.typing as npt
 import scipy.sparse
 import torch
 
-FloatArray = npt.NDArray[np.float64]
+from defenses.arrays import FloatArray
+
 Seeding = Literal["random", "input-hash"]
 SEEDINGS: tuple[str, ...] = ("random", "input-hash")
 

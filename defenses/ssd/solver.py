@@ -22,9 +22,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from defenses.arrays import FloatArray
 from defenses.ssd.waterfill import FLOOR, check_probabilities, sum_tolerance
-
-FloatArray = npt.NDArray[np.float64]
 
 logger = logging.getLogger(__name__)
 

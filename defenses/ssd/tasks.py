@@ -26,14 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.data import Dataset, load_digits, make_identities, stratified_split
 from defenses.threads import single_thread
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 EVAL_HIDDEN = (64,)
 

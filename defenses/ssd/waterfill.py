@@ -50,9 +50,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from defenses.arrays import FloatArray
 from defenses.ssd.kernels.projection import project_rows
-
-FloatArray = npt.NDArray[np.float64]
 
 FLOOR = 1e-12
 """Smallest entry of ``q`` used in the projection (zeros are raised to it)."""

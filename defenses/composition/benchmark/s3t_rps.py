@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 from torch import nn
 
+from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.checks import check_choice, check_int, check_keys, check_real
 from defenses.composition.s3t_rps import ReliableUnlearner
 from defenses.data import stratified_split
@@ -50,9 +50,6 @@ from defenses.s3t.training import single_thread
 from defenses.threat import Budget, Capability, Goal, Knowledge, Stage, ThreatModel
 
 BENCHMARK = "composition-s3t-rps"
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 DEFAULTS: dict[str, Any] = {
     "unlearner": "s3t",

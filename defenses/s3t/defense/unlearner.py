@@ -20,6 +20,7 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
+from defenses.arrays import FloatArray
 from defenses.checks import check_int
 from defenses.cost import count, phase
 from defenses.s3t import inputs, partition, store
@@ -53,8 +54,6 @@ from defenses.s3t.training import (
 )
 
 logger = logging.getLogger(__name__)
-
-FloatArray = npt.NDArray[np.float64]
 
 
 def _slot(cell: object) -> Slot:

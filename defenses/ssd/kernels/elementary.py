@@ -25,12 +25,9 @@ no scalar bit cast), so each function is two or three short loops over one row.
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.ssd.kernels import simd_inlined
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 LN2_HI = 6.93147180369123816490e-01
 LN2_LO = 1.90821492927058770002e-10

@@ -30,12 +30,9 @@ Algorithm 2, which bounds a row at :math:`O(K \log K)`.
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.ssd.kernels import simd, simd_inlined
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 
 @simd

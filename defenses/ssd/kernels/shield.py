@@ -24,12 +24,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from defenses.arrays import FloatArray, IntArray
 from defenses.ssd.kernels import simd
 from defenses.ssd.kernels.elementary import counter_uniform, exp_row, log_row
 from defenses.ssd.kernels.projection import project_row
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 
 @simd
