@@ -18,13 +18,15 @@ benchmark and figure of the package.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
-from defenses.checks import check_choice, check_int, check_real
+from defenses.arrays import FloatArray
+from defenses.checks import check_int
+from defenses.fields import owner_key, values_of
 from defenses.metrics import membership_metrics
 from defenses.oracle import QueryOracle
 from defenses.reference.attacks import MembershipView
@@ -32,7 +34,6 @@ from defenses.registry import register, register_package
 from defenses.threat import Capability, Goal, Knowledge, ThreatModel
 
 from . import benchmark, figures
-from .accounting import check_delta
 from .arms import (
     DPFedAvg,
     FedAvgLearner,
@@ -42,11 +43,9 @@ from .arms import (
 )
 from .attacks import AuditView, CanaryObserver, GlobalModelMIA
 from .audit import inclusion_profile, lower_bound, observe_canary
-from .client import MODELS, SAMPLINGS
-from .tasks import DATASETS, FederatedTask, check_groups, task_of
-from .training import FedConfig, FederatedModel
-
-FloatArray = npt.NDArray[np.float64]
+from .client import SAMPLINGS
+from .tasks import FederatedTask, TaskFields
+from .training import FedConfig, FederatedModel, TrainingFields
 
 register_package(
     attacks=[CanaryObserver, GlobalModelMIA],
@@ -60,88 +59,34 @@ register_package(
 
 
 @dataclass(frozen=True)
-class FederatedGame:
+class FederatedGame(TrainingFields, TaskFields):
     """The federated task and learner shared by both games.
 
     Parameters
     ----------
-    dataset : {"digits", "coarse_to_fine"}
-        Data set split across the clients.
-    n_clients : int
-        Number of clients, >= 2.
-    alpha : float
-        Dirichlet label-skew concentration (smaller is more non-IID), > 0.
-    budgets : list of float
-        Epsilon budget of each privacy group, strictest first, each > 0.
-    group_fractions : list of float
-        Fraction of clients in each group (sums to 1).
-    delta : float
-        Target delta, in (0, 1).
-    member_fraction : float
-        Fraction of each client's records it trains on, in (0, 1).
-    rounds, local_steps, lr, clip, model, hidden, batch_rate : see FedConfig.
+    dataset, n_clients, alpha, budgets, group_fractions, delta, member_fraction
+        The task (:class:`federated.tasks.TaskFields`); ``n_clients`` >= 2.
+    rounds, local_steps, lr, clip, model, hidden, batch_rate
+        The training (:class:`federated.training.TrainingFields`).
     audit_trials : int
         Canary trials of the audit game, >= 100.
     """
 
-    dataset: str = "digits"
-    n_clients: int = 10
-    alpha: float = 0.5
-    budgets: list[float] = field(default_factory=lambda: [1.0, 3.0, 8.0])
-    group_fractions: list[float] = field(default_factory=lambda: [0.4, 0.3, 0.3])
-    delta: float = 1e-5
-    member_fraction: float = 0.8
-    rounds: int = 30
-    local_steps: int = 4
-    lr: float = 0.5
-    clip: float = 1.0
-    model: str = "softmax"
-    hidden: int = 32
-    batch_rate: float = 0.1
     audit_trials: int = 2000
 
     def __post_init__(self) -> None:
-        owner = type(self).__name__
-        check_choice(f"{owner}.dataset", self.dataset, DATASETS)
-        check_int(f"{owner}.n_clients", self.n_clients, minimum=2)
-        check_real(f"{owner}.alpha", self.alpha, 0.0, open_low=True)
-        check_groups(
-            self.budgets,
-            self.group_fractions,
-            f"{owner}.budgets",
-            f"{owner}.group_fractions",
-        )
-        try:
-            check_delta(self.delta)
-        except ValueError as error:
-            raise ValueError(f"{owner}.{error}") from None
-        check_real(
-            f"{owner}.member_fraction",
-            self.member_fraction,
-            0.0,
-            1.0,
-            open_low=True,
-            open_high=True,
-        )
-        check_choice(f"{owner}.model", self.model, MODELS)
-        check_int(f"{owner}.audit_trials", self.audit_trials, minimum=100)
-        self.config()
+        key = owner_key(self)
+        self.check_task_fields(key, min_clients=2)
+        self.check_training_fields(key)
+        check_int(key("audit_trials"), self.audit_trials, minimum=100)
 
     def config(self) -> FedConfig:
-        """The federated-training hyper-parameters (validated)."""
-        return FedConfig(
-            rounds=self.rounds,
-            local_steps=self.local_steps,
-            lr=self.lr,
-            clip=self.clip,
-            model="mlp" if self.model == "mlp" else "softmax",
-            hidden=self.hidden,
-            batch_rate=self.batch_rate,
-        )
+        """The federated-training hyper-parameters."""
+        return FedConfig(**values_of(TrainingFields, self))
 
     def setup(self, rng: np.random.Generator) -> FederatedTask:
         """Split the data across clients; draw groups and membership candidates."""
-        return task_of(self, self.n_clients, rng)
+        return self.task(self.n_clients, rng)
 
     def learner(self) -> FedAvgLearner:
         """The undefended system: FedAvg with non-private local SGD."""

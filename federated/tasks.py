@@ -14,15 +14,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from defenses.checks import check_real
+from defenses.arrays import FloatArray, IntArray
+from defenses.checks import check_choice, check_int, check_real
 from defenses.data import Dataset, load_digits, make_coarse_to_fine, stratified_split
+from defenses.fields import Key, values_of
 
-from .client import FloatArray, IntArray, LocalData
+from .client import LocalData
 from .partition import dirichlet_split
 from .training import FederatedData
 
@@ -184,54 +185,60 @@ def check_groups(
         )
 
 
-class TaskFields(Protocol):
-    """The configuration fields a federated task is drawn from.
+@dataclass(frozen=True)
+class TaskFields:
+    """What a federated task is drawn from (:meth:`task`).
 
-    Both the harness game (:class:`federated.scenario.FederatedGame`) and the Flower
-    app's :class:`federated.flower.config.AppConfig` carry them.
+    The harness game (:class:`federated.scenario.FederatedGame`) and the Flower
+    app's :class:`federated.flower.config.AppConfig` inherit these fields, so both
+    draw the same task from the same seed.
+
+    Parameters
+    ----------
+    dataset : {"digits", "coarse_to_fine"}
+        Data set split across the clients.
+    n_clients : int
+        Number of clients.
+    alpha : float
+        Dirichlet label-skew concentration (smaller is more non-IID), > 0.
+    budgets : sequence of float
+        Epsilon budget of each privacy group, strictest first, each > 0.
+    group_fractions : sequence of float
+        Fraction of clients in each group (sums to 1).
+    delta : float
+        Target delta, in (0, 1).
+    member_fraction : float
+        Fraction of each client's records it trains on, in (0, 1).
     """
 
-    @property
-    def dataset(self) -> str:
-        """One of :data:`DATASETS`."""
+    dataset: str = "digits"
+    n_clients: int = 10
+    alpha: float = 0.5
+    budgets: Sequence[float] = (1.0, 3.0, 8.0)
+    group_fractions: Sequence[float] = (0.4, 0.3, 0.3)
+    delta: float = 1e-5
+    member_fraction: float = 0.8
 
-    @property
-    def alpha(self) -> float:
-        """Dirichlet label-skew concentration."""
+    def task(self, n_clients: int, rng: np.random.Generator) -> FederatedTask:
+        """:func:`make_task` over ``n_clients``, :data:`TEST_FRACTION` held out."""
+        values = values_of(TaskFields, self) | {"n_clients": n_clients}
+        return make_task(**values, test_fraction=TEST_FRACTION, rng=rng)
 
-    @property
-    def budgets(self) -> Sequence[float]:
-        """Epsilon budget of each privacy group, strictest first."""
+    def check_task_fields(self, key: Key, min_clients: int) -> None:
+        """Raise ValueError, naming a field by ``key``, unless every field is valid.
 
-    @property
-    def group_fractions(self) -> Sequence[float]:
-        """Fraction of clients in each group."""
-
-    @property
-    def delta(self) -> float:
-        """Target delta."""
-
-    @property
-    def member_fraction(self) -> float:
-        """Fraction of each client's records it trains on."""
-
-
-def task_of(
-    fields: TaskFields, n_clients: int, rng: np.random.Generator
-) -> FederatedTask:
-    """:func:`make_task` from a configuration's fields, :data:`TEST_FRACTION` held out.
-
-    The one place the harness game and the Flower app turn their configuration into
-    the clients' split, so both draw the same task from the same seed.
-    """
-    return make_task(
-        dataset=fields.dataset,
-        n_clients=n_clients,
-        alpha=fields.alpha,
-        budgets=fields.budgets,
-        group_fractions=fields.group_fractions,
-        delta=fields.delta,
-        member_fraction=fields.member_fraction,
-        test_fraction=TEST_FRACTION,
-        rng=rng,
-    )
+        The budgets and fractions are kept as tuples, so a configuration read from
+        TOML (lists) equals, and hashes as, one built in code.
+        """
+        for name in ("budgets", "group_fractions"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        check_choice(key("dataset"), self.dataset, DATASETS)
+        check_int(key("n_clients"), self.n_clients, min_clients)
+        check_real(key("alpha"), self.alpha, 0.0, open_low=True)
+        check_groups(
+            self.budgets, self.group_fractions, key("budgets"), key("group_fractions")
+        )
+        for name in ("delta", "member_fraction"):
+            check_real(
+                key(name), getattr(self, name), 0.0, 1.0, open_low=True, open_high=True
+            )

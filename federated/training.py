@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm.auto import tqdm
 
-from defenses.checks import check_int, check_real
+from defenses.arrays import FloatArray, IntArray
+from defenses.checks import check_choice, check_int, check_real
+from defenses.fields import Key, owner_key
 
 from .accounting import Phase, merge
 from .client import (
     MODELS,
     SAMPLINGS,
-    FloatArray,
-    IntArray,
     LocalData,
     Model,
     Params,
@@ -43,8 +43,11 @@ PlanFn = Callable[[int, int], StepPlan]
 
 
 @dataclass(frozen=True)
-class FedConfig:
+class TrainingFields:
     """Hyper-parameters of federated training.
+
+    The harness game (:class:`federated.scenario.FederatedGame`), the Flower app's
+    :class:`federated.flower.config.AppConfig` and :class:`FedConfig` inherit them.
 
     Parameters
     ----------
@@ -59,36 +62,45 @@ class FedConfig:
     model : {"softmax", "mlp"}
         Multinomial logistic regression (numpy) or a one-hidden-layer MLP (Opacus).
     hidden : int
-        Hidden width of the MLP.
+        Hidden width of the MLP, >= 1.
     batch_rate : float
         Sampling rate of non-private local SGD, in (0, 1].
-    sampling : {"poisson", "fixed"}
-        Batch sampling of the clients ("fixed" is the audit's negative control).
     """
 
     rounds: int = 30
     local_steps: int = 4
     lr: float = 0.5
     clip: float = 1.0
-    model: Model = "softmax"
+    model: str = "softmax"
     hidden: int = 32
     batch_rate: float = 0.1
+
+    def check_training_fields(self, key: Key) -> None:
+        """Raise ValueError, naming a field by ``key``, unless every field is valid."""
+        check_choice(key("model"), self.model, MODELS)
+        for name in ("rounds", "local_steps", "hidden"):
+            check_int(key(name), getattr(self, name), 1)
+        for name in ("lr", "clip"):
+            check_real(key(name), getattr(self, name), 0.0, open_low=True)
+        check_real(key("batch_rate"), self.batch_rate, 0.0, 1.0, open_low=True)
+
+
+@dataclass(frozen=True)
+class FedConfig(TrainingFields):
+    """The training hyper-parameters (:class:`TrainingFields`) and the sampling.
+
+    Parameters
+    ----------
+    sampling : {"poisson", "fixed"}
+        Batch sampling of the clients ("fixed" is the audit's negative control).
+    """
+
+    model: Model = "softmax"
     sampling: Sampling = "poisson"
 
     def __post_init__(self) -> None:
-        for name in ("rounds", "local_steps", "hidden"):
-            check_int(f"FedConfig.{name}", getattr(self, name), 1)
-        for name in ("lr", "clip"):
-            check_real(f"FedConfig.{name}", getattr(self, name), 0.0, open_low=True)
-        check_real("FedConfig.batch_rate", self.batch_rate, 0.0, 1.0, open_low=True)
-        if self.model not in MODELS:
-            raise ValueError(
-                f"FedConfig.model must be one of {MODELS}, got {self.model!r}"
-            )
-        if self.sampling not in SAMPLINGS:
-            raise ValueError(
-                f"FedConfig.sampling must be one of {SAMPLINGS}, got {self.sampling!r}"
-            )
+        self.check_training_fields(owner_key(self))
+        check_choice("FedConfig.sampling", self.sampling, SAMPLINGS)
 
 
 @dataclass(frozen=True)

@@ -38,10 +38,10 @@ from flwr.serverapp.strategy import (
     Strategy,
 )
 
+from defenses.arrays import FloatArray, IntArray
+
 from ..arms import central_noise_multiplier
 from ..client import (
-    FloatArray,
-    IntArray,
     LocalData,
     Params,
     StepPlan,
@@ -49,7 +49,7 @@ from ..client import (
     local_train,
 )
 from ..ledger import ClientPrivacy
-from ..tasks import TEST_FRACTION, load_test_set, task_of
+from ..tasks import TEST_FRACTION, load_test_set
 from ..training import accuracy_of
 from . import records
 from .client import TimeAdaptiveClient
@@ -60,7 +60,7 @@ from .strategy import ClientFailure, TimeAdaptiveStrategy
 
 @functools.lru_cache(maxsize=8)
 def _partitions(config: AppConfig, n: int) -> tuple[LocalData, ...]:
-    return task_of(config, n, np.random.default_rng(config.seed)).data.clients
+    return config.task(n, np.random.default_rng(config.seed)).data.clients
 
 
 def client_data(config: AppConfig, partition: int, partitions: int) -> LocalData:

@@ -17,9 +17,9 @@ from typing import Any
 
 from defenses.checks import check_choice, check_int, check_real
 
-from ..client import MODELS
 from ..ledger import ClientPrivacy
-from ..tasks import DATASETS, assign_groups, check_groups
+from ..tasks import TaskFields, assign_groups
+from ..training import TrainingFields
 
 POLICIES = ("time-adaptive", "strict-only", "uniform", "dp-fedavg", "none")
 RENAMED = {"rounds": "num-server-rounds"}
@@ -43,7 +43,7 @@ def _floats(key: str, value: object) -> tuple[float, ...]:
 
 
 @dataclass(frozen=True)
-class AppConfig:
+class AppConfig(TrainingFields, TaskFields):
     """Run configuration of the Flower app (keys hyphenated in ``pyproject.toml``).
 
     Parameters
@@ -58,23 +58,12 @@ class AppConfig:
     n_clients : int
         Partitions of the simulation (the deployment engine takes the number of
         connected SuperNodes).
-    Other fields mirror :class:`federated.scenario.FederatedGame`.
+    Other fields: the task (:class:`federated.tasks.TaskFields`) and the training
+    (:class:`federated.training.TrainingFields`), as in the harness game.
     """
 
-    dataset: str = "digits"
     n_clients: int = 2
-    alpha: float = 0.5
-    budgets: tuple[float, ...] = (1.0, 3.0, 8.0)
-    group_fractions: tuple[float, ...] = (0.4, 0.3, 0.3)
-    delta: float = 1e-5
-    member_fraction: float = 0.8
     rounds: int = 10
-    local_steps: int = 4
-    lr: float = 0.5
-    clip: float = 1.0
-    model: str = "softmax"
-    hidden: int = 32
-    batch_rate: float = 0.1
     sigma: float = 1.0
     policy: str = "time-adaptive"
     save_fraction: float = 0.5
@@ -88,23 +77,16 @@ class AppConfig:
 
     def __post_init__(self) -> None:
         k = key_of
-        check_choice(k("dataset"), self.dataset, DATASETS)
-        check_choice(k("model"), self.model, MODELS)
+        self.check_task_fields(k, min_clients=1)
+        self.check_training_fields(k)
         check_choice(k("policy"), self.policy, POLICIES)
-        for name in ("n_clients", "rounds", "local_steps", "hidden", "min_nodes"):
-            check_int(k(name), getattr(self, name), 1)
+        check_int(k("min_nodes"), self.min_nodes, 1)
         check_int(k("seed"), self.seed, 0)
-        for name in ("alpha", "lr", "clip", "sigma", "clipping_norm", "timeout"):
+        for name in ("sigma", "clipping_norm", "timeout"):
             check_real(k(name), getattr(self, name), 0.0, open_low=True)
-        check_real(k("delta"), self.delta, 0.0, 1.0, open_low=True, open_high=True)
-        for name in ("member_fraction", "save_fraction"):
-            check_real(k(name), getattr(self, name), 0.0, 1.0, open_low=True,
-                       open_high=True)  # fmt: skip
-        for name in ("batch_rate", "save_ratio"):
-            check_real(k(name), getattr(self, name), 0.0, 1.0, open_low=True)
-        check_groups(
-            self.budgets, self.group_fractions, "'budgets'", "'group-fractions'"
-        )
+        check_real(k("save_fraction"), self.save_fraction, 0.0, 1.0, open_low=True,
+                   open_high=True)  # fmt: skip
+        check_real(k("save_ratio"), self.save_ratio, 0.0, 1.0, open_low=True)
         if self.dp_wrapper and self.policy != "none":
             raise ValueError(
                 "'dp-wrapper' adds Flower's central DP; it needs policy='none', "

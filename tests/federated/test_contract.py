@@ -56,7 +56,14 @@ def test_every_component_is_registered_under_the_package_prefix():
         "federated-membership",
         {"budgets": [2.0, 4.0], "group_fractions": [0.5, 0.5]},
     )
-    assert scenario.budgets == [2.0, 4.0]
+    assert scenario.budgets == (2.0, 4.0)
+    assert hash(scenario) == hash(
+        create(
+            "scenarios",
+            "federated-membership",
+            {"budgets": (2.0, 4.0), "group_fractions": (0.5, 0.5)},
+        )
+    )
 
 
 def test_realised_epsilon_within_one_percent_of_budget_per_client():
