@@ -18,7 +18,8 @@ from matplotlib.figure import Figure
 
 from defense_suite.labels import delta_label, fit_title, metric_label
 from defense_suite.tables import SETTING_SECTIONS, varying_settings
-from defenses.results import UNDEFENDED, Result, Summary, paired_deltas, summarize
+from defenses.results import Result, Summary, paired_deltas, summarize
+from defenses.tradeoff_points import draw_arm_point
 
 
 def setting_words(result: Result, varying: dict[str, list[str]]) -> str:
@@ -77,28 +78,19 @@ def tradeoff_figure(
     )
     for ax, (name, runs) in zip(axes[0], panels.items(), strict=True):
         rows = summarize(runs, [x, y])
+        legend = len(rows) <= 12
         for first, cells in rows:
             cx, cy = cells[x], cells[y]
             if cx is None or cy is None:
                 continue
-            undefended = first.defense == UNDEFENDED
-            ax.errorbar(
-                cx.mean,
-                cy.mean,
-                xerr=cx.std,
-                yerr=cy.std,
-                fmt="*" if undefended else "o",
-                markersize=12 if undefended else 6,
-                capsize=3,
-                label=first.defense if len(rows) <= 12 else None,
-            )
-            if len(rows) > 12:
+            draw_arm_point(ax, first.defense, cx, cy, first.defense if legend else None)
+            if not legend:
                 ax.annotate(first.defense, (cx.mean, cy.mean), fontsize=6)
         ax.set_xlabel(metric_label(x))
         if name:
             ax.set_title(name, fontsize=8)
         ax.grid(alpha=0.3)
-        if len(rows) <= 12:
+        if legend:
             ax.legend(fontsize=7)
     axes[0][0].set_ylabel(metric_label(y))
     if title:
