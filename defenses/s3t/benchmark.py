@@ -42,7 +42,7 @@ from defenses.results import Result
 from defenses.s3t.baselines import SISA, FullRetrain
 from defenses.s3t.defense import S3T, Unlearner
 from defenses.s3t.sequences import deletion_rate_theory, simulate_deletion_rate
-from defenses.s3t.tasks import BackboneSpec, pretrained_backbone, split_digits
+from defenses.s3t.tasks import ModelSettings, pretrained_backbone, split_digits
 from defenses.s3t.training import single_thread
 
 logger = logging.getLogger(__name__)
@@ -70,8 +70,8 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-@dataclass(frozen=True)
-class Settings:
+@dataclass(frozen=True, kw_only=True)
+class Settings(ModelSettings):
     """Validated benchmark parameters (see :data:`DEFAULTS`)."""
 
     shards: int
@@ -83,14 +83,6 @@ class Settings:
     skew: str
     zipf: float
     pool: int
-    public: int
-    width: int
-    hidden: int
-    blocks: int
-    pretrain_epochs: int
-    rank: int
-    epochs: int
-    lr: float
     simulation_runs: int
 
     @classmethod
@@ -214,14 +206,9 @@ def _seed_results(settings: Settings, seed: int) -> Iterator[Result]:
     pool = split.pool
     if settings.pool:
         pool = np.sort(rng.choice(pool, min(settings.pool, pool.size), replace=False))
-    spec = BackboneSpec(
-        settings.public,
-        settings.width,
-        settings.hidden,
-        settings.blocks,
-        settings.pretrain_epochs,
+    backbone = pretrained_backbone(
+        int(rng.integers(2**31)), split.public, settings.backbone_spec()
     )
-    backbone = pretrained_backbone(int(rng.integers(2**31)), split.public, spec)
     data = split.data
     test = (data.X[split.test], data.y[split.test])
     prior = None

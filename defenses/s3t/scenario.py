@@ -23,7 +23,8 @@ import numpy.typing as npt
 from torch import nn
 
 from defenses.arrays import FloatArray, IntArray
-from defenses.checks import check_int, check_real
+from defenses.checks import check_int
+from defenses.fields import owner_key
 from defenses.metrics import accuracy, membership_metrics
 from defenses.oracle import QueryOracle
 from defenses.reference.attacks import MembershipView
@@ -41,8 +42,8 @@ from defenses.s3t.figures import figures
 from defenses.s3t.tasks import (
     CANARY_GROUP,
     CANARY_ID_BASE,
-    BackboneSpec,
     Kind,
+    ModelSettings,
     pretrained_backbone,
     split_digits,
 )
@@ -77,7 +78,7 @@ class CanaryTask:
 
 @register("scenarios", "s3t-canary-deletion")
 @dataclass(frozen=True)
-class CanaryDeletion:
+class CanaryDeletion(ModelSettings):
     """Canary audit of deletions on digits with a frozen pretrained backbone.
 
     Parameters
@@ -88,21 +89,19 @@ class CanaryDeletion:
         Copies of each canary planted (distinct ids, one user).
     pool : int
         Fine-tuning pool size (0: every image not public, test or canary).
-    public : int
-        Public images (digits 0-4) the backbone is pretrained on.
+    public, width, hidden, blocks, pretrain_epochs, rank, epochs, lr
+        The backbone and the adapters' Adam training
+        (:class:`~defenses.s3t.tasks.ModelSettings`; for the transformer, width,
+        hidden and blocks are the model width, feed-forward width and encoder
+        layers).
     test_fraction : float
         Share of the non-public images kept for testing.
-    width, hidden, blocks, pretrain_epochs : int
-        Backbone size and pretraining (for the transformer: model width,
-        feed-forward width and encoder layers).
     model : {"residual", "transformer"}
         The pretrained model: the built-in residual MLP, or a user-style
         ``torch.nn.TransformerEncoder`` (:class:`~defenses.s3t.tasks.RowTransformer`,
         adapters on every layer's ``linear1`` and ``linear2``).
-    rank, epochs, batch_size : int
-        LoRA rank and per-stage Adam settings of every arm.
-    lr : float
-        Adam learning rate.
+    batch_size : int
+        Adam batch size of every arm.
     """
 
     name: ClassVar[str] = "s3t-canary-deletion"
@@ -111,37 +110,16 @@ class CanaryDeletion:
     canaries: int = 10
     repeats: int = 5
     pool: int = 0
-    public: int = 300
     test_fraction: float = 0.25
-    width: int = 64
-    hidden: int = 128
-    blocks: int = 6
-    pretrain_epochs: int = 20
-    rank: int = 8
-    epochs: int = 10
     batch_size: int = 64
-    lr: float = 5e-3
     model: Kind = "residual"
 
     def __post_init__(self) -> None:
         check_int("CanaryDeletion.canaries", self.canaries, 2, 100)
         check_int("CanaryDeletion.pool", self.pool, minimum=0)
-        self._backbone_spec()
-        for name in ("rank", "epochs", "batch_size", "repeats"):
+        self.check_model_settings(owner_key(self), self.model)
+        for name in ("batch_size", "repeats"):
             check_int(f"CanaryDeletion.{name}", getattr(self, name), minimum=1)
-        check_real(
-            "CanaryDeletion.lr", self.lr, 0.0, 1.0, open_low=True, open_high=True
-        )
-
-    def _backbone_spec(self) -> BackboneSpec:
-        return BackboneSpec(
-            self.public,
-            self.width,
-            self.hidden,
-            self.blocks,
-            self.pretrain_epochs,
-            self.model,
-        )
 
     @property
     def threat(self) -> ThreatModel:
@@ -161,7 +139,7 @@ class CanaryDeletion:
                     f"pool={self.pool} exceeds the {pool.size} images left"
                 )
             pool = np.sort(rng.choice(pool, self.pool, replace=False))
-        spec = self._backbone_spec()
+        spec = self.backbone_spec(self.model)
         backbone = pretrained_backbone(int(rng.integers(2**31)), split.public, spec)
         planted_n = self.canaries * self.repeats
         canary_ids = CANARY_ID_BASE + np.arange(planted_n, dtype=np.int64)

@@ -31,8 +31,9 @@ import torch
 from torch import Tensor, nn
 
 from defenses.arrays import IntArray
-from defenses.checks import check_choice, check_int
+from defenses.checks import check_choice, check_int, check_real
 from defenses.data import Dataset, load_digits, stratified_split
+from defenses.fields import Key
 from defenses.s3t.backbone import frozen_copy, pretrain, train_module
 
 Kind = Literal["residual", "transformer"]
@@ -66,6 +67,52 @@ class BackboneSpec:
     def head(self) -> str | None:
         """The module every stage trains in full (None: the default)."""
         return None if self.kind == "residual" else "head"
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """The backbone's size and pretraining and the adapters' training.
+
+    The fields the canary scenario and both S3T benchmarks (deletion cost, and S3T
+    under RPS) size a run with; the defaults are the scenario's.
+
+    Parameters
+    ----------
+    public, width, hidden, blocks : int
+        The backbone (:class:`BackboneSpec`), each >= 1.
+    pretrain_epochs : int
+        Epochs of backbone pretraining (``BackboneSpec.epochs``), >= 1.
+    rank : int
+        LoRA rank of the adapters, >= 1.
+    epochs : int
+        Epochs of adapter training, >= 1.
+    lr : float
+        Adapter learning rate, in (0, 1).
+    """
+
+    public: int = 300
+    width: int = 64
+    hidden: int = 128
+    blocks: int = 6
+    pretrain_epochs: int = 20
+    rank: int = 8
+    epochs: int = 10
+    lr: float = 5e-3
+
+    def backbone_spec(self, kind: Kind = "residual") -> BackboneSpec:
+        """The frozen backbone these settings describe."""
+        size = (self.public, self.width, self.hidden, self.blocks)
+        return BackboneSpec(*size, self.pretrain_epochs, kind)
+
+    def check_model_settings(self, key: Key, kind: Kind = "residual") -> None:
+        """Raise ValueError, naming a field by ``key``, unless every field is valid.
+
+        The backbone's fields are checked by :class:`BackboneSpec` (for ``kind``).
+        """
+        self.backbone_spec(kind)
+        for name in ("rank", "epochs"):
+            check_int(key(name), getattr(self, name), minimum=1)
+        check_real(key("lr"), self.lr, 0.0, 1.0, open_low=True, open_high=True)
 
 
 class RowTransformer(nn.Module):

@@ -45,7 +45,7 @@ from defenses.results import Result
 from defenses.rps.quantile import textbook_rank
 from defenses.s3t.baselines import SISA
 from defenses.s3t.defense import S3T, Unlearner
-from defenses.s3t.tasks import BackboneSpec, pretrained_backbone, split_digits
+from defenses.s3t.tasks import ModelSettings, pretrained_backbone, split_digits
 from defenses.s3t.training import single_thread
 from defenses.threat import Budget, Capability, Goal, Knowledge, Stage, ThreatModel
 
@@ -73,8 +73,8 @@ DEFAULTS: dict[str, Any] = {
 UNLEARNERS = ("s3t", "sisa")
 
 
-@dataclass(frozen=True)
-class Settings:
+@dataclass(frozen=True, kw_only=True)
+class Settings(ModelSettings):
     """Validated parameters (see :data:`DEFAULTS`; ``sequences`` 0 means L)."""
 
     unlearner: str
@@ -85,15 +85,7 @@ class Settings:
     confidence_level: float
     deletions: int
     radii: int
-    public: int
-    width: int
-    hidden: int
-    blocks: int
-    pretrain_epochs: int
-    rank: int
-    epochs: int
     batch_size: int
-    lr: float
 
     @classmethod
     def parse(cls, params: Mapping[str, Any]) -> Settings:
@@ -295,13 +287,7 @@ def s3t_rps(params: Mapping[str, Any], seeds: Sequence[int]) -> Iterator[Result]
         backbone = pretrained_backbone(
             seed,
             split.public,
-            BackboneSpec(
-                settings.public,
-                settings.width,
-                settings.hidden,
-                settings.blocks,
-                settings.pretrain_epochs,
-            ),
+            settings.backbone_spec(),
         )
         with single_thread():
             pool = (data.X[split.pool], data.y[split.pool], split.pool)
