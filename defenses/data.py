@@ -25,6 +25,50 @@ from defenses.arrays import FloatArray, IntArray
 from defenses.checks import check_int, check_real
 
 
+def check_labelled(owner: str, X: object, y: object, n_classes: object) -> None:
+    """Raise unless ``X`` (n, d) and ``y`` (n,) are labelled data in [0, n_classes).
+
+    The one check of the suite's labelled-data containers (:class:`Dataset`, a
+    federated client's :class:`~defenses.federated.client.LocalData`): ``X`` a
+    non-empty, finite numpy array of real numbers of shape (n, d); ``y`` a numpy
+    array of n integer labels, each in [0, n_classes); ``n_classes`` an int >= 1.
+
+    Raises
+    ------
+    TypeError
+        If ``X`` or ``y`` is not a numpy array of the right kind, naming it as
+        ``owner.X`` or ``owner.y``.
+    ValueError
+        For the wrong shapes, no rows, NaN or inf features, a bad ``n_classes`` or
+        labels out of range, naming ``owner``.
+    """
+    check_int(f"{owner}.n_classes", n_classes, 1)
+    for name, value, kinds, what in (
+        ("X", X, "biuf", "real numbers"),
+        ("y", y, "iu", "integer labels"),
+    ):
+        if not isinstance(value, np.ndarray) or value.dtype.kind not in kinds:
+            raise TypeError(
+                f"{owner}.{name} must be a numpy array of {what}, got "
+                f"{getattr(value, 'dtype', type(value).__name__)}"
+            )
+    features, labels = np.asarray(X), np.asarray(y)
+    if features.ndim != 2 or labels.shape != (features.shape[0],):
+        raise ValueError(
+            f"{owner} needs X of shape (n, d) and y of shape (n,), got "
+            f"{features.shape} and {labels.shape}"
+        )
+    if features.shape[0] == 0:
+        raise ValueError(f"{owner} has no rows (no data)")
+    if not np.all(np.isfinite(features)):
+        raise ValueError(f"{owner}.X has NaN or inf features")
+    if labels.min() < 0 or labels.max() >= n_classes:
+        raise ValueError(
+            f"{owner}.y labels must lie in [0, {n_classes}), got "
+            f"[{labels.min()}, {labels.max()}]"
+        )
+
+
 @dataclass(frozen=True)
 class Dataset:
     """Features ``X`` (n, d), integer labels ``y`` (n,) in [0, n_classes)."""
@@ -37,29 +81,7 @@ class Dataset:
     coarse: IntArray | None = None
 
     def __post_init__(self) -> None:
-        check_int("Dataset.n_classes", self.n_classes, 1)
-        for name, kinds in (("X", "biuf"), ("y", "iu")):
-            value = getattr(self, name)
-            if not isinstance(value, np.ndarray) or value.dtype.kind not in kinds:
-                raise TypeError(
-                    f"Dataset.{name} must be a numpy array of "
-                    f"{'real numbers' if name == 'X' else 'integer labels'}, got "
-                    f"{getattr(value, 'dtype', type(value).__name__)}"
-                )
-        if self.X.ndim != 2 or self.y.shape != (self.X.shape[0],):
-            raise ValueError(
-                f"Dataset needs X of shape (n, d) and y of shape (n,), got "
-                f"{self.X.shape} and {self.y.shape}"
-            )
-        if self.X.shape[0] == 0:
-            raise ValueError("Dataset is empty")
-        if not np.all(np.isfinite(self.X)):
-            raise ValueError(f"Dataset {self.name!r} has NaN or inf features")
-        if self.y.min() < 0 or self.y.max() >= self.n_classes:
-            raise ValueError(
-                f"labels must lie in [0, {self.n_classes}), got "
-                f"[{self.y.min()}, {self.y.max()}]"
-            )
+        check_labelled(f"Dataset {self.name!r}", self.X, self.y, self.n_classes)
 
     def subset(self, index: npt.ArrayLike) -> Dataset:
         """Return the rows at ``index``."""

@@ -32,6 +32,7 @@ import numpy.typing as npt
 
 from defenses.arrays import FloatArray, IntArray
 from defenses.checks import check_int, check_real
+from defenses.data import check_labelled
 
 Params = list[FloatArray]
 Sampling = Literal["poisson", "fixed"]
@@ -108,28 +109,7 @@ class LocalData:
     n_classes: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.X, np.ndarray) or not isinstance(self.y, np.ndarray):
-            raise TypeError("LocalData.X and LocalData.y must be numpy arrays")
-        if self.X.ndim != 2 or self.y.shape != (self.X.shape[0],):
-            raise ValueError(
-                f"LocalData needs X (n, d) and y (n,), got X {self.X.shape}, "
-                f"y {self.y.shape}"
-            )
-        if self.X.shape[0] == 0:
-            raise ValueError("LocalData.X has no rows: a client has no data")
-        if self.X.dtype.kind not in "fiu" or self.y.dtype.kind not in "iu":
-            raise TypeError(
-                f"LocalData.X must be real and y integer, got {self.X.dtype}, "
-                f"{self.y.dtype}"
-            )
-        if not np.all(np.isfinite(self.X.astype(np.float64))):
-            raise ValueError("LocalData.X contains NaN or inf")
-        check_int("LocalData.n_classes", self.n_classes, 1)
-        if self.y.min() < 0 or self.y.max() >= self.n_classes:
-            raise ValueError(
-                f"LocalData.y labels must lie in [0, {self.n_classes}), got "
-                f"[{self.y.min()}, {self.y.max()}]"
-            )
+        check_labelled("LocalData", self.X, self.y, self.n_classes)
 
     def __len__(self) -> int:
         return int(self.X.shape[0])
