@@ -112,6 +112,30 @@ def check_choice(name: str, value: T, choices: Collection[T]) -> T:
     return value
 
 
+def as_numbers(
+    what: str,
+    value: Any,
+    dtype: npt.DTypeLike = np.float64,
+    error: type[Exception] = ValueError,
+) -> npt.NDArray[Any]:
+    """``value`` as a numpy array of ``dtype``, or raise ``error`` naming ``what``.
+
+    For values numpy cannot cast (strings, ragged lists, arbitrary objects): the
+    message keeps numpy's reason. Shapes and finiteness are the caller's to check.
+
+    Examples
+    --------
+    >>> as_numbers("slice_prior", ["a", 1])
+    Traceback (most recent call last):
+    ...
+    ValueError: slice_prior must be numbers: could not convert string to float: 'a'
+    """
+    try:
+        return np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError) as reason:
+        raise error(f"{what} must be numbers: {reason}") from reason
+
+
 def check_keys(owner: str, params: Collection[str], accepted: Collection[str]) -> None:
     """Raise ValueError naming every key of ``params`` not in ``accepted``.
 

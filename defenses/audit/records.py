@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from defenses.arrays import FloatArray, IntArray
+from defenses.checks import as_numbers
 from defenses.data import Dataset
 
 Records = tuple[npt.ArrayLike, npt.ArrayLike] | Dataset
@@ -26,10 +27,7 @@ Records = tuple[npt.ArrayLike, npt.ArrayLike] | Dataset
 def _features(name: str, X: npt.ArrayLike) -> FloatArray:
     if np.iscomplexobj(X):
         raise TypeError(f"{name} features must be real numbers, got complex")
-    try:
-        arr = np.asarray(X, dtype=np.float64)
-    except (TypeError, ValueError) as error:
-        raise TypeError(f"{name} features must be numeric: {error}") from error
+    arr = as_numbers(f"{name} features", X, error=TypeError)
     if arr.ndim < 2 or arr.shape[0] == 0:
         raise ValueError(
             f"{name} features must have shape (n >= 1, ...) with one record per row, "

@@ -37,7 +37,7 @@ from sklearn.utils import _safe_indexing
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from defenses.arrays import FloatArray, IntArray
-from defenses.checks import check_int, check_real
+from defenses.checks import as_numbers, check_int, check_real
 from defenses.rps.partition import n_rows, partition
 
 if TYPE_CHECKING:
@@ -185,12 +185,7 @@ def float32_rows(X: Any) -> npt.NDArray[np.float32]:
     """``X`` as a dense float32 array, finite after the cast, or raise ValueError."""
     if sparse.issparse(X):
         X = X.toarray()
-    try:
-        array = np.asarray(X, dtype=np.float32)
-    except (TypeError, ValueError) as error:
-        raise ValueError(
-            f"X must be numeric for a torch part model: {error}"
-        ) from error
+    array = as_numbers("X of a torch part model", X, np.float32)
     if array.ndim != 2:
         raise ValueError(f"X must be 2-D (n_samples, n_features), got {array.shape}")
     if not np.all(np.isfinite(array)):

@@ -25,6 +25,7 @@ import scipy.sparse
 import torch
 
 from defenses.arrays import FloatArray
+from defenses.checks import as_numbers
 
 Seeding = Literal["random", "input-hash"]
 SEEDINGS: tuple[str, ...] = ("random", "input-hash")
@@ -84,12 +85,9 @@ def _array_keys(inputs: Any, resolution: float | None) -> list[bytes]:
     array = np.asarray(inputs)
     if array.dtype.kind == "c":
         raise TypeError(f"inputs must be real, got {array.dtype}")
-    try:
-        rows = np.asarray(array, dtype=np.float64)
-    except (TypeError, ValueError) as error:
-        raise TypeError(
-            f"inputs must be numbers, a DataFrame or a sparse matrix, got {error}"
-        ) from error
+    rows = as_numbers(
+        "inputs (or a DataFrame, or a sparse matrix)", array, error=TypeError
+    )
     rows = rows.reshape(rows.shape[0], int(np.prod(rows.shape[1:])))
     values, off_grid = _grid(rows, resolution)
     return [v.tobytes() + o.tobytes() for v, o in zip(values, off_grid, strict=True)]

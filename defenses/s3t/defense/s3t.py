@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 from torch import nn
 
-from defenses.checks import check_int
+from defenses.checks import as_numbers, check_int
 from defenses.s3t.adapters import Targets
 from defenses.s3t.defense.unlearner import Unlearner
 from defenses.s3t.parallel import Executor
@@ -25,10 +25,7 @@ def _prior(slice_prior: Sequence[float] | None, slices: int) -> npt.NDArray[np.f
     """The deletion probabilities of the slices (uniform if None), normalised."""
     if slice_prior is None:
         return np.full(slices, 1.0 / slices)
-    try:
-        prior = np.asarray(slice_prior, dtype=np.float64)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"slice_prior must hold numbers: {error}") from error
+    prior = as_numbers("slice_prior", slice_prior)
     if prior.shape != (slices,):
         raise ValueError(
             f"slice_prior must have one value per slice ({slices}), got shape "
