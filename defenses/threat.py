@@ -10,6 +10,7 @@ model does not grant (:meth:`ThreatModel.require`). The vocabulary follows NIST 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Iterable
@@ -126,13 +127,8 @@ class Budget:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the budget as a JSON-ready dict."""
-        return {
-            "queries": self.queries,
-            "poison_fraction": self.poison_fraction,
-            "radius": self.radius,
-            "norm": self.norm,
-        }
+        """Return the budget as a JSON-ready dict (every field, None where unset)."""
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
