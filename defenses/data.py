@@ -59,7 +59,7 @@ def check_labelled(owner: str, X: object, y: object, n_classes: object) -> None:
             f"{features.shape} and {labels.shape}"
         )
     if features.shape[0] == 0:
-        raise ValueError(f"{owner} has no rows (no data)")
+        raise ValueError(f"{owner} has no rows in X (no data)")
     if not np.all(np.isfinite(features)):
         raise ValueError(f"{owner}.X has NaN or inf features")
     if labels.min() < 0 or labels.max() >= n_classes:
