@@ -28,8 +28,7 @@ from defenses.arrays import FloatArray
 from defenses.checks import check_int
 from defenses.fields import owner_key, values_of
 from defenses.metrics import membership_metrics
-from defenses.oracle import QueryOracle
-from defenses.reference.attacks import MembershipView
+from defenses.reference.membership import Members, MembershipRules
 from defenses.registry import register, register_package
 from defenses.threat import Capability, Goal, Knowledge, ThreatModel
 
@@ -158,7 +157,9 @@ class FederatedAudit(FederatedGame):
 
 @register("scenarios", "federated-membership")
 @dataclass(frozen=True)
-class FederatedMembership(FederatedGame):
+class FederatedMembership(
+    MembershipRules[FederatedModel, FederatedTask], FederatedGame
+):
     """Loss-threshold membership inference on the global model, per privacy group."""
 
     name: ClassVar[str] = "federated-membership"
@@ -170,28 +171,19 @@ class FederatedMembership(FederatedGame):
         """Black-box scores of the deployed global model."""
         return ThreatModel.granting(Goal.CONFIDENTIALITY, Capability.QUERY_SCORES)
 
-    def expose(
-        self, system: FederatedModel, task: FederatedTask, known_defense: object | None
-    ) -> MembershipView:
-        """A query oracle on the global model and the labelled candidates."""
-        oracle = QueryOracle.granted_by(system.predict_proba, self.threat)
-        return MembershipView(oracle, task.candidates, task.candidate_labels)
+    def membership(self, task: FederatedTask) -> Members:
+        """Every client's members and held-out records, with their labels."""
+        return Members(task.candidates, task.candidate_labels, task.is_member)
 
     def judge(
         self, system: FederatedModel, task: FederatedTask, guess: FloatArray | None
     ) -> dict[str, float]:
         """Membership AUC, advantage, TPR at low FPR; AUC per privacy group."""
-        if guess is None:
-            raise ValueError("the membership game needs a guess")
+        out = super().judge(system, task, guess)
         scores = np.asarray(guess, dtype=np.float64)
-        out = membership_metrics(scores, task.is_member)
         for group in dict.fromkeys(task.groups):
             mask = task.candidate_groups == group
             truth = task.is_member[mask]
             if truth.any() and not truth.all():
                 out[f"auc_{group}"] = membership_metrics(scores[mask], truth)["auc"]
         return out
-
-    def random_guess(self, task: FederatedTask, rng: np.random.Generator) -> FloatArray:
-        """Uniform random membership scores."""
-        return rng.random(task.is_member.size)

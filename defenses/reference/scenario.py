@@ -15,14 +15,13 @@ from sklearn.neural_network import MLPClassifier
 from defenses.arrays import FloatArray
 from defenses.checks import check_int, check_real
 from defenses.data import Dataset, load_digits, stratified_split
-from defenses.metrics import accuracy, membership_metrics
-from defenses.oracle import QueryOracle
+from defenses.metrics import accuracy
 from defenses.reference.attacks import (
     LabelOnlyAttack,
     LossThresholdAttack,
-    MembershipView,
 )
 from defenses.reference.defense import LabelOnly, ProbabilisticClassifier, Rounding
+from defenses.reference.membership import Members, MembershipRules
 from defenses.registry import register, register_package
 from defenses.threat import Budget, Capability, ThreatModel
 
@@ -69,7 +68,7 @@ class MLPLearner:
 
 @register("scenarios", "digits-membership")
 @dataclass(frozen=True)
-class DigitsMembership:
+class DigitsMembership(MembershipRules[ProbabilisticClassifier, MembershipTask]):
     """Membership inference against a digits classifier.
 
     Digits are split (stratified) into members, non-members and a test set. The
@@ -136,29 +135,6 @@ class DigitsMembership:
         predicted = np.argmax(system.predict_proba(task.test.X), axis=1)
         return {"accuracy": accuracy(predicted, task.test.y)}
 
-    def expose(
-        self,
-        system: ProbabilisticClassifier,
-        task: MembershipTask,
-        known_defense: object | None,
-    ) -> MembershipView:
-        """A query oracle on the deployed model and the labelled candidates."""
-        oracle = QueryOracle.granted_by(system.predict_proba, self.threat)
-        return MembershipView(oracle, task.candidates, task.labels)
-
-    def judge(
-        self,
-        system: ProbabilisticClassifier,
-        task: MembershipTask,
-        guess: FloatArray | None,
-    ) -> dict[str, float]:
-        """AUC, advantage and TPR at low FPR of the membership scores."""
-        if guess is None:
-            raise ValueError("the membership game needs a guess")
-        return membership_metrics(guess, task.is_member)
-
-    def random_guess(
-        self, task: MembershipTask, rng: np.random.Generator
-    ) -> FloatArray:
-        """Uniform random membership scores."""
-        return rng.random(task.is_member.size)
+    def membership(self, task: MembershipTask) -> Members:
+        """The shuffled members and non-members, their labels and the secret bits."""
+        return Members(task.candidates, task.labels, task.is_member)

@@ -25,9 +25,8 @@ from torch import nn
 from defenses.arrays import FloatArray, IntArray
 from defenses.checks import check_int
 from defenses.fields import owner_key
-from defenses.metrics import accuracy, membership_metrics
-from defenses.oracle import QueryOracle
-from defenses.reference.attacks import MembershipView
+from defenses.metrics import accuracy
+from defenses.reference.membership import Members, MembershipRules
 from defenses.registry import register, register_package
 from defenses.s3t.arms import (
     FullRetrainDefense,
@@ -78,7 +77,7 @@ class CanaryTask:
 
 @register("scenarios", "s3t-canary-deletion")
 @dataclass(frozen=True)
-class CanaryDeletion(ModelSettings):
+class CanaryDeletion(MembershipRules[Unlearner, CanaryTask], ModelSettings):
     """Canary audit of deletions on digits with a frozen pretrained backbone.
 
     Parameters
@@ -178,12 +177,9 @@ class CanaryDeletion(ModelSettings):
         """Test accuracy after the deletions were served."""
         return {"accuracy": accuracy(system.predict(task.test_X), task.test_y)}
 
-    def expose(
-        self, system: Unlearner, task: CanaryTask, known_defense: object | None
-    ) -> MembershipView:
-        """A score oracle on the deployed model, the canaries and planted labels."""
-        oracle = QueryOracle.granted_by(system.predict_proba, self.threat)
-        return MembershipView(oracle, task.candidates, task.planted)
+    def membership(self, task: CanaryTask) -> Members:
+        """The canaries, their planted labels, and which were trained on (deleted)."""
+        return Members(task.candidates, task.planted, task.was_trained)
 
     def judge(
         self, system: Unlearner, task: CanaryTask, guess: FloatArray | None
@@ -193,9 +189,7 @@ class CanaryDeletion(ModelSettings):
         ``flip_gap`` is the mean probability of the planted label on the deleted
         canaries minus that on the never-trained ones (0 when nothing is left).
         """
-        if guess is None:
-            raise ValueError("the canary game needs a guess")
-        metrics = membership_metrics(guess, task.was_trained)
+        metrics = super().judge(system, task, guess)
         probs = system.predict_proba(task.candidates)
         planted = probs[np.arange(task.planted.size), task.planted]
         gap = planted[task.was_trained].mean() - planted[~task.was_trained].mean()
