@@ -119,6 +119,22 @@ def _base(learner: Learner[Any, Any], who: str) -> NoUnlearning:
     return learner
 
 
+def training(task: UnlearningTask, base: NoUnlearning, seed: int) -> dict[str, Any]:
+    """The keyword arguments every arm's model trains with.
+
+    The undefended learner's Adam settings (epochs, batch size, learning rate), the
+    run's seed, and the task's model: the layers to adapt and the head to train.
+    """
+    return {
+        "epochs": base.epochs,
+        "batch_size": base.batch_size,
+        "lr": base.lr,
+        "seed": seed,
+        "target_modules": task.targets,
+        "head": task.head,
+    }
+
+
 @dataclass(frozen=True)
 class UnlearningLearner:
     """Fit an exact-unlearning model, serve the task's deletions, retrain by policy."""
@@ -208,12 +224,7 @@ class S3TDefense(UnlearningDefense):
             self.sequences,
             base.rank,
             self.selection,
-            epochs=base.epochs,
-            batch_size=base.batch_size,
-            lr=base.lr,
-            seed=seed,
-            target_modules=task.targets,
-            head=task.head,
+            **training(task, base, seed),
         )
 
 
@@ -238,12 +249,7 @@ class SISADefense(UnlearningDefense):
             self.shards,
             self.slices,
             base.rank,
-            epochs=base.epochs,
-            batch_size=base.batch_size,
-            lr=base.lr,
-            seed=seed,
-            target_modules=task.targets,
-            head=task.head,
+            **training(task, base, seed),
         )
 
 
@@ -259,10 +265,5 @@ class FullRetrainDefense(UnlearningDefense):
         return FullRetrain(
             task.backbone,
             base.rank,
-            epochs=base.epochs,
-            batch_size=base.batch_size,
-            lr=base.lr,
-            seed=seed,
-            target_modules=task.targets,
-            head=task.head,
+            **training(task, base, seed),
         )
