@@ -1,14 +1,1 @@
-from __future__ import annotations
-
-from collections.abc import Iterator
-
-import pytest
-import torch
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
-import torch
 
 from defenses.composition.benchmark.s3t_rps import s3t_rps, split_conformal
 from defenses.composition.s3t_rps import ReliableUnlearner, ShardVoter
@@ -34,14 +33,6 @@ class Task:
     cal_y: np.ndarray
     test_X: np.ndarray
     test_y: np.ndarray
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -1,16 +1,8 @@
 import numpy as np
 import pytest
-import torch
 
 from defenses.data import load_digits, stratified_split
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import pytest
 
 from defenses.data import load_digits
 from defenses.s3t.backbone import ResidualMLP, pretrain
-from defenses.threads import torch_threads
+from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
 
 
 @dataclass(frozen=True)
@@ -18,12 +18,6 @@ class Tiny:
     ids: np.ndarray
     test_X: np.ndarray
     test_y: np.ndarray
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _one_thread():
-    with torch_threads(1):
-        yield
 
 
 @pytest.fixture(scope="session")
