@@ -14,9 +14,11 @@ import dataclasses
 import logging
 from pathlib import Path
 
+from defenses.audit.inputs import AuditInputs
 from defenses.audit.report import AuditReport
 from defenses.audit.run import audit
 from defenses.audit.spec import AuditSpec, load_spec
+from defenses.fields import values_of
 
 logger = logging.getLogger(__name__)
 
@@ -42,22 +44,12 @@ def run_spec(spec: AuditSpec, seeds: list[int] | None = None) -> AuditReport:
     config = spec.config
     if seeds is not None:
         config = dataclasses.replace(config, seeds=tuple(seeds))
-    private = (
-        spec.private_class if spec.private_class is not None else inputs.private_class
-    )
+    if spec.private_class is not None:
+        inputs = dataclasses.replace(inputs, private_class=spec.private_class)
     return audit(
-        inputs.model,
-        inputs.members,
-        inputs.non_members,
+        **values_of(AuditInputs, inputs),
         threat=spec.threat,
         defenses=spec.defenses,
-        private_class=private,
-        test=inputs.test,
-        validation=inputs.validation,
-        public=inputs.public,
-        build_model=inputs.build_model,
-        input_shape=inputs.input_shape,
-        outputs=inputs.outputs,
         config=config,
         name=spec.name,
     )
