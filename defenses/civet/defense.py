@@ -52,8 +52,11 @@ METHODS: tuple[str, ...] = get_args(Method)
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """Hyper-parameters of :func:`train_vae`.
+class TrainSchedule:
+    """The training settings every arm of the CIVET game shares.
+
+    The scenario (:class:`defenses.civet.scenario.CivetScenario`) carries them and
+    :class:`TrainConfig` extends them.
 
     Parameters
     ----------
@@ -65,10 +68,26 @@ class TrainConfig:
         Weight of the KL term, >= 0.
     eps : float
         Training radius (L-infinity) reached at the end of the ramp, >= 0.
-    kappa : float
-        Weight of the robust / certified term at the end of the ramp, in [0, 1].
     warmup : int
         Epochs of plain training before the ramp starts, >= 0.
+    """
+
+    epochs: int = 60
+    batch_size: int = 64
+    lr: float = 2e-3
+    beta: float = 0.05
+    eps: float = 0.1
+    warmup: int = 5
+
+
+@dataclass(frozen=True)
+class TrainConfig(TrainSchedule):
+    """Hyper-parameters of :func:`train_vae`: the :class:`TrainSchedule` and these.
+
+    Parameters
+    ----------
+    kappa : float
+        Weight of the robust / certified term at the end of the ramp, in [0, 1].
     ramp : float
         Fraction of all steps over which eps and kappa ramp up, in (0, 1].
     levels : tuple of float
@@ -79,13 +98,7 @@ class TrainConfig:
         Torch threads used while training, >= 1.
     """
 
-    epochs: int = 60
-    batch_size: int = 64
-    lr: float = 2e-3
-    beta: float = 0.05
-    eps: float = 0.1
     kappa: float = 0.5
-    warmup: int = 5
     ramp: float = 0.5
     levels: tuple[float, ...] = (0.5, 0.75, 0.9, 0.95)
     pgd_steps: int = 7

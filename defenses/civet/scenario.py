@@ -46,11 +46,12 @@ from defenses.civet.attacks import (
 )
 from defenses.civet.benchmark import eps_sweep
 from defenses.civet.certificate import certify
-from defenses.civet.defense import TrainConfig
+from defenses.civet.defense import TrainConfig, TrainSchedule
 from defenses.civet.model import sse
 from defenses.civet.support import halfwidth
 from defenses.civet.tasks import DATASETS, VAETask, load_images
 from defenses.data import stratified_split
+from defenses.fields import values_of
 from defenses.registry import register, register_package
 from defenses.results import Result
 from defenses.threat import Budget, Capability, ThreatModel
@@ -67,7 +68,7 @@ HOEFFDING_DELTA = 0.01
 
 @register("scenarios", "civet-vae")
 @dataclass(frozen=True)
-class CivetScenario:
+class CivetScenario(TrainSchedule):
     """White-box L-infinity attacks on a VAE's reconstruction.
 
     Parameters
@@ -84,6 +85,8 @@ class CivetScenario:
         Latent dimension, >= 1.
     hidden : tuple of int
         Encoder widths (mirrored by the decoder).
+    epochs, batch_size, lr, beta, warmup
+        Training of every arm (:class:`~defenses.civet.defense.TrainSchedule`).
     eps : float
         Attack radius (L-infinity) in [0, 1]; also the default training radius.
     p : float
@@ -92,12 +95,6 @@ class CivetScenario:
         Fraction of the data used for training, in (0, 1).
     n_eval : int
         Held-out inputs attacked and certified, >= 1.
-    epochs, batch_size : int
-        Training length and mini-batch size.
-    lr, beta : float
-        Adam learning rate and KL weight.
-    warmup : int
-        Epochs before the eps/kappa ramp of the robust trainings.
     mc_samples : int
         Latent draws per input of the judge's Monte-Carlo estimates, >= 1.
     """
@@ -113,15 +110,9 @@ class CivetScenario:
     arch: str = "mlp"
     latent_dim: int = 4
     hidden: tuple[int, ...] = (64, 32)
-    eps: float = 0.1
     p: float = 0.95
     train_fraction: float = 0.8
     n_eval: int = 100
-    epochs: int = 60
-    batch_size: int = 64
-    lr: float = 2e-3
-    beta: float = 0.05
-    warmup: int = 5
     mc_samples: int = 256
 
     def __post_init__(self) -> None:
@@ -155,14 +146,8 @@ class CivetScenario:
     def train_config(self) -> TrainConfig:
         """Training hyper-parameters shared by every arm (validated there)."""
         try:
-            return TrainConfig(
-                epochs=self.epochs,
-                batch_size=self.batch_size,
-                lr=self.lr,
-                beta=self.beta,
-                eps=float(self.eps),
-                warmup=self.warmup,
-            )
+            schedule = values_of(TrainSchedule, self)
+            return TrainConfig(**schedule | {"eps": float(self.eps)})
         except ValueError as error:
             raise ValueError(f"CivetScenario: {error}") from error
 
