@@ -4,69 +4,34 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 from defenses.composition.benchmark.s3t_rps import s3t_rps, split_conformal
 from defenses.composition.s3t_rps import ReliableUnlearner, ShardVoter
-from defenses.data import load_digits
 from defenses.metrics import coverage, mean_set_size
 from defenses.registry import available
 from defenses.rps import ReliableConformalClassifier
 from defenses.rps.defense import NotFittedError as RPSNotFitted
 from defenses.s3t import S3T, SISA, NotFittedError, twin_test
-from defenses.s3t.backbone import ResidualMLP, pretrain
+from tests.tiny_digits import TinyDigits, tiny_digits
 
 ALPHA = 0.1
 SHARDS = 8
 
 
-@dataclass(frozen=True)
-class Task:
-    backbone: ResidualMLP
-    X: np.ndarray
-    y: np.ndarray
-    ids: np.ndarray
-    cal_X: np.ndarray
-    cal_y: np.ndarray
-    test_X: np.ndarray
-    test_y: np.ndarray
-
-
 @pytest.fixture(scope="module")
-def task() -> Task:
-    data = load_digits()
-    rng = np.random.default_rng(0)
-    order = rng.permutation(len(data))
-    public, pool, cal, test = (
-        order[:200],
-        order[200:700],
-        order[700:1000],
-        order[1000:1300],
-    )
-    backbone = pretrain(
-        data.X[public], data.y[public], rng, width=24, hidden=32, n_blocks=2, epochs=5
-    )
-    return Task(
-        backbone,
-        data.X[pool],
-        data.y[pool],
-        pool.astype(np.int64),
-        data.X[cal],
-        data.y[cal],
-        data.X[test],
-        data.y[test],
-    )
+def task() -> TinyDigits:
+    return tiny_digits(public=200, pool=500, calibration=300, test=300, n_blocks=2)
 
 
-def _s3t(task: Task) -> S3T:
+def _s3t(task: TinyDigits) -> S3T:
     return S3T(task.backbone, SHARDS, 2, epochs=4, rank=4, lr=3e-2, batch_size=32)
 
 
 def _build(
-    task: Task,
+    task: TinyDigits,
     labels: np.ndarray | None = None,
     keep: np.ndarray | None = None,
     deleted: Sequence[int] = (),
@@ -82,7 +47,7 @@ def _build(
 
 
 @pytest.fixture(scope="module")
-def fitted(task: Task) -> ReliableUnlearner:
+def fitted(task: TinyDigits) -> ReliableUnlearner:
     return _build(task)
 
 
@@ -91,7 +56,7 @@ def model(fitted: ReliableUnlearner) -> ReliableUnlearner:
     return copy.deepcopy(fitted)
 
 
-def _ids_in(fitted: ReliableUnlearner, task: Task, shard: int) -> list[int]:
+def _ids_in(fitted: ReliableUnlearner, task: TinyDigits, shard: int) -> list[int]:
     """One id of each slice of ``shard`` (located in the undeleted model)."""
     out: dict[int, int] = {}
     for i, (s, j) in zip(task.ids, fitted.unlearner.locate(task.ids), strict=True):
@@ -114,7 +79,7 @@ def _assert_certified_kept(
 
 
 def test_sets_and_certificates_are_rps_on_the_shard_votes(
-    task: Task, fitted: ReliableUnlearner
+    task: TinyDigits, fitted: ReliableUnlearner
 ) -> None:
     votes = fitted.part_votes(task.test_X)
     assert votes.shape == (SHARDS, task.test_y.size)
@@ -147,7 +112,7 @@ def test_sets_and_certificates_are_rps_on_the_shard_votes(
 
 
 def test_clean_coverage_is_near_the_confidence_level(
-    task: Task, fitted: ReliableUnlearner
+    task: TinyDigits, fitted: ReliableUnlearner
 ) -> None:
     sets = fitted.predict_set(task.test_X)[1][:, :, 0]
     assert coverage(sets, task.test_y) >= 1 - ALPHA - 0.05
@@ -156,7 +121,7 @@ def test_clean_coverage_is_near_the_confidence_level(
 
 
 def test_deletion_serves_what_a_model_trained_without_the_ids_serves(
-    task: Task, model: ReliableUnlearner
+    task: TinyDigits, model: ReliableUnlearner
 ) -> None:
     deleted = [int(i) for i in task.ids[[3, 40, 41, 250, 499]]]
     slots = model.unlearner.locate(deleted)
@@ -182,7 +147,7 @@ def test_deletion_serves_what_a_model_trained_without_the_ids_serves(
     )
 
 
-def test_the_shards_pass_the_s3t_twin_test(task: Task) -> None:
+def test_the_shards_pass_the_s3t_twin_test(task: TinyDigits) -> None:
     def factory() -> S3T:
         return S3T(task.backbone, 4, 2, epochs=2, rank=2, lr=3e-2, batch_size=32)
 
@@ -191,7 +156,9 @@ def test_the_shards_pass_the_s3t_twin_test(task: Task) -> None:
     assert report.switched_off_differed
 
 
-def _targeted_flips(model: ReliableUnlearner, task: Task, radius: int) -> np.ndarray:
+def _targeted_flips(
+    model: ReliableUnlearner, task: TinyDigits, radius: int
+) -> np.ndarray:
     """Relabel ``radius`` training points in distinct shards near a fragile point.
 
     The target is a test point whose top-voted class is in its set, certified at
@@ -220,7 +187,7 @@ def _targeted_flips(model: ReliableUnlearner, task: Task, radius: int) -> np.nda
     return labels
 
 
-def _shard_flips(model: ReliableUnlearner, task: Task, radius: int) -> np.ndarray:
+def _shard_flips(model: ReliableUnlearner, task: TinyDigits, radius: int) -> np.ndarray:
     """Relabel every training point of shards 0 .. radius-1 (to label + 1)."""
     shards = np.array([s for s, _ in model.unlearner.locate(task.ids)])
     labels = task.y.copy()
@@ -231,7 +198,7 @@ def _shard_flips(model: ReliableUnlearner, task: Task, radius: int) -> np.ndarra
 
 @pytest.mark.parametrize("radius", [1, 2])
 def test_certified_memberships_survive_targeted_label_flips(
-    task: Task, fitted: ReliableUnlearner, radius: int
+    task: TinyDigits, fitted: ReliableUnlearner, radius: int
 ) -> None:
     labels = _targeted_flips(fitted, task, radius)
     poisoned = _build(task, labels=labels)
@@ -243,7 +210,7 @@ def test_certified_memberships_survive_targeted_label_flips(
 
 
 def test_certified_memberships_survive_whole_shards_relabelled(
-    task: Task, fitted: ReliableUnlearner
+    task: TinyDigits, fitted: ReliableUnlearner
 ) -> None:
     labels = _shard_flips(fitted, task, 2)
     poisoned = _build(task, labels=labels)
@@ -260,7 +227,7 @@ def test_certified_memberships_survive_whole_shards_relabelled(
 
 
 def test_a_dead_shard_abstains_and_the_certificate_still_holds(
-    task: Task, fitted: ReliableUnlearner, model: ReliableUnlearner
+    task: TinyDigits, fitted: ReliableUnlearner, model: ReliableUnlearner
 ) -> None:
     victims = _ids_in(fitted, task, 0)
     receipt = model.delete(victims)
@@ -287,7 +254,7 @@ def test_a_dead_shard_abstains_and_the_certificate_still_holds(
 
 
 def test_further_deletions_within_the_radius_keep_certified_memberships(
-    task: Task, fitted: ReliableUnlearner, model: ReliableUnlearner
+    task: TinyDigits, fitted: ReliableUnlearner, model: ReliableUnlearner
 ) -> None:
     for shard in (2, 5):
         model.delete(_ids_in(fitted, task, shard))
@@ -295,7 +262,7 @@ def test_further_deletions_within_the_radius_keep_certified_memberships(
     _assert_certified_kept(fitted, model, task.test_X, 2)
 
 
-def test_sisa_shards_work_too(task: Task) -> None:
+def test_sisa_shards_work_too(task: TinyDigits) -> None:
     sisa = SISA(task.backbone, 4, 2, epochs=2, rank=2, lr=3e-2, batch_size=32)
     model = ReliableUnlearner(sisa, n_calib_parts=5, confidence_level=1 - ALPHA)
     model.fit(task.X, task.y, task.ids).conformalize(task.cal_X, task.cal_y)
@@ -304,7 +271,7 @@ def test_sisa_shards_work_too(task: Task) -> None:
     assert model.predict_set(task.test_X)[1][:, :, 0].shape == (task.test_y.size, 10)
 
 
-def test_misuse_is_refused(task: Task, fitted: ReliableUnlearner) -> None:
+def test_misuse_is_refused(task: TinyDigits, fitted: ReliableUnlearner) -> None:
     with pytest.raises(ValueError, match="Unlearner"):
         ShardVoter(object())  # type: ignore[arg-type]
     with pytest.raises(NotFittedError):
