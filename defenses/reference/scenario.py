@@ -23,7 +23,7 @@ from defenses.reference.attacks import (
 from defenses.reference.defense import LabelOnly, ProbabilisticClassifier, Rounding
 from defenses.reference.membership import Members, MembershipRules
 from defenses.registry import register, register_package
-from defenses.threat import Budget, Capability, ThreatModel
+from defenses.threat import QUERYING, Budget, ThreatModel
 
 register_package(
     attacks=[LossThresholdAttack, LabelOnlyAttack], defenses=[Rounding, LabelOnly]
@@ -99,8 +99,7 @@ class DigitsMembership(MembershipRules[ProbabilisticClassifier, MembershipTask])
         """Black-box scores and labels, with the data owner's label for candidates."""
         return ThreatModel.granting(
             "confidentiality",
-            Capability.QUERY_SCORES,
-            Capability.QUERY_LABEL,
+            *QUERYING,
             budget=Budget(queries=self.queries),
         )
 

@@ -40,7 +40,7 @@ from defenses.rps.attacks import (
     WorstCase,
 )
 from defenses.rps.tasks import ConformalTask
-from defenses.threat import Capability, ThreatModel
+from defenses.threat import POISONING, ThreatModel
 
 register_package(
     attacks=[
@@ -122,12 +122,7 @@ class ConformalPoisoning:
     @property
     def threat(self) -> ThreatModel:
         """A gray-box poisoner of the training and calibration data."""
-        return ThreatModel.granting(
-            "integrity",
-            Capability.POISON_TRAIN,
-            Capability.POISON_CALIBRATION,
-            knowledge="gray-box",
-        )
+        return ThreatModel.granting("integrity", *POISONING, knowledge="gray-box")
 
     def setup(self, rng: np.random.Generator) -> ConformalTask:
         """Split the data (stratified) and draw the targets."""

@@ -54,7 +54,7 @@ from defenses.ssd.baselines import (
 )
 from defenses.ssd.tasks import InversionTask, build_task, predict_proba, train_mlp
 from defenses.threads import single_thread
-from defenses.threat import Budget, Capability, ThreatModel
+from defenses.threat import QUERYING, Budget, Capability, ThreatModel
 
 register_package(
     attacks=[BoundaryRepulsion, GeneticInversion, VotingBoundaryRepulsion],
@@ -145,8 +145,7 @@ class _InversionGame:
         """Black-box scores and labels; the adversary knows the defense (adaptive)."""
         return ThreatModel.granting(
             "confidentiality",
-            Capability.QUERY_SCORES,
-            Capability.QUERY_LABEL,
+            *QUERYING,
             Capability.AUX_DATA,
             budget=Budget(queries=self.queries),
             adaptive=True,
