@@ -43,7 +43,7 @@ from defenses.audit.report import AuditReport, Curve, Refusal
 from defenses.audit.shadows import train_shadows
 from defenses.audit.target import AuditedModel, Outputs
 from defenses.cost import phase, recording
-from defenses.harness import label, params_of, versions
+from defenses.harness import game_streams, label, params_of, versions
 from defenses.metrics import accuracy
 from defenses.oracle import QueryBudgetExceeded, QueryOracle
 from defenses.reference.attacks import LabelOnlyAttack, LossThresholdAttack
@@ -92,10 +92,6 @@ class AuditJob:
         return np.repeat(self.private, self.config.per_target)
 
 
-def _streams(seed: int) -> list[np.random.Generator]:
-    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)]
-
-
 def _shadow_bank(
     job: AuditJob, X: FloatArray, y: IntArray
 ) -> Callable[[np.random.Generator], ShadowScores]:
@@ -124,7 +120,7 @@ def _shadow_bank(
 
 
 def _setup(job: AuditJob, seed: int, kinds: set[str], lira: bool) -> Setup:
-    rng = _streams(seed)[0]
+    rng = game_streams(seed)[0]
     X, y, bits = candidates(job.data, rng)
     evaluator = None
     if INVERSION in kinds and job.public is not None:
@@ -148,7 +144,7 @@ def _utility(system: Answering, job: AuditJob) -> dict[str, float]:
 def _play(
     job: AuditJob, kind: str, attack: Any, arm: Arm, seed: int, setup: Setup
 ) -> tuple[Result, tuple[FloatArray, FloatArray] | None]:
-    _, r_fit, r_attack = _streams(seed)
+    _, r_fit, r_attack = game_streams(seed)
     curve = None
     with recording() as costs:
         with phase("fit"):
