@@ -34,6 +34,7 @@ from typing import ClassVar
 import numpy as np
 
 from defenses.checks import check_choice, check_int, check_real
+from defenses.fields import owner_key
 
 from .accounting import (
     ACCOUNTANTS,
@@ -43,7 +44,7 @@ from .accounting import (
     epsilon,
     merge,
 )
-from .schedule import ClientSchedule, plan_client
+from .schedule import ClientSchedule, check_saving, plan_client
 
 SPENDING = ("uniform", "time-adaptive")
 MATCH_TOLERANCE = 1e-9
@@ -100,15 +101,7 @@ class ClientPrivacy:
         check_int(f"{owner}.steps", self.steps, 1)
         check_real(f"{owner}.sigma", self.sigma, 0.0, open_low=True)
         check_choice(f"{owner}.spending", self.spending, SPENDING)
-        check_real(
-            f"{owner}.save_fraction",
-            self.save_fraction,
-            0.0,
-            1.0,
-            open_low=True,
-            open_high=True,
-        )
-        check_real(f"{owner}.save_ratio", self.save_ratio, 0.0, 1.0, open_low=True)
+        check_saving(owner_key(self), self.save_fraction, self.save_ratio)
         check_choice(f"{owner}.accountant", self.accountant, ACCOUNTANTS)
 
     @property

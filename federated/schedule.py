@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from defenses.checks import check_int, check_real
+from defenses.fields import Key, owner_key
 
 from .accounting import (
     Accountant,
@@ -117,6 +118,19 @@ class Uniform:
         return 1.0
 
 
+def check_saving(key: Key, save_fraction: float, save_ratio: float) -> None:
+    """Raise ValueError, naming the field by ``key``, unless the saving phase is valid.
+
+    ``save_fraction`` (the share of rounds spent saving) must lie in (0, 1) and
+    ``save_ratio`` (the saving rate over the uniform rate) in (0, 1]. The schedule,
+    a client's own agreement and the Flower app's config check them here.
+    """
+    check_real(
+        key("save_fraction"), save_fraction, 0.0, 1.0, open_low=True, open_high=True
+    )
+    check_real(key("save_ratio"), save_ratio, 0.0, 1.0, open_low=True)
+
+
 @dataclass(frozen=True)
 class TimeAdaptive:
     """Save, then spend: every client saves first, then spends what it saved.
@@ -137,16 +151,7 @@ class TimeAdaptive:
     save_ratio: float = 0.7
 
     def __post_init__(self) -> None:
-        owner = type(self).__name__
-        check_real(
-            f"{owner}.save_fraction",
-            self.save_fraction,
-            0.0,
-            1.0,
-            open_low=True,
-            open_high=True,
-        )
-        check_real(f"{owner}.save_ratio", self.save_ratio, 0.0, 1.0, open_low=True)
+        check_saving(owner_key(self), self.save_fraction, self.save_ratio)
 
     def saves(self, budget: float, budgets: Sequence[float]) -> bool:
         """Every client saves."""

@@ -18,6 +18,7 @@ from typing import Any
 from defenses.checks import check_choice, check_int, check_real
 
 from ..ledger import ClientPrivacy
+from ..schedule import check_saving
 from ..tasks import TaskFields, assign_groups
 from ..training import TrainingFields
 
@@ -84,9 +85,7 @@ class AppConfig(TrainingFields, TaskFields):
         check_int(k("seed"), self.seed, 0)
         for name in ("sigma", "clipping_norm", "timeout"):
             check_real(k(name), getattr(self, name), 0.0, open_low=True)
-        check_real(k("save_fraction"), self.save_fraction, 0.0, 1.0, open_low=True,
-                   open_high=True)  # fmt: skip
-        check_real(k("save_ratio"), self.save_ratio, 0.0, 1.0, open_low=True)
+        check_saving(k, self.save_fraction, self.save_ratio)
         if self.dp_wrapper and self.policy != "none":
             raise ValueError(
                 "'dp-wrapper' adds Flower's central DP; it needs policy='none', "
