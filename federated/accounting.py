@@ -197,6 +197,17 @@ def _bisect_rate(
     )
 
 
+def check_target(budget: object, delta: object, accountant: str) -> tuple[float, float]:
+    """The ``(budget, delta)`` a solver aims at, checked with its ``accountant``.
+
+    The first checks of every solver below: the budget a finite number > 0, delta in
+    (0, 1) and the accountant one of :data:`ACCOUNTANTS`.
+    """
+    target = check_budget(budget), check_delta(delta)
+    check_accountant(accountant)
+    return target
+
+
 def solve_uniform_rate(
     budget: float,
     delta: float,
@@ -212,9 +223,7 @@ def solve_uniform_rate(
     UnreachableBudget
         If even q = 1 spends less than the budget.
     """
-    budget = check_budget(budget)
-    delta = check_delta(delta)
-    check_accountant(accountant)
+    budget, delta = check_target(budget, delta, accountant)
     sigma = check_real("sigma", sigma, 0.0, open_low=True)
     steps = check_int("steps", steps, 1)
     tolerance = check_real("tolerance", tolerance, 0.0, 1.0, open_low=True)
@@ -254,9 +263,7 @@ def solve_spend_rate(
     UnreachableBudget
         If the saving phase alone exceeds the budget or q = 1 cannot spend it.
     """
-    budget = check_budget(budget)
-    delta = check_delta(delta)
-    check_accountant(accountant)
+    budget, delta = check_target(budget, delta, accountant)
     sigma = check_real("sigma", sigma, 0.0, open_low=True)
     save_rate = check_real("save_rate", save_rate, 0.0, 1.0, open_low=True)
     save_steps = check_int("save_steps", save_steps, 0)
@@ -297,9 +304,7 @@ def solve_noise_multiplier(
     Bisects sigma on a log scale in [0.05, 1000] so that
     ``eps([(sigma, rate, steps)])`` lies in ``[(1 - tolerance) budget, budget]``.
     """
-    budget = check_budget(budget)
-    delta = check_delta(delta)
-    check_accountant(accountant)
+    budget, delta = check_target(budget, delta, accountant)
     rate = check_real("rate", rate, 0.0, 1.0, open_low=True)
     steps = check_int("steps", steps, 1)
     tolerance = check_real("tolerance", tolerance, 0.0, 1.0, open_low=True)

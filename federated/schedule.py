@@ -35,9 +35,8 @@ from defenses.fields import Key, owner_key
 from .accounting import (
     Accountant,
     Phase,
-    check_accountant,
     check_budget,
-    check_delta,
+    check_target,
     epsilon,
     merge,
     solve_spend_rate,
@@ -195,9 +194,7 @@ def plan_client(
         On a bad parameter, or (as ``UnreachableBudget``) when no rate in (0, 1]
         spends the budget.
     """
-    budget = check_budget(budget)
-    delta = check_delta(delta)
-    check_accountant(accountant)
+    budget, delta = check_target(budget, delta, accountant)
     rounds = check_int("rounds", rounds, 1)
     steps = check_int("steps", steps, 1)
     sigma = check_real("sigma", sigma, 0.0, open_low=True)
