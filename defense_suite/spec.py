@@ -82,6 +82,12 @@ def _expect(where: str, value: Any, kind: type | tuple[type, ...], what: str) ->
         raise SpecError(f"{where} must be {what}, got {value!r}")
 
 
+def _refuse_unknown(where: str, what: str, given: Any, allowed: set[str]) -> None:
+    bad = sorted(set(given) - allowed)
+    if bad:
+        raise SpecError(f"{where}: unknown {what} {bad}; allowed: {sorted(allowed)}")
+
+
 def _str_list(where: str, value: Any) -> list[str]:
     if isinstance(value, str):
         value = [value]
@@ -193,11 +199,7 @@ class Spec:
 
 def parse(data: Mapping[str, Any], name: str) -> Spec:
     """Validate a spec's TOML data."""
-    unknown = sorted(set(data) - TOP_KEYS)
-    if unknown:
-        raise SpecError(
-            f"spec {name!r}: unknown key(s) {unknown}; allowed: {sorted(TOP_KEYS)}"
-        )
+    _refuse_unknown(f"spec {name!r}", "key(s)", data, TOP_KEYS)
     title = data.get("title", name)
     _expect(f"spec {name!r}: title", title, str, "a string")
     claim = data.get("claim", "")
@@ -236,12 +238,7 @@ def parse(data: Mapping[str, Any], name: str) -> Spec:
                 )
     params = data.get("params", {})
     _expect(f"spec {name!r}: params", params, dict, "a table")
-    bad = sorted(set(params) - PARAM_KEYS)
-    if bad:
-        raise SpecError(
-            f"spec {name!r}: unknown params section(s) {bad}; "
-            f"allowed: {sorted(PARAM_KEYS)}"
-        )
+    _refuse_unknown(f"spec {name!r}", "params section(s)", params, PARAM_KEYS)
     for role, names in (("attack", attacks), ("defense", defenses)):
         section = params.get(role, {})
         _expect(f"spec {name!r}: params.{role}", section, dict, "a table of tables")
@@ -257,12 +254,7 @@ def parse(data: Mapping[str, Any], name: str) -> Spec:
         _expect(f"spec {name!r}: params.{role}", params.get(role, {}), dict, "a table")
     raw_report = data.get("report", {})
     _expect(f"spec {name!r}: report", raw_report, dict, "a table")
-    bad = sorted(set(raw_report) - REPORT_KEYS)
-    if bad:
-        raise SpecError(
-            f"spec {name!r}: unknown report key(s) {bad}; "
-            f"allowed: {sorted(REPORT_KEYS)}"
-        )
+    _refuse_unknown(f"spec {name!r}", "report key(s)", raw_report, REPORT_KEYS)
     report = ReportSettings(
         summary=_summary(name, raw_report.get("summary")),
         columns=_str_list(
@@ -301,11 +293,7 @@ def _summary(name: str, raw: Any) -> SummarySettings | None:
         return None
     where = f"spec {name!r}: report.summary"
     _expect(where, raw, dict, "a table")
-    bad = sorted(set(raw) - SUMMARY_KEYS)
-    if bad:
-        raise SpecError(
-            f"{where}: unknown key(s) {bad}; allowed: {sorted(SUMMARY_KEYS)}"
-        )
+    _refuse_unknown(where, "key(s)", raw, SUMMARY_KEYS)
     for key in ("threat", "metric", "defense"):
         if key not in raw:
             raise SpecError(f"{where}: '{key}' is required")
