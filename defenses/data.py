@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -25,11 +26,11 @@ from defenses.arrays import FloatArray, IntArray
 from defenses.checks import check_int, check_real
 
 
-def check_labelled(owner: str, X: object, y: object, n_classes: object) -> None:
+def check_labelled(owner: str, X: Any, y: Any, n_classes: Any) -> None:
     """Raise unless ``X`` (n, d) and ``y`` (n,) are labelled data in [0, n_classes).
 
     The one check of the suite's labelled-data containers (:class:`Dataset`, a
-    federated client's :class:`~defenses.federated.client.LocalData`): ``X`` a
+    federated client's :class:`~defense_suite.federated.client.LocalData`): ``X`` a
     non-empty, finite numpy array of real numbers of shape (n, d); ``y`` a numpy
     array of n integer labels, each in [0, n_classes); ``n_classes`` an int >= 1.
 
@@ -52,20 +53,18 @@ def check_labelled(owner: str, X: object, y: object, n_classes: object) -> None:
                 f"{owner}.{name} must be a numpy array of {what}, got "
                 f"{getattr(value, 'dtype', type(value).__name__)}"
             )
-    features, labels = np.asarray(X), np.asarray(y)
-    if features.ndim != 2 or labels.shape != (features.shape[0],):
+    if X.ndim != 2 or y.shape != (X.shape[0],):
         raise ValueError(
             f"{owner} needs X of shape (n, d) and y of shape (n,), got "
-            f"{features.shape} and {labels.shape}"
+            f"{X.shape} and {y.shape}"
         )
-    if features.shape[0] == 0:
+    if X.shape[0] == 0:
         raise ValueError(f"{owner} has no rows in X (no data)")
-    if not np.all(np.isfinite(features)):
+    if not np.all(np.isfinite(X)):
         raise ValueError(f"{owner}.X has NaN or inf features")
-    if labels.min() < 0 or labels.max() >= n_classes:
+    if y.min() < 0 or y.max() >= n_classes:
         raise ValueError(
-            f"{owner}.y labels must lie in [0, {n_classes}), got "
-            f"[{labels.min()}, {labels.max()}]"
+            f"{owner}.y labels must lie in [0, {n_classes}), got [{y.min()}, {y.max()}]"
         )
 
 
