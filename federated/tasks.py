@@ -230,14 +230,14 @@ class TaskFields:
         The budgets and fractions are kept as tuples, so a configuration read from
         TOML (lists) equals, and hashes as, one built in code.
         """
-        for name in ("budgets", "group_fractions"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
         check_choice(key("dataset"), self.dataset, DATASETS)
         check_int(key("n_clients"), self.n_clients, min_clients)
         check_real(key("alpha"), self.alpha, 0.0, open_low=True)
         check_groups(
             self.budgets, self.group_fractions, key("budgets"), key("group_fractions")
         )
+        for name in ("budgets", "group_fractions"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         for name in ("delta", "member_fraction"):
             check_real(
                 key(name), getattr(self, name), 0.0, 1.0, open_low=True, open_high=True
