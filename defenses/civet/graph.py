@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from defenses.civet.aliases import check_in_place, describe, in_place, without_inplace
 from defenses.civet.bounds import Box, UnsupportedLayerError, layer_rule, out_of_place
 from defenses.civet.operations import FUNCTIONS, METHODS, SHAPE_METHODS, holds_box
 
@@ -61,16 +62,6 @@ def trace(
     return fx.GraphModule(root, graph)
 
 
-def _describe(node: fx.Node, graph: fx.GraphModule) -> str:
-    if node.op == "call_module":
-        layer = graph.get_submodule(str(node.target))
-        return f"layer {node.target!r} ({type(layer).__name__})"
-    if node.op == "call_method":
-        return f"tensor method .{node.target}()"
-    name = getattr(node.target, "__name__", repr(node.target))
-    return f"function {name}()"
-
-
 def propagate(graph: fx.GraphModule, *inputs: Any) -> Any:
     """Run ``graph`` with boxes (or tensors) as inputs; boxes flow through rules.
 
@@ -101,7 +92,7 @@ def propagate(graph: fx.GraphModule, *inputs: Any) -> Any:
                 raise
             raise UnsupportedLayerError(
                 f"interval bound propagation has no sound rule for "
-                f"{_describe(node, graph)}: {error}"
+                f"{describe(node, graph)}: {error}"
             ) from error
     raise UnsupportedLayerError("the traced graph has no output")
 
@@ -114,50 +105,15 @@ def _concrete(graph: fx.GraphModule, node: fx.Node, args: Any, kwargs: Any) -> A
     return node.target(*args, **kwargs)  # type: ignore[operator]
 
 
-_INPLACE_LAST = (F.relu, F.relu6, F.hardtanh, F.elu, F.leaky_relu, F.silu, F.dropout)
-"""Functions whose last positional parameter is ``inplace``."""
-
-
-def _in_place(graph: fx.GraphModule, node: fx.Node) -> bool:
-    """Whether the node overwrites its input (``inplace=True``)."""
-    if node.op == "call_module":
-        return bool(getattr(graph.get_submodule(str(node.target)), "inplace", False))
-    if node.kwargs.get("inplace") is True:
-        return True
-    positional = node.op == "call_function" and node.target in _INPLACE_LAST
-    return positional and len(node.args) > 1 and node.args[-1] is True
-
-
-def _out_of_place(
-    graph: fx.GraphModule, node: fx.Node, args: Any, kwargs: Any
-) -> tuple[Any, Any]:
-    """The arguments of the out-of-place call, or an error if that would differ.
-
-    An in-place activation equals its out-of-place version unless its input is
-    read again afterwards (it would see the overwritten values); that case is
-    refused.
-    """
-    source = node.args[0] if node.args else None
-    if isinstance(source, fx.Node) and len(source.users) > 1:
-        raise UnsupportedLayerError(
-            f"{_describe(node, graph)} works in place on a tensor that is used "
-            "again; use inplace=False"
-        )
-    if "inplace" in node.kwargs:
-        kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}
-    elif node.op == "call_function":
-        args = args[:-1]
-    return args, kwargs
-
-
 def _bound(graph: fx.GraphModule, node: fx.Node, args: Any, kwargs: Any) -> Any:
-    if _in_place(graph, node):
-        args, kwargs = _out_of_place(graph, node, args, kwargs)
+    if in_place(graph, node):
+        check_in_place(graph, node)
+        args, kwargs = without_inplace(node, args, kwargs)
     if node.op == "call_module":
         layer = graph.get_submodule(str(node.target))
         if len(args) != 1 or kwargs or not isinstance(args[0], Box):
             raise UnsupportedLayerError(
-                f"{_describe(node, graph)} is called with several inputs"
+                f"{describe(node, graph)} is called with several inputs"
             )
         try:
             layer_bound = layer_rule(out_of_place(layer))
@@ -170,7 +126,7 @@ def _bound(graph: fx.GraphModule, node: fx.Node, args: Any, kwargs: Any) -> Any:
         rule = FUNCTIONS.get(node.target)  # type: ignore[arg-type]
     if rule is None:
         raise UnsupportedLayerError(
-            f"interval bound propagation has no sound rule for {_describe(node, graph)}"
+            f"interval bound propagation has no sound rule for {describe(node, graph)}"
         )
     return rule(*args, **kwargs)
 

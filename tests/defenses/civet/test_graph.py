@@ -273,12 +273,66 @@ def test_in_place_activations_are_bounded_or_refused() -> None:
     _assert_inside(
         nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True)).double(), box, 1
     )
-    with pytest.raises(
-        UnsupportedLayerError, match="in place on a tensor that is used"
-    ):
+    with pytest.raises(UnsupportedLayerError, match="layer 'add_1'|function add"):
         ibp(InPlaceReuse().double(), box)
     with pytest.raises(UnsupportedLayerError, match="pooling indices"):
         ibp(nn.MaxPool1d(2, return_indices=True), Box(box.lower[None], box.upper[None]))
+
+
+class InPlaceView(nn.Module):
+    """The issue's modules: an in-place op on a view or slice of a tensor read again."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.fc = nn.Linear(3, 64)
+        self.act = nn.ReLU(inplace=True)
+        self.out = nn.Linear(64, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        if self.how == "view":
+            self.act(h.view(-1, 8, 8))
+        elif self.how == "slice":
+            F.relu(h[:, :32], inplace=True)
+        elif self.how == "slice-joined":
+            r = F.relu(h[:, :32], inplace=True)
+            return torch.cat([r, h[:, 32:]], 1).sum(1, keepdim=True)
+        elif self.how == "earlier-view":
+            v = h.view(-1, 8, 8)
+            F.leaky_relu(h[:, :32], -0.1, True)
+            return v.flatten(1)[:, :2]
+        elif self.how == "input":
+            return self.out(F.relu(x, inplace=True).repeat(1, 1) @ self.fc.weight.T)
+        return self.out(h)
+
+
+@pytest.mark.parametrize(
+    ("how", "layer"),
+    [
+        ("view", "layer 'act'"),
+        ("slice", r"function relu\(\)"),
+        ("slice-joined", r"function relu\(\)"),
+        ("earlier-view", r"function leaky_relu\(\)"),
+        ("input", "the input 'x'"),
+    ],
+)
+def test_in_place_on_a_view_of_a_tensor_read_again_is_refused_by_name(
+    how: str, layer: str
+) -> None:
+    module = InPlaceView(how).double()
+    box = _box((2, 3), 7, 0.0)  # even a point box: the bound would be wrong
+    with pytest.raises(UnsupportedLayerError, match=layer):
+        ibp(module, box)
+
+
+def test_in_place_on_a_view_nobody_reads_again_is_bounded() -> None:
+    class Chain(InPlaceView):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.act(self.fc(x)).view(-1, 8, 8)
+            return self.out(F.relu(h, True).flatten(1))
+
+    _assert_inside(Chain("").double(), _box((2, 3), 8, 1.0), 8)
 
 
 def test_keepdim_is_not_mistaken_for_inplace() -> None:
