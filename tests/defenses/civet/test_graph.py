@@ -273,7 +273,7 @@ def test_in_place_activations_are_bounded_or_refused() -> None:
     _assert_inside(
         nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True)).double(), box, 1
     )
-    with pytest.raises(UnsupportedLayerError, match="layer 'add_1'|function add"):
+    with pytest.raises(UnsupportedLayerError, match=r"function add\(\)"):
         ibp(InPlaceReuse().double(), box)
     with pytest.raises(UnsupportedLayerError, match="pooling indices"):
         ibp(nn.MaxPool1d(2, return_indices=True), Box(box.lower[None], box.upper[None]))
