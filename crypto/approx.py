@@ -23,13 +23,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from defenses.arrays import FloatArray
 from defenses.checks import check_int, check_real
+
+TANH_GAIN = 2.0
+"""The pooler computes :math:`\\tanh(\\text{TANH\\_GAIN}\\cdot t)` on t in [-1, 1]."""
 
 
 class RangeError(ValueError):
@@ -203,3 +207,102 @@ def reciprocal_poly(lo: float, degree: int = 3) -> PolyApprox:
     r"""Fit :math:`s \\mapsto 1/s` on :math:`[lo, 1]` (Newton steps follow)."""
     check_real("lo", lo, 0.0, 1.0, open_low=True, open_high=True)
     return PolyApprox(chebyshev_fit(lambda s: 1.0 / s, lo, 1.0, degree), lo, 1.0)
+
+
+class Degrees(Protocol):
+    """The polynomial degrees a model's configuration gives."""
+
+    @property
+    def gk_degree(self) -> int:
+        """Degree of the kernel fit."""
+
+    @property
+    def isqrt_degree(self) -> int:
+        """Degree of the inverse square root fit."""
+
+    @property
+    def tanh_degree(self) -> int:
+        """Degree of the pooler fit."""
+
+
+@dataclass
+class LayerRanges:
+    r"""One block's calibrated ranges (with a safety margin).
+
+    Attributes
+    ----------
+    dist_bound : float
+        Upper bound :math:`D` of :math:`\\lVert q-k\\rVert^2 / (2\\sqrt{d_h})`.
+    ln_div : float
+        Divisor making the LayerNorm variance :math:`\\le 1`.
+    ln_lo : float
+        Lower end of :math:`\\sigma^2/\\text{div}` for the inverse square root.
+    ffn_bound : float
+        Bound on :math:`|u W_1|` (the polynomial activation's input).
+    polys : dict
+        The block's kernel ``"gk"`` and inverse square root ``"isqrt"`` fits.
+    """
+
+    dist_bound: float = 8.0
+    ln_div: float = 4.0
+    ln_lo: float = 0.02
+    ffn_bound: float = 8.0
+    polys: dict[str, PolyApprox] = field(default_factory=dict)
+
+
+@dataclass
+class Calibration:
+    r"""Ranges measured on training data, one :class:`LayerRanges` per block.
+
+    ``dist_bound``, ``ln_div``, ``ln_lo`` and ``ffn_bound`` name block 0's ranges
+    (the only block when ``n_layers == 1``); ``polys`` holds block 0's kernel and
+    inverse square root and the pooler's ``"tanh"``.
+
+    Attributes
+    ----------
+    pool_bound : float
+        Divisor :math:`B_p` mapping the pooler input into [-1, 1].
+    layers : list of LayerRanges
+        Every block's ranges, first to last.
+    """
+
+    pool_bound: float = 4.0
+    calibrated: bool = False
+    polys: dict[str, PolyApprox] = field(default_factory=dict)
+    layers: list[LayerRanges] = field(default_factory=lambda: [LayerRanges()])
+
+    @property
+    def dist_bound(self) -> float:
+        """Block 0's kernel distance bound."""
+        return self.layers[0].dist_bound
+
+    @property
+    def ln_div(self) -> float:
+        """Block 0's LayerNorm divisor."""
+        return self.layers[0].ln_div
+
+    @property
+    def ln_lo(self) -> float:
+        """Block 0's lower end of the inverse square root's interval."""
+        return self.layers[0].ln_lo
+
+    @property
+    def ffn_bound(self) -> float:
+        """Block 0's activation-input bound."""
+        return self.layers[0].ffn_bound
+
+    def fit_polys(self, config: Degrees) -> None:
+        """(Re)fit every block's polynomials to the stored ranges.
+
+        ``config`` gives ``gk_degree``, ``isqrt_degree`` and ``tanh_degree`` (a
+        :class:`~crypto.model.ModelConfig`).
+        """
+        for ranges in self.layers:
+            ranges.polys = {
+                "gk": gaussian_kernel_poly(ranges.dist_bound, config.gk_degree),
+                "isqrt": inverse_sqrt_poly(ranges.ln_lo, config.isqrt_degree),
+            }
+        self.polys = {
+            **self.layers[0].polys,
+            "tanh": tanh_poly(TANH_GAIN, config.tanh_degree),
+        }

@@ -1,8 +1,10 @@
 r"""The HE-friendly transformer, scaled down.
 
-Rho et al., "Encryption-Friendly LLM Architecture", ICLR 2025: one block, LoRA on
-Q, K, V, a tanh pooler head. Forward pass for a sequence
-:math:`x \\in \\mathbb R^{n \\times t}` (all layers bias-free, as in the paper):
+Rho et al., "Encryption-Friendly LLM Architecture", ICLR 2025: ``n_layers`` blocks
+(the paper uses 2), LoRA on Q, K, V, a tanh pooler head. Forward pass for a sequence
+:math:`x \\in \\mathbb R^{n \\times t}` (all layers bias-free, as in the paper); block
+:math:`l` maps :math:`z` to :math:`o`, the next block's :math:`z`, with its own
+weights and calibrated ranges:
 
 .. math::
 
@@ -27,7 +29,8 @@ The softmax twin replaces the kernel by :math:`\\mathrm{softmax}(q k^T/\\sqrt{d_
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -35,16 +38,11 @@ from torch import nn
 from defenses.arrays import FloatArray
 from defenses.checks import check_int
 
-from .approx import (
-    PolyApprox,
-    RangeGuard,
-    gaussian_kernel_poly,
-    inverse_sqrt_poly,
-    tanh_poly,
-)
+from .approx import TANH_GAIN, Calibration, LayerRanges, RangeGuard
+
+__all__ = ["Block", "Calibration", "HEFormer", "LayerRanges", "ModelConfig"]
 
 ATTENTIONS = ("gk", "softmax")
-TANH_GAIN = 2.0
 HEADROOM = 0.7
 POOL_HEADROOM = 0.6
 GUARD_SLACK = 0.05
@@ -81,6 +79,9 @@ class ModelConfig:
     personal_head : bool
         Personalisation also trains the head (pooler and classifier), as in the
         paper; the head is then the client's secret and is encrypted like LoRA.
+    n_layers : int
+        Transformer blocks (>= 1; the paper's BERT has 2). Each block has its own
+        weights, LoRA adapters and calibrated ranges.
     """
 
     n_tokens: int = 8
@@ -95,23 +96,15 @@ class ModelConfig:
     isqrt_degree: int = 3
     tanh_degree: int = 3
     personal_head: bool = False
+    n_layers: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.personal_head, bool):
             raise ValueError(
                 f"ModelConfig.personal_head must be a bool, got {self.personal_head!r}"
             )
-        for name in (
-            "n_tokens",
-            "token_dim",
-            "d",
-            "heads",
-            "ffn",
-            "rank",
-            "gk_degree",
-            "isqrt_degree",
-            "tanh_degree",
-        ):
+        names = "n_tokens token_dim d heads ffn rank gk_degree isqrt_degree tanh_degree"
+        for name in (*names.split(), "n_layers"):
             check_int(f"ModelConfig.{name}", getattr(self, name), 1)
         check_int("ModelConfig.n_classes", self.n_classes, 1)
         if self.n_classes < 2:
@@ -132,41 +125,6 @@ class ModelConfig:
     def head_dim(self) -> int:
         """Width of one attention head."""
         return self.d // self.heads
-
-
-@dataclass
-class Calibration:
-    r"""Ranges measured on training data, with a safety margin.
-
-    Attributes
-    ----------
-    dist_bound : float
-        Upper bound :math:`D` of :math:`\\lVert q-k\\rVert^2 / (2\\sqrt{d_h})`.
-    ln_div : float
-        Divisor making the LayerNorm variance :math:`\\le 1`.
-    ln_lo : float
-        Lower end of :math:`\\sigma^2/\\text{div}` for the inverse square root.
-    ffn_bound : float
-        Bound on :math:`|u W_1|` (the polynomial activation's input).
-    pool_bound : float
-        Divisor :math:`B_p` mapping the pooler input into [-1, 1].
-    """
-
-    dist_bound: float = 8.0
-    ln_div: float = 4.0
-    ln_lo: float = 0.02
-    ffn_bound: float = 8.0
-    pool_bound: float = 4.0
-    calibrated: bool = False
-    polys: dict[str, PolyApprox] = field(default_factory=dict)
-
-    def fit_polys(self, config: ModelConfig) -> None:
-        """(Re)fit the polynomials to the stored ranges."""
-        self.polys = {
-            "gk": gaussian_kernel_poly(self.dist_bound, config.gk_degree),
-            "isqrt": inverse_sqrt_poly(self.ln_lo, config.isqrt_degree),
-            "tanh": tanh_poly(TANH_GAIN, config.tanh_degree),
-        }
 
 
 def _torch_poly(coefficients: FloatArray, x: torch.Tensor) -> torch.Tensor:
@@ -206,18 +164,17 @@ def _linear(d_in: int, d_out: int, generator: torch.Generator) -> nn.Parameter:
     )
 
 
-class HEFormer(nn.Module):
-    """One-block HE-friendly transformer with LoRA on Q, K, V (see module docstring)."""
+Jitter = Callable[[torch.Tensor], torch.Tensor]
+Check = Callable[[str, torch.Tensor, float, float], None]
+
+
+class Block(nn.Module):
+    """One HE-friendly block: GK attention, polynomial LayerNorm, polynomial FFN."""
 
     def __init__(self, config: ModelConfig, generator: torch.Generator):
         super().__init__()
         c = config
         self.config = c
-        self.calibration = Calibration()
-        self.embed = _linear(c.token_dim, c.d, generator)
-        self.position = nn.Parameter(
-            0.5 * torch.randn(c.n_tokens, c.d, generator=generator, dtype=torch.float64)
-        )
         self.q = LoRALinear(c.d, c.d, c.rank, generator)
         self.k = LoRALinear(c.d, c.d, c.rank, generator)
         self.v = LoRALinear(c.d, c.d, c.rank, generator)
@@ -226,8 +183,115 @@ class HEFormer(nn.Module):
         self.w1 = _linear(c.d, c.ffn, generator)
         self.act = nn.Parameter(torch.tensor([0.5, 0.1], dtype=torch.float64))
         self.w2 = _linear(c.ffn, c.d, generator)
+
+    def heads(self, z: torch.Tensor, lin: LoRALinear, jitter: Jitter) -> torch.Tensor:
+        """Project ``z`` with ``lin`` into (batch, heads, n, d_h)."""
+        c = self.config
+        b, n = z.shape[0], z.shape[1]
+        return jitter(lin(z)).view(b, n, c.heads, c.head_dim).transpose(1, 2)
+
+    def max_distance(self, z: torch.Tensor) -> float:
+        r"""Largest :math:`\\lVert q_i - k_j\\rVert^2 / (2\\sqrt{d_h})` on ``z``."""
+        q = self.heads(z, self.q, lambda t: t)
+        k = self.heads(z, self.k, lambda t: t)
+        dist = ((q.unsqueeze(3) - k.unsqueeze(2)) ** 2).sum(-1)
+        return float(dist.max()) / (2.0 * math.sqrt(self.config.head_dim))
+
+    def forward(
+        self,
+        z: torch.Tensor,
+        ranges: LayerRanges,
+        poly: bool,
+        jitter: Jitter,
+        check: Check,
+        prefix: str = "",
+    ) -> torch.Tensor:
+        """The block's output (the next block's input); see the module docstring."""
+        c = self.config
+        b, n = z.shape[0], z.shape[1]
+        q = self.heads(z, self.q, jitter)
+        k = self.heads(z, self.k, jitter)
+        v = self.heads(z, self.v, jitter)
+        if c.attention == "gk":
+            dist = ((q.unsqueeze(3) - k.unsqueeze(2)) ** 2).sum(-1)
+            dist = dist / (2.0 * math.sqrt(c.head_dim))
+            u = dist / ranges.dist_bound
+            check(f"{prefix}kernel distance u", u, 0.0, 1.0)
+            if poly:
+                scores = _torch_poly(ranges.polys["gk"].coefficients, u)
+            else:
+                scores = torch.exp(-dist)
+        else:
+            logits = q @ k.transpose(-1, -2) / math.sqrt(c.head_dim)
+            scores = torch.softmax(logits, dim=-1)
+        attended = jitter(scores) @ v
+        h = z + attended.transpose(1, 2).reshape(b, n, c.d) @ self.out
+        centred = h - h.mean(-1, keepdim=True)
+        variance = (centred**2).mean(-1, keepdim=True)
+        s = variance / ranges.ln_div
+        check(f"{prefix}LayerNorm variance s", s, ranges.ln_lo, 1.0)
+        if poly:
+            y = _torch_poly(ranges.polys["isqrt"].coefficients, s)
+            y = y * (3.0 - s * y * y) / 2.0
+            u_ln = centred * y / math.sqrt(ranges.ln_div)
+        else:
+            u_ln = centred / torch.sqrt(variance + 1e-6)
+        u_ln = jitter(u_ln * self.gamma)
+        a = u_ln @ self.w1
+        check(f"{prefix}activation input", a / ranges.ffn_bound, -1.0, 1.0)
+        hidden = self.act[0] * a + self.act[1] * a * a
+        return jitter(h + hidden @ self.w2)
+
+
+def layer_prefix(layer: int) -> str:
+    """Prefix of block ``layer``'s trace and guard names ("" for block 0)."""
+    return f"layer {layer} " if layer else ""
+
+
+class HEFormer(nn.Module):
+    """HE-friendly transformer with LoRA on Q, K, V (see the module docstring).
+
+    ``blocks`` holds the ``n_layers`` blocks; ``q``, ``k``, ``v``, ``out``,
+    ``gamma``, ``w1``, ``act`` and ``w2`` name the only block's weights of a
+    one-layer model (and refuse on a deeper one, where they would be ambiguous).
+    """
+
+    def __init__(self, config: ModelConfig, generator: torch.Generator):
+        super().__init__()
+        c = config
+        self.config = c
+        self.calibration = Calibration(
+            layers=[LayerRanges() for _ in range(c.n_layers)]
+        )
+        self.embed = _linear(c.token_dim, c.d, generator)
+        self.position = nn.Parameter(
+            0.5 * torch.randn(c.n_tokens, c.d, generator=generator, dtype=torch.float64)
+        )
+        self.blocks = nn.ModuleList([Block(c, generator) for _ in range(c.n_layers)])
         self.pool = _linear(c.d, c.d, generator)
         self.classifier = _linear(c.d, c.n_classes, generator)
+
+    def _only_block(self, name: str) -> Block:
+        if self.config.n_layers != 1:
+            raise ValueError(
+                f"HEFormer.{name} names the weight of a one-layer model; this one has "
+                f"n_layers={self.config.n_layers}: use model.blocks[i].{name}"
+            )
+        block: Block = self.blocks[0]  # type: ignore[assignment]
+        return block
+
+    q = property(lambda self: self._only_block("q").q)
+    k = property(lambda self: self._only_block("k").k)
+    v = property(lambda self: self._only_block("v").v)
+    out = property(lambda self: self._only_block("out").out)
+    gamma = property(lambda self: self._only_block("gamma").gamma)
+    w1 = property(lambda self: self._only_block("w1").w1)
+    act = property(lambda self: self._only_block("act").act)
+    w2 = property(lambda self: self._only_block("w2").w2)
+
+    def block_list(self) -> list[Block]:
+        """The blocks, first to last, typed."""
+        return [b for b in self.blocks if isinstance(b, Block)]
 
     # -- pieces shared with the encrypted evaluator ---------------------------------
     def embed_tokens(self, x: torch.Tensor) -> torch.Tensor:
@@ -264,13 +328,14 @@ class HEFormer(nn.Module):
             HE simulation: standard deviation of Gaussian noise added after every
             homomorphic stage (needs ``generator``).
         trace : dict, optional
-            Filled with the raw inputs of every approximated function (calibration).
+            Filled with the raw inputs of every approximated function (calibration);
+            block ``l > 0``'s names start with ``"layer l "``.
         """
         if poly and not self.calibration.calibrated:
             raise RuntimeError("call calibrate() before running in polynomial mode")
         if noise and generator is None:
             raise ValueError("noise > 0 needs a torch.Generator")
-        c, cal = self.config, self.calibration
+        cal = self.calibration
 
         def jitter(t: torch.Tensor) -> torch.Tensor:
             if not noise:
@@ -283,40 +348,9 @@ class HEFormer(nn.Module):
             if guard:
                 RangeGuard(name, lo, hi, slack=GUARD_SLACK)(values.detach().numpy())
 
-        z = self.embed_tokens(x)
-        b, n = z.shape[0], c.n_tokens
-        q = jitter(self.q(z)).view(b, n, c.heads, c.head_dim).transpose(1, 2)
-        k = jitter(self.k(z)).view(b, n, c.heads, c.head_dim).transpose(1, 2)
-        v = jitter(self.v(z)).view(b, n, c.heads, c.head_dim).transpose(1, 2)
-        if c.attention == "gk":
-            dist = ((q.unsqueeze(3) - k.unsqueeze(2)) ** 2).sum(-1)
-            dist = dist / (2.0 * math.sqrt(c.head_dim))
-            u = dist / cal.dist_bound
-            check("kernel distance u", u, 0.0, 1.0)
-            if poly:
-                scores = _torch_poly(cal.polys["gk"].coefficients, u)
-            else:
-                scores = torch.exp(-dist)
-        else:
-            logits = q @ k.transpose(-1, -2) / math.sqrt(c.head_dim)
-            scores = torch.softmax(logits, dim=-1)
-        attended = jitter(scores) @ v
-        h = z + attended.transpose(1, 2).reshape(b, n, c.d) @ self.out
-        centred = h - h.mean(-1, keepdim=True)
-        variance = (centred**2).mean(-1, keepdim=True)
-        s = variance / cal.ln_div
-        check("LayerNorm variance s", s, cal.ln_lo, 1.0)
-        if poly:
-            y = _torch_poly(cal.polys["isqrt"].coefficients, s)
-            y = y * (3.0 - s * y * y) / 2.0
-            u_ln = centred * y / math.sqrt(cal.ln_div)
-        else:
-            u_ln = centred / torch.sqrt(variance + 1e-6)
-        u_ln = jitter(u_ln * self.gamma)
-        a = u_ln @ self.w1
-        check("activation input", a / cal.ffn_bound, -1.0, 1.0)
-        hidden = self.act[0] * a + self.act[1] * a * a
-        o = jitter(h + hidden @ self.w2)
+        o = self.embed_tokens(x)
+        for layer, block in enumerate(self.block_list()):
+            o = block(o, cal.layers[layer], poly, jitter, check, layer_prefix(layer))
         t = (o[:, 0, :] @ self.pool) / cal.pool_bound
         check("pooler input t", t, -1.0, 1.0)
         if poly:
@@ -331,53 +365,57 @@ class HEFormer(nn.Module):
 
         The analogue of the paper's variance and matmul-range penalties: squared
         excess of every approximated function's input (recorded in ``trace`` by
-        :meth:`forward`) over ``HEADROOM`` times its bound, leaving room for unseen
-        inputs.
+        :meth:`forward`, every block's) over ``HEADROOM`` times its bound, leaving
+        room for unseen inputs.
         """
         cal = self.calibration
         top = HEADROOM
         total = torch.zeros((), dtype=torch.float64)
-        if "kernel distance u" in trace:
-            total = total + torch.relu(trace["kernel distance u"] - top).pow(2).mean()
-        s = trace["LayerNorm variance s"]
-        total = total + torch.relu(s - top).pow(2).mean()
-        total = total + torch.relu(cal.ln_lo / top - s).pow(2).mean()
+        prefixes = [layer_prefix(i) for i in range(self.config.n_layers)]
+        for p, ranges in zip(prefixes, cal.layers, strict=True):
+            if f"{p}kernel distance u" in trace:
+                u = trace[f"{p}kernel distance u"]
+                total = total + torch.relu(u - top).pow(2).mean()
+            s = trace[f"{p}LayerNorm variance s"]
+            total = total + torch.relu(s - top).pow(2).mean()
+            total = total + torch.relu(ranges.ln_lo / top - s).pow(2).mean()
         pool = trace["pooler input t"].abs()
         total = total + torch.relu(pool - POOL_HEADROOM).pow(2).mean()
-        total = total + torch.relu(trace["activation input"].abs() - top).pow(2).mean()
+        for p in prefixes:
+            a = trace[f"{p}activation input"].abs()
+            total = total + torch.relu(a - top).pow(2).mean()
         return total
 
     def calibrate(self, x: torch.Tensor, margin: float = 1.25) -> Calibration:
         """Measure every approximated input's range on ``x`` and fit the polynomials.
 
-        Bounds are the observed extremes times ``margin`` (> 1); the pooler gets an
-        extra factor ``POOL_EXTRA`` because the frozen head meets the client's
-        shifted data.
+        Bounds are the observed extremes times ``margin`` (> 1), block by block;
+        the pooler gets an extra factor ``POOL_EXTRA`` because the frozen head meets
+        the client's shifted data.
         """
         if not margin > 1:
             raise ValueError(f"margin must be > 1, got {margin!r}")
         c, cal = self.config, self.calibration
         with torch.no_grad():
             z = self.embed_tokens(x)
-            b, n = z.shape[0], c.n_tokens
-            q = self.q(z).view(b, n, c.heads, c.head_dim).transpose(1, 2)
-            k = self.k(z).view(b, n, c.heads, c.head_dim).transpose(1, 2)
-            dist = ((q.unsqueeze(3) - k.unsqueeze(2)) ** 2).sum(-1)
-            dist_max = float(dist.max()) / (2.0 * math.sqrt(c.head_dim))
+            dist_max = []
+            for ranges, block in zip(cal.layers, self.block_list(), strict=True):
+                dist_max.append(block.max_distance(z))
+                ranges.dist_bound, ranges.ln_div, ranges.ffn_bound = 1.0, 1.0, 1.0
+                ranges.ln_lo = 1e-12
+                z = block(z, ranges, False, lambda t: t, lambda *_: None)
+            cal.pool_bound = 1.0
             trace: dict[str, torch.Tensor] = {}
-            cal.dist_bound, cal.ln_div, cal.ffn_bound, cal.pool_bound = (
-                1.0,
-                1.0,
-                1.0,
-                1.0,
-            )
-            cal.ln_lo = 1e-12
             self.forward(x, trace=trace)
-        variance = trace["LayerNorm variance s"]
-        cal.dist_bound = max(dist_max * margin, 1e-3)
-        cal.ln_div = float(variance.max()) * margin
-        cal.ln_lo = min(max(float(variance.min()) / cal.ln_div / margin, 1e-3), 0.5)
-        cal.ffn_bound = max(float(trace["activation input"].abs().max()) * margin, 1e-3)
+        for layer, ranges in enumerate(cal.layers):
+            p = layer_prefix(layer)
+            variance = trace[f"{p}LayerNorm variance s"]
+            ranges.dist_bound = max(dist_max[layer] * margin, 1e-3)
+            ranges.ln_div = float(variance.max()) * margin
+            lo = float(variance.min()) / ranges.ln_div / margin
+            ranges.ln_lo = min(max(lo, 1e-3), 0.5)
+            top = float(trace[f"{p}activation input"].abs().max())
+            ranges.ffn_bound = max(top * margin, 1e-3)
         pool = float(trace["pooler input t"].abs().max())
         cal.pool_bound = max(pool * margin * POOL_EXTRA, 1e-3)
         cal.calibrated = True
@@ -390,8 +428,13 @@ class HEFormer(nn.Module):
         return [p for p in self.parameters() if id(p) not in lora]
 
     def lora_parameters(self) -> list[nn.Parameter]:
-        """The LoRA factors of Q, K and V."""
-        return [p for m in (self.q, self.k, self.v) for p in (m.lora_a, m.lora_b)]
+        """The LoRA factors of every block's Q, K and V."""
+        return [
+            p
+            for b in self.block_list()
+            for m in (b.q, b.k, b.v)
+            for p in (m.lora_a, m.lora_b)
+        ]
 
     def head_parameters(self) -> list[nn.Parameter]:
         """The pooler and classifier."""

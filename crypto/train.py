@@ -137,12 +137,21 @@ def pretrain(
     exact: TrainConfig = TrainConfig(),
     polished: TrainConfig = TrainConfig(epochs=10, lr=3e-3, penalty=10.0),
 ) -> HEFormer:
-    """Train the base model (exact functions), calibrate, then polish in poly mode."""
+    """Train the base model (exact functions), calibrate, then polish in poly mode.
+
+    A deeper model (``n_layers >= 2``) is calibrated again after polishing: a later
+    block's ranges move with every earlier block's weights, which the range penalty
+    bounds only softly. The recalibration refits the polynomials to the exact
+    functions on the new ranges; a one-layer model keeps the polished polynomials.
+    """
     model = HEFormer(config, generator)
+    X = torch.as_tensor(data.X, dtype=torch.float64)
     train(model, data, model.base_parameters(), exact, generator, poly=False)
-    model.calibrate(torch.as_tensor(data.X, dtype=torch.float64), margin=2.0)
+    model.calibrate(X, margin=2.0)
     if config.attention == "gk":
         train(model, data, model.base_parameters(), polished, generator, poly=True)
+        if config.n_layers > 1:
+            model.calibrate(X, margin=2.0)
     return model
 
 

@@ -18,7 +18,7 @@ from defense_suite.crypto.tasks import (
     digit_sequences,
     negation_sentiment,
 )
-from defense_suite.crypto.train import TrainConfig, predict_logits
+from defense_suite.crypto.train import TrainConfig, predict_logits, pretrain
 
 
 def test_digit_sequences_shape() -> None:
@@ -121,3 +121,61 @@ def test_roll_tokens_is_a_cyclic_group(batch: int, n: int, shift: int) -> None:
 def test_pack_overflow() -> None:
     with pytest.raises(ValueError, match="do not fit"):
         pack(np.zeros((5, 8, 4)), 32)
+
+
+def _two_layer() -> tuple[HEFormer, Sequences]:
+    data = digit_sequences().subset(np.arange(240))
+    g = torch.Generator().manual_seed(1)
+    config = ModelConfig(d=8, heads=2, ffn=8, n_layers=2)
+    model = pretrain(
+        data,
+        config,
+        g,
+        TrainConfig(epochs=3, batch=80),
+        TrainConfig(epochs=1, lr=3e-3, batch=80, penalty=10.0),
+    )
+    return model, data
+
+
+def test_two_layers_calibrate_per_block_and_guard_names_the_block() -> None:
+    torch.set_num_threads(1)
+    model, data = _two_layer()
+    cal = model.calibration
+    assert len(model.blocks) == 2
+    assert len(cal.layers) == 2
+    first, second = cal.layers
+    assert first.dist_bound == cal.dist_bound
+    assert first.ln_div == cal.ln_div
+    assert second.ln_div != first.ln_div  # each block has its own measured range
+    assert set(second.polys) == {"gk", "isqrt"}
+    # the calibrated poly model stays inside every block's range on its own data
+    logits = predict_logits(model, data.X)
+    assert logits.shape == (len(data), 10)
+    # training moves every block's LoRA factors
+    assert len(model.lora_parameters()) == 12
+    # the guard names the block whose range breaks: block 1's variance
+    second.ln_div = first.ln_div * 1e-3
+    with pytest.raises(RangeError, match="layer 1 LayerNorm variance s"):
+        predict_logits(model, data.X)
+    # the single-block names refuse on a deeper model instead of answering block 0
+    with pytest.raises(ValueError, match="n_layers=2"):
+        _ = model.gamma
+    with pytest.raises(ValueError, match="n_layers"):
+        ModelConfig(n_layers=0)
+
+
+def test_depth_changes_the_function_and_one_layer_keeps_its_names() -> None:
+    g = torch.Generator().manual_seed(0)
+    one = HEFormer(ModelConfig(d=8, heads=1), g)
+    assert one.q is one.blocks[0].q
+    assert one.gamma is one.blocks[0].gamma
+    g = torch.Generator().manual_seed(0)
+    two = HEFormer(ModelConfig(d=8, heads=1, n_layers=2), g)
+    x = torch.rand(3, 8, 8, dtype=torch.float64, generator=g)
+    # block 0 draws the same weights; the second block changes the output
+    assert torch.equal(two.blocks[0].q.weight, one.q.weight)  # type: ignore[index]
+    assert not torch.allclose(one(x), two(x))
+    trace: dict[str, torch.Tensor] = {}
+    two(x, trace=trace)
+    assert "layer 1 kernel distance u" in trace
+    assert "kernel distance u" in trace
