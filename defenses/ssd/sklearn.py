@@ -10,11 +10,21 @@ the estimator untouched (DataFrames, sparse matrices, NaN where it accepts them)
 so the classifier works as the last step of a :class:`~sklearn.pipeline.Pipeline`,
 in ``clone``, ``cross_val_score`` and ``GridSearchCV`` (over ``estimator__*`` and
 ``shield__*``).
+
+Seeding. A deployed model answers the same query the same way: ``seeding`` defaults
+to ``"input-hash"`` (the paper's App. H), so the pseudo-label of a row is a keyed hash
+of the row and ``predict`` twice on the same rows agrees on every row. Under
+``"random"`` (an explicit choice) each call draws fresh pseudo-labels, and an
+attacker who repeats a query and takes the majority vote averages the randomness
+away: the vote converges to the label SSD randomizes. The wrapper's ``seeding``
+replaces the shield's in the fitted copy ``shield_`` (the given shield is never
+changed).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 from typing import Any, ClassVar, Protocol
 
@@ -27,7 +37,8 @@ from sklearn.utils import _safe_indexing
 from sklearn.utils._tags import get_tags
 from sklearn.utils.validation import check_consistent_length, check_is_fitted
 
-from defenses.checks import check_real
+from defenses.checks import check_choice, check_real
+from defenses.ssd.seeding import SEEDINGS, Seeding
 from defenses.targets import check_labels
 
 logger = logging.getLogger(__name__)
@@ -47,6 +58,10 @@ class Shield(Protocol):
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         """The constructor's parameters."""
+        ...
+
+    def set_params(self, **params: Any) -> Any:
+        """Set parameters (validated)."""
         ...
 
     def __call__(self, probs: Any, inputs: Any = None) -> Any:
@@ -90,7 +105,12 @@ class ShieldedClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):  #
     estimator : classifier with ``predict_proba``
         The model to protect (cloned by :meth:`fit` unless ``prefit``).
     shield : StealthyShield
-        The defense's settings (cloned and fitted by :meth:`fit`).
+        The defense's settings (cloned and fitted by :meth:`fit`; its ``seeding`` is
+        replaced by this wrapper's).
+    seeding : {"input-hash", "random"}
+        ``"input-hash"`` (default): the same row always gets the same answer, so
+        repeating a query and voting gains nothing. ``"random"``: fresh
+        pseudo-labels at every call, which a voting attacker averages away.
     prefit : bool
         Use ``estimator`` as fitted; :meth:`fit` then only builds the prototypes.
     val_size : float
@@ -106,22 +126,31 @@ class ShieldedClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):  #
         estimator: Any,
         shield: Shield,
         *,
+        seeding: Seeding = "input-hash",
         prefit: bool = False,
         val_size: float = 0.25,
         random_state: int | None = None,
     ) -> None:
         self.estimator = estimator
         self.shield = shield
+        self.seeding = seeding
         self.prefit = prefit
         self.val_size = val_size
         self.random_state = random_state
 
     @classmethod
-    def prefitted(cls, estimator: Any, shield: Shield) -> ShieldedClassifier:
-        """A fitted wrapper around a fitted ``estimator`` and a fitted ``shield``."""
-        wrapped = cls(estimator, shield, prefit=True)
+    def prefitted(
+        cls, estimator: Any, shield: Shield, seeding: Seeding = "input-hash"
+    ) -> ShieldedClassifier:
+        """A fitted wrapper around a fitted ``estimator`` and a fitted ``shield``.
+
+        ``shield_`` is a copy of ``shield`` (prototypes and key kept) answering
+        with ``seeding``; the given shield is not changed.
+        """
+        check_choice("seeding", seeding, SEEDINGS)
+        wrapped = cls(estimator, shield, seeding=seeding, prefit=True)
         wrapped.estimator_ = estimator
-        wrapped.shield_ = shield
+        wrapped.shield_ = copy.deepcopy(shield).set_params(seeding=seeding)
         wrapped.classes_ = np.asarray(
             getattr(estimator, "classes_", np.arange(shield.n_classes))
         )
@@ -132,13 +161,20 @@ class ShieldedClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):  #
         # a wrapped model that is no sklearn estimator keeps the default input tags
         with contextlib.suppress(AttributeError, TypeError):
             tags.input_tags = get_tags(self.estimator).input_tags
-        tags.non_deterministic = self.shield.get_params().get("seeding") == "random"
+        tags.non_deterministic = self.seeding == "random"
         return tags
 
     def fit(self, X: Any, y: Any) -> ShieldedClassifier:
         """Fit the estimator (unless ``prefit``) and the shield's prototypes."""
         if not isinstance(self.prefit, bool | np.bool_):
             raise ValueError(f"prefit must be True or False, got {self.prefit!r}")
+        seeding = check_choice("seeding", self.seeding, SEEDINGS)
+        resolution = self.shield.get_params().get("hash_resolution")
+        if seeding == "random" and resolution is not None:
+            raise ValueError(
+                f"seeding='random' draws fresh pseudo-labels, but the shield has "
+                f"hash_resolution={resolution!r}, which needs seeding='input-hash'"
+            )
         labels = check_labels(y, "ShieldedClassifier")
         X = _rows_indexable(X)
         check_consistent_length(X, labels)
@@ -171,7 +207,7 @@ class ShieldedClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):  #
         if unknown:
             raise ValueError(f"y has labels the estimator does not know: {unknown}")
         codes = np.array([positions[v] for v in y_val.tolist()], dtype=np.int64)
-        self.shield_ = clone(self.shield)
+        self.shield_ = clone(self.shield).set_params(seeding=seeding)
         self.shield_.fit(val_probs, codes)
         for name in ("n_features_in_", "feature_names_in_"):
             if hasattr(self.estimator_, name):

@@ -59,6 +59,36 @@ def test_art_classifier_accepts_the_postprocessor_and_answers_through_it():
     assert not np.array_equal(answers, plain.predict(X[400:]))
 
 
+def test_art_postprocessor_defaults_to_input_hash_seeding():
+    from art.estimators.classification import SklearnClassifier
+
+    from defenses.ssd.art import SSDPostprocessor
+
+    X, y = _digits()
+    model = DecisionTreeClassifier(max_depth=6, random_state=0).fit(X[:300], y[:300])
+    shield = StealthyShield(epsilon=2.0, seed=0)  # the shield's own default: random
+    shield.fit(model.predict_proba(X[300:400]), y[300:400])
+    post = SSDPostprocessor(shield)
+    assert post.seeding == "input-hash"
+    assert post.shield.seeding == "input-hash"
+    assert shield.seeding == "random"  # the given shield is not changed
+    defended = SklearnClassifier(model, postprocessing_defences=[post])
+    rows = X[400:]
+    first = defended.predict(rows)
+    np.testing.assert_array_equal(first, defended.predict(rows))
+    assert np.mean(first.argmax(1) != model.predict(rows)) > 0.01
+    noisy = SSDPostprocessor(shield, seeding="random")
+    assert noisy.shield.seeding == "random"
+    random_arm = SklearnClassifier(model, postprocessing_defences=[noisy])
+    once, twice = random_arm.predict(rows), random_arm.predict(rows)
+    assert np.mean(once.argmax(1) == twice.argmax(1)) < 1.0
+    post.set_params(seeding="random")  # ART's own protocol
+    assert post.shield.seeding == "random"
+    assert shield.seeding == "random"
+    with pytest.raises(ValueError, match="seeding must be one of"):
+        SSDPostprocessor(shield, seeding="hash")
+
+
 def test_art_membership_inference_attack_with_and_without_ssd():
     from art.attacks.inference.membership_inference import (
         MembershipInferenceBlackBoxRuleBased,
@@ -133,13 +163,78 @@ def test_sklearn_checks_that_cannot_apply_to_fresh_randomness():
     # With seeding="random" every call draws fresh pseudo-labels, so the arg-max of
     # a predict call need not match a separate predict_proba call: the only checks
     # that fail are those comparing two calls on the same rows.
-    shield = StealthyShield(seed=0, seeding="random")
-    estimator = ShieldedClassifier(LogisticRegression(), shield, random_state=0)
+    shield = StealthyShield(seed=0)
+    estimator = ShieldedClassifier(
+        LogisticRegression(), shield, seeding="random", random_state=0
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         results = check_estimator(estimator, on_fail=None)
     failed = {r["check_name"] for r in results if r["status"] == "failed"}
     assert failed <= {"check_classifiers_train"}
+
+
+def test_sklearn_checks_with_a_fresh_key_per_fit():
+    # The default shield (seed=None) draws its hash key from the operating system
+    # at every fit, as a secret should be: two fits answer uncertain rows
+    # differently, so check_fit_idempotent cannot hold; every other check passes.
+    estimator = ShieldedClassifier(LogisticRegression(), StealthyShield())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = check_estimator(estimator, on_fail=None)
+    failed = {r["check_name"] for r in results if r["status"] == "failed"}
+    assert failed <= {"check_fit_idempotent"}
+
+
+def _uncertain_digits():
+    """A weak model on digits: its answers are uncertain, so SSD moves them."""
+    X, y = _digits()
+    return X, y, LogisticRegression(C=0.02, max_iter=500)
+
+
+def _vote(estimator, X, repeats):
+    """The voting attacker: the majority label over ``repeats`` identical queries."""
+    votes = np.stack([estimator.predict(X) for _ in range(repeats)])
+    return np.array([np.bincount(column).argmax() for column in votes.T])
+
+
+def test_shielded_classifier_defaults_to_input_hash_seeding():
+    X, y, model = _uncertain_digits()
+    shield = StealthyShield(epsilon=2.0)  # StealthyShield's own default: random
+    est = ShieldedClassifier(model, shield, random_state=0).fit(X[:400], y[:400])
+    assert est.seeding == "input-hash"
+    assert est.shield_.seeding == "input-hash"
+    assert shield.seeding == "random"  # the given shield is not changed
+    assert not est.__sklearn_tags__().non_deterministic
+    rows = X[400:]
+    first = est.predict(rows)
+    assert np.array_equal(first, est.predict(rows))  # 100 % agreement
+    np.testing.assert_array_equal(est.predict_proba(rows), est.predict_proba(rows))
+    plain = est.estimator_.predict(rows)
+    assert np.mean(first != plain) > 0.05  # the shield does move these answers
+    # repeating a query and voting gains the attacker nothing
+    assert np.array_equal(_vote(est, rows, 15), first)
+
+
+def test_random_seeding_is_explicit_and_a_vote_averages_it_away():
+    X, y, model = _uncertain_digits()
+    shield = StealthyShield(epsilon=2.0, seed=0)
+    est = ShieldedClassifier(model, shield, seeding="random", random_state=0)
+    est.fit(X[:400], y[:400])
+    assert est.shield_.seeding == "random"
+    assert est.__sklearn_tags__().non_deterministic
+    rows = X[400:]
+    plain = est.estimator_.predict(rows)
+    once = est.predict(rows)
+    assert np.mean(once == est.predict(rows)) < 1.0  # two calls disagree
+    single = np.mean(once == plain)
+    voted = np.mean(_vote(est, rows, 15) == plain)
+    assert voted > single  # the vote recovers the label SSD randomized
+    resolution = StealthyShield(seeding="input-hash", hash_resolution=0.1)
+    with pytest.raises(ValueError, match="hash_resolution"):
+        ShieldedClassifier(model, resolution, seeding="random").fit(X, y)
+    with pytest.raises(ValueError, match="seeding must be one of"):
+        ShieldedClassifier(model, shield, seeding="hash").fit(X, y)
 
 
 def test_clone_params_labels_of_any_type_score_and_cross_val():
@@ -209,7 +304,13 @@ def test_sparse_features_and_prefit():
     pre.fit(X[400:], y[400:])
     assert pre.estimator_ is fitted
     wrapped = StealthyShield(seed=0).fit(fitted.predict_proba(X[400:]), y[400:])
-    assert set(wrapped.wrap(fitted).predict(X)) <= set(range(10))
+    protected = wrapped.wrap(fitted)
+    assert set(protected.predict(X)) <= set(range(10))
+    assert protected.shield_.seeding == "input-hash"
+    assert wrapped.seeding == "random"
+    np.testing.assert_array_equal(
+        protected.predict_proba(X), protected.predict_proba(X)
+    )
 
 
 # --- torch -------------------------------------------------------------------------
