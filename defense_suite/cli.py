@@ -75,12 +75,15 @@ def _spec_file(path: Path) -> Path:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    from defense_suite.extras import install_line, missing_for
     from defenses.registry import KINDS, available
 
     for kind in KINDS:
         print(f"{kind}:")
         for name in available(kind):
-            print(f"  {name}")
+            lacking = missing_for(name)
+            note = f"  (not installed: {install_line(lacking)})" if lacking else ""
+            print(f"  {name}{note}")
     return 0
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from defense_suite.extras import require_for
 from defense_suite.spec import Spec, SpecError
 from defenses.harness import label, params_of, run_once
 from defenses.registry import create, load
@@ -117,8 +118,13 @@ def plan(spec: Spec, seeds: Sequence[int] | None = None, source: str = "") -> Pl
         Naming ``source`` (the spec file), the section and the setting, when a
         component is unknown, refuses a parameter, or an attack needs a capability
         its scenario's threat model does not grant.
+    MissingExtra
+        When a component needs an optional library that is not installed, with the
+        ``pip install`` line that installs it (before anything runs).
     """
     where = source or spec.name
+    names = [spec.scenario, spec.benchmark, *spec.attacks, *spec.defenses]
+    require_for([n for n in names if n is not None and n != UNDEFENDED], where)
     chosen = list(spec.seeds if seeds is None else seeds)
     if not chosen or any(isinstance(s, bool) or s < 0 for s in chosen):
         raise SpecError(f"seeds must be integers >= 0, got {chosen}")
