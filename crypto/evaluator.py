@@ -166,6 +166,8 @@ class Evaluator:
     max_level: int
     refresh: Refresh | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    stage: str = field(default="", init=False)
+    """The stage whose refresh is being requested (read by a recording refresh)."""
 
     def __post_init__(self) -> None:
         if (
@@ -198,6 +200,7 @@ class Evaluator:
             )
         self.note("refresh_rounds")
         self.note("refreshed_values", len(values))
+        self.stage = stage
         return self.refresh(values)
 
     def add(self, a: Value, b: Value) -> Value:

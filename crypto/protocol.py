@@ -22,8 +22,9 @@ Every message the server receives is kept in its :class:`Transcript`; the audit 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -32,9 +33,20 @@ from defenses.arrays import FloatArray
 from defenses.checks import check_int
 from defenses.cost import count
 
-from .ckks import CKKSParams, fingerprint, load_ciphertext, make_context, public_bytes
+from .ckks import CKKSParams, fingerprint, make_context, public_bytes
 from .heval import lora_factors
 from .packing import pack, roll_tokens
+from .schedule import (
+    ANSWERS,
+    Refused,
+    Schedule,
+    Step,
+    admit,
+    calibrate,
+    check_batch,
+    clip,
+    inference_schedule,
+)
 from .server import InProcess, Server, Transcript
 from .tasks import check_sequences
 from .wire import Channel, Message, ProtocolError
@@ -48,9 +60,13 @@ __all__ = [
     "InProcess",
     "Message",
     "ProtocolError",
+    "Refused",
+    "Schedule",
     "Server",
     "Transcript",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -83,7 +99,12 @@ class Client:
         The modulus chain.
     """
 
-    def __init__(self, model: HEFormer, params: CKKSParams):
+    def __init__(
+        self,
+        model: HEFormer,
+        params: CKKSParams,
+        calibration: npt.ArrayLike | None = None,
+    ):
         if not isinstance(params, CKKSParams):
             raise TypeError(f"params must be CKKSParams, got {type(params).__name__}")
         if not hasattr(model, "config") or not hasattr(model, "calibration"):
@@ -94,8 +115,29 @@ class Client:
         self.key = fingerprint(self.context)
         self.refreshes = 0
         self.refreshed = 0
+        self.decryptions = 0
         self.setup_bytes = 0
         self.exchanges: list[Exchange] = []
+        self._schedules: dict[bool, Schedule] = {}
+        if calibration is not None:
+            self._schedules[True] = calibrate(
+                self.schedule(True), model, self.check_inputs(calibration)
+            )
+
+    def schedule(self, interactive: bool) -> Schedule:
+        """The public schedule of one inference (derived once, then cached).
+
+        Raises
+        ------
+        DepthError
+            For a non-interactive session on a chain too short for the layer.
+        """
+        mode = bool(interactive)
+        if mode not in self._schedules:
+            self._schedules[mode] = inference_schedule(
+                self.model, self.params, mode, self._slots
+            )
+        return self._schedules[mode]
 
     @property
     def _slots(self) -> int:
@@ -113,17 +155,13 @@ class Client:
         blobs = tuple(ts.ckks_vector(self.context, list(v)).serialize() for v in values)
         return Message(kind, self.key, blobs, meta or {})
 
-    def _decrypt(self, message: Message) -> list[FloatArray]:
-        if message.key != self.key:
-            raise ProtocolError("ciphertexts were made under another key")
+    def _open(self, step: Step, message: Message) -> list[FloatArray]:
+        """Admit ``message`` as ``step`` (before decrypting), then decrypt and clip."""
+        vectors = admit(step, message, self.context, self.key, self.params)
+        self.decryptions += len(vectors)
         return [
-            np.asarray(
-                load_ciphertext(
-                    self.context, c, f"{message.kind} ciphertext {i}", self._slots
-                ).decrypt(),
-                dtype=np.float64,
-            )
-            for i, c in enumerate(message.blobs)
+            clip(np.asarray(v.decrypt(), dtype=np.float64), bound)
+            for v, bound in zip(vectors, step.bounds, strict=True)
         ]
 
     def check_inputs(self, X: npt.ArrayLike) -> FloatArray:
@@ -167,53 +205,45 @@ class Client:
         }
         return self._encrypt("lora", values, meta)
 
-    def answer(self, request: Message) -> Message:
-        """Serve one server request: ``refresh`` or ``roll`` (fresh encryptions).
+    def answer(self, request: Message, step: Step) -> Message:
+        """Serve one server request that must be ``step`` of the public schedule.
+
+        The request is admitted (kind, count, copies, slots, level, scale) before
+        anything is decrypted; the decrypted values are clipped to the step's
+        public bounds and re-encrypted fresh (level 0), so the answer takes the
+        same path whatever the plaintext.
 
         Raises
         ------
-        ProtocolError
-            For any other request, or a roll of a bad number of copies.
+        Refused
+            If the request is not ``step`` (nothing was decrypted).
         """
         if not isinstance(request, Message):
             raise TypeError(f"request must be a Message, got {type(request).__name__}")
-        if request.kind == "refresh":
-            self.refreshes += 1
-            self.refreshed += len(request.blobs)
-            return self._encrypt("refreshed", self._decrypt(request))
-        if request.kind == "roll":
+        values = self._open(step, request)
+        self.refreshes += 1
+        self.refreshed += len(values)
+        if step.kind == "roll":
             n = self.model.config.n_tokens
-            copies = request.meta.get("copies")
-            if isinstance(copies, bool) or not isinstance(copies, int):
-                raise ProtocolError(
-                    f"roll request: copies must be an int, not {copies!r}"
-                )
-            if not 1 <= copies <= n:
-                raise ProtocolError(f"roll request: copies must be in [1, {n}]")
-            self.refreshes += 1
-            values = self._decrypt(request)
-            self.refreshed += len(values)
-            return self._encrypt(
-                "rolled", [roll_tokens(v, n, s) for s in range(copies) for v in values]
-            )
-        raise ProtocolError(
-            f"the client answers refresh and roll, not {request.kind!r}"
-        )
+            values = [roll_tokens(v, n, s) for s in range(step.copies) for v in values]
+        return self._encrypt(ANSWERS[step.kind], values)
 
-    def decrypt_logits(self, message: Message, batch: int) -> FloatArray:
-        """Decrypt the logits and read the CLS slot of each of ``batch`` sequences."""
+    def decrypt_logits(
+        self, message: Message, batch: int, interactive: bool = True
+    ) -> FloatArray:
+        """Check the logits reply's shape and level, decrypt, read the CLS slots.
+
+        Raises
+        ------
+        Refused
+            If the message is not ``n_classes`` ciphertexts of the agreed slots at
+            the level the schedule's last stage leaves (checked before decryption).
+        """
         n = self.model.config.n_tokens
         if not isinstance(message, Message):
             raise TypeError(f"message must be a Message, got {type(message).__name__}")
         batch = check_int("batch", batch, 1, self._slots // n)
-        if message.kind != "logits":
-            raise ProtocolError(f"expected a logits message, got {message.kind!r}")
-        if len(message.blobs) != self.model.config.n_classes:
-            raise ProtocolError(
-                f"expected {self.model.config.n_classes} logit ciphertexts, got "
-                f"{len(message.blobs)}"
-            )
-        values = self._decrypt(message)
+        values = self._open(self.schedule(interactive).reply, message)
         return np.stack([v[: batch * n : n] for v in values], axis=1)
 
     def open(self, connection: Channel) -> None:
@@ -231,21 +261,44 @@ class Client:
         self, connection: Channel, X: FloatArray, interactive: bool
     ) -> FloatArray:
         """One packed batch over an open session; answers the server's requests."""
+        schedule = self.schedule(interactive)
+        if interactive:
+            check_batch(schedule, self.model, X)
         data = self.encrypt_inputs(X, rolled=not interactive).encode()
         connection.send(data)
         up, down, trips = len(data), 0, 1
+        served = 0
         while True:
             raw = connection.recv()
             down += len(raw)
-            reply = Message.decode(raw)
-            if reply.kind == "logits":
-                break
+            try:
+                reply = Message.decode(raw)
+            except ValueError as err:
+                self._abort(connection, Refused(f"malformed server message ({err})"))
             if reply.kind == "error":
                 kind = ProtocolError if reply.meta.get("value_error") else RuntimeError
                 raise kind(f"the server refused the request: {reply.meta.get('error')}")
-            answer = self.answer(reply).encode()
+            if reply.kind == "logits" and served == schedule.requests:
+                break
+            if served == schedule.requests:
+                self._abort(
+                    connection,
+                    Refused(
+                        f"request {served + 1} ({reply.kind!r}) is beyond the public "
+                        f"schedule of {schedule.requests} requests"
+                    ),
+                )
+            try:
+                answer = self.answer(reply, schedule.steps[served]).encode()
+            except Refused as err:
+                self._abort(connection, err)
+            served += 1
             connection.send(answer)
             up, trips = up + len(answer), trips + 1
+        try:
+            logits = self.decrypt_logits(reply, X.shape[0], interactive)
+        except Refused as err:
+            self._abort(connection, err)
         counts = {str(k): int(v) for k, v in dict(reply.meta.get("counts", {})).items()}
         exchange = Exchange(
             X.shape[0], up, down, trips, float(reply.meta.get("seconds", 0.0)), counts
@@ -258,7 +311,14 @@ class Client:
             *counts.items(),
         ):
             count(name, amount)
-        return self.decrypt_logits(reply, X.shape[0])
+        return logits
+
+    @staticmethod
+    def _abort(connection: Channel, err: Refused) -> NoReturn:
+        """Send the one content-independent refusal (``abort``) and raise ``err``."""
+        logger.info("refused a server message: %s", err)
+        connection.send(Message("abort").encode())
+        raise err
 
     def predict(
         self, server: Server | Channel, X: npt.ArrayLike, interactive: bool = True

@@ -127,7 +127,7 @@ class Server:
                 self._refuse(channel, err)
                 continue
             self.transcript.record(message)
-            if message.kind == "close":
+            if message.kind in ("close", "abort"):
                 return
             try:
                 self._handle(channel, message)
@@ -182,7 +182,7 @@ class Server:
         channel.send(request.encode())
         reply = Message.decode(channel.recv())
         self.transcript.record(reply)
-        if reply.kind == "close":
+        if reply.kind in ("close", "abort"):
             raise _Closed
         if reply.kind != reply_kind or len(reply.blobs) != expect:
             raise ProtocolError(

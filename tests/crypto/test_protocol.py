@@ -7,8 +7,9 @@ import pytest
 
 from defense_suite.crypto.attacks import audit, secrets_reachable
 from defense_suite.crypto.ckks import INTERACTIVE, make_context, public_bytes
+from defense_suite.crypto.evaluator import Value
 from defense_suite.crypto.model import HEFormer
-from defense_suite.crypto.protocol import Client, InProcess, Server
+from defense_suite.crypto.protocol import Client, InProcess, Refused, Server
 from defense_suite.crypto.tasks import Sequences
 from defense_suite.crypto.train import predict_logits
 from defense_suite.crypto.transport import Loopback
@@ -88,10 +89,15 @@ class DecryptingServer(Server):
 
     def _infer(self, channel: Channel, message: Message) -> Message:
         self.attempts, values = [], self._load(message)
-        refreshed = self._request(
-            channel, self._dump("refresh", values), "refreshed", len(values)
+        # the schedule's first request: K and V (2d ciphertexts at level 2)
+        kv = [Value(v.handle * 1.0 * 1.0) for v in values + values]
+        rolled = self._request(
+            channel,
+            self._dump("roll", kv, copies=self.weights.n_tokens),
+            "rolled",
+            len(kv) * self.weights.n_tokens,
         )
-        for value in values + refreshed:
+        for value in values + rolled[:1]:
             try:
                 value.handle.decrypt()
                 self.attempts.append("decrypted")
@@ -112,14 +118,17 @@ def test_malicious_server_has_nothing_to_decrypt_with(
     tiny_data: tuple[Sequences, Sequences],
 ) -> None:
     client, _ = pair
-    before = client.refreshes
+    before, opened = client.refreshes, client.decryptions
     server = DecryptingServer.for_model(None, tiny_model, INTERACTIVE)
-    logits = client.predict(server, tiny_data[1].X[:3])
-    assert logits.shape == (3, tiny_model.config.n_classes)  # garbage, not secrets
-    assert len(server.attempts) == 2 * tiny_model.config.d + 1
+    # garbage logits, early and at the wrong level: refused before decryption
+    with pytest.raises(Refused, match="expected a 'refresh' message"):
+        client.predict(server, tiny_data[1].X[:3])
+    assert len(server.attempts) == tiny_model.config.d + 2
     assert all("secret" in a for a in server.attempts), server.attempts
     assert server.reachable == []
     assert client.refreshes == before + 1
+    assert client.decryptions == opened + 2 * tiny_model.config.d
+    assert server.transcript.inbound[-1][0] == "abort"
     assert audit(server).clean
     # the walk finds a secret when one is reachable (it is not vacuous)
     assert secrets_reachable({"x": [client]}) == ["a Client"]
