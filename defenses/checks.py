@@ -170,6 +170,37 @@ def check_indices(what: str, values: npt.NDArray[Any], bound: int) -> None:
         raise ValueError(f"{what} must lie in [0, {bound}), got [{low}, {high}]")
 
 
+def check_finite_module(owner: str, module: Any) -> None:
+    """Raise ValueError naming the first parameter or buffer of ``module`` with NaN/inf.
+
+    ``module`` is a ``torch.nn.Module`` (torch is imported only here); integer and
+    boolean buffers (e.g. BatchNorm's ``num_batches_tracked``) are skipped. A model
+    whose weights hold NaN computes NaN, so it is refused before it gets a number.
+
+    Parameters
+    ----------
+    owner : str
+        How the message names the module (e.g. ``"model"``).
+    module : torch.nn.Module
+        The module to check.
+    """
+    import torch
+
+    for kind, items in (
+        ("parameter", module.named_parameters()),
+        ("buffer", module.named_buffers()),
+    ):
+        for name, tensor in items:
+            if not (tensor.is_floating_point() or tensor.is_complex()):
+                continue
+            bad = int((~torch.isfinite(tensor.detach())).sum())
+            if bad:
+                raise ValueError(
+                    f"{owner}: {kind} {name!r} holds {bad} NaN or inf value(s) (of "
+                    f"{tensor.numel()}); a broken model is refused"
+                )
+
+
 def _interval(low: float | None, high: float | None, opening: str, closing: str) -> str:
     """`` in [a, b]``, `` >= a``, `` <= b`` or nothing, for the messages."""
     if low is not None and high is not None:

@@ -18,6 +18,7 @@ Nested supports give a bound on the worst-case *expected* loss as well.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ from torch import nn
 from defenses.arrays import FloatArray
 from defenses.checks import check_choice, check_real
 from defenses.civet.bounds import Box, UnsupportedLayerError
+from defenses.civet.crosscheck import CheckConfig, CheckReport, cross_check
 from defenses.civet.crown import crown
 from defenses.civet.model import VAE
 from defenses.civet.protocol import VAEInterface, as_vae
@@ -42,6 +44,7 @@ DEFAULT_LEVELS: tuple[float, ...] = (0.5, 0.75, 0.9, 0.95, 0.99)
 
 
 RELAXATIONS = ("ibp", "crown")
+CHECK = CheckConfig()
 
 
 def latent_bounds(
@@ -160,6 +163,11 @@ class Certificate:
         exact support uses per-dimension half-widths no larger than this).
     levels : tuple of float
         Support levels of the expected-loss bound.
+    seconds : float
+        Wall time of the bounds (protocol check, copy, propagation).
+    check : CheckReport
+        The cross-check against the module that the certificate passed
+        (:mod:`defenses.civet.crosscheck`); its ``seconds`` are the check's cost.
     """
 
     bound: FloatArray
@@ -171,6 +179,8 @@ class Certificate:
     p: float
     k: float
     levels: tuple[float, ...]
+    seconds: float
+    check: CheckReport
 
 
 def certify(
@@ -185,11 +195,19 @@ def certify(
     encode: str = "encode",
     decode: str = "decode",
     domain: tuple[float, float] | None = None,
+    check: CheckConfig = CHECK,
 ) -> Certificate:
     r"""Certify the reconstruction error of ``model`` around each row of ``x``.
 
-    Bounds are computed in float64 on an eval-mode copy of the model, so rounding
-    cannot make them unsound at float32 precision.
+    Bounds are computed in float64 on an eval-mode copy of the model: what is
+    certified is the eval-mode function (BatchNorm with its running statistics,
+    Dropout off), whatever mode the model is in. Before it is returned, the
+    certificate is cross-checked against the module itself
+    (:func:`~defenses.civet.crosscheck.cross_check`: the traced graph against the
+    module at the centre, the bound against the module's error at sampled points of
+    the input ball and the noise boxes and at the best point of a short joint
+    attack); any disagreement raises :class:`~defenses.civet.crosscheck.
+    CrossCheckError` instead of returning a number.
 
     Parameters
     ----------
@@ -218,6 +236,9 @@ def certify(
         Names of the model's two methods.
     domain : (float, float) or None
         Valid input range (None: the model's ``domain`` attribute, else [0, 1]).
+    check : CheckConfig
+        Size of the cross-check (sampled points per row, attack steps, tolerance,
+        seed); it always runs.
 
     Raises
     ------
@@ -228,12 +249,18 @@ def certify(
         domain, or bad levels.
     UnsupportedLayerError
         If the model holds an operation the chosen relaxation has no rule for.
+    CrossCheckError
+        If the certificate disagrees with the module (the message names the first
+        disagreement: row, point, error and bound).
     """
     check_choice("relaxation", relaxation, RELAXATIONS)
     check_choice("support", support, SUPPORTS)
+    if not isinstance(check, CheckConfig):
+        raise TypeError(f"check must be a CheckConfig, got {type(check).__name__}")
     eps = check_real("eps", eps, 0.0)
     p = check_real("p", p, 0.0, 1.0, open_low=True, open_high=True)
     every = tuple(sorted(set(check_levels(levels)) | {p}))
+    began = time.perf_counter()
     vae = as_vae(model, x, encode, decode, domain)
     exact = vae.copy(torch.float64)
     inputs = exact.inputs(x)
@@ -248,17 +275,26 @@ def certify(
         expected = expected_bound(every, bounds, ceiling)
         ball = Box.linf_ball(inputs, eps, vae.domain)
         mu, sigma_upper = latent_bounds(exact, ball, relaxation)
-    k = halfwidth(p, vae.latent_dim)
-    widths = _halfwidths(mu, sigma_upper, [p], vae.latent_dim, support)[0]
-    latent = Box(mu.lower - widths * sigma_upper, mu.upper + widths * sigma_upper)
+        widths = _halfwidths(mu, sigma_upper, every, vae.latent_dim, support)
+        widths = widths.expand(len(every), *mu.lower.shape)
+    seconds = time.perf_counter() - began
+    index = every.index(p)
+    report = cross_check(
+        exact, vae, inputs, eps, every, bounds, ceiling, widths, index, check
+    )
+    latent = Box(
+        mu.lower - widths[index] * sigma_upper, mu.upper + widths[index] * sigma_upper
+    )
     return Certificate(
-        bound=bounds[every.index(p)].numpy(),
+        bound=bounds[index].numpy(),
         expected_bound=expected.numpy(),
         ceiling=ceiling.numpy(),
         latent_lower=latent.lower.numpy(),
         latent_upper=latent.upper.numpy(),
         eps=eps,
         p=p,
-        k=k,
+        k=halfwidth(p, vae.latent_dim),
         levels=every,
+        seconds=seconds,
+        check=report,
     )

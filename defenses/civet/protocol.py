@@ -32,8 +32,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 from torch import fx, nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
-from defenses.checks import check_real
+from defenses.checks import check_finite_module, check_real
 from defenses.civet.bounds import Box, UnsupportedLayerError
 from defenses.civet.graph import output_range, parameter_dtype, propagate, trace
 
@@ -199,6 +200,24 @@ class VAEInterface:
         return output_range(self._graph(self.decode_name))
 
 
+def _batch_statistics(module: nn.Module) -> None:
+    """Refuse BatchNorm layers without running statistics, naming the first one.
+
+    Such a layer normalises every batch by its own statistics, in eval mode too: a
+    row's output depends on the other rows (and a single row cannot be normalised),
+    so it has no interval rule.
+    """
+    for name, layer in module.named_modules():
+        if isinstance(layer, _BatchNorm) and layer.running_mean is None:
+            raise UnsupportedLayerError(
+                f"layer {name!r} ({type(layer).__name__}) has no running statistics "
+                "(track_running_stats=False): it normalises each batch by its own "
+                "mean and variance even in eval mode, so one row's output depends "
+                "on the others and a batch of one cannot be normalised; CIVET "
+                "needs track_running_stats=True (bounds use the running statistics)"
+            )
+
+
 def _method(module: nn.Module, name: str, role: str) -> None:
     if not isinstance(name, str) or not callable(getattr(module, name, None)):
         raise TypeError(
@@ -234,8 +253,11 @@ def as_vae(
     TypeError
         If ``model`` is not a module, lacks a method, or a method breaks the
         contract (the message says which and what it returned).
+    UnsupportedLayerError
+        If a BatchNorm layer keeps no running statistics (it is named).
     ValueError
-        If ``x`` or ``domain`` is invalid.
+        If ``x`` or ``domain`` is invalid, or a parameter, a buffer or an output on
+        the first row holds NaN or inf (named).
     """
     if isinstance(model, VAEInterface):
         return model
@@ -248,6 +270,8 @@ def as_vae(
         raise ValueError(f"domain must be a pair (low, high), got {span!r}")
     low = check_real("domain[0]", span[0])
     high = check_real("domain[1]", span[1], low, open_low=True)
+    check_finite_module("model", model)
+    _batch_statistics(model)
     dtype = parameter_dtype(model)
     row = check_inputs(x, None, (low, high), dtype)[:1]
     with torch.no_grad(), evaluation(model):
@@ -278,6 +302,12 @@ def as_vae(
                 f"model.{decode}(z) must return x_hat with the shape of x, "
                 f"{tuple(row.shape)}; got {got}"
             )
+        for what, value in ((f"{encode}(x)", torch.cat([mu, logvar])), (decode, x_hat)):
+            if not bool(torch.isfinite(value).all()):
+                raise ValueError(
+                    f"model.{what} returns NaN or inf on the first row of x; a "
+                    "broken model is refused"
+                )
     return VAEInterface(
         model, encode, decode, (low, high), tuple(row.shape[1:]), int(mu.shape[1])
     )

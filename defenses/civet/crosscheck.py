@@ -1,0 +1,334 @@
+r"""The certificate checks itself against the user's module before it is returned.
+
+Interval bounds follow the module's traced graph (:mod:`defenses.civet.graph`); a
+module can compute something else than its graph says (an aliasing the alias rule
+missed, Python state read at trace time, a random draw frozen into the graph), and a
+rule can be wrong. :func:`cross_check` therefore evaluates the module's own
+``encode`` / ``decode`` (its Python code, not the graph) and refuses the certificate,
+raising :class:`CrossCheckError` naming the first disagreement, if
+
+1. the bounds propagated through the graph for the point box :math:`[x, x]` (and for
+   the point :math:`z = \mu(x)` of the decoder) differ from the module's outputs
+   there: then the graph is not the module;
+2. the user's module in its own dtype and mode-as-certified (eval) differs at the
+   centre from the float64 copy the bounds were computed on;
+3. any evaluated output is NaN or inf;
+4. at sampled points :math:`(x', \nu)` of the input ball
+   :math:`B_\infty(x, \varepsilon) \cap \text{domain}` (uniform and corners) and of
+   the noise boxes :math:`|\nu_i| \le w_{j,i}` of the support levels (uniform and
+   corners), or at the strongest point of a short joint signed-gradient ascent over
+   the level-:math:`p` box, the squared error
+   :math:`\ell = \|D(\mu(x') + \sigma(x') \odot \nu) - x\|^2` exceeds the bound of the
+   smallest level whose box holds :math:`\nu`.
+
+A point's check is exact in float64 up to a relative slack ``tolerance`` (interval
+arithmetic here rounds to nearest, not outwards). Passing the check does not prove
+the bound (only the interval argument does); failing it proves the bound wrong for
+this module, which is why a failure is a refusal, never a number.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from defenses.arrays import FloatArray
+from defenses.checks import check_int, check_real
+from defenses.civet.attacks import projected_ascent
+from defenses.civet.bounds import Box
+from defenses.civet.model import sse
+from defenses.civet.protocol import VAEInterface, evaluation
+
+
+class CrossCheckError(ValueError):
+    """The certificate disagrees with the module it certifies (it is not returned)."""
+
+
+@dataclass(frozen=True)
+class CheckConfig:
+    """How hard :func:`cross_check` looks for a disagreement.
+
+    Parameters
+    ----------
+    samples : int
+        Sampled (input, noise) points per row, >= 0 (half with uniform inputs, half
+        with corners of the input ball; noise uniform or at corners of the level
+        boxes). The centre is always checked.
+    steps : int
+        Steps of the short joint ascent, >= 0 (0: no attack).
+    tolerance : float
+        Relative slack of every comparison in float64, in [0, 1e-3].
+    seed : int
+        Seed of the check's own ``torch.Generator`` (same seed, same points).
+    """
+
+    samples: int = 16
+    steps: int = 10
+    tolerance: float = 1e-9
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_int("CheckConfig.samples", self.samples, 0)
+        check_int("CheckConfig.steps", self.steps, 0)
+        check_real("CheckConfig.tolerance", self.tolerance, 0.0, 1e-3)
+        check_int("CheckConfig.seed", self.seed, 0)
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """What the cross-check evaluated and how close it came to the bound.
+
+    Attributes
+    ----------
+    points : int
+        (input, noise) points evaluated on the module (centre, samples, attack).
+    worst_ratio : float
+        Largest error / bound over all points (<= 1 + tolerance when it passed).
+    attack_loss : ndarray of shape (n,)
+        Error at the strongest point the short ascent found, per row.
+    seconds : float
+        Wall time of the check.
+    """
+
+    points: int
+    worst_ratio: float
+    attack_loss: FloatArray
+    seconds: float
+
+
+def _close(reference: torch.Tensor, value: torch.Tensor, slack: float) -> torch.Tensor:
+    """Per-row flag: ``value`` equals ``reference`` up to ``slack`` relative."""
+    gap = (value - reference).abs() - slack * (1.0 + reference.abs())
+    return ~(gap > 0).reshape(gap.shape[0], -1).any(dim=1)
+
+
+def _first(flags: torch.Tensor) -> int:
+    return int(torch.nonzero(~flags)[0, 0])
+
+
+def _agree(
+    what: str, reference: torch.Tensor, bound: Box, slack: float, owner: str
+) -> None:
+    for end, name in ((bound.lower, "lower"), (bound.upper, "upper")):
+        ok = _close(reference, end, slack)
+        if not bool(ok.all()):
+            row = _first(ok)
+            gap = float((end[row] - reference[row]).abs().max())
+            raise CrossCheckError(
+                f"{owner}: the traced graph of {what} differs from the module at the "
+                f"centre of row {row} (the {name} point bound is off by {gap:.6g}); "
+                "the module does not compute what its torch.fx graph says (an "
+                "in-place update, state read at trace time, randomness): no "
+                "certificate"
+            )
+
+
+def _finite(what: str, value: torch.Tensor, owner: str) -> None:
+    ok = torch.isfinite(value).reshape(value.shape[0], -1).all(dim=1)
+    if not bool(ok.all()):
+        raise CrossCheckError(
+            f"{owner}: {what} is NaN or inf at row {_first(ok)}: no certificate"
+        )
+
+
+def _centre(
+    exact: VAEInterface, user: VAEInterface, x: torch.Tensor, slack: float
+) -> torch.Tensor:
+    """Checks 1-3 at the centre; returns the module's error there (noise 0)."""
+    enc, dec = f"model.{exact.encode_name}", f"model.{exact.decode_name}"
+    mu, logvar = exact.encode(x)
+    _finite(f"{enc}(x)", torch.cat([mu, logvar], 1), "model")
+    mu_box, logvar_box = exact.latent_bounds(Box(x, x))
+    _agree(f"{enc} (mean)", mu, mu_box, slack, "model")
+    _agree(f"{enc} (log-variance)", logvar, logvar_box, slack, "model")
+    out = exact.decode(mu)
+    _finite(f"{dec}(mu)", out, "model")
+    _agree(dec, out, exact.output_bounds(Box(mu, mu)), slack, "model")
+    dtype = user.dtype
+    loose = max(slack, 1e3 * torch.finfo(dtype).eps)
+    with evaluation(user.module):
+        mu_user, _ = user.encode(x.to(dtype))
+        out_user = user.decode(mu_user)
+    for name, mine, theirs in ((enc, mu, mu_user), (dec, out, out_user)):
+        _finite(f"{name} in {dtype}", theirs, "model")
+        ok = _close(mine, theirs.to(mine.dtype), loose)
+        if not bool(ok.all()):
+            row = _first(ok)
+            raise CrossCheckError(
+                f"model: {name} in its own dtype ({dtype}, eval mode) differs from "
+                f"its float64 copy at row {row} by more than {loose:.3g} relative; "
+                "the copy the bounds were computed on is not the model: no "
+                "certificate"
+            )
+    return sse(out, x)
+
+
+def _inside(nu: torch.Tensor, widths: torch.Tensor, slack: float) -> torch.Tensor:
+    """``(levels, m)`` flags: point ``i`` lies in level ``j``'s noise box."""
+    return (nu.abs()[None] <= widths * (1.0 + slack)).all(dim=2)
+
+
+def _violations(
+    loss: torch.Tensor,
+    nu: torch.Tensor,
+    widths: torch.Tensor,
+    bounds: torch.Tensor,
+    ceiling: torch.Tensor,
+    slack: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bound each point must meet (smallest level holding it) and the flags."""
+    inside = _inside(nu, widths, slack)  # (levels, m)
+    candidates = torch.where(inside, bounds, torch.inf)
+    required = torch.minimum(candidates.min(dim=0).values, ceiling)
+    bad = ~(loss <= required + slack * (1.0 + required.abs()))
+    return required, bad
+
+
+def _samples(
+    ball: Box, widths: torch.Tensor, p_index: int, count: int, g: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """``count`` points per row: inputs in the ball, noise in the level boxes."""
+    n = ball.lower.shape[0]
+    dtype = ball.lower.dtype
+    rows = torch.arange(n).repeat(count)
+    t = torch.rand((count * n, *ball.lower.shape[1:]), generator=g, dtype=dtype)
+    corner = torch.arange(count).repeat_interleave(n) % 2 == 1
+    t = torch.where(corner.reshape(-1, *[1] * (t.ndim - 1)), t.round(), t)
+    x = ball.lower[rows] + (ball.upper[rows] - ball.lower[rows]) * t
+    d = widths.shape[-1]
+    u = 2 * torch.rand((count * n, d), generator=g, dtype=dtype) - 1
+    kind = torch.arange(count).repeat_interleave(n) % 4
+    u = torch.where((kind >= 2)[:, None], u.sign(), u)  # noise corners
+    level = torch.where(kind % 2 == 0, p_index, widths.shape[0] - 1)
+    nu = u * widths[level, rows]
+    names = [
+        ("input corner" if c else "uniform input")
+        + (", noise corner" if k >= 2 else ", uniform noise")
+        + (" of the top level" if k % 2 else "")
+        for c, k in zip(corner.tolist(), kind.tolist(), strict=True)
+    ]
+    return x, nu, names
+
+
+def cross_check(
+    exact: VAEInterface,
+    user: VAEInterface,
+    x: torch.Tensor,
+    eps: float,
+    levels: Sequence[float],
+    bounds: torch.Tensor,
+    ceiling: torch.Tensor,
+    widths: torch.Tensor,
+    p_index: int,
+    config: CheckConfig,
+) -> CheckReport:
+    """Refuse (raise :class:`CrossCheckError`) if the certificate fails on the module.
+
+    Parameters
+    ----------
+    exact : VAEInterface
+        The float64 eval-mode copy the bounds were computed on.
+    user : VAEInterface
+        The user's module (compared with the copy at the centre, in eval mode).
+    x : torch.Tensor
+        Validated float64 inputs, also the targets.
+    eps : float
+        Input radius.
+    levels : sequence of float
+        Support levels of ``bounds`` (increasing).
+    bounds : torch.Tensor of shape (levels, n)
+        Certified bounds per level (non-decreasing along the levels).
+    ceiling : torch.Tensor of shape (n,)
+        Largest error any output reaches.
+    widths : torch.Tensor of shape (levels, n, d)
+        Noise half-widths of each level's support box.
+    p_index : int
+        Index of the certified level ``p`` in ``levels``.
+    config : CheckConfig
+        Sizes of the check.
+    """
+    began = time.perf_counter()
+    slack = config.tolerance
+    n = x.shape[0]
+    g = torch.Generator().manual_seed(config.seed)
+    ball = Box.linf_ball(x, eps, exact.domain)
+    with torch.no_grad():
+        centre = _centre(exact, user, x, slack)
+        zeros = torch.zeros(n, exact.latent_dim, dtype=x.dtype)
+        _, bad = _violations(centre, zeros, widths, bounds, ceiling, slack)
+        worst = centre / torch.minimum(bounds[0], ceiling)
+        if bool(bad.any()):
+            row = _first(~bad)
+            raise CrossCheckError(
+                f"model: its error at the centre of row {row} with zero noise, "
+                f"{float(centre[row]):.6g}, exceeds the certified bound "
+                f"{float(bounds[0, row]):.6g}: no certificate"
+            )
+        if config.samples:
+            xs, nus, names = _samples(ball, widths, p_index, config.samples, g)
+            rows = torch.arange(n).repeat(config.samples)
+            loss = sse(exact.reconstruct(xs, nus), x[rows])
+            _finite("the reconstruction at a sampled point", loss[:, None], "model")
+            required, bad = _violations(
+                loss, nus, widths[:, rows], bounds[:, rows], ceiling[rows], slack
+            )
+            worst = torch.cat([worst, loss / required])
+            if bool(bad.any()):
+                i = _first(~bad)
+                raise CrossCheckError(
+                    f"model: at a sampled point of row {int(rows[i])} ({names[i]}) "
+                    f"its error {float(loss[i]):.6g} exceeds the certified bound "
+                    f"{float(required[i]):.6g}: the bound is wrong for this module; "
+                    "no certificate"
+                )
+    attack = centre
+    if config.steps:
+        attack = _attack(exact, x, ball, widths[p_index], config.steps, g)
+        _finite("the reconstruction at the attack's point", attack[:, None], "model")
+        required = torch.minimum(bounds[p_index], ceiling)
+        worst = torch.cat([worst, attack / required])
+        bad = ~(attack <= required + slack * (1.0 + required.abs()))
+        if bool(bad.any()):
+            row = _first(~bad)
+            raise CrossCheckError(
+                f"model: a short joint attack on row {row} reaches error "
+                f"{float(attack[row]):.6g}, above the certified bound "
+                f"{float(required[row]):.6g}: the bound is wrong for this module; "
+                "no certificate"
+            )
+    ratios = worst[torch.isfinite(worst)]
+    return CheckReport(
+        points=n * (1 + config.samples + (1 if config.steps else 0)),
+        worst_ratio=float(ratios.max()) if ratios.numel() else 0.0,
+        attack_loss=attack.detach().numpy(),
+        seconds=time.perf_counter() - began,
+    )
+
+
+def _attack(
+    exact: VAEInterface,
+    x: torch.Tensor,
+    ball: Box,
+    widths: torch.Tensor,
+    steps: int,
+    g: torch.Generator,
+) -> torch.Tensor:
+    """Error at the best point of a joint signed-gradient ascent, per row."""
+    corner = torch.randint(0, 2, widths.shape, generator=g).to(x.dtype) * 2 - 1
+
+    def objective(v: Sequence[torch.Tensor]) -> torch.Tensor:
+        return sse(exact.reconstruct(v[0], v[1]), x)
+
+    span = float((ball.upper - ball.lower).max()) / 2
+    with torch.enable_grad():
+        _, best = projected_ascent(
+            objective,
+            [x, widths * corner],
+            [(ball.lower, ball.upper), (-widths, widths)],
+            [2.5 * span / steps, 2.5 * float(widths.max()) / steps],
+            steps,
+        )
+    return best.detach()
