@@ -330,7 +330,7 @@ def test_shielded_module_survives_save_and_load(seeding):
     net = torch.nn.Sequential(
         torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 5)
     )
-    module = ShieldedModule(net, _fitted_shield(5, seeding))
+    module = ShieldedModule(net, _fitted_shield(5, seeding), seeding=seeding)
     x = torch.randn(40, 6)
     module(x)  # moves the random stream: the saved state must carry it
     buffer = io.BytesIO()
@@ -359,10 +359,11 @@ def test_softmax_endings_are_never_softmaxed_twice(last, to_probs):
     torch.manual_seed(1)
     linear = torch.nn.Linear(4, 3).double()
     x = torch.randn(200, 4, dtype=torch.float64)
-    shield_a, shield_b = _fitted_shield(3, seed=7), _fitted_shield(3, seed=7)
-    wrapped = shield_a.wrap(torch.nn.Sequential(linear, last))
+    shield_a = _fitted_shield(3, seed=7)
+    shield_b = _fitted_shield(3, seeding="input-hash", seed=7)
+    wrapped = shield_a.wrap(torch.nn.Sequential(linear, last))  # input-hash default
     with torch.no_grad():
-        expected = shield_b(to_probs(linear(x)))
+        expected = shield_b(to_probs(linear(x)), inputs=x)
     np.testing.assert_allclose(wrapped(x).numpy(), expected.numpy(), atol=1e-12)
 
 
