@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from defense_suite.locations import default_readme, spec_dir
+from defense_suite.locations import audit_dir, default_readme, resolve_spec, spec_dir
 from defense_suite.output import check_output, interrupt_watch, write_results
 from defense_suite.runner import Plan, plan, record_key, run_plan
 from defense_suite.spec import load_spec
@@ -67,11 +67,10 @@ def _seed(text: str) -> int:
 
 
 def _spec_file(path: Path) -> Path:
-    if path.is_dir():
-        raise UserError(f"spec {path}: is a directory, not a spec file")
-    if not path.is_file():
-        raise UserError(f"spec {path}: no such file")
-    return path
+    try:
+        return resolve_spec(str(path), spec_dir())
+    except ValueError as error:
+        raise UserError(str(error)) from None
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -237,6 +236,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_audit(args: argparse.Namespace) -> int:
     from defenses.audit.cli import run
 
+    try:  # a shipped example audit by name: defense-suite audit digits-cnn
+        args.spec = resolve_spec(str(args.spec), audit_dir(), "audit spec")
+    except ValueError as error:
+        raise UserError(str(error)) from None
     return run(args)
 
 
@@ -262,7 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     run = sub.add_parser("run", help="run one spec into a results file")
-    run.add_argument("spec", help="a spec TOML file")
+    run.add_argument(
+        "spec", help="a spec TOML file, or the name of a shipped spec (ssd-quick)"
+    )
     run.add_argument("--out", required=True, help="JSON Lines results file")
     run.add_argument(
         "--seeds", type=_seed, nargs="+", help="seeds to run instead of the spec's"

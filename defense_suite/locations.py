@@ -1,13 +1,18 @@
 """Where the command line finds the shipped specs and the checkout's README.
 
 In a checkout (this package's parent folder holds ``pyproject.toml`` and
-``benchmarks/specs``) the specs are read from ``benchmarks/specs``, so an edited spec
-takes effect at once; an installed wheel carries a copy of them as
-``defense_suite/specs`` (the build's ``force-include``).
+``benchmarks/specs``) the specs are read from ``benchmarks/specs`` and the example
+audit specs from ``benchmarks/audits``, so an edited spec takes effect at once; an
+installed wheel carries a copy of them as ``defense_suite/specs`` and
+``defense_suite/audits`` (the build's ``force-include``).
+
+A spec is named on the command line by a path or, when no such file exists, by the
+name of a shipped spec (``defense-suite run ssd-quick``): :func:`resolve_spec`.
 """
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
@@ -27,6 +32,44 @@ def spec_dir() -> Path:
     """The folder of the shipped benchmark specs (``*-quick.toml``, ``*-full.toml``)."""
     root = checkout_root()
     return root / "benchmarks" / "specs" if root is not None else PACKAGE / "specs"
+
+
+def audit_dir() -> Path:
+    """The folder of the shipped example audit specs (``defense-suite audit``)."""
+    root = checkout_root()
+    return root / "benchmarks" / "audits" if root is not None else PACKAGE / "audits"
+
+
+def resolve_spec(text: str, shipped: Path, what: str = "spec") -> Path:
+    """The spec file ``text`` names: a path, else a shipped spec of that name.
+
+    ``text`` is a path when a file exists there; otherwise, when it is a bare name
+    (no folder; ``.toml`` optional), the file of that name in ``shipped``.
+
+    Raises
+    ------
+    ValueError
+        Naming ``text`` when it is a folder, or neither a file nor a shipped spec
+        (with the closest shipped names).
+    """
+    path = Path(text)
+    if path.is_dir():
+        raise ValueError(f"{what} {text}: is a directory, not a spec file")
+    if path.is_file():
+        return path
+    if path.parent == Path(".") and text not in ("", ".", ".."):
+        stem = text.removesuffix(".toml")
+        candidate = shipped / f"{stem}.toml"
+        if candidate.is_file():
+            return candidate
+        names = sorted(p.stem for p in shipped.glob("*.toml"))
+        close = difflib.get_close_matches(stem, names, n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(
+            f"{what} {text}: no such file, and no shipped {what} of that name in "
+            f"{shipped}{hint}"
+        )
+    raise ValueError(f"{what} {text}: no such file")
 
 
 def default_readme() -> Path:
