@@ -98,7 +98,14 @@ def audit_controls(params: Mapping[str, Any], seeds: list[int]) -> Iterator[Resu
 def flower_side_by_side(
     params: Mapping[str, Any], seeds: list[int]
 ) -> Iterator[Result]:
-    """Run one configuration in-process (``none``) and on Flower (``flower``)."""
+    """Run one configuration in-process (``none``) and on Flower (``flower``).
+
+    The Flower run opts into the research seed (the same noise as in-process, so
+    the two can be compared bit for bit) and keeps its simulated nodes' ledgers in
+    a fresh folder per seed (each seed is a separate simulated population).
+    """
+    import tempfile
+
     from .flower.config import AppConfig
     from .flower.run import run_in_process, run_simulation
 
@@ -106,9 +113,11 @@ def flower_side_by_side(
         config = AppConfig.from_mapping({**params, "seed": seed})
         for variant in ("none", "flower"):
             start = time.perf_counter()
-            run = (
-                run_in_process(config) if variant == "none" else run_simulation(config)
-            )
+            if variant == "none":
+                run = run_in_process(config)
+            else:
+                with tempfile.TemporaryDirectory() as ledgers:
+                    run = run_simulation(config, research_seed=seed, state_dir=ledgers)
             wall = time.perf_counter() - start
             ratios = [e / b for e, b in zip(run.epsilons, run.budgets, strict=True)]
             yield measurement(

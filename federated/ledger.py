@@ -7,8 +7,10 @@ round may cost. A client holds
 * a :class:`ClientPrivacy` (its budget :math:`(\varepsilon_n, \delta)` and how it
   spends it: noise multiplier, rounds, local steps, uniform or save-then-spend), from
   its own configuration, never from a server message; and
-* a :class:`PrivacyLedger`: every round it answered, as Opacus accountant history
-  :math:`[(\sigma, q, k), \dots]`, kept in the client's state across rounds.
+* a :class:`PrivacyLedger`: every round it answered, in this run and in every
+  earlier one on the same records, as Opacus accountant history
+  :math:`[(\sigma, q, k), \dots]`, kept durably on the client's own disk
+  (:class:`federated.store.LedgerFile`).
 
 A requested round :math:`t` with rate :math:`q`, noise multiplier :math:`\sigma` and
 :math:`k` steps is granted only if :math:`\sigma > 0`, :math:`0 < q \le 1`,
@@ -19,9 +21,11 @@ answered, the request is no less private than the client's own schedule for roun
 the schedule is solved by the same solver the server uses, so an honest proposal
 matches it exactly), and the ledger with the new round stays within budget,
 :math:`\varepsilon(\text{history} + [(\sigma, q, k)]) \le \varepsilon_n` (Opacus' RDP
-accountant). A granted round is charged before any training, so a failure mid-round
-never leaves an unaccounted release. Anything else raises :class:`RoundRefused`,
-whose message names the round, the requested values and the budget.
+accountant), the history covering every run (a lifetime budget). A granted round is
+charged before any training, so a failure mid-round never leaves an unaccounted
+release. Anything else raises :class:`RoundRefused`,
+whose message names the round, the requested values and the budget (for the node's
+log) and whose ``category`` is all the server is told.
 """
 
 from __future__ import annotations
@@ -53,7 +57,17 @@ schedule (both sides run the same solver; this only absorbs float transport)."""
 
 
 class RoundRefused(ValueError):
-    """The client refuses a requested round; no update leaves it."""
+    """The client refuses a requested round; no update leaves it.
+
+    ``category`` is all the server is told (the message stays in the node's log).
+    """
+
+    category: str = "refused"
+
+    def __init__(self, message: str, category: str | None = None) -> None:
+        super().__init__(message)
+        if category is not None:
+            self.category = category
 
 
 @dataclass(frozen=True)
@@ -172,16 +186,21 @@ class PrivacyLedger:
     privacy : ClientPrivacy
         What the client agreed to.
     answered : list of Grant
-        Rounds already granted, in order.
+        Rounds already granted in this run, in order.
+    earlier : list of Grant
+        Rounds granted in earlier runs on the same records (the lifetime ledger,
+        :class:`federated.store.LedgerFile`): they count against the budget.
     """
 
     privacy: ClientPrivacy
     answered: list[Grant] = field(default_factory=list)
+    earlier: list[Grant] = field(default_factory=list)
     STATE_KEYS: ClassVar[tuple[str, ...]] = ("round", "rate", "sigma", "steps")
 
     def history(self) -> list[Phase]:
-        """Accountant history ``[(sigma, q, steps), ...]`` of the answered rounds."""
-        return merge([(g.sigma, g.rate, g.steps) for g in self.answered])
+        """Accountant history ``[(sigma, q, steps), ...]`` of every granted round."""
+        grants = [*self.earlier, *self.answered]
+        return merge([(g.sigma, g.rate, g.steps) for g in grants])
 
     def accountant(self) -> object:
         """An Opacus accountant holding this ledger's history."""
@@ -196,10 +215,13 @@ class PrivacyLedger:
         """Epsilon spent so far at the client's delta (the only one it reports)."""
         return epsilon(self.history(), self.privacy.delta, self.privacy.accountant)
 
-    def _refuse(self, server_round: object, request: str, why: str) -> RoundRefused:
+    def _refuse(
+        self, server_round: object, request: str, why: str, category: str
+    ) -> RoundRefused:
         return RoundRefused(
             f"round {server_round} refused ({request}): {why}; the client's "
-            f"{self.privacy.describe()}, spent so far {self.epsilon:.4f}"
+            f"{self.privacy.describe()}, spent so far {self.epsilon:.4f}",
+            category,
         )
 
     def check(
@@ -222,17 +244,24 @@ class PrivacyLedger:
             s = _number("sigma", sigma, integer=False)
             k = int(_number("steps", steps, integer=True))
         except TypeError as error:
-            raise self._refuse(server_round, request, str(error)) from None
+            raise self._refuse(
+                server_round, request, str(error), "bad-request"
+            ) from None
         if s <= 0:
-            raise self._refuse(t, request, "sigma must be > 0 (no noise, no privacy)")
+            raise self._refuse(
+                t, request, "sigma must be > 0 (no noise, no privacy)", "bad-request"
+            )
         if not 0.0 < q <= 1.0:
-            raise self._refuse(t, request, "the rate must lie in (0, 1]")
+            raise self._refuse(t, request, "the rate must lie in (0, 1]", "bad-request")
         if k < 1:
-            raise self._refuse(t, request, "steps must be >= 1")
+            raise self._refuse(t, request, "steps must be >= 1", "bad-request")
         agreed = self.privacy.rounds
         if not 1 <= t <= agreed:
             raise self._refuse(
-                t, request, f"server-round: the client agreed to rounds 1..{agreed}"
+                t,
+                request,
+                f"server-round: the client agreed to rounds 1..{agreed}",
+                "beyond-agreed-rounds",
             )
         if self.answered and t <= self.answered[-1].server_round:
             raise self._refuse(
@@ -240,6 +269,7 @@ class PrivacyLedger:
                 request,
                 f"server-round: round {self.answered[-1].server_round} was already "
                 "answered (a replayed or out-of-order round)",
+                "replayed-round",
             )
         own = self.privacy.schedule().rounds[t - 1]
         if (
@@ -252,6 +282,7 @@ class PrivacyLedger:
                 request,
                 f"less private than the client's own schedule for round {t} "
                 f"(rate={own.rate:.6g}, sigma={own.sigma:g}, steps={own.steps})",
+                "less-private-than-agreed",
             )
         grant = Grant(t, q, s, k)
         after = epsilon(
@@ -259,7 +290,10 @@ class PrivacyLedger:
         )
         if after > self.privacy.epsilon:
             raise self._refuse(
-                t, request, f"it would spend epsilon {after:.4f}, over the budget"
+                t,
+                request,
+                f"it would spend epsilon {after:.4f} in all runs, over the budget",
+                "over-budget",
             )
         return grant
 

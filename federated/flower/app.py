@@ -4,19 +4,22 @@
   loads its own partition (``partition-id`` / ``num-partitions`` from its node
   config; the partition function :func:`client_data`), takes its round from
   :class:`~federated.flower.client.TimeAdaptiveClient` and runs
-  :func:`federated.client.local_train` with the generator
-  ``default_rng([seed, partition, round])``. Its privacy agreement comes from its
-  node config (``epsilon``, ``delta``, ... as in
-  :func:`~federated.flower.mod.node_privacy`) or, where the node config sets no
-  ``epsilon``, from the run config's privacy groups (the simulation's stand-in,
-  :meth:`AppConfig.client_privacy`).
+  :func:`federated.client.local_train` with the round's generator (operating-system
+  entropy, fresh per client per round; a research seed only by the node's opt-in,
+  in simulation, :func:`~federated.flower.runtime.round_rng`). In a deployment its
+  privacy agreement comes from its node config alone (every key of
+  :data:`~federated.flower.records.DEPLOYMENT_KEYS`); in Flower's simulation, where
+  the node config sets no ``epsilon``, from the run config's privacy groups (the
+  stand-in, :meth:`AppConfig.client_privacy`). Its evaluate function uses only the
+  public held-out test set, and the mod runs it only for a node that opts in
+  (``evaluate = "public"``).
 * ``server_app``: FedAvg wrapped in
   :class:`~federated.flower.strategy.TimeAdaptiveStrategy` (or, for ``dp-wrapper``,
   Flower's ``DifferentialPrivacyServerSideFixedClipping``); it evaluates on the
   held-out test set only (:func:`federated.tasks.load_test_set`) and never draws
-  client data. The summary (accuracy curve, per-client epsilon, budget and accuracy
-  on its own data, ``status``) goes as JSON to ``result-path`` or
-  ``$FEDERATED_RESULT_PATH``.
+  client data. The summary (accuracy curve, per-client epsilon, budget and, for
+  clients that evaluate, accuracy on the public split, ``status``) goes as JSON to
+  ``result-path`` or ``$FEDERATED_RESULT_PATH``.
 """
 
 from __future__ import annotations
@@ -51,10 +54,10 @@ from ..client import (
 from ..ledger import ClientPrivacy
 from ..tasks import TEST_FRACTION, load_test_set
 from ..training import accuracy_of
-from . import records
+from . import records, runtime
 from .client import TimeAdaptiveClient
 from .config import AppConfig
-from .mod import TimeAdaptiveMod
+from .mod import TimeAdaptiveMod, node_privacy
 from .strategy import ClientFailure, TimeAdaptiveStrategy
 
 
@@ -94,12 +97,12 @@ def partition_of(context: Context) -> tuple[int, int]:
             "num-partitions", context.node_config["num-partitions"], int
         )
     except KeyError:
-        raise ValueError(
+        raise runtime.NodeConfigError(
             "this SuperNode has no 'partition-id'/'num-partitions' in its node config; "
             'start it with --node-config "partition-id=<i> num-partitions=<n>"'
         ) from None
     if not 0 <= pid < count:
-        raise ValueError(f"partition-id {pid} is not in 0..{count - 1}")
+        raise runtime.NodeConfigError(f"partition-id {pid} is not in 0..{count - 1}")
     return int(pid), int(count)
 
 
@@ -109,7 +112,13 @@ def run_config(context: Context) -> AppConfig:
 
 
 def app_privacy(config: AppConfig, context: Context) -> ClientPrivacy | None:
-    """The client's agreement: its node config, else the run config's groups."""
+    """The client's agreement: its node config; in simulation, the run config's.
+
+    A deployment takes every privacy key from the node config (the run config is
+    the server's); a simulated node without ``epsilon`` takes its group's.
+    """
+    if not runtime.in_simulation():
+        return node_privacy(context)
     if "epsilon" in context.node_config:
         defaults = {
             "delta": config.delta,
@@ -131,8 +140,14 @@ def _arrays(msg: Message) -> Params:
     return [np.asarray(a, dtype=np.float64) for a in record.to_numpy_ndarrays()]
 
 
-def make_client_app(config: AppConfig | None = None) -> ClientApp:
-    """The ClientApp; ``config`` fixes the run config (else each context's own)."""
+def make_client_app(
+    config: AppConfig | None = None, research_seed: int | None = None
+) -> ClientApp:
+    """The ClientApp; ``config`` fixes the run config (else each context's own).
+
+    ``research_seed`` makes the noise reproducible (simulation only; a deployment
+    refuses it): :func:`~federated.flower.runtime.round_rng`.
+    """
 
     def own_config(context: Context) -> AppConfig:
         return run_config(context) if config is None else config
@@ -153,23 +168,24 @@ def make_client_app(config: AppConfig | None = None) -> ClientApp:
             asked = msg.content["config"]["server-round"]
             server_round = int(records.typed("server-round", asked, int))
             step = StepPlan(cfg.batch_rate, cfg.local_steps, None)
+            rng = runtime.round_rng(context, server_round, research_seed)
         else:
-            granted = TimeAdaptiveClient(agreement, context).round(msg)
-            server_round = granted.server_round
+            client = TimeAdaptiveClient(agreement, context, research_seed)
+            granted = client.round(msg)
             step = StepPlan(granted.rate, granted.steps, granted.sigma)
+            rng = granted.rng
         data = client_data(cfg, pid, count)
-        rng = np.random.default_rng([cfg.seed, pid, server_round])
         new = local_train(_arrays(msg), data, step, lr=cfg.lr, clip=cfg.clip, rng=rng)
-        metrics = MetricRecord({"num-examples": len(data)})
+        metrics = MetricRecord({"num-examples": 1})
         content = RecordDict({"arrays": ArrayRecord(new), "metrics": metrics})
         return Message(content=content, reply_to=msg)
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
-        """Accuracy of the global model on this client's own records."""
-        data = client_data(own_config(context), *partition_of(context))
-        acc = accuracy_of(_arrays(msg), data.X, data.y)
-        metrics = MetricRecord({"num-examples": len(data), "accuracy": acc})
+        """Accuracy of the global model on the public held-out split only."""
+        X_test, y_test, _ = test_set(own_config(context))
+        acc = accuracy_of(_arrays(msg), X_test, y_test)
+        metrics = MetricRecord({"num-examples": len(y_test), "accuracy": acc})
         return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
 
     return app
@@ -206,7 +222,7 @@ def serve(grid: Grid, config: AppConfig) -> AppRun:
     n = config.min_nodes
     fedavg = FedAvg(
         fraction_train=1.0,
-        fraction_evaluate=1.0,
+        fraction_evaluate=1.0 if config.policy != "none" else 0.0,
         min_train_nodes=n,
         min_evaluate_nodes=n,
         min_available_nodes=n,

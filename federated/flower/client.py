@@ -11,20 +11,26 @@ giving a :class:`PrivateRound`: the sampling rate
 data set private with Opacus (record-level DP-SGD: Poisson sampling at rate
 :math:`q`, per-example clipping to :math:`C`, Gaussian noise :math:`\sigma C` on the
 clipped sum). The optimizer refuses a step past the :math:`k` granted. The ledger is
-the one the mod enforces: one implementation (:class:`federated.ledger.PrivacyLedger`).
+the one the mod enforces: one implementation (:class:`federated.ledger.PrivacyLedger`),
+kept durably in the node's own storage (:class:`federated.store.LedgerFile`, checked
+and charged under a file lock). The round's sampling and noise come from
+:attr:`PrivateRound.rng`, seeded with operating-system entropy per client per round
+(:func:`federated.flower.runtime.round_rng`), never from a value the server knows.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from flwr.app import Context, Message
 
 from ..ledger import ClientPrivacy, Grant, PrivacyLedger, RoundRefused
-from . import records
+from . import records, runtime
 
 if TYPE_CHECKING:
     import torch
@@ -32,10 +38,17 @@ if TYPE_CHECKING:
 
 @dataclass
 class PrivateRound:
-    """One granted round: ``steps`` DP-SGD steps at ``rate`` and ``sigma``."""
+    """One granted round: ``steps`` DP-SGD steps at ``rate`` and ``sigma``.
+
+    ``rng`` draws the round's Poisson sampling and noise (operating-system entropy
+    unless the node opted into a research seed in simulation).
+    """
 
     grant: Grant
     ledger: PrivacyLedger
+    rng: np.random.Generator = field(
+        default_factory=lambda: np.random.default_rng(secrets.randbits(128))
+    )
     taken: int = 0
 
     @property
@@ -70,7 +83,8 @@ class PrivateRound:
                 f"round {self.server_round}: step {self.taken} exceeds the "
                 f"{self.grant.steps} steps granted (rate={self.rate:.6g}, "
                 f"sigma={self.sigma:g}); the client's "
-                f"{self.ledger.privacy.describe()}"
+                f"{self.ledger.privacy.describe()}",
+                "steps-exceeded",
             )
 
     def make_private(
@@ -80,15 +94,17 @@ class PrivateRound:
         dataset: torch.utils.data.Dataset[Any],
         *,
         max_grad_norm: float,
-        generator: torch.Generator | None = None,
     ) -> tuple[Any, Any, Any]:
         """The module, optimizer and a Poisson data loader made private with Opacus.
 
         Returns ``(GradSampleModule, DPOptimizer, DPDataLoader)``. The loss must be a
         mean over the batch (Opacus' default ``loss_reduction="mean"``); the
         optimizer divides the noisy clipped sum by the expected batch size
-        :math:`q n`. ``generator`` seeds both the sampling and the noise.
+        :math:`q n`. Sampling and noise share one ``torch.Generator`` seeded from
+        :attr:`rng` (there is no generator argument: a seed the server can guess
+        would let it subtract the noise).
         """
+        import torch
         from opacus import GradSampleModule
         from opacus.data_loader import DPDataLoader
         from opacus.optimizers import DPOptimizer
@@ -97,6 +113,7 @@ class PrivateRound:
 
         check_real("max_grad_norm", max_grad_norm, 0.0, open_low=True)
         n = len(dataset)  # type: ignore[arg-type]
+        generator = torch.Generator().manual_seed(int(self.rng.integers(2**63 - 1)))
         loader = DPDataLoader(dataset, sample_rate=self.rate, generator=generator)
         model = (
             module
@@ -138,17 +155,31 @@ class TimeAdaptiveClient:
     privacy : ClientPrivacy
         The client's own budget and spending (never from a server message).
     context : Context
-        The ClientApp's context; the ledger lives in ``context.state``.
+        The ClientApp's context; the ledger is the node's file
+        (:func:`federated.flower.runtime.ledger_file`).
+    research_seed : int, optional
+        A reproducible seed from the node's own code, accepted in simulation only
+        (:func:`federated.flower.runtime.round_rng`); default: OS entropy.
     """
 
-    def __init__(self, privacy: ClientPrivacy, context: Context) -> None:
+    def __init__(
+        self,
+        privacy: ClientPrivacy,
+        context: Context,
+        research_seed: int | None = None,
+    ) -> None:
         self.privacy = privacy
         self.context = context
+        self.research_seed = research_seed
 
     @property
     def ledger(self) -> PrivacyLedger:
-        """The client's ledger as stored in its state."""
-        return records.load_ledger(self.context, self.privacy)
+        """The client's lifetime ledger as stored on the node's disk."""
+        store = runtime.ledger_file(self.context)
+        return store.ledger(self.privacy, int(self.context.run_id))
+
+    def _rng(self, server_round: int) -> np.random.Generator:
+        return runtime.round_rng(self.context, server_round, self.research_seed)
 
     @property
     def epsilon(self) -> float:
@@ -164,16 +195,20 @@ class TimeAdaptiveClient:
             If the client refuses the round (see
             :meth:`federated.ledger.PrivacyLedger.check`).
         """
-        ledger = self.ledger
         asked = records.request(msg)
-        grant = ledger.grant(
-            asked[records.ROUND],
-            asked[records.RATE],
-            asked[records.SIGMA],
-            asked[records.STEPS],
-        )
-        records.save_ledger(self.context, ledger, grant, msg)
-        return PrivateRound(grant, ledger)
+
+        def decide(ledger: PrivacyLedger) -> Grant:
+            return ledger.check(
+                asked[records.ROUND],
+                asked[records.RATE],
+                asked[records.SIGMA],
+                asked[records.STEPS],
+            )
+
+        store = runtime.ledger_file(self.context)
+        grant, ledger = store.charge(self.privacy, int(self.context.run_id), decide)
+        records.save_grant(self.context, grant, msg)
+        return PrivateRound(grant, ledger, self._rng(grant.server_round))
 
     def round(self, msg: Message) -> PrivateRound:
         """The round for ``msg``: the one the mod granted for it, or granted now.
@@ -184,5 +219,5 @@ class TimeAdaptiveClient:
         """
         done = records.last_grant(self.context, msg)
         if done is not None:
-            return PrivateRound(done, self.ledger)
+            return PrivateRound(done, self.ledger, self._rng(done.server_round))
         return self.grant(msg)

@@ -1,32 +1,47 @@
 """A Flower client mod that enforces the client's budget before the user's code runs.
 
-``ClientApp(mods=[TimeAdaptiveMod(privacy)])``: on every train message the mod reads
-the requested round (``dp-round``, ``dp-rate``, ``dp-sigma``, ``dp-steps``), checks it
-against the client's own ledger (:meth:`federated.ledger.PrivacyLedger.check`) and
-either charges it and calls the user's train function, or answers with an error
-reply naming the round, the requested values and the budget: the user's code never
-runs and no update leaves the client. On a granted round it adds the ledger's epsilon
-and the budget to the reply's metrics (``dp-epsilon``, ``dp-budget``). Its
-:meth:`~TimeAdaptiveMod.answer` replies to the strategy wrapper's
-``query.dp_agreement`` message with the client's agreement, which lets the server
-propose the same schedule the client will verify. ``privacy`` maps
-the client's ``Context`` to its agreement (``None``: a client that trains without
-DP, by its own configuration). :meth:`TimeAdaptiveMod.register` registers the
-agreement query on the user's ClientApp (Flower runs mods only around registered
-functions).
+``ClientApp(mods=[TimeAdaptiveMod(privacy)])`` answers for every message the client
+receives, and releases only what its ledger accounts:
+
+* **train**: the mod reads the requested round (``dp-round``, ``dp-rate``,
+  ``dp-sigma``, ``dp-steps``), checks it against the client's lifetime ledger and
+  charges it on disk, atomically under a file lock
+  (:meth:`federated.flower.client.TimeAdaptiveClient.grant`), then calls the user's
+  train function. The reply it lets out holds the arrays and one MetricRecord of
+  ``num-examples`` (the agreed public count: ``public-num-examples`` in the node
+  config, default 1, never the true size), ``dp-epsilon`` and ``dp-budget``; other
+  metrics are dropped (they are releases the ledger does not account).
+* **evaluate**: refused by default (metrics on private records are releases outside
+  the accounting). A node opts in with ``evaluate = "public"`` in its node config
+  (or the mod's ``evaluate`` argument, the ClientApp's own code) when its evaluate
+  function uses only a split it designates as public.
+* **query** ``dp_agreement``: the client's agreement (what the server needs to
+  propose rounds); other queries are refused.
+* **errors**: a refusal replies ``refused: <category>``, any exception ``client
+  error``; the details (the round, the values, the traceback) go to the node's own
+  log only, never to the server.
+
+``privacy`` maps the client's ``Context`` to its agreement (``None``: a client that
+trains without DP, by its own configuration). :func:`node_privacy` takes it from the
+node config; in Flower's simulation (and only there, as told by
+:func:`federated.flower.runtime.in_simulation`) the run config may stand in for keys
+the node config lacks. :meth:`TimeAdaptiveMod.register` registers the agreement
+query on the user's ClientApp (Flower runs mods only around registered functions).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 
+from defenses.checks import check_choice, check_int
+
 from ..ledger import ClientPrivacy, RoundRefused
-from . import records
+from . import records, runtime
 from .client import TimeAdaptiveClient
 
 logger = logging.getLogger(__name__)
@@ -34,51 +49,105 @@ logger = logging.getLogger(__name__)
 PrivacyFn = Callable[[Context], ClientPrivacy | None]
 
 
-def node_privacy(context: Context) -> ClientPrivacy:
+def node_privacy(
+    context: Context, stand_in: Mapping[str, object] | None = None
+) -> ClientPrivacy:
     """The agreement from the node config (``epsilon``, ``delta``, ``sigma``, ...).
 
-    Keys the node config lacks are taken from the run config (the simulation's
-    stand-in for a node's own configuration).
+    In a deployment every key of :data:`~federated.flower.records.DEPLOYMENT_KEYS`
+    must be in the node config (:class:`~federated.flower.records.MissingKey`
+    names the first one missing); the run config, which the server sets, is never
+    read. In simulation, keys the node config lacks come from ``stand_in`` (default:
+    the run config).
     """
-    return records.privacy_from_config(
-        dict(context.node_config), dict(context.run_config)
-    )
+    node = dict(context.node_config)
+    if not runtime.in_simulation():
+        return records.privacy_from_config(node, strict=True)
+    defaults = dict(context.run_config) if stand_in is None else dict(stand_in)
+    return records.privacy_from_config(node, defaults)
 
 
 class TimeAdaptiveMod:
-    """Client mod: refuse any train round the client's ledger does not allow.
+    """Client mod: refuse any round, evaluate or query the client's ledger forbids.
 
     Parameters
     ----------
     privacy : callable, default :func:`node_privacy`
         ``privacy(context)`` gives the client's own agreement, or ``None`` for a
         client that trains without DP.
+    evaluate : {"refuse", "public"}
+        Default answer to evaluate messages when the node config sets no
+        ``evaluate``: refuse, or run the user's evaluate function (which must use
+        only a public split).
     """
 
-    def __init__(self, privacy: PrivacyFn = node_privacy) -> None:
+    def __init__(
+        self, privacy: PrivacyFn = node_privacy, *, evaluate: str = "refuse"
+    ) -> None:
+        check_choice("evaluate", evaluate, records.EVALUATE_MODES)
         self.privacy = privacy
+        self.evaluate = evaluate
+
+    def evaluate_mode(self, ctxt: Context) -> str:
+        """The node's evaluate mode: its node config's, else the mod's default."""
+        mode = ctxt.node_config.get(records.EVALUATE, self.evaluate)
+        check_choice(f"node config {records.EVALUATE!r}", mode, records.EVALUATE_MODES)
+        return str(mode)
+
+    @staticmethod
+    def public_examples(ctxt: Context) -> int:
+        """The agreed public count sent as ``num-examples`` (node config, default 1)."""
+        value = ctxt.node_config.get(records.PUBLIC_EXAMPLES, 1)
+        count = int(records.typed(records.PUBLIC_EXAMPLES, value, int))
+        check_int(records.PUBLIC_EXAMPLES, count, 1)
+        return count
 
     def __call__(
         self, msg: Message, ctxt: Context, call_next: ClientAppCallable
     ) -> Message:
-        """Check and charge a train message, then pass it on; others unchanged."""
+        """Answer ``msg`` releasing only what the ledger accounts (see the module)."""
         kind = msg.metadata.message_type
-        if kind != MessageType.TRAIN:
-            return call_next(msg, ctxt)
-        privacy = self.privacy(ctxt)
-        if privacy is None:
-            return call_next(msg, ctxt)
-        client = TimeAdaptiveClient(privacy, ctxt)
         try:
-            granted = client.grant(msg)
+            if kind == MessageType.TRAIN:
+                return self._train(msg, ctxt, call_next)
+            if kind == MessageType.EVALUATE:
+                if self.evaluate_mode(ctxt) != "public":
+                    raise RoundRefused(
+                        "evaluate refused: metrics on private records are not "
+                        'accounted (opt in with evaluate="public" for a public split)',
+                        "evaluate-refused",
+                    )
+                reply = call_next(msg, ctxt)
+                return records.failure(msg) if reply.has_error() else reply
+            if kind == f"{MessageType.QUERY}.{records.AGREEMENT_ACTION}":
+                return call_next(msg, ctxt)
+            raise RoundRefused(f"message type {kind!r} is not served", "not-served")
         except RoundRefused as refused:
             logger.warning("%s", refused)
-            return records.refusal(msg, str(refused))
-        reply = call_next(msg, ctxt)
+            return records.refusal(msg, refused.category)
+        except runtime.NodeConfigError as error:
+            logger.error("%s", error)
+            return records.refusal(msg, "node-config")
+        except Exception:
+            logger.exception("the client failed on a %s message", kind)
+            return records.failure(msg)
+
+    def _train(
+        self, msg: Message, ctxt: Context, call_next: ClientAppCallable
+    ) -> Message:
+        privacy = self.privacy(ctxt)
+        examples = self.public_examples(ctxt)
+        ledger = None
+        if privacy is not None:
+            ledger = TimeAdaptiveClient(privacy, ctxt).grant(msg).ledger
+        reply = call_next(msg, ctxt)  # a raise goes to the node's log only
         if reply.has_error():
-            return reply
-        records.content_with_privacy(reply.content, granted.ledger)
-        return reply
+            logger.error("the user's train function replied %s", reply.error.reason)
+            return records.failure(msg)
+        out, dropped = records.train_reply(msg, reply, ledger, examples)
+        if dropped:
+            logger.warning("not released (unaccounted): %s", ", ".join(dropped))
+        return out
 
     def answer(self, msg: Message, ctxt: Context) -> Message:
         """Reply to the strategy wrapper's agreement query with the agreement."""
@@ -87,6 +156,7 @@ class TimeAdaptiveMod:
         if privacy is not None:
             agreement = records.agreement_record(privacy)
             agreement["label"] = str(ctxt.node_config.get("partition-id", ""))
+            agreement[records.EVALUATE] = self.evaluate_mode(ctxt)
             content[records.AGREEMENT] = agreement
         return Message(content=content, reply_to=msg)
 

@@ -1,12 +1,14 @@
 """What crosses the wire and what stays in the client's state, as Flower records.
 
 The strategy wrapper adds four keys to each node's train config: ``dp-round``,
-``dp-rate``, ``dp-sigma`` and ``dp-steps``. The client keeps its ledger in
-``context.state["dp-ledger"]`` and the round it granted last in
-``context.state["dp-grant"]``; its reply's MetricRecord gets ``dp-epsilon`` (its own
-ledger's epsilon) and ``dp-budget``. A client's privacy agreement is read from its own
-configuration with :func:`privacy_from_config`; keys are hyphenated as in Flower's
-node and run configs.
+``dp-rate``, ``dp-sigma`` and ``dp-steps``. The client keeps its lifetime ledger on
+its own disk (:func:`federated.flower.runtime.ledger_file`) and the round it granted
+last, tied to the message, in ``context.state["dp-grant"]``; its train reply holds
+the arrays and one MetricRecord of ``num-examples`` (the agreed public count),
+``dp-epsilon`` (its own ledger's epsilon) and ``dp-budget``, nothing else. An error
+reply holds only a category (``refused: over-budget``, ``client error``). A
+client's privacy agreement is read from its own configuration with
+:func:`privacy_from_config`; keys are hyphenated as in Flower's node and run configs.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 
 from ..ledger import ClientPrivacy, Grant, PrivacyLedger
+from .runtime import NodeConfigError
 
 ROUND = "dp-round"
 RATE = "dp-rate"
@@ -31,6 +34,12 @@ AGREEMENT = "dp-agreement"
 AGREEMENT_ACTION = "dp_agreement"
 REFUSED = 4201
 """Error code of a refused round (outside Flower's own codes)."""
+FAILED = 4202
+"""Error code of a client-side failure (the details stay in the node's log)."""
+NUM_EXAMPLES = "num-examples"
+PUBLIC_EXAMPLES = "public-num-examples"
+EVALUATE = "evaluate"
+EVALUATE_MODES = ("refuse", "public")
 
 PRIVACY_KEYS: dict[str, tuple[str, type]] = {
     "epsilon": ("epsilon", float),
@@ -62,14 +71,45 @@ def typed(key: str, value: object, kind: type) -> Any:
     raise TypeError(f"{key!r} must be {kind.__name__}, got {value!r}")
 
 
+DEPLOYMENT_KEYS = (
+    "epsilon", "delta", "rounds", "local-steps", "sigma", "spending", "accountant"
+)  # fmt: skip
+"""Keys a SuperNode's node config must set in a deployment (plus ``save-fraction``
+and ``save-ratio`` for ``spending = "time-adaptive"``)."""
+
+
+class MissingKey(NodeConfigError):
+    """A node config lacks a privacy key (a one-line message naming it)."""
+
+
+def require(values: Mapping[str, object]) -> None:
+    """Raise :class:`MissingKey` naming the first deployment key ``values`` lacks."""
+    needed = list(DEPLOYMENT_KEYS)
+    if values.get("spending", "time-adaptive") == "time-adaptive":
+        needed += ["save-fraction", "save-ratio"]
+    for key in needed:
+        if key not in values:
+            raise MissingKey(
+                f"this SuperNode's node config lacks {key!r}: in a deployment every "
+                f'privacy parameter comes from --node-config "... {key}=..."'
+            )
+
+
 def privacy_from_config(
-    values: Mapping[str, object], defaults: Mapping[str, object] | None = None
+    values: Mapping[str, object],
+    defaults: Mapping[str, object] | None = None,
+    *,
+    strict: bool = False,
 ) -> ClientPrivacy:
     """A client's agreement from its own config (``epsilon``, ``delta``, ...).
 
-    ``defaults`` fills keys the config does not set (the simulation's stand-in).
-    Raises TypeError or ValueError naming the key.
+    ``defaults`` fills keys the config does not set (the simulation's stand-in);
+    ``strict`` (a deployment) ignores them and requires every key of
+    :data:`DEPLOYMENT_KEYS`. Raises TypeError or ValueError naming the key.
     """
+    if strict:
+        require(values)
+        defaults = None
     merged = {**(defaults or {}), **values}
     kwargs: dict[str, Any] = {}
     for key, (name, kind) in PRIVACY_KEYS.items():
@@ -89,21 +129,8 @@ def agreement_record(privacy: ClientPrivacy) -> ConfigRecord:
     )
 
 
-def load_ledger(context: Context, privacy: ClientPrivacy) -> PrivacyLedger:
-    """The client's ledger from its state (empty at the first round)."""
-    record = context.state.get(LEDGER)
-    if record is None:
-        return PrivacyLedger(privacy)
-    if not isinstance(record, ConfigRecord):
-        raise ValueError(f"context.state[{LEDGER!r}] is not a ConfigRecord")
-    return PrivacyLedger.from_state(privacy, dict(record))
-
-
-def save_ledger(
-    context: Context, ledger: PrivacyLedger, grant: Grant, msg: Message
-) -> None:
-    """Store the ledger, and the grant tied to the message it answers."""
-    context.state[LEDGER] = ConfigRecord(dict(ledger.state()))
+def save_grant(context: Context, grant: Grant, msg: Message) -> None:
+    """Tie the grant to the message it answers (the ledger itself is on disk)."""
     context.state[GRANT] = ConfigRecord(
         {
             "round": grant.server_round,
@@ -139,20 +166,40 @@ def request(msg: Message) -> dict[str, object]:
     return found
 
 
-def refusal(msg: Message, reason: str) -> Message:
-    """An error reply to ``msg``: no arrays, no metrics, only the reason."""
-    return Message(Error(code=REFUSED, reason=reason), reply_to=msg)
+def refusal(msg: Message, category: str) -> Message:
+    """An error reply to ``msg``: no arrays, no metrics, only the category."""
+    return Message(Error(code=REFUSED, reason=f"refused: {category}"), reply_to=msg)
 
 
-def content_with_privacy(content: RecordDict, ledger: PrivacyLedger) -> RecordDict:
-    """``content`` whose single MetricRecord also holds epsilon and budget."""
-    metrics = list(content.metric_records.items())
-    if len(metrics) != 1:
-        raise ValueError(
-            f"a train reply must hold exactly one MetricRecord, got {len(metrics)}"
-        )
-    name, record = metrics[0]
-    record[EPSILON] = ledger.epsilon
-    record[BUDGET] = float(ledger.privacy.epsilon)
-    content[name] = record
-    return content
+def failure(msg: Message) -> Message:
+    """An error reply to ``msg`` that says only that the client failed."""
+    return Message(Error(code=FAILED, reason="client error"), reply_to=msg)
+
+
+def train_reply(
+    msg: Message, reply: Message, ledger: PrivacyLedger | None, examples: int
+) -> tuple[Message, list[str]]:
+    """The train reply as released: arrays and the accounted metrics only.
+
+    Keeps every ArrayRecord and one MetricRecord holding ``num-examples`` (set to
+    the agreed public count ``examples``) and, for a DP client, ``dp-epsilon`` and
+    ``dp-budget``. Returns the new reply and the names of what was dropped (other
+    metrics, config records: releases the ledger does not account).
+    """
+    content = RecordDict()
+    dropped: list[str] = []
+    metric_name = "metrics"
+    for name, item in reply.content.items():
+        if name in reply.content.array_records:
+            content[name] = item
+        elif name in reply.content.metric_records:
+            metric_name = name
+            dropped += [f"{name}.{k}" for k in item if k != NUM_EXAMPLES]
+        else:
+            dropped.append(name)
+    metrics = MetricRecord({NUM_EXAMPLES: examples})
+    if ledger is not None:
+        metrics[EPSILON] = ledger.epsilon
+        metrics[BUDGET] = float(ledger.privacy.epsilon)
+    content[metric_name] = metrics
+    return Message(content=content, reply_to=msg), dropped

@@ -1,12 +1,16 @@
 """Running the package's app: in one process without Flower, or on Flower's simulation.
 
 :func:`run_in_process` runs the same client step
-(:func:`federated.flower.app.client_data`, the same generator per client and round,
-each client's own schedule from
-:meth:`AppConfig.client_privacy`) and FedAvg in a plain loop, for side-by-side checks.
+(:func:`federated.flower.app.client_data`, the research generator
+``default_rng([seed, partition, round])``, each client's own schedule from
+:meth:`AppConfig.client_privacy`) and FedAvg with equal client weights (the app's
+public ``num-examples`` of 1) in a plain loop, for side-by-side checks: it is a
+research tool, its noise is reproducible by design and it involves no server.
 :func:`run_simulation` runs ``server_app`` and ``client_app`` on Flower's simulation
-engine (Ray). Both solve every client's schedule before anything starts, so a budget
-no schedule can meet fails first.
+engine (Ray), with OS-entropy noise unless the caller passes a ``research_seed``
+(the simulated nodes' own opt-in), and each node's lifetime ledger in ``state_dir``.
+Both solve every client's schedule before anything starts, so a budget no schedule
+can meet fails first.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from .app import (
     test_set,
 )
 from .config import AppConfig
+from .runtime import STATE_ENV
 from .strategy import ClientFailure
 
 
@@ -68,7 +73,7 @@ def run_in_process(config: AppConfig) -> AppRun:
             updates.append(
                 local_train(params, data, step, lr=config.lr, clip=config.clip, rng=rng)
             )
-            sizes.append(len(data))
+            sizes.append(1)  # the public num-examples the app's clients send
         w = np.asarray(sizes, dtype=np.float64) / sum(sizes)
         params = [
             sum(wi * u[i] for wi, u in zip(w, updates, strict=True))
@@ -80,10 +85,21 @@ def run_in_process(config: AppConfig) -> AppRun:
     return AppRun(curve, params, eps, budgets)
 
 
-def run_simulation(config: AppConfig, verbose: bool = False) -> AppRun:
+def run_simulation(
+    config: AppConfig,
+    verbose: bool = False,
+    *,
+    research_seed: int | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+) -> AppRun:
     """Run the app on Flower's simulation engine (Ray) with ``n_clients`` nodes.
 
-    Client refusals and errors raise :class:`ClientFailure`.
+    ``research_seed`` (the simulated nodes' opt-in) makes the noise reproducible
+    (then the run equals :func:`run_in_process` with ``seed = research_seed``);
+    ``state_dir`` holds the nodes' lifetime ledgers (default: the environment's,
+    :func:`federated.flower.runtime.state_dir`), so a second run on the same
+    folder spends from what the first left. Client refusals and errors raise
+    :class:`ClientFailure`.
     """
     from flwr.app import Context
     from flwr.serverapp import Grid, ServerApp
@@ -104,16 +120,25 @@ def run_simulation(config: AppConfig, verbose: bool = False) -> AppRun:
             failures.append(error)
             raise
 
-    flwr_run_simulation(
-        server_app=app,
-        client_app=make_client_app(config),
-        num_supernodes=config.n_clients,
-        backend_config={
-            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-            "init_args": {"num_cpus": 2, "logging_level": "ERROR"},
-        },
-        verbose_logging=verbose,
-    )
+    saved = os.environ.get(STATE_ENV)
+    if state_dir is not None:
+        os.environ[STATE_ENV] = str(state_dir)  # Ray's workers inherit it
+    try:
+        flwr_run_simulation(
+            server_app=app,
+            client_app=make_client_app(config, research_seed),
+            num_supernodes=config.n_clients,
+            backend_config={
+                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "init_args": {"num_cpus": 2, "logging_level": "ERROR"},
+            },
+            verbose_logging=verbose,
+        )
+    finally:
+        if saved is None:
+            os.environ.pop(STATE_ENV, None)
+        else:
+            os.environ[STATE_ENV] = saved
     if failures:
         raise ClientFailure(str(failures[0])) from failures[0]
     if not holder:

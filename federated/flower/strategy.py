@@ -10,7 +10,8 @@ solver the client verifies with, so honest proposals are granted as sent. Each r
 it logs every client's epsilon (its own ledger's) against its budget through
 Flower's logger, strips the privacy metrics before the inner strategy aggregates
 (no average of epsilons over different budgets), and at the end logs a per-client
-summary. A refused round, a client error or a missing reply raises
+summary. It sends evaluate messages only to clients whose agreement opts in to a
+public-split evaluate. A refused round, a client error or a missing reply raises
 :class:`ClientFailure` (Flower alone would log and carry on).
 """
 
@@ -52,6 +53,7 @@ class ClientRecord:
     schedule: ClientSchedule | None
     epsilon: float = 0.0
     accuracy: float | None = None
+    evaluate: str = "refuse"
 
 
 def _number(record: MetricRecord, key: str) -> float:
@@ -123,6 +125,10 @@ class TimeAdaptiveStrategy(Strategy):
             self.clients[node] = ClientRecord(
                 node, label, privacy, None if privacy is None else privacy.schedule()
             )
+            if record is not None:
+                self.clients[node].evaluate = str(
+                    record.get(records.EVALUATE, "refuse")
+                )
         missing = sorted(set(nodes) - set(self.clients))
         if missing:
             raise ClientFailure(f"nodes {missing} did not report their agreement")
@@ -225,8 +231,19 @@ class TimeAdaptiveStrategy(Strategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """The inner strategy's evaluate messages, unchanged."""
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+        """The inner strategy's evaluate messages to clients that evaluate.
+
+        A client evaluates only if its agreement says so (``evaluate = "public"``:
+        on a split it designates as public); the others would refuse.
+        """
+        return [
+            msg
+            for msg in self.strategy.configure_evaluate(
+                server_round, arrays, config, grid
+            )
+            if msg.metadata.dst_node_id not in self.clients
+            or self.clients[msg.metadata.dst_node_id].evaluate == "public"
+        ]
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]

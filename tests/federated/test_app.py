@@ -16,13 +16,22 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = AppConfig(n_clients=3, rounds=4, min_nodes=3)
 
 
-pytestmark = pytest.mark.usefixtures("task_identity")
+pytestmark = pytest.mark.usefixtures("task_identity", "simulated")
 
 
-def serve_over_loopback(config, tmp_path, **node):
-    """The real ServerApp against the real ClientApp, messages passed in-process."""
+def serve_over_loopback(config, tmp_path, seeded=True, **node):
+    """The real ServerApp against the real ClientApp, messages passed in-process.
+
+    ``seeded``: every node opts into the research seed (simulation only), so the
+    run can be compared with the in-process one bit for bit.
+    """
     path = tmp_path / "result.json"
     run_config = dataclasses.replace(config, result_path=str(path)).record()
+    if seeded:
+        node = {
+            str(i): {"research-seed": config.seed, **node.get(str(i), {})}
+            for i in range(config.n_clients)
+        }
     grid = LoopbackGrid(client_app, node_contexts(config.n_clients, run_config, **node))
     context = Context(
         run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
@@ -40,9 +49,10 @@ def test_server_app_reproduces_the_in_process_run(tmp_path):
     assert summary["budgets"] == reference.budgets == [1.0, 3.0, 8.0]
     for eps, budget in zip(reference.epsilons, reference.budgets, strict=True):
         assert 0.99 * budget <= eps <= budget
-    # per-client summary: own epsilon, budget, accuracy on own data
+    # per-client summary: own epsilon, budget; no accuracy on private data
     assert [row["client"] for row in summary["clients"]] == ["0", "1", "2"]
-    assert all(0.0 <= row["accuracy"] <= 1.0 for row in summary["clients"])
+    assert all(row["accuracy"] is None for row in summary["clients"])
+    assert not [m for m in grid.sent if m.metadata.message_type == "evaluate"]
     assert not any(r.has_error() for r in grid.replies)
 
 
@@ -78,15 +88,17 @@ def test_in_process_run_is_deterministic():
     assert other.curve != a.curve
 
 
-def test_node_without_partition_is_refused(tmp_path):
+def test_node_without_partition_is_refused(tmp_path, caplog):
     grid = LoopbackGrid(make_client_app(CONFIG), node_contexts(1))
     grid.contexts[100].node_config.clear()
     context = Context(
         run_id=1, node_id=0, node_config={}, state=RecordDict(),
         run_config=dataclasses.replace(CONFIG, min_nodes=1).record(),
     )  # fmt: skip
-    with pytest.raises(Exception, match="partition-id"):
+    with pytest.raises(Exception, match="refused: node-config"):
         server_app(grid, context)
+    # the details stay in the node's own log
+    assert any("partition-id" in r.getMessage() for r in caplog.records)
 
 
 def _declared():

@@ -34,7 +34,7 @@ def run_config(**changes):
 
 
 def test_the_example_trains_its_cnn_with_three_privacy_groups(
-    example, tmp_path, monkeypatch
+    example, tmp_path, monkeypatch, simulated
 ):
     client, server = example
     result = tmp_path / "result.json"

@@ -26,10 +26,14 @@ from defense_suite.federated.flower import (
     TimeAdaptiveStrategy,
     node_privacy,
     records,
+    runtime,
 )
+from defense_suite.federated.ledger import Grant
 from tests.federated.loopback import LoopbackGrid, node_contexts
 
-PRIVACY = {"delta": 1e-5, "rounds": 2, "local-steps": 3, "sigma": 1.0}
+PRIVACY = {"delta": 1e-5, "rounds": 2, "local-steps": 3, "sigma": 1.0,
+           "spending": "time-adaptive", "save-fraction": 0.5, "save-ratio": 0.7,
+           "accountant": "rdp", "ledger-init": True}  # fmt: skip
 NODES = {"0": {"epsilon": 2.0, **PRIVACY}, "1": {"epsilon": 6.0, **PRIVACY}}
 
 
@@ -55,7 +59,6 @@ def torch_app(extra_steps=0):
             torch.optim.SGD(net.parameters(), lr=0.1),
             torch.utils.data.TensorDataset(X, y),
             max_grad_norm=1.0,
-            generator=g,
         )
         steps = 0
         for xb, yb in rnd.batches(loader):
@@ -125,7 +128,7 @@ def test_the_optimizer_refuses_steps_past_the_grant():
     replies = grid.send_and_receive(messages)
     for reply in replies:
         assert reply.has_error()
-        assert "exceeds the 3 steps granted" in reply.error.reason
+        assert reply.error.reason == "refused: steps-exceeded"
 
 
 def test_the_ledger_refuses_an_over_budget_round():
@@ -151,7 +154,7 @@ def test_the_ledger_refuses_an_over_budget_round():
     assert ledger.accountant().history == ledger.history()
 
 
-def test_the_mod_refuses_an_over_budget_round_before_user_code():
+def test_the_mod_refuses_an_over_budget_round_before_user_code(caplog):
     trained = []
     privacy = ClientPrivacy(epsilon=1.0, delta=1e-5, rounds=4, steps=4, sigma=1.0)
     mod = TimeAdaptiveMod(lambda context: privacy)
@@ -162,11 +165,10 @@ def test_the_mod_refuses_an_over_budget_round_before_user_code():
         trained.append(1)
         return Message(content=RecordDict(), reply_to=msg)
 
-    context = node_contexts(1)[100]
+    context = node_contexts(1, **{"0": {"ledger-init": True}})[100]
     own = privacy.schedule().rounds
-    context.state[records.LEDGER] = ConfigRecord(
-        {"round": [1], "rate": [own[-1].rate], "sigma": [1.0], "steps": [200]}
-    )
+    store = runtime.ledger_file(context)
+    store.charge(privacy, 1, lambda ledger: Grant(1, own[-1].rate, 1.0, 200))
     cfg = ConfigRecord(
         {records.ROUND: 2, records.RATE: own[1].rate, records.SIGMA: 1.0,
          records.STEPS: 4}
@@ -178,5 +180,6 @@ def test_the_mod_refuses_an_over_budget_round_before_user_code():
     )
     reply = app(msg, context)
     assert reply.has_error()
-    assert "over the budget" in reply.error.reason
+    assert reply.error.reason == "refused: over-budget"
+    assert any("over the budget" in r.getMessage() for r in caplog.records)
     assert trained == []

@@ -1,4 +1,11 @@
-"""The user's ClientApp: the mod, the training helper, the user's own loop."""
+"""The user's ClientApp: the mod, the training helper, the user's own loop.
+
+On a SuperNode every privacy key comes from the node's own config (``epsilon``,
+``delta``, ``num-server-rounds`` as ``rounds``, ``local-steps``, ``sigma``,
+``spending``, ``save-fraction``, ``save-ratio``, ``accountant``); in Flower's
+simulation the run config stands in. The DP noise and the Poisson sampling come from
+operating-system entropy (``make_private`` seeds them), never from the run's seed.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +17,16 @@ from defense_suite.federated.flower import (
     ClientPrivacy,
     TimeAdaptiveClient,
     TimeAdaptiveMod,
-    privacy_from_config,
+    node_privacy,
 )
 
-from .task import SmallCNN, accuracy, load_partition
+from .task import SmallCNN, accuracy, load_partition, load_test
 
 
 def privacy(context: Context) -> ClientPrivacy:
-    """The client's own budget: its node config, else its group's (simulation)."""
+    """The client's own budget: its node config (in simulation, its group's)."""
     node, run = dict(context.node_config), dict(context.run_config)
-    defaults = {
+    stand_in = {
         "delta": run["delta"],
         "rounds": run["num-server-rounds"],
         "local-steps": run["local-steps"],
@@ -31,11 +38,12 @@ def privacy(context: Context) -> ClientPrivacy:
     if "epsilon" not in node:  # stand-in: three groups by partition
         budgets = [float(b) for b in str(run["budgets"]).split(",")]
         pid, n = int(node["partition-id"]), int(node["num-partitions"])
-        defaults["epsilon"] = budgets[pid * len(budgets) // n]
-    return privacy_from_config(node, defaults)
+        stand_in["epsilon"] = budgets[pid * len(budgets) // n]
+    return node_privacy(context, stand_in)  # a SuperNode ignores the stand-in
 
 
-mod = TimeAdaptiveMod(privacy)
+# evaluate="public": this app's evaluate uses only the public held-out images
+mod = TimeAdaptiveMod(privacy, evaluate="public")
 app = mod.register(ClientApp(mods=[mod]))
 
 
@@ -52,33 +60,27 @@ def train(msg: Message, context: Context) -> Message:
     net = SmallCNN()
     net.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
     data = _data(context)
-    g = torch.Generator().manual_seed(
-        int(context.run_config["seed"]) * 10_000
-        + context.node_id % 10_000
-        + rnd.server_round
-    )
-    model, optimizer, loader = rnd.make_private(
+    model, optimizer, loader = rnd.make_private(  # noise and sampling: OS entropy
         net,
         torch.optim.SGD(net.parameters(), lr=float(context.run_config["lr"])),
         data,
         max_grad_norm=float(context.run_config["clip"]),
-        generator=g,
     )
     for X, y in rnd.batches(loader):
         optimizer.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(X), y)
         torch.autograd.backward(loss)
         optimizer.step()
-    metrics = MetricRecord({"num-examples": len(data)})
+    metrics = MetricRecord({"num-examples": 1})  # the mod sends the public count
     content = RecordDict({"arrays": ArrayRecord(net.state_dict()), "metrics": metrics})
     return Message(content=content, reply_to=msg)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    """Accuracy of the global model on this client's own images."""
+    """Accuracy of the global model on the public held-out images (no own data)."""
     net = SmallCNN()
     net.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
-    data = _data(context)
+    data = load_test(int(context.run_config["seed"]))
     metrics = MetricRecord({"num-examples": len(data), "accuracy": accuracy(net, data)})
     return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
