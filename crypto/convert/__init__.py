@@ -1,0 +1,20 @@
+"""Bring your own transformer: convert a BERT-style classifier into HE-friendly form.
+
+* :func:`convert` - a ``transformers`` ``BertForSequenceClassification`` to
+  :class:`~crypto.convert.model.HEBert` with a :class:`ConversionReport`;
+* :mod:`~crypto.convert.model` - the converted model (Gaussian-kernel attention,
+  polynomial LayerNorm, activation and pooler, LoRA on Q, K, V);
+* :func:`~crypto.distill.distill` recovers the accuracy the substitutions cost.
+"""
+
+from .bert import ConversionError, ConversionReport, Substitution, convert
+from .model import HEBert, HEBertConfig
+
+__all__ = [
+    "ConversionError",
+    "ConversionReport",
+    "HEBert",
+    "HEBertConfig",
+    "Substitution",
+    "convert",
+]

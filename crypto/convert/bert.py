@@ -1,0 +1,342 @@
+"""Convert a ``transformers`` BERT-style sequence classifier into :class:`HEBert`.
+
+The source is read module by module. Every module must be one the converter knows
+(BERT's embeddings, self-attention, outputs, intermediate, pooler, classifier and
+their ``nn`` leaves); anything else, a causal decoder, cross-attention, rotary or
+relative positions, or a head other than BERT's pooler + classifier is refused,
+naming the module. ``transformers`` is imported only when a model is converted.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from defenses.checks import check_int
+
+from ..approx import depth_of
+from .model import HEBert, HEBertConfig
+
+logger = logging.getLogger(__name__)
+
+KNOWN = {
+    "BertForSequenceClassification",
+    "BertModel",
+    "BertEmbeddings",
+    "BertEncoder",
+    "BertLayer",
+    "BertAttention",
+    "BertSelfAttention",
+    "BertSdpaSelfAttention",
+    "BertSelfOutput",
+    "BertIntermediate",
+    "BertOutput",
+    "BertPooler",
+    "Embedding",
+    "LayerNorm",
+    "Dropout",
+    "Linear",
+    "ModuleList",
+    "Tanh",
+    "GELUActivation",
+    "ReLU",
+    "NewGELUActivation",
+    "FastGELUActivation",
+    "QuickGELUActivation",
+    "GELUTanh",
+    "PytorchGELUTanh",
+}
+GELUS = ("gelu", "gelu_new", "gelu_fast", "gelu_python", "gelu_pytorch_tanh")
+POSITIONAL = ("rope_theta", "rotary_dim", "rotary_emb_base", "relative_attention")
+
+
+class ConversionError(ValueError):
+    """The model cannot be converted; the message names the layer or setting."""
+
+
+@dataclass(frozen=True)
+class Substitution:
+    """One replaced or kept function of the source model.
+
+    Parameters
+    ----------
+    where : str
+        The source modules, as ``named_modules`` names them (``*`` for every layer).
+    source : str
+        What the source computes there.
+    replacement : str
+        What the converted model computes instead.
+    depth : int
+        CKKS levels the replacement's polynomial consumes (0: no polynomial).
+    """
+
+    where: str
+    source: str
+    replacement: str
+    depth: int = 0
+
+
+@dataclass(frozen=True)
+class ConversionReport:
+    """What :func:`convert` did: the source, the converted shape, every substitution."""
+
+    source: str
+    config: HEBertConfig
+    substitutions: tuple[Substitution, ...]
+    copied: tuple[str, ...]
+
+    def __str__(self) -> str:
+        lines = [f"converted {self.source} -> HEBert ({self.config.n_layers} layers)"]
+        for s in self.substitutions:
+            levels = f" [{s.depth} levels]" if s.depth else ""
+            lines.append(f"  {s.where}: {s.source} -> {s.replacement}{levels}")
+        lines.append(f"  copied unchanged: {len(self.copied)} tensors")
+        return "\n".join(lines)
+
+
+def _refuse_unknown(model: nn.Module) -> None:
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        if kind not in KNOWN:
+            raise ConversionError(
+                f"cannot convert layer {name or '<root>'!r} of type {kind}: the "
+                "converter knows only BERT's embeddings, self-attention, "
+                "feed-forward, pooler and classifier"
+            )
+
+
+def _check_config(model: nn.Module) -> Any:
+    config = getattr(model, "config", None)
+    kind = type(model).__name__
+    if config is None or kind != "BertForSequenceClassification":
+        raise ConversionError(
+            f"cannot convert a {kind}: convert() takes a transformers "
+            "BertForSequenceClassification (built from a BertConfig, loaded with "
+            "from_pretrained, or in memory)"
+        )
+    if getattr(config, "is_decoder", False) or getattr(
+        config, "add_cross_attention", False
+    ):
+        raise ConversionError(
+            "cannot convert bert.encoder.layer.*.attention: the model is a causal "
+            "decoder (is_decoder / add_cross_attention); HE conversion takes encoders"
+        )
+    position = getattr(config, "position_embedding_type", "absolute")
+    if position != "absolute":
+        raise ConversionError(
+            f"cannot convert bert.embeddings.position_embeddings: position encoding "
+            f"{position!r} (only absolute positions are converted)"
+        )
+    for attr in POSITIONAL:
+        if getattr(config, attr, None) not in (None, False, 0):
+            raise ConversionError(
+                f"cannot convert the attention: config.{attr} (rotary or relative "
+                "positions) is set; only absolute positions are converted"
+            )
+    if getattr(config, "num_labels", 0) < 2 or config.problem_type not in (
+        None,
+        "single_label_classification",
+    ):
+        raise ConversionError(
+            f"cannot convert classifier: num_labels={config.num_labels}, problem_type="
+            f"{config.problem_type!r}; single-label classification with >= 2 classes"
+        )
+    if config.hidden_act not in (*GELUS, "relu"):
+        raise ConversionError(
+            f"cannot convert bert.encoder.layer.*.intermediate: hidden_act "
+            f"{config.hidden_act!r} (known: {(*GELUS, 'relu')})"
+        )
+    return config
+
+
+def _copy(
+    target: torch.Tensor, source: torch.Tensor, name: str, copied: list[str]
+) -> None:
+    with torch.no_grad():
+        target.copy_(source.detach().to(torch.float64))
+    copied.append(name)
+
+
+def convert(
+    model: nn.Module,
+    n_tokens: int,
+    rank: int = 2,
+    activation: str = "relu",
+    generator: torch.Generator | None = None,
+    **degrees: int,
+) -> tuple[HEBert, ConversionReport]:
+    """The HE-friendly form of a BERT sequence classifier, and what was substituted.
+
+    Parameters
+    ----------
+    model : transformers.BertForSequenceClassification
+        The user's model (from a config, ``from_pretrained`` of a local folder, or
+        in memory); it is read, never changed.
+    n_tokens : int
+        The fixed sequence length of the converted model (<= the source's
+        ``max_position_embeddings``); the encrypted schedule packs this many tokens.
+    rank : int
+        LoRA rank on Q, K and V.
+    activation : {"relu", "gelu"}
+        The feed-forward function the polynomial fits: ReLU (the paper) or GELU.
+    generator : torch.Generator, optional
+        Draws the LoRA ``A`` factors (``B`` = 0, so the converted model starts with
+        exactly the source weights).
+    **degrees
+        ``gk_degree``, ``isqrt_degree``, ``act_degree``, ``tanh_degree``,
+        ``newton_steps`` of :class:`HEBertConfig`.
+
+    Returns
+    -------
+    HEBert, ConversionReport
+        The converted model (calibrate it, or :func:`~crypto.distill.distill` it,
+        before polynomial use) and the report of every substitution.
+
+    Raises
+    ------
+    ConversionError
+        Naming the layer or setting that cannot be converted.
+    """
+    if not isinstance(model, nn.Module):
+        raise ConversionError(
+            f"cannot convert a {type(model).__name__}: convert() takes a transformers "
+            "BertForSequenceClassification"
+        )
+    config = _check_config(model)
+    _refuse_unknown(model)
+    check_int("n_tokens", n_tokens, 2, int(config.max_position_embeddings))
+    c = HEBertConfig(
+        vocab_size=config.vocab_size,
+        n_tokens=n_tokens,
+        d=config.hidden_size,
+        heads=config.num_attention_heads,
+        ffn=config.intermediate_size,
+        n_layers=config.num_hidden_layers,
+        n_classes=config.num_labels,
+        type_vocab_size=config.type_vocab_size,
+        rank=rank,
+        activation=activation,
+        layer_norm_eps=float(config.layer_norm_eps),
+        **degrees,
+    )
+    out = HEBert(c, generator or torch.Generator().manual_seed(0))
+    src: Any = model
+    copied: list[str] = []
+    emb = src.bert.embeddings
+    _copy(
+        out.word_embeddings.weight,
+        emb.word_embeddings.weight,
+        "bert.embeddings.word_embeddings",
+        copied,
+    )
+    _copy(
+        out.position_embeddings,
+        emb.position_embeddings.weight[:n_tokens],
+        "bert.embeddings.position_embeddings",
+        copied,
+    )
+    _copy(
+        out.token_type_embeddings.weight,
+        emb.token_type_embeddings.weight,
+        "bert.embeddings.token_type_embeddings",
+        copied,
+    )
+    for part in ("weight", "bias"):
+        _copy(
+            getattr(out.embedding_norm, part),
+            getattr(emb.LayerNorm, part),
+            f"bert.embeddings.LayerNorm.{part}",
+            copied,
+        )
+    for i, (layer, theirs) in enumerate(
+        zip(out.block_list(), src.bert.encoder.layer, strict=True)
+    ):
+        at = f"bert.encoder.layer.{i}"
+        pairs = {
+            "query": theirs.attention.self.query,
+            "key": theirs.attention.self.key,
+            "value": theirs.attention.self.value,
+            "attention_dense": theirs.attention.output.dense,
+            "attention_norm": theirs.attention.output.LayerNorm,
+            "intermediate": theirs.intermediate.dense,
+            "output_dense": theirs.output.dense,
+            "output_norm": theirs.output.LayerNorm,
+        }
+        for mine, module in pairs.items():
+            for part in ("weight", "bias"):
+                _copy(
+                    getattr(getattr(layer, mine), part),
+                    getattr(module, part),
+                    f"{at}.{mine}.{part}",
+                    copied,
+                )
+    for part in ("weight", "bias"):
+        _copy(
+            getattr(out.pooler, part),
+            getattr(src.bert.pooler.dense, part),
+            f"bert.pooler.dense.{part}",
+            copied,
+        )
+        _copy(
+            getattr(out.classifier, part),
+            getattr(src.classifier, part),
+            f"classifier.{part}",
+            copied,
+        )
+    layers = "bert.encoder.layer.*"
+    subs = (
+        Substitution(
+            "bert.embeddings",
+            "word + position + token type, LayerNorm",
+            f"the same, exact, on the client (positions 0..{n_tokens - 1}, type 0)",
+        ),
+        Substitution(
+            f"{layers}.attention.self",
+            "softmax(q k^T / sqrt(d_h)) with additive mask",
+            "Gaussian kernel exp(-|q - k|^2 / (2 sqrt(d_h))), a Chebyshev fit on "
+            "[0, D], times the 0/1 mask",
+            depth_of(c.gk_degree),
+        ),
+        Substitution(
+            f"{layers}.attention.self.{{query,key,value}}",
+            "Linear",
+            f"Linear + LoRA rank {rank} (B = 0)",
+        ),
+        Substitution(
+            f"{layers}.attention.output.LayerNorm",
+            "LayerNorm",
+            f"polynomial LayerNorm: 1/sqrt(var/div) by a degree-{c.isqrt_degree} "
+            f"fit on [a, 1] and {c.newton_steps} Newton steps",
+            depth_of(c.isqrt_degree) + 3 * c.newton_steps,
+        ),
+        Substitution(
+            f"{layers}.intermediate.intermediate_act_fn",
+            config.hidden_act,
+            f"degree-{c.act_degree} Chebyshev fit of {activation} on [-B, B]",
+            depth_of(c.act_degree),
+        ),
+        Substitution(
+            f"{layers}.output.LayerNorm",
+            "LayerNorm",
+            "polynomial LayerNorm (as above)",
+            depth_of(c.isqrt_degree) + 3 * c.newton_steps,
+        ),
+        Substitution(
+            "bert.pooler.activation",
+            "tanh",
+            f"degree-{c.tanh_degree} Chebyshev fit of tanh on [-B, B]",
+            depth_of(c.tanh_degree),
+        ),
+        Substitution(
+            "dropout (every layer)",
+            "Dropout",
+            "removed (inference form; distillation trains without it)",
+        ),
+    )
+    report = ConversionReport(type(model).__name__, c, subs, tuple(copied))
+    logger.info("%s", report)
+    return out, report

@@ -1,0 +1,424 @@
+r"""The HE-friendly form of a BERT-style encoder classifier.
+
+:func:`~crypto.convert.convert` copies a ``transformers`` BERT classifier's weights
+into :class:`HEBert`, which keeps BERT's post-LayerNorm blocks and replaces every
+function CKKS cannot evaluate (Rho et al., "Encryption-Friendly LLM Architecture",
+ICLR 2025, Sec. 4):
+
+.. math::
+
+    z^{(0)} &= \mathrm{LN}(E_w[\text{ids}] + E_p + E_t[0])
+        &\text{(client side, exact)}\\
+    S^h_{ij} &= m_j\, p_{gk}\big(\lVert q^h_i - k^h_j\rVert^2 / (2\sqrt{d_h} D)\big)
+        \approx m_j\, e^{-\lVert q_i-k_j\rVert^2/(2\sqrt{d_h})},
+        \quad q = z(W_q + A_q B_q) + b_q, \ldots\\
+    h &= \widetilde{\mathrm{LN}}_1\big(z + [S^1 v^1, \ldots, S^H v^H] W_o + b_o\big)\\
+    z' &= \widetilde{\mathrm{LN}}_2\big(h + p_{act}(h W_1 + b_1) W_2 + b_2\big)\\
+    \text{logits} &= p_{\tanh}(z'_0 W_p + b_p)\, W_c + b_c
+
+with the polynomial LayerNorm :math:`\widetilde{\mathrm{LN}}(x) = \gamma \odot
+(x-\bar x)\, y / \sqrt{\text{div}} + \beta`, where :math:`y` is a Chebyshev fit of
+:math:`s^{-1/2}` on :math:`[a, 1]` at :math:`s = \sigma^2/\text{div}` refined by
+Newton steps :math:`y \leftarrow y(3 - s y^2)/2`; :math:`p_{act}` fits ReLU (the
+paper's choice) or GELU and :math:`p_{\tanh}` fits tanh, each on its calibrated
+range. :math:`m_j \in \{0, 1\}` is the attention mask (a padded key scores 0: the
+paper's large negative mask before the exponential). In *exact* mode the model
+evaluates the functions the polynomials stand for (exp, ReLU or GELU,
+:math:`1/\sqrt{\sigma^2 + \epsilon}`, tanh); *polynomial* mode is the function CKKS
+evaluates and needs :meth:`HEBert.calibrate`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import nn
+
+from defenses.arrays import FloatArray
+from defenses.checks import check_choice, check_int
+
+from ..approx import RangeError, RangeGuard
+from ..model import GUARD_SLACK, HEADROOM
+from .ranges import BertCalibration, fit_site, gelu, relu, tanh
+
+ACTIVATIONS = ("relu", "gelu")
+
+
+@dataclass(frozen=True)
+class HEBertConfig:
+    """Shape and approximation degrees of the converted model.
+
+    Parameters
+    ----------
+    vocab_size, type_vocab_size : int
+        Rows of the word and token-type embeddings.
+    n_tokens : int
+        The converted (fixed) sequence length; <= the source's position table.
+    d, heads, ffn, n_layers, n_classes : int
+        Width, attention heads, feed-forward width, blocks, classes (>= 2).
+    rank : int
+        LoRA rank on Q, K and V (the paper uses 2).
+    activation : {"relu", "gelu"}
+        What the polynomial activation fits: ReLU (the paper's substitution) or the
+        source's GELU.
+    gk_degree, isqrt_degree, act_degree, tanh_degree : int
+        Degrees of the kernel, inverse square root, activation and pooler fits.
+    newton_steps : int
+        Newton refinements of the inverse square root (>= 0).
+    layer_norm_eps : float
+        The source's LayerNorm epsilon (exact mode, client-side embedding norm).
+    """
+
+    vocab_size: int
+    n_tokens: int
+    d: int
+    heads: int
+    ffn: int
+    n_layers: int
+    n_classes: int
+    type_vocab_size: int = 2
+    rank: int = 2
+    activation: str = "relu"
+    gk_degree: int = 7
+    isqrt_degree: int = 7
+    act_degree: int = 8
+    tanh_degree: int = 7
+    newton_steps: int = 2
+    layer_norm_eps: float = 1e-12
+
+    def __post_init__(self) -> None:
+        names = "vocab_size n_tokens d heads ffn n_layers type_vocab_size rank"
+        for name in (*names.split(), "gk_degree", "isqrt_degree", "act_degree"):
+            check_int(f"HEBertConfig.{name}", getattr(self, name), 1)
+        check_int("HEBertConfig.tanh_degree", self.tanh_degree, 1)
+        check_int("HEBertConfig.newton_steps", self.newton_steps, 0)
+        check_int("HEBertConfig.n_classes", self.n_classes, 2)
+        check_choice("HEBertConfig.activation", self.activation, ACTIVATIONS)
+        if self.d % self.heads:
+            raise ValueError(
+                f"HEBertConfig.d={self.d} must be a multiple of heads={self.heads}"
+            )
+        if not (math.isfinite(self.layer_norm_eps) and self.layer_norm_eps > 0):
+            raise ValueError(
+                "HEBertConfig.layer_norm_eps must be a finite float > 0, got "
+                f"{self.layer_norm_eps!r}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.d // self.heads
+
+
+def _torch_poly(coefficients: FloatArray, x: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros_like(x)
+    for c in coefficients[::-1]:
+        out = out * x + float(c)
+    return out
+
+
+class LoRALinear(nn.Module):
+    r""":math:`x \mapsto x (W_0^T + A B) + b` with a rank-r adapter, ``B`` = 0 first.
+
+    ``weight`` and ``bias`` keep ``torch.nn.Linear``'s layout (out, in), so the
+    source layer's tensors copy over unchanged.
+    """
+
+    def __init__(self, d_in: int, d_out: int, rank: int, generator: torch.Generator):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(d_out, d_in, dtype=torch.float64))
+        self.bias = nn.Parameter(torch.zeros(d_out, dtype=torch.float64))
+        self.lora_a = nn.Parameter(
+            torch.randn(d_in, rank, generator=generator, dtype=torch.float64)
+            / math.sqrt(d_in)
+        )
+        self.lora_b = nn.Parameter(torch.zeros(rank, d_out, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the adapted linear map."""
+        return x @ self.weight.T + self.bias + (x @ self.lora_a) @ self.lora_b
+
+
+def _linear(d_in: int, d_out: int) -> nn.Linear:
+    return nn.Linear(d_in, d_out, dtype=torch.float64)
+
+
+def _norm(d: int) -> nn.LayerNorm:
+    return nn.LayerNorm(d, dtype=torch.float64)
+
+
+class HEBertLayer(nn.Module):
+    """One converted BERT block (names follow ``transformers``' BertLayer)."""
+
+    def __init__(self, c: HEBertConfig, generator: torch.Generator):
+        super().__init__()
+        self.query = LoRALinear(c.d, c.d, c.rank, generator)
+        self.key = LoRALinear(c.d, c.d, c.rank, generator)
+        self.value = LoRALinear(c.d, c.d, c.rank, generator)
+        self.attention_dense = _linear(c.d, c.d)
+        self.attention_norm = _norm(c.d)
+        self.intermediate = _linear(c.d, c.ffn)
+        self.output_dense = _linear(c.ffn, c.d)
+        self.output_norm = _norm(c.d)
+
+
+Site = Callable[[str, torch.Tensor], torch.Tensor]
+
+
+class HEBert(nn.Module):
+    """A BERT-style classifier in HE-friendly form (see the module docstring)."""
+
+    def __init__(self, config: HEBertConfig, generator: torch.Generator):
+        super().__init__()
+        c = config
+        self.config = c
+        self.calibration = BertCalibration()
+        self.word_embeddings = nn.Embedding(c.vocab_size, c.d, dtype=torch.float64)
+        self.position_embeddings = nn.Parameter(
+            torch.zeros(c.n_tokens, c.d, dtype=torch.float64)
+        )
+        self.token_type_embeddings = nn.Embedding(
+            c.type_vocab_size, c.d, dtype=torch.float64
+        )
+        self.embedding_norm = _norm(c.d)
+        self.layers = nn.ModuleList(
+            [HEBertLayer(c, generator) for _ in range(c.n_layers)]
+        )
+        self.pooler = _linear(c.d, c.d)
+        self.classifier = _linear(c.d, c.n_classes)
+
+    def block_list(self) -> list[HEBertLayer]:
+        """The blocks, first to last, typed."""
+        return [b for b in self.layers if isinstance(b, HEBertLayer)]
+
+    def check_ids(
+        self, ids: npt.ArrayLike, mask: npt.ArrayLike | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ids`` and ``mask`` as (batch, n_tokens) tensors, or a clear error."""
+        c = self.config
+        arr = np.asarray(ids)
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"ids must be integer token ids, got dtype {arr.dtype}")
+        if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] != c.n_tokens:
+            raise ValueError(
+                f"ids: expected shape (batch >= 1, {c.n_tokens}) (the converted "
+                f"length), got {arr.shape}"
+            )
+        if arr.min() < 0 or arr.max() >= c.vocab_size:
+            raise ValueError(
+                f"ids: token id {int(arr.max())} is outside the embedding's "
+                f"vocabulary of {c.vocab_size} rows: the tokenizer does not match "
+                "the model"
+            )
+        m = np.ones(arr.shape) if mask is None else np.asarray(mask, dtype=np.float64)
+        if m.shape != arr.shape or not np.all((m == 0) | (m == 1)):
+            raise ValueError(f"mask: expected 0/1 values of shape {arr.shape}")
+        if not np.all(m[:, 0] == 1):
+            raise ValueError("mask: the first ([CLS]) position must be attended")
+        return torch.as_tensor(arr, dtype=torch.int64), torch.as_tensor(m)
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """Client-side embedding (exact LayerNorm, in plaintext on the client)."""
+        z = self.word_embeddings(ids) + self.position_embeddings
+        z = z + self.token_type_embeddings.weight[0]
+        norm = self.embedding_norm
+        return nn.functional.layer_norm(
+            z, (self.config.d,), norm.weight, norm.bias, self.config.layer_norm_eps
+        )
+
+    def _norm(
+        self, x: torch.Tensor, norm: nn.LayerNorm, name: str, site: Site, poly: bool
+    ) -> torch.Tensor:
+        centred = x - x.mean(-1, keepdim=True)
+        variance = (centred**2).mean(-1, keepdim=True)
+        if not poly:
+            site(name, variance)
+            inv = 1.0 / torch.sqrt(variance + self.config.layer_norm_eps)
+        else:
+            div = self.calibration.ranges[name][1]
+            s = site(name, variance)
+            y = _torch_poly(self.calibration.polys[name], s)
+            for _ in range(self.config.newton_steps):
+                y = y * (3.0 - s * y * y) / 2.0
+            inv = y / math.sqrt(div)
+        return centred * inv * norm.weight + norm.bias
+
+    def encode(
+        self, z: torch.Tensor, mask: torch.Tensor, poly: bool, site: Site
+    ) -> torch.Tensor:
+        """Logits from client-side embeddings ``z`` (the server's part)."""
+        c = self.config
+        b, n = z.shape[0], z.shape[1]
+        for i, layer in enumerate(self.block_list()):
+
+            def split(t: torch.Tensor) -> torch.Tensor:
+                return t.view(b, n, c.heads, c.head_dim).transpose(1, 2)
+
+            q, k, v = split(layer.query(z)), split(layer.key(z)), split(layer.value(z))
+            dist = ((q.unsqueeze(3) - k.unsqueeze(2)) ** 2).sum(-1)
+            dist = dist / (2.0 * math.sqrt(c.head_dim))
+            u = site(f"layer {i} kernel distance", dist)
+            if poly:
+                scores = _torch_poly(
+                    self.calibration.polys[f"layer {i} kernel distance"], u
+                )
+            else:
+                scores = torch.exp(-dist)
+            scores = scores * mask[:, None, None, :]
+            attended = (scores @ v).transpose(1, 2).reshape(b, n, c.d)
+            h = z + layer.attention_dense(attended)
+            h = self._norm(
+                h,
+                layer.attention_norm,
+                f"layer {i} attention LayerNorm variance",
+                site,
+                poly,
+            )
+            a = layer.intermediate(h)
+            t = site(f"layer {i} activation input", a)
+            if poly:
+                act = _torch_poly(
+                    self.calibration.polys[f"layer {i} activation input"], t
+                )
+            elif c.activation == "relu":
+                act = torch.relu(a)
+            else:
+                act = nn.functional.gelu(a)
+            out = h + layer.output_dense(act)
+            z = self._norm(
+                out,
+                layer.output_norm,
+                f"layer {i} output LayerNorm variance",
+                site,
+                poly,
+            )
+        pre = self.pooler(z[:, 0, :])
+        t = site("pooler input", pre)
+        pooled = (
+            _torch_poly(self.calibration.polys["pooler input"], t)
+            if poly
+            else torch.tanh(pre)
+        )
+        result: torch.Tensor = self.classifier(pooled)
+        return result
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        poly: bool = False,
+        guard: bool = False,
+        trace: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Logits (batch, n_classes) of token ``ids`` (batch, n_tokens).
+
+        Parameters
+        ----------
+        ids, mask : Tensor
+            Token ids and the 0/1 attention mask (None: every position attended).
+        poly : bool
+            Evaluate the polynomials (needs :meth:`calibrate`).
+        guard : bool
+            Raise :class:`~crypto.approx.RangeError` naming the site when a
+            polynomial's input leaves its calibrated range.
+        trace : dict, optional
+            Filled with every site's normalised input (raw input before calibration).
+        """
+        cal = self.calibration
+        if (poly or guard) and not cal.calibrated:
+            raise RuntimeError("call calibrate() before running in polynomial mode")
+        if mask is None:
+            mask = torch.ones(ids.shape, dtype=torch.float64)
+
+        def site(name: str, raw: torch.Tensor) -> torch.Tensor:
+            if not cal.calibrated:
+                if trace is not None:
+                    trace[name] = raw
+                return raw
+            value = raw / cal.ranges[name][1]
+            if trace is not None:
+                trace[name] = value
+            if guard:
+                low = cal.normalised_low(name)
+                RangeGuard(name, low, 1.0, slack=GUARD_SLACK)(value.detach().numpy())
+            return value
+
+        return self.encode(self.embed_tokens(ids), mask.to(torch.float64), poly, site)
+
+    def calibrate(
+        self,
+        ids: npt.ArrayLike,
+        mask: npt.ArrayLike | None = None,
+        margin: float = 1.25,
+    ) -> BertCalibration:
+        """Measure every site's range on ``ids`` (exact mode) and fit the polynomials.
+
+        Each bound is the observed extreme times ``margin`` (> 1) (a LayerNorm's
+        lower end divided by it); the polynomials fit on the normalised inputs.
+        """
+        if not margin > 1:
+            raise ValueError(f"margin must be > 1, got {margin!r}")
+        ids_t, mask_t = self.check_ids(ids, mask)
+        c, cal = self.config, self.calibration
+        cal.calibrated = False
+        trace: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            self.forward(ids_t, mask_t, trace=trace)
+        ranges, polys = {}, {}
+        act = relu if c.activation == "relu" else gelu
+        for name, raw in trace.items():
+            function: Callable[[FloatArray], FloatArray] | None = None
+            if "LayerNorm" in name:
+                degree = c.isqrt_degree
+            elif "kernel" in name:
+                degree = c.gk_degree
+            elif name == "pooler input":
+                degree, function = c.tanh_degree, tanh
+            else:
+                degree, function = c.act_degree, act
+            values = np.asarray(raw.detach().numpy(), dtype=np.float64)
+            ranges[name], polys[name] = fit_site(name, values, margin, degree, function)
+        cal.ranges, cal.polys, cal.calibrated = ranges, polys, True
+        return cal
+
+    def range_penalty(self, trace: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Squared excess of every site's normalised input over ``HEADROOM``.
+
+        The paper's range penalties (Sec. 4.2): keep inputs inside the polynomial
+        domains during fine-tuning, with room for unseen data.
+        """
+        total = torch.zeros((), dtype=torch.float64)
+        for name, value in trace.items():
+            total = total + torch.relu(value.abs() - HEADROOM).pow(2).mean()
+            if "LayerNorm" in name:
+                lo, hi = self.calibration.ranges[name]
+                total = total + torch.relu(lo / hi / HEADROOM - value).pow(2).mean()
+        return total
+
+    def lora_parameters(self) -> list[nn.Parameter]:
+        """The LoRA factors of every block's Q, K and V."""
+        return [
+            p
+            for layer in self.block_list()
+            for m in (layer.query, layer.key, layer.value)
+            for p in (m.lora_a, m.lora_b)
+        ]
+
+    def predict_logits(
+        self, ids: npt.ArrayLike, mask: npt.ArrayLike | None = None, guard: bool = True
+    ) -> FloatArray:
+        """Logits of the deployed (polynomial) model, float64; the guard is on."""
+        ids_t, mask_t = self.check_ids(ids, mask)
+        with torch.no_grad():
+            try:
+                out = self.forward(ids_t, mask_t, poly=True, guard=guard)
+            except RangeError as err:
+                raise RangeError(
+                    f"ids leave the converted model's calibrated ranges: {err}"
+                ) from None
+        return np.asarray(out.numpy(), dtype=np.float64)
