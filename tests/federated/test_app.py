@@ -10,6 +10,7 @@ from flwr.app import Context, RecordDict
 from defense_suite.federated.flower.app import client_app, make_client_app, server_app
 from defense_suite.federated.flower.config import AppConfig, key_of
 from defense_suite.federated.flower.run import plan, run_in_process, run_simulation
+from defense_suite.federated.flower.strategy import ClientFailure
 from tests.federated.loopback import LoopbackGrid, node_contexts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -170,10 +171,17 @@ def test_bad_budget_fails_before_the_simulation_starts():
 
 
 @pytest.mark.slow
-def test_flower_simulation_matches_in_process():
+def test_flower_simulation_matches_in_process(node_storage):
     config = dataclasses.replace(CONFIG, rounds=3)
-    flower = run_simulation(config)
+    flower = run_simulation(config, research_seed=config.seed)
     reference = run_in_process(config)
     assert len(flower.curve) == config.rounds
     assert flower.curve == pytest.approx(reference.curve)
     assert flower.epsilons == pytest.approx(reference.epsilons)
+    # the simulated nodes' lifetime ledgers are on disk (inherited by Ray's actors)
+    assert sorted(p.name for p in node_storage.glob("*.json")) == [
+        f"ledger-partition-{i}.json" for i in range(config.n_clients)
+    ]
+    # and they remember: a second run on the same records is refused
+    with pytest.raises(ClientFailure, match="refused: over-budget"):
+        run_simulation(config, research_seed=config.seed)
