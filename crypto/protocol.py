@@ -97,6 +97,19 @@ class Client:
         factors are the client's secret).
     params : CKKSParams
         The modulus chain.
+    calibration : array-like or None
+        Public calibration sequences: each refresh and roll then clips to
+        ``margin`` x the magnitude seen there on them (:func:`crypto.schedule.
+        calibrate`), and a batch whose own values would exceed it is refused
+        before upload. Without it the clip bound is the chain's encoding-safe
+        magnitude (:func:`crypto.schedule.safe_bound`).
+
+    Attributes
+    ----------
+    decryptions : int
+        Ciphertexts decrypted so far (a refused request adds none).
+    clipped : int
+        Decrypted slots the public bounds changed (0 in an honest run).
     """
 
     def __init__(
@@ -116,6 +129,7 @@ class Client:
         self.refreshes = 0
         self.refreshed = 0
         self.decryptions = 0
+        self.clipped = 0
         self.setup_bytes = 0
         self.exchanges: list[Exchange] = []
         self._schedules: dict[bool, Schedule] = {}
@@ -159,10 +173,13 @@ class Client:
         """Admit ``message`` as ``step`` (before decrypting), then decrypt and clip."""
         vectors = admit(step, message, self.context, self.key, self.params)
         self.decryptions += len(vectors)
-        return [
-            clip(np.asarray(v.decrypt(), dtype=np.float64), bound)
-            for v, bound in zip(vectors, step.bounds, strict=True)
-        ]
+        out = []
+        for v, bound in zip(vectors, step.bounds, strict=True):
+            plain = np.asarray(v.decrypt(), dtype=np.float64)
+            clipped = clip(plain, bound)
+            self.clipped += int(np.count_nonzero(clipped != plain))
+            out.append(clipped)
+        return out
 
     def check_inputs(self, X: npt.ArrayLike) -> FloatArray:
         """``X`` as float64 sequences of the model's shape, finite, at least one."""

@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .ckks import CKKSParams, TenSEALBackend, fingerprint, load_ciphertext, load_public
 from .evaluator import Evaluator, Value
@@ -251,15 +251,25 @@ class _QueueChannel:
         return self._inbox.get()
 
 
+class Serving(Protocol):
+    """Anything that serves one session on a channel of bytes (a server)."""
+
+    def serve(self, channel: Channel) -> None:
+        """Answer messages on ``channel`` until the session ends."""
+        ...
+
+
 class InProcess:
     """The default transport: the server in a thread of this process, bytes between.
 
     The server's thread sees only its end of two queues of byte strings. Within one
     process this is a discipline, not isolation (any code can walk the heap); use
-    :class:`~crypto.transport.Loopback` for a process boundary.
+    :class:`~crypto.transport.Loopback` for a process boundary. ``server`` is any
+    object with ``serve(channel)``: a :class:`Server`, a fine-tuning server, or a
+    test's raw speaker of the wire format.
     """
 
-    def __init__(self, server: Server):
+    def __init__(self, server: Serving):
         self._up: queue.Queue[bytes] = queue.Queue()
         self._down: queue.Queue[bytes] = queue.Queue()
         self._thread = threading.Thread(

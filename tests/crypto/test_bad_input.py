@@ -57,7 +57,17 @@ def test_encrypt_inputs(client: Client, X: np.ndarray) -> None:
 
 @pytest.fixture(scope="module")
 def logits(client: Client) -> Message:
-    return client._encrypt("logits", [np.zeros(client.params.slots)] * 10)
+    """Zero logits at the level the schedule's last stage leaves them."""
+    import tenseal as ts
+
+    [level] = set(client.schedule(True).reply.levels)
+    blobs = []
+    for _ in range(10):
+        v = ts.ckks_vector(client.context, [0.0] * client.params.slots)
+        for _ in range(level):
+            v = v * 1.0
+        blobs.append(v.serialize())
+    return Message("logits", client.key, tuple(blobs))
 
 
 @rule_settings(10)
@@ -147,7 +157,9 @@ def test_regressions_from_the_issue(
         Server.for_model(b"garbage", tiny_model, INTERACTIVE)
     blob = client.encrypt_inputs(np.zeros((1, 8, 8))).blobs[0]
     with pytest.raises(ValueError, match="ciphertext 0: not"):
-        client._decrypt(Message("logits", client.key, (blob[: len(blob) // 2],)))
+        client.decrypt_logits(
+            Message("logits", client.key, (blob[: len(blob) // 2],) * 10), 1
+        )
     with pytest.raises(ValueError, match="batch"):
         client.decrypt_logits(logits, -1)
     assert client.decrypt_logits(logits, np.int64(3)).shape == (3, 10)

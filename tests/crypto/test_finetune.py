@@ -11,9 +11,8 @@ from defense_suite.crypto.finetune import (
     simulated_step,
 )
 from defense_suite.crypto.folding import Arm, initial_weights
-from defense_suite.crypto.model import HEFormer, ModelConfig
+from defense_suite.crypto.model import HEFormer
 from defense_suite.crypto.tasks import Sequences
-from defense_suite.crypto.train import TrainConfig, personalise, pretrain
 
 
 def _batch(data: tuple[Sequences, Sequences]) -> tuple[np.ndarray, np.ndarray]:
@@ -75,23 +74,6 @@ def test_bad_inputs(
         Arm("adapter")
     with pytest.raises(ValueError, match="torch reference"):
         reference_step(tiny_model, X, y, 0.1, Arm("full", "softmax"))
-
-
-@pytest.fixture(scope="module")
-def micro_model() -> HEFormer:
-    rng = np.random.default_rng(0)
-    X = rng.random((64, 2, 3))
-    data = Sequences(X, (X[:, 0, 0] > X[:, 1, 1]).astype(np.int64), 2)
-    g = torch.Generator().manual_seed(0)
-    model = pretrain(
-        data,
-        ModelConfig(n_tokens=2, token_dim=3, d=2, heads=1, ffn=2, n_classes=2),
-        g,
-        TrainConfig(epochs=2, batch=32),
-        TrainConfig(epochs=1, batch=32, lr=3e-3, penalty=10.0),
-    )
-    personalise(model, data, g, TrainConfig(epochs=1, batch=32, penalty=10.0))
-    return model
 
 
 def test_encrypted_steps_match_the_reference(micro_model: HEFormer) -> None:
