@@ -19,10 +19,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from defense_suite.locations import audit_dir, default_readme, resolve_spec, spec_dir
-from defense_suite.output import check_output, interrupt_watch, write_results
+from defense_suite.output import (
+    check_output,
+    interrupt_watch,
+    read_results,
+    write_results,
+)
 from defense_suite.runner import Plan, plan, record_key, run_plan
 from defense_suite.spec import load_spec
-from defenses.results import read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +97,7 @@ def _plan_run(
     spec = load_spec(_spec_file(spec_path))
     check_output(out)
     chosen = plan(spec, seeds, str(spec_path))
-    existing = read_jsonl(out) if mode != "overwrite" and out.exists() else []
+    existing = read_results(out) if mode != "overwrite" and out.exists() else []
     keys = {record_key(r) for r in existing}
     if mode == "append":
         clash = [g for g in chosen.games if g.key in keys]
@@ -125,7 +129,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _results(files: Sequence[str]) -> list[Any]:
-    results = read_jsonl(*files)
+    results = read_results(*files)
     if not results:
         raise UserError(f"no result records in {', '.join(files)}")
     return results
@@ -179,10 +183,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from defense_suite.security import security_markdown, security_report
 
     files = _result_files(Path(args.results))
+    _spec_folder(Path(args.specs))
     if args.out:
         check_output(Path(args.out))
     if args.system:
-        report = security_report(read_jsonl(*files), args.system)
+        report = security_report(read_results(*files), args.system)
         text = json.dumps(report, indent=2) if args.json else security_markdown(report)
         if args.out:
             Path(args.out).write_text(text, encoding="utf-8")
@@ -196,6 +201,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if readme is not None:
         print(f"refreshed the results block of {readme}")
     return 0
+
+
+def _spec_folder(specs: Path) -> Path:
+    if not specs.is_dir():
+        raise UserError(f"--specs {specs}: no such folder")
+    if not any(specs.glob("*.toml")):
+        raise UserError(f"--specs {specs}: no spec files (*.toml)")
+    return specs
 
 
 def _check_readme(readme: Path) -> None:
@@ -214,7 +227,7 @@ def _check_readme(readme: Path) -> None:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from defense_suite.report import write_report
 
-    specs = Path(args.specs)
+    specs = _spec_folder(Path(args.specs))
     paths = sorted(specs.glob(f"*-{args.profile}.toml"))
     if args.only:
         paths = [p for p in paths if load_spec(p).package in args.only]

@@ -11,6 +11,12 @@ interrupt before raising :class:`KeyboardInterrupt`. Some libraries catch that
 exception and carry on (scikit-learn's MLP prints "Training interrupted by user" and
 returns a part-trained model); the remembered interrupt is raised again when the
 game returns, so its result is never recorded.
+
+Every path is checked before a run starts (:func:`check_output`: a folder, a file
+in the way, a folder that cannot be written) and every error names the path the
+user gave, never the temporary file. :func:`read_results` reads results files,
+naming the file and line of any line that is not UTF-8 text or not a result
+record.
 """
 
 from __future__ import annotations
@@ -20,12 +26,13 @@ import json
 import logging
 import os
 import signal
+import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import FrameType
 
-from defenses.results import Result
+from defenses.results import Result, read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +72,40 @@ def check_output(path: Path, flag: str = "--out") -> None:
         parent = parent.parent
     if not parent.is_dir():
         raise ValueError(f"{flag} {path}: {parent} is a file, not a folder")
+    try:  # the only sure test of writing there (permissions, read-only mounts, root)
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as error:
+        raise ValueError(
+            f"{flag} {path}: cannot write in {parent} ({error.strerror})"
+        ) from None
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{flag} {path}: the file is not writable")
+
+
+def read_results(*paths: str | Path) -> list[Result]:
+    """Read results files (JSON Lines), naming file and line of a bad line.
+
+    Raises
+    ------
+    ValueError
+        ``FILE:LINE: ...`` when a line is not UTF-8 text or not a result record, or
+        naming the path when it is not a readable file.
+    """
+    for path in map(Path, paths):
+        if not path.is_file():
+            continue  # read_jsonl names it
+        with path.open("rb") as handle:
+            for number, raw in enumerate(handle, 1):
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise ValueError(
+                        f"{path}:{number}: not UTF-8 text (byte "
+                        f"{raw[error.start]:#04x} at column {error.start + 1}); a "
+                        "results file holds JSON Lines written by defense-suite run"
+                    ) from None
+    return read_jsonl(*paths)
 
 
 def write_results(
@@ -76,12 +117,21 @@ def write_results(
     On any exception (``KeyboardInterrupt`` included) the temporary file is removed
     and ``path`` is left as it was.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(path)
+    except OSError as error:
+        raise ValueError(f"{path}: cannot write there ({error.strerror})") from None
     temporary = temporary_path(path)
     written = 0
     try:
-        with temporary.open("w", encoding="utf-8") as handle:
+        try:
+            handle = temporary.open("w", encoding="utf-8")
+        except OSError as error:
+            raise ValueError(
+                f"{path}: cannot write the results file ({error.strerror})"
+            ) from None
+        with handle:
             if keep_existing and path.exists():
                 existing = path.read_text(encoding="utf-8")
                 handle.write(existing)
@@ -92,7 +142,12 @@ def write_results(
                 written += 1
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temporary, path)
+        try:
+            os.replace(temporary, path)
+        except OSError as error:
+            raise ValueError(
+                f"{path}: cannot replace the results file ({error.strerror})"
+            ) from None
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise

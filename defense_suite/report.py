@@ -14,12 +14,19 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from defense_suite.output import read_results
 from defense_suite.plots import delta_plot, tradeoff_plot
 from defense_suite.spec import Spec, load_spec
 from defense_suite.summary import SummaryRow, markdown_summary, summary_row
-from defense_suite.tables import default_columns, markdown_deltas, markdown_table
+from defense_suite.tables import (
+    check_metrics,
+    default_columns,
+    markdown_deltas,
+    markdown_table,
+    show,
+)
 from defenses.registry import available, load
-from defenses.results import Result, read_jsonl
+from defenses.results import Result
 
 logger = logging.getLogger(__name__)
 
@@ -54,9 +61,15 @@ def _section(
     if spec and spec.report.notes:
         lines += ["", spec.report.notes]
     columns = _columns(spec, results)
+    if spec is not None:  # a spec's metric that none of its results report: a typo
+        check_metrics(results, columns, f"spec {name!r}: report.columns")
+        for axis in ("x", "y"):
+            if (metric := getattr(spec.report, axis)) is not None:
+                check_metrics(results, [metric], f"spec {name!r}: report.{axis}")
     lines += [
         "",
-        "Mean ± standard deviation over seeds:",
+        "Mean ± standard deviation over seeds (a number alone: no spread, every "
+        "seed gave the same value):",
         "",
         markdown_table(results, columns),
     ]
@@ -128,7 +141,9 @@ def readme_table(groups: dict[str, list[Result]], specs: dict[str, Spec]) -> str
         from defenses.results import summarize
 
         for first, cells in summarize(results, columns):
-            values = [f"{c}: {cells[c]}" if cells[c] else f"{c}: –" for c in columns]
+            values = [
+                f"{c}: {show(v)}" if (v := cells[c]) else f"{c}: –" for c in columns
+            ]
             lines.append(
                 f"| {name} | {first.attack} | {first.defense} | "
                 f"{values[0]} | {values[1]} |"
@@ -156,7 +171,7 @@ def write_report(
     readme: Path | None = None,
 ) -> Path:
     """Write the Markdown report (and its plots beside it); return its path."""
-    results = read_jsonl(*result_files)
+    results = read_results(*result_files)
     if not results:
         raise ValueError(f"no results in {[str(p) for p in result_files]}")
     specs = _specs_by_name(spec_dir)
@@ -177,9 +192,13 @@ def write_report(
         lines += [
             "## Summary",
             "",
-            "Mean ± standard deviation over seeds; the paired Δ is defended minus "
-            "undefended at the same seed. The verdict compares the measured change "
-            "with the direction and size the paper claims.",
+            "Mean ± standard deviation over seeds (a number alone: no spread); the "
+            "paired Δ is defended minus undefended at the same seed. The verdict "
+            "compares the measured change with the direction and size the paper "
+            "claims: *reproduced*, *partly* (the right direction, less than "
+            "claimed), *not reproduced*; *projected* where the numbers come from "
+            "a model extrapolating measurements (the measured range is stated), "
+            "never a measurement at the paper's scale.",
             "",
             summary,
             "",

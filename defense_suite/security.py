@@ -123,7 +123,8 @@ def security_report(results: Sequence[Result], system: str) -> dict[str, Any]:
 def _fmt(stats: dict[str, float] | None) -> str:
     if stats is None:
         return "–"
-    return f"{stats['mean']:.3f} ± {stats['std']:.3f} (n={int(stats['n'])})"
+    spread = f" ± {stats['std']:.3f}" if stats["std"] else ""
+    return f"{stats['mean']:.3f}{spread} (n={int(stats['n'])})"
 
 
 def _threat_lines(threats: Sequence[dict[str, Any]]) -> list[str]:

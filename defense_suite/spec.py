@@ -36,6 +36,7 @@ Unknown keys and wrong types are errors that name the key.
 from __future__ import annotations
 
 import itertools
+import math
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -67,7 +68,11 @@ SUMMARY_KEYS = {
     "guarantee",
     "baseline",
     "utility",
+    "basis",
+    "measured_range",
 }
+METRIC_SECTIONS = ("utility", "success", "cost", "certificate")
+"""The sections of a result record a metric path (``section.key``) can name."""
 
 
 class SpecError(ValueError):
@@ -105,8 +110,29 @@ def sweep(params: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
         yield dict(zip(keys, combo, strict=True))
 
 
+def check_metric(where: str, value: Any) -> str:
+    """Refuse ``value`` unless it is a metric path ``section.key`` naming a section.
+
+    Raises
+    ------
+    SpecError
+        Naming ``where`` and the value, with the allowed sections.
+    """
+    _expect(where, value, str, "a metric path like 'success.auc'")
+    section, dot, key = value.partition(".")
+    if not dot or not key or section not in METRIC_SECTIONS:
+        raise SpecError(
+            f"{where} must be a metric path 'section.key' with section one of "
+            f"{METRIC_SECTIONS}, got {value!r}"
+        )
+    return str(value)
+
+
 DIRECTIONS = ("lower", "higher", "same", "within")
 """How a summary row's metric must move for the claim to hold."""
+
+BASES = ("measured", "projected")
+"""What a summary row's numbers rest on: measurements, or a model projecting them."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +151,12 @@ class SummarySettings:
     within twice that, *not reproduced* beyond. With ``direction = "within"`` the
     claim is a cost budget: the defended mean exceeds the baseline's by at most
     ``relative_change`` of it (e.g. 0.5: at most 1.5x), *partly* within twice that.
+
+    With ``basis = "projected"`` the row's numbers are a model's projection beyond
+    what was measured (e.g. a cost model fitted on small widths, evaluated at the
+    paper's): the verdict is *projected*, never *reproduced*, and states
+    ``measured_range`` (what the measurements cover) and what the projection would
+    give.
     """
 
     threat: str
@@ -138,6 +170,8 @@ class SummarySettings:
     guarantee: str = ""
     baseline: str = "none"
     utility: str = ""
+    basis: str = "measured"
+    measured_range: str = ""
 
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:
@@ -145,10 +179,35 @@ class SummarySettings:
                 f"report.summary.direction must be one of {DIRECTIONS}, "
                 f"got {self.direction!r}"
             )
-        if not self.relative_change >= 0:
+        if (
+            isinstance(self.relative_change, bool)
+            or not isinstance(self.relative_change, int | float)
+            or not math.isfinite(self.relative_change)
+            or self.relative_change < 0
+        ):
             raise SpecError(
-                f"report.summary.relative_change must be >= 0, "
+                f"report.summary.relative_change must be a finite number >= 0, "
                 f"got {self.relative_change!r}"
+            )
+        for key in ("threat", "metric", "defense"):
+            if not getattr(self, key).strip():
+                raise SpecError(f"report.summary.{key} must not be empty")
+        check_metric("report.summary.metric", self.metric)
+        for key in ("utility",):
+            if getattr(self, key):
+                check_metric(f"report.summary.{key}", getattr(self, key))
+        if self.basis not in BASES:
+            raise SpecError(
+                f"report.summary.basis must be one of {BASES}, got {self.basis!r}"
+            )
+        if self.basis == "projected" and not self.measured_range.strip():
+            raise SpecError(
+                "report.summary.measured_range is required with basis = "
+                "'projected' (what the measurements cover, e.g. 'd = 2..5')"
+            )
+        if self.basis == "measured" and self.measured_range:
+            raise SpecError(
+                "report.summary.measured_range belongs to basis = 'projected' rows"
             )
 
 
@@ -255,25 +314,29 @@ def parse(data: Mapping[str, Any], name: str) -> Spec:
     raw_report = data.get("report", {})
     _expect(f"spec {name!r}: report", raw_report, dict, "a table")
     _refuse_unknown(f"spec {name!r}", "report key(s)", raw_report, REPORT_KEYS)
+    where = f"spec {name!r}: report"
+    columns = _str_list(f"{where}.columns", raw_report.get("columns", []))
+    for column in columns:
+        check_metric(f"{where}.columns", column)
+    if len(set(columns)) != len(columns):
+        raise SpecError(f"{where}.columns must not repeat a metric, got {columns}")
+    for key in ("x", "y"):
+        if key in raw_report:
+            check_metric(f"{where}.{key}", raw_report[key])
+    if ("x" in raw_report) != ("y" in raw_report):
+        raise SpecError(f"{where}: give both 'x' and 'y' (the plot's axes) or neither")
+    delta = raw_report.get("delta", True)
+    _expect(f"{where}.delta", delta, bool, "true or false")
+    notes = raw_report.get("notes", "")
+    _expect(f"{where}.notes", notes, str, "a string")
     report = ReportSettings(
         summary=_summary(name, raw_report.get("summary")),
-        columns=_str_list(
-            f"spec {name!r}: report.columns", raw_report.get("columns", [])
-        ),
+        columns=columns,
         x=raw_report.get("x"),
         y=raw_report.get("y"),
-        delta=bool(raw_report.get("delta", True)),
-        notes=str(raw_report.get("notes", "")),
+        delta=delta,
+        notes=notes,
     )
-    for key in ("x", "y"):
-        value = getattr(report, key)
-        if value is not None:
-            _expect(
-                f"spec {name!r}: report.{key}",
-                value,
-                str,
-                "a metric path like 'success.auc'",
-            )
     return Spec(
         name=name,
         title=title,
@@ -307,6 +370,8 @@ def _summary(name: str, raw: Any) -> SummarySettings | None:
         "guarantee",
         "baseline",
         "utility",
+        "basis",
+        "measured_range",
     ):
         if key in raw:
             _expect(f"{where}.{key}", raw[key], str, "a string")
@@ -315,7 +380,10 @@ def _summary(name: str, raw: Any) -> SummarySettings | None:
             f"{where}.relative_change", raw["relative_change"], (int, float), "a number"
         )
     peers = _str_list(f"{where}.peers", raw.get("peers", []))
-    return SummarySettings(**{**raw, "peers": peers})
+    try:
+        return SummarySettings(**{**raw, "peers": peers})
+    except SpecError as error:
+        raise SpecError(f"spec {name!r}: {error}") from None
 
 
 def load_spec(path: str | Path) -> Spec:

@@ -7,11 +7,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from defense_suite.spec import Spec, SummarySettings
+from defense_suite.tables import show
 from defenses.results import Result, Summary, describe
 
 REPRODUCED = "reproduced"
 PARTLY = "partly"
 NOT_REPRODUCED = "not reproduced"
+PROJECTED = "projected"
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class SummaryRow:
     guarantee: tuple[str, Summary] | None
     verdict: str
     utility_cost: tuple[str, Summary] | None = None
+    note: str = ""
 
 
 def _values(results: Sequence[Result], metric: str) -> list[float]:
@@ -71,7 +74,29 @@ def _paired(
 
 
 def verdict(settings: SummarySettings, defended: float, undefended: float) -> str:
-    """Compare the relative change with the claimed direction and size."""
+    """Compare the relative change with the claimed direction and size.
+
+    The change is :math:`c = (d - u) / |u|` (defended mean :math:`d`, baseline
+    mean :math:`u`), compared with ``relative_change`` in ``direction``. A row with
+    ``basis = "projected"`` gets :data:`PROJECTED` whatever the comparison gives
+    (:func:`projection_note` says what it gives).
+    """
+    if settings.basis == PROJECTED:
+        return PROJECTED
+    return _outcome(settings, defended, undefended)
+
+
+def projection_note(
+    settings: SummarySettings, defended: float, undefended: float
+) -> str:
+    """For a projected row: what was measured and what the projection would give."""
+    if settings.basis != PROJECTED:
+        return ""
+    outcome = _outcome(settings, defended, undefended)
+    return f"measured {settings.measured_range}; the projection alone: {outcome}"
+
+
+def _outcome(settings: SummarySettings, defended: float, undefended: float) -> str:
     change = (defended - undefended) / max(abs(undefended), 1e-12)
     if settings.direction in ("same", "within"):
         moved = abs(change) if settings.direction == "same" else change
@@ -129,6 +154,7 @@ def summary_row(spec: Spec, results: Sequence[Result]) -> SummaryRow | None:
         guarantee=guarantee,
         verdict=verdict(settings, d.mean, u.mean),
         utility_cost=utility_cost,
+        note=projection_note(settings, d.mean, u.mean),
     )
 
 
@@ -140,15 +166,19 @@ def markdown_summary(rows: Sequence[SummaryRow], metric_names: Sequence[str]) ->
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row, metric in zip(rows, metric_names, strict=True):
-        peers = "; ".join(f"{name}: {s}" for name, s in row.peers) or "–"
-        guarantee = f"{row.guarantee[0]} = {row.guarantee[1]}" if row.guarantee else "–"
-        cost = (
-            f"{row.utility_cost[0]}: {row.utility_cost[1]}" if row.utility_cost else "–"
+        peers = "; ".join(f"{name}: {show(s)}" for name, s in row.peers) or "–"
+        guarantee = (
+            f"{row.guarantee[0]} = {show(row.guarantee[1])}" if row.guarantee else "–"
         )
+        cost = (
+            f"{row.utility_cost[0]}: {show(row.utility_cost[1])}"
+            if row.utility_cost
+            else "–"
+        )
+        verdict_cell = f"**{row.verdict}**" + (f" ({row.note})" if row.note else "")
         lines.append(
             f"| {row.title} (`{row.spec}`) | {row.threat} | {row.attack} | {row.paper} "
-            f"| {metric} | {row.defended} | {row.undefended} | {row.delta} | {cost} "
-            f"| {peers} "
-            f"| {guarantee} | **{row.verdict}** |"
+            f"| {metric} | {show(row.defended)} | {show(row.undefended)} "
+            f"| {show(row.delta)} | {cost} | {peers} | {guarantee} | {verdict_cell} |"
         )
     return "\n".join(lines)

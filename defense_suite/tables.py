@@ -43,8 +43,19 @@ def check_metrics(results: Sequence[Result], metrics: Sequence[str], flag: str) 
             )
 
 
+def show(summary: Summary) -> str:
+    """``mean ± std`` to three decimals, or the mean alone when the spread is zero.
+
+    A deterministic result (every seed gave the same value, or one seed) has no
+    spread to show: ``0.896``, not ``0.896 ± 0.000``.
+    """
+    if summary.std == 0.0:
+        return f"{summary.mean:.3f}"
+    return f"{summary.mean:.3f} ± {summary.std:.3f}"
+
+
 def _cell(summary: Summary | None) -> str:
-    return "–" if summary is None else str(summary)
+    return "–" if summary is None else show(summary)
 
 
 SETTING_SECTIONS = ("scenario", "benchmark")

@@ -125,7 +125,7 @@ def test_tables_name_the_scenario_settings_that_vary():
     a = replace(run("none", 0, 0.3), params={"scenario": {"dataset": "digits", "n": 1}})
     b = replace(run("none", 0, 0.4), params={"scenario": {"dataset": "wine", "n": 1}})
     table = markdown_table([a, b], ["success.attack_acc"])
-    assert "| s(dataset=digits) | atk(x=1) | none | 1 | 0.300 ± 0.000 |" in table
+    assert "| s(dataset=digits) | atk(x=1) | none | 1 | 0.300 |" in table
     assert "| s(dataset=wine) |" in table
 
 
