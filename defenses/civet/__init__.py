@@ -17,6 +17,7 @@ the harness wiring.
 
 from defenses.civet.bounds import Box, UnsupportedLayerError
 from defenses.civet.certificate import Certificate, certify
+from defenses.civet.crosscheck import CheckConfig, CheckReport, CrossCheckError
 from defenses.civet.crown import crown
 from defenses.civet.defense import TrainConfig, TrainLog, train_vae
 from defenses.civet.graph import ibp
@@ -27,6 +28,9 @@ __all__ = [
     "VAE",
     "Box",
     "Certificate",
+    "CheckConfig",
+    "CheckReport",
+    "CrossCheckError",
     "TrainConfig",
     "TrainLog",
     "UnsupportedLayerError",

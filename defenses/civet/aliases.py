@@ -207,17 +207,23 @@ def _closure(graph: fx.GraphModule, start: set[fx.Node]) -> set[fx.Node]:
     return found
 
 
+PREFIX = "civet_prefix"
+"""Key of ``GraphModule.meta`` holding the prefix the tracing wrapper adds to names."""
+
+
 def describe(node: fx.Node, graph: fx.GraphModule) -> str:
     """A node as the messages name it: a layer, a tensor method or a function."""
+    if node.op in ("call_module", "get_attr"):
+        name = str(node.target).removeprefix(graph.meta.get(PREFIX, "\0"))
     if node.op == "call_module":
         layer = graph.get_submodule(str(node.target))
-        return f"layer {node.target!r} ({type(layer).__name__})"
+        return f"layer {name!r} ({type(layer).__name__})"
     if node.op == "call_method":
         return f"tensor method .{node.target}()"
     if node.op == "placeholder":
         return f"the input {node.target!r}"
     if node.op == "get_attr":
-        return f"parameter or buffer {node.target!r}"
+        return f"parameter or buffer {name!r}"
     if node.op == "output":
         return "the method's output"
     name = getattr(node.target, "__name__", repr(node.target))

@@ -23,7 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from defenses.civet.aliases import check_in_place, describe, in_place, without_inplace
+from defenses.civet.aliases import (
+    PREFIX,
+    check_in_place,
+    describe,
+    in_place,
+    without_inplace,
+)
 from defenses.civet.bounds import Box, UnsupportedLayerError, layer_rule, out_of_place
 from defenses.civet.operations import FUNCTIONS, METHODS, SHAPE_METHODS, holds_box
 
@@ -59,7 +65,10 @@ def trace(
             f"{owner}.{method} could not be traced by torch.fx ({error}); interval "
             "bounds need a method without control flow on tensor values"
         ) from error
-    return fx.GraphModule(root, graph)
+    traced = fx.GraphModule(root, graph)
+    if root is not module:  # layers are named as the user's module names them
+        traced.meta[PREFIX] = "module."
+    return traced
 
 
 def propagate(graph: fx.GraphModule, *inputs: Any) -> Any:
@@ -118,7 +127,8 @@ def _bound(graph: fx.GraphModule, node: fx.Node, args: Any, kwargs: Any) -> Any:
         try:
             layer_bound = layer_rule(out_of_place(layer))
         except UnsupportedLayerError as error:
-            raise UnsupportedLayerError(f"layer {node.target!r}: {error}") from error
+            name = str(node.target).removeprefix(graph.meta.get(PREFIX, "\0"))
+            raise UnsupportedLayerError(f"layer {name!r}: {error}") from error
         return layer_bound(args[0])
     if node.op == "call_method":
         rule = METHODS.get(str(node.target))

@@ -204,7 +204,10 @@ def _dropout(
     x: Any, p: float = 0.5, training: bool = True, inplace: bool = False
 ) -> Box:
     if training:
-        raise UnsupportedLayerError("dropout in training mode is random")
+        raise UnsupportedLayerError(
+            "dropout in training mode is random (F.dropout defaults to "
+            "training=True; pass training=self.training, or use nn.Dropout)"
+        )
     return x  # type: ignore[no-any-return]
 
 

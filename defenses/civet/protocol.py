@@ -278,6 +278,14 @@ def as_vae(
         try:
             out = getattr(model, encode)(row)
         except Exception as error:
+            if "more than 1 value per channel" in str(error):
+                raise UnsupportedLayerError(
+                    f"model.{encode} normalises with batch statistics (BatchNorm in "
+                    "training mode or F.batch_norm(..., training=True)), so it cannot "
+                    "take a batch of one row and one row's output depends on the "
+                    "others; CIVET bounds eval-mode BatchNorm with running statistics "
+                    f"only ({error})"
+                ) from error
             raise ValueError(
                 f"x of shape {tuple(row.shape)} (one row) does not fit "
                 f"model.{encode}: {error}"

@@ -64,3 +64,21 @@ def test_check_choice() -> None:
     assert check_choice("A.mode", "exact", ("exact", "official")) == "exact"
     with pytest.raises(ValueError, match=r"one of \('a', 'b'\), got 'c'"):
         check_choice("A.mode", "c", ["a", "b"])
+
+
+def test_check_finite_module_names_the_first_broken_tensor() -> None:
+    import torch
+    from torch import nn
+
+    from defenses.checks import check_finite_module
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    check_finite_module("model", model)  # finite: no error
+    model[1].running_mean[0] = math.inf
+    with pytest.raises(ValueError, match=r"model: buffer '1\.running_mean' holds 1"):
+        check_finite_module("model", model)
+    model[1].running_mean[0] = 0.0
+    with torch.no_grad():
+        model[0].bias[1] = math.nan
+    with pytest.raises(ValueError, match=r"parameter '0\.bias' holds 1 NaN"):
+        check_finite_module("model", model)

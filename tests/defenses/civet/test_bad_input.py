@@ -25,6 +25,7 @@ from defenses.civet.scenario import CivetScenario
 from defenses.civet.support import halfwidth
 from defenses.testing import assert_rule, bad_arrays, bad_reals, rule_settings
 from tests.defenses.civet.helpers import inputs, small_vae
+from tests.defenses.civet.user_modules import ACCEPTED, REFUSED
 
 N, F = 6, 16
 MODEL = small_vae()
@@ -191,3 +192,19 @@ def test_regressions_of_issue_19() -> None:
     huge[0, 0] = 1e39  # finite in float64, inf in the model's float32
     with pytest.raises(ValueError, match="x holds NaN or inf"):
         certify(MODEL, huge, 0.1)
+
+
+USER_MODULES = {**{k: make for k, (make, _) in REFUSED.items()}, **ACCEPTED}
+"""The family of user modules of issue 27 (in-place views, functional dropout,
+buffers updated in forward, frozen state and noise, NaN, float64, compiled)."""
+
+
+@pytest.mark.parametrize("name", sorted(USER_MODULES))
+@rule_settings(4)
+@given(x=in_domain((N, F)), eps=st.floats(0, 0.3), p=st.floats(0.3, 0.99))
+def test_user_modules(name: str, x: np.ndarray, eps: float, p: float) -> None:
+    assert_rule(
+        lambda: certify(USER_MODULES[name](), x, eps, p),
+        ["model", "layer", "function"],
+        valid_certificate(N),
+    )
