@@ -282,7 +282,8 @@ def requirements() -> list[str]:
 def save_inner(model: Any, directory: Path) -> str:
     """Save the wrapped model with its own MLflow flavour; returns the kind.
 
-    A ``torch.nn.Module`` goes through ``mlflow.pytorch``, an object with
+    A ``torch.nn.Module`` goes through ``mlflow.pytorch`` (its ``pickle`` format:
+    the module's class must be importable where the model is loaded), an object with
     ``predict_proba`` through ``mlflow.sklearn`` (cloudpickle, ``predict_proba`` as
     its pyfunc method), a string is a model URI whose files are copied (loaded
     as a pyfunc model).
@@ -293,7 +294,10 @@ def save_inner(model: Any, directory: Path) -> str:
         import mlflow.pytorch
 
         mlflow.pytorch.save_model(
-            model, str(directory), pip_requirements=requirements()
+            model,
+            str(directory),
+            serialization_format="pickle",
+            pip_requirements=requirements(),
         )
         return "pytorch"
     if hasattr(model, "predict_proba"):
@@ -393,6 +397,16 @@ def save_shielded(
             mlflow_model=model,
             pip_requirements=requirements(),
         )
+
+
+def log_shielded(flavour_module: Any, name: str, **kwargs: Any) -> Any:
+    """Log with ``flavour_module.save_model`` to the active run (``Model.log``).
+
+    Returns MLflow's ``ModelInfo`` (``model_uri`` to load or serve).
+    """
+    from mlflow.models import Model
+
+    return Model.log(artifact_path=None, flavor=flavour_module, name=name, **kwargs)
 
 
 def read_shielded(

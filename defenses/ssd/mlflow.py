@@ -40,6 +40,7 @@ from defenses.serving import (
     check_batch,
     guarded,
     load_inner,
+    log_shielded,
     read_shielded,
     save_shielded,
 )
@@ -146,11 +147,7 @@ def log_model(shielded: Any, name: str = "model", **kwargs: Any) -> Any:
     ``kwargs`` go to :func:`save_model` (and MLflow's ``Model.log``:
     ``registered_model_name``, ``tags``...).
     """
-    from mlflow.models import Model
-
-    return Model.log(
-        name=name, flavor=sys.modules[__name__], shielded=shielded, **kwargs
-    )
+    return log_shielded(sys.modules[__name__], name, shielded=shielded, **kwargs)
 
 
 class ServedShield:
