@@ -7,3 +7,7 @@ name). The suite's federated and crypto packages are installed as
 ``defense_suite.federated`` and ``defense_suite.crypto`` for the same reason: the names
 ``crypto`` and ``federated`` belong to other distributions on PyPI.
 """
+
+__version__ = "0.1.0"
+"""The distribution's version (the same as :data:`defenses.__version__`; a test
+checks that the two and the installed metadata agree)."""

@@ -16,17 +16,13 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from defense_suite import __version__
 from defense_suite.locations import audit_dir, default_readme, resolve_spec, spec_dir
-from defense_suite.output import (
-    check_output,
-    interrupt_watch,
-    read_results,
-    write_results,
-)
-from defense_suite.runner import Plan, plan, record_key, run_plan
-from defense_suite.spec import load_spec
+
+if TYPE_CHECKING:
+    from defense_suite.runner import Plan
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +73,12 @@ def _spec_file(path: Path) -> Path:
         raise UserError(str(error)) from None
 
 
+def _say(args: argparse.Namespace, message: str) -> None:
+    """A status line on stdout (what was written where), unless ``--quiet``."""
+    if not getattr(args, "quiet", False):
+        print(message)
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     from defense_suite.extras import install_line, missing_for
     from defenses.registry import KINDS, available
@@ -94,6 +96,10 @@ def _plan_run(
     spec_path: Path, out: Path, seeds: Sequence[int] | None, mode: str
 ) -> tuple[Plan, set[tuple[str, str, str, str, str, int]]]:
     """Check everything a run needs before it starts; return its plan and skips."""
+    from defense_suite.output import check_output, read_results
+    from defense_suite.runner import plan, record_key
+    from defense_suite.spec import load_spec
+
     spec = load_spec(_spec_file(spec_path))
     check_output(out)
     chosen = plan(spec, seeds, str(spec_path))
@@ -110,6 +116,9 @@ def _plan_run(
 
 
 def _execute(chosen: Plan, out: Path, skip: set[Any], mode: str) -> int:
+    from defense_suite.output import interrupt_watch, write_results
+    from defense_suite.runner import run_plan
+
     with interrupt_watch() as check:
         return write_results(
             out, run_plan(chosen, skip, check), keep_existing=mode != "overwrite"
@@ -124,11 +133,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     out, mode = Path(args.out), _mode(args)
     chosen, skip = _plan_run(Path(args.spec), out, args.seeds, mode)
     n = _execute(chosen, out, skip, mode)
-    print(f"wrote {n} results to {out}")
+    _say(args, f"wrote {n} results to {out}")
     return 0
 
 
 def _results(files: Sequence[str]) -> list[Any]:
+    from defense_suite.output import read_results
+
     results = read_results(*files)
     if not results:
         raise UserError(f"no result records in {', '.join(files)}")
@@ -157,6 +168,7 @@ def _cmd_table(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
+    from defense_suite.output import check_output
     from defense_suite.plots import tradeoff_plot
     from defense_suite.tables import check_metrics
 
@@ -179,6 +191,7 @@ def _result_files(results_dir: Path) -> list[Path]:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from defense_suite.output import check_output, read_results
     from defense_suite.report import write_report
     from defense_suite.security import security_markdown, security_report
 
@@ -197,9 +210,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if readme is not None:
         _check_readme(readme)
     out = Path(args.out or Path(args.results) / "REPORT.md")
-    print(f"wrote {write_report(files, Path(args.specs), out, readme)}")
+    _say(args, f"wrote {write_report(files, Path(args.specs), out, readme)}")
     if readme is not None:
-        print(f"refreshed the results block of {readme}")
+        _say(args, f"refreshed the results block of {readme}")
     return 0
 
 
@@ -226,6 +239,7 @@ def _check_readme(readme: Path) -> None:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from defense_suite.report import write_report
+    from defense_suite.spec import load_spec
 
     specs = _spec_folder(Path(args.specs))
     paths = sorted(specs.glob(f"*-{args.profile}.toml"))
@@ -242,7 +256,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         logger.info("[%d/%d] running %s", number, len(runs), path.name)
         _execute(chosen, results_dir / f"{path.stem}.jsonl", skip, mode)
     out = write_report(_result_files(results_dir), specs, results_dir / "REPORT.md")
-    print(f"wrote {out}")
+    _say(args, f"wrote {out}")
     return 0
 
 
@@ -262,15 +276,34 @@ def _cmd_federated(args: argparse.Namespace) -> int:
     return federated_main(["run", *args.rest])
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``defense-suite`` command."""
+def build_parser(audit: bool = True) -> argparse.ArgumentParser:
+    """The argument parser of the ``defense-suite`` command.
+
+    With ``audit=False`` the ``audit`` sub-command's own arguments are left out:
+    declaring them imports :mod:`defenses.audit` (torch, scikit-learn: seconds),
+    which only ``defense-suite audit ...`` needs.
+    """
     parser = Parser(
         prog="defense-suite",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "-v", "--verbose", action="count", default=0, help="more logging"
+        "--version", action="version", version=f"defense-suite {__version__}"
+    )
+    noise = parser.add_mutually_exclusive_group()
+    noise.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="more logging (-v: progress, -vv: debugging details)",
+    )
+    noise.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="errors only: no progress, warnings or status lines",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("list", help="list registered components").set_defaults(
@@ -333,11 +366,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--system", help="security report of one defense, per arm")
     report.add_argument("--json", action="store_true", help="with --system: JSON")
-    from defenses.audit.cli import add_arguments as audit_arguments
+    audit_parser = sub.add_parser(
+        "audit", help="audit your own fitted model (a spec TOML or a shipped name)"
+    )
+    if audit:
+        from defenses.audit.cli import add_arguments as audit_arguments
 
-    audit = sub.add_parser("audit", help="audit your own fitted model (a spec TOML)")
-    audit_arguments(audit)
-    audit.set_defaults(func=_cmd_audit)
+        audit_arguments(audit_parser)
+    audit_parser.set_defaults(func=_cmd_audit)
 
     federated = sub.add_parser(
         "federated", help="run a Flower app; the exit code is its final status"
@@ -359,25 +395,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _configure_logging(verbose: int) -> None:
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(verbose, 2),
-        format="%(levelname)s %(name)s: %(message)s",
-    )
-    if not sys.stderr.isatty():
+def _configure_logging(verbose: int, quiet: bool = False) -> None:
+    """Log to stderr: warnings by default, errors only with ``--quiet``.
+
+    ``-v`` shows progress (INFO), ``-vv`` debugging details. Off a terminal
+    (no progress bar) the suite's own progress lines are shown unless ``--quiet``.
+    """
+    level = logging.ERROR if quiet else logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(level)
+    suite = logging.getLogger("defense_suite")
+    if quiet:
+        suite.setLevel(logging.ERROR)
+    elif not sys.stderr.isatty():
         # no progress bar off a terminal: one log line per arm and seed instead
-        logging.getLogger("defense_suite").setLevel(
-            min(logging.INFO, logging.WARNING - 10 * min(verbose, 2))
-        )
+        suite.setLevel(min(logging.INFO, level))
+    else:
+        suite.setLevel(logging.NOTSET)
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The sub-command word of ``argv`` (the first argument not an option)."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``defense-suite`` console script."""
+    words = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(audit=_command(words) == "audit").parse_args(words)
     except SystemExit as stop:  # --help (0) or a bad flag (2, already printed)
         return int(stop.code or 0)
-    _configure_logging(args.verbose)
+    _configure_logging(args.verbose, args.quiet)
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
