@@ -232,7 +232,8 @@ def test_a_bigger_budget_from_the_server_is_refused(caplog):
     for reply in refused:
         assert reply.error.reason == "refused: less-private-than-agreed"
     logged = " ".join(r.getMessage() for r in caplog.records)
-    assert "budget epsilon=1," in logged and "budget epsilon=3," in logged
+    assert "budget epsilon=1," in logged
+    assert "budget epsilon=3," in logged
 
 
 def test_refused_rounds_are_not_charged_and_epsilon_is_the_clients_own():
