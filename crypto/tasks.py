@@ -177,3 +177,16 @@ def negation_sentiment(
         y[row] = int(score > 0)
         row += 1
     return Sequences(X, y, 2)
+
+
+def negation_texts(
+    rng: np.random.Generator, n: int = 1200, length: int = 8
+) -> tuple[list[str], IntArray]:
+    """:func:`negation_sentiment` as plain sentences (for a tokenizer) and labels.
+
+    The same seeded sentences and rule, each a space-separated string of
+    ``length`` words (``"the movie was not good ..."``).
+    """
+    data = negation_sentiment(rng, n, length)
+    texts = [" ".join(VOCABULARY[i] for i in x.argmax(1)) for x in data.X]
+    return texts, data.y

@@ -50,6 +50,8 @@ KNOWN = {
     "GELUTanh",
     "PytorchGELUTanh",
 }
+HOMES = ("transformers.models.bert.", "transformers.activations", "torch.nn.")
+"""A known layer must also be the library's own class (not a same-named subclass)."""
 GELUS = ("gelu", "gelu_new", "gelu_fast", "gelu_python", "gelu_pytorch_tanh")
 POSITIONAL = ("rope_theta", "rotary_dim", "rotary_emb_base", "relative_attention")
 
@@ -101,9 +103,10 @@ class ConversionReport:
 def _refuse_unknown(model: nn.Module) -> None:
     for name, module in model.named_modules():
         kind = type(module).__name__
-        if kind not in KNOWN:
+        home = type(module).__module__
+        if kind not in KNOWN or not home.startswith(HOMES):
             raise ConversionError(
-                f"cannot convert layer {name or '<root>'!r} of type {kind}: the "
+                f"cannot convert layer {name or '<root>'!r} of type {home}.{kind}: the "
                 "converter knows only BERT's embeddings, self-attention, "
                 "feed-forward, pooler and classifier"
             )
@@ -298,7 +301,7 @@ def convert(
             f"{layers}.attention.self",
             "softmax(q k^T / sqrt(d_h)) with additive mask",
             "Gaussian kernel exp(-|q - k|^2 / (2 sqrt(d_h))), a Chebyshev fit on "
-            "[0, D], times the 0/1 mask",
+            "[0, D], times the mask divided by the attended length",
             depth_of(c.gk_degree),
         ),
         Substitution(

@@ -21,8 +21,12 @@ with the polynomial LayerNorm :math:`\widetilde{\mathrm{LN}}(x) = \gamma \odot
 :math:`s^{-1/2}` on :math:`[a, 1]` at :math:`s = \sigma^2/\text{div}` refined by
 Newton steps :math:`y \leftarrow y(3 - s y^2)/2`; :math:`p_{act}` fits ReLU (the
 paper's choice) or GELU and :math:`p_{\tanh}` fits tanh, each on its calibrated
-range. :math:`m_j \in \{0, 1\}` is the attention mask (a padded key scores 0: the
-paper's large negative mask before the exponential). In *exact* mode the model
+range. :math:`m_j = a_j / \sum_l a_l` is the 0/1 attention mask :math:`a` divided by
+the number of attended tokens: a padded key scores 0 (the paper's large negative
+mask before the exponential), and the :math:`1/L` keeps the unnormalised kernel on
+the scale of the softmax it replaces (with uniform scores both average the values).
+The client computes :math:`m` and sends it with its embeddings, so it costs no
+extra level. In *exact* mode the model
 evaluates the functions the polynomials stand for (exp, ReLU or GELU,
 :math:`1/\sqrt{\sigma^2 + \epsilon}`, tanh); *polynomial* mode is the function CKKS
 evaluates and needs :meth:`HEBert.calibrate`.
@@ -269,7 +273,8 @@ class HEBert(nn.Module):
                 )
             else:
                 scores = torch.exp(-dist)
-            scores = scores * mask[:, None, None, :]
+            weight = mask / mask.sum(-1, keepdim=True)
+            scores = scores * weight[:, None, None, :]
             attended = (scores @ v).transpose(1, 2).reshape(b, n, c.d)
             h = z + layer.attention_dense(attended)
             h = self._norm(
@@ -314,6 +319,7 @@ class HEBert(nn.Module):
         poly: bool = False,
         guard: bool = False,
         trace: dict[str, torch.Tensor] | None = None,
+        clip: bool = False,
     ) -> torch.Tensor:
         """Logits (batch, n_classes) of token ``ids`` (batch, n_tokens).
 
@@ -328,6 +334,10 @@ class HEBert(nn.Module):
             polynomial's input leaves its calibrated range.
         trace : dict, optional
             Filled with every site's normalised input (raw input before calibration).
+        clip : bool
+            Training only: clamp every normalised input to its range before the
+            polynomial (``trace`` keeps the unclamped value for the range penalty),
+            so a step that leaves a range cannot make a polynomial diverge.
         """
         cal = self.calibration
         if (poly or guard) and not cal.calibrated:
@@ -343,10 +353,10 @@ class HEBert(nn.Module):
             value = raw / cal.ranges[name][1]
             if trace is not None:
                 trace[name] = value
+            low = cal.normalised_low(name)
             if guard:
-                low = cal.normalised_low(name)
                 RangeGuard(name, low, 1.0, slack=GUARD_SLACK)(value.detach().numpy())
-            return value
+            return value.clamp(low, 1.0) if clip else value
 
         return self.encode(self.embed_tokens(ids), mask.to(torch.float64), poly, site)
 
@@ -408,6 +418,23 @@ class HEBert(nn.Module):
             for m in (layer.query, layer.key, layer.value)
             for p in (m.lora_a, m.lora_b)
         ]
+
+    def out_of_range(
+        self, ids: npt.ArrayLike, mask: npt.ArrayLike | None = None
+    ) -> npt.NDArray[np.bool_]:
+        """Which sequences the guard refuses (some site outside its range)."""
+        ids_t, mask_t = self.check_ids(ids, mask)
+        trace: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            self.forward(ids_t, mask_t, poly=True, trace=trace)
+        bad = torch.zeros(ids_t.shape[0], dtype=torch.bool)
+        for name, value in trace.items():
+            low = self.calibration.normalised_low(name)
+            tol = GUARD_SLACK * (1.0 - low)
+            flat = value.reshape(value.shape[0], -1)
+            bad |= ~torch.isfinite(flat).all(1)
+            bad |= (flat.amax(1) > 1.0 + tol) | (flat.amin(1) < low - tol)
+        return np.asarray(bad.numpy(), dtype=np.bool_)
 
     def predict_logits(
         self, ids: npt.ArrayLike, mask: npt.ArrayLike | None = None, guard: bool = True
