@@ -86,3 +86,21 @@ def test_the_audit_sub_command_keeps_its_arguments(capsys):
     full = build_parser()
     lean = build_parser(audit=False)
     assert full.format_help() == lean.format_help()  # same top-level help
+
+
+def test_license_changelog_and_citation_ship_with_the_checkout():
+    import yaml
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["license"] == {"text": "MIT"}
+    assert (REPO / "LICENSE").read_text().startswith("MIT License\n")
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    assert f"## [{defenses.__version__}]" in changelog
+    citation = yaml.safe_load((REPO / "CITATION.cff").read_text())
+    assert citation["cff-version"] == "1.2.0"
+    assert citation["version"] == defenses.__version__
+    assert citation["license"] == "MIT"
+    papers = citation["references"]
+    assert len(papers) == 6
+    assert all(p["year"] == 2025 and "ICLR" in p["conference"]["name"] for p in papers)
+    assert all(p["authors"] and p["title"].strip() for p in papers)
