@@ -11,19 +11,28 @@ local simulation SuperLink gets its own ports, 39191 and 39193 unless
 ``FLWR_LOCAL_SUPERLINK_HTTP_API_PORT``/``FLWR_LOCAL_CONTROL_API_PORT`` are set, so
 one started earlier with installation enabled is never reused), and finally asks
 ``flwr ls`` for the run's status: the exit code is 0 only when it is
-``finished:completed`` (``flwr run`` itself exits 0 for a failed run).
+``finished:completed`` (``flwr run`` itself exits 0 for a failed run). It stops what
+it started: a local SuperLink that was not answering on its port before the run and
+is after it (``flwr run`` starts one detached and leaves it running) is sent
+SIGTERM, with its process group, once the status is read.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 import tomllib
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -155,6 +164,65 @@ def run_status(run_id: int, connection: str | None, env: dict[str, str]) -> str:
         return f"unknown ({done.stdout.strip()[-200:]} {done.stderr.strip()[-200:]})"
 
 
+def superlink_up(port: str) -> bool:
+    """Whether a local SuperLink answers its health check on ``port``."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+            return True
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def local_superlink_pids(port: str) -> list[int]:
+    """PIDs of ``flower-superlink --simulation ... --port PORT`` processes."""
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [a.decode(errors="replace") for a in argv if a]
+        named = any(Path(w).name == "flower-superlink" for w in words[:3])
+        on_port = any(a == "--port" and b == port for a, b in itertools.pairwise(words))
+        if named and on_port and "--simulation" in words:
+            pids.append(int(entry.name))
+    return pids
+
+
+def stop_process(pid: int, grace: float = 15.0) -> None:
+    """SIGTERM ``pid`` (its process group when it leads one), then SIGKILL."""
+    try:
+        group = os.getpgid(pid) == pid
+        (os.killpg if group else os.kill)(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not Path(f"/proc/{pid}").exists() or _zombie(pid):
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        (os.killpg if group else os.kill)(pid, signal.SIGKILL)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def stop_started_superlink(port: str, was_up: bool) -> list[int]:
+    """Stop the local SuperLink on ``port`` if this command started it."""
+    if was_up or not superlink_up(port):
+        return []
+    pids = local_superlink_pids(port)
+    for pid in pids:
+        logger.info("stopping the local SuperLink this run started (pid %d)", pid)
+        stop_process(pid)
+    return pids
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Validate, run, check the final status; return the exit code."""
     args = parser().parse_args(argv)
@@ -170,13 +238,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     command.append("--stream")
     for override in args.run_config or []:
         command += ["--run-config", override]
-    code, run_id = stream_run(command, env)
-    if run_id is None:
-        print(f"error: flwr run did not start a run (exit {code})", file=sys.stderr)
-        return code or 1
-    status = run_status(run_id, args.connection, env)
-    print(f"run {run_id}: {status}")
-    return 0 if status == COMPLETED else 1
+    port = env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]
+    was_up = superlink_up(port)
+    try:
+        code, run_id = stream_run(command, env)
+        if run_id is None:
+            print(f"error: flwr run did not start a run (exit {code})", file=sys.stderr)
+            return code or 1
+        status = run_status(run_id, args.connection, env)
+        print(f"run {run_id}: {status}")
+        return 0 if status == COMPLETED else 1
+    finally:
+        stop_started_superlink(port, was_up)
 
 
 if __name__ == "__main__":

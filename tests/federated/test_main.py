@@ -3,8 +3,10 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,3 +103,51 @@ def test_flwr_run_through_the_entry_point_completes_or_fails_honestly(tmp_path):
         assert "finished:failed" in bad.stdout
     finally:
         _stop_local_superlink(env)
+
+
+FAKE_SUPERLINK = """import http.server, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+port = int(sys.argv[sys.argv.index("--port") + 1])
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def test_the_entry_point_stops_the_local_superlink_it_started(tmp_path):
+    """A detached process named and argued as `flwr run` starts its SuperLink."""
+    from defense_suite.federated.__main__ import (
+        local_superlink_pids,
+        stop_started_superlink,
+        superlink_up,
+    )
+
+    script = tmp_path / "flower-superlink"
+    script.write_text(FAKE_SUPERLINK)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    assert not superlink_up(port)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "--insecure", "--simulation", "--port", port],
+        start_new_session=True,
+    )
+    try:
+        for _ in range(100):
+            if superlink_up(port):
+                break
+            time.sleep(0.1)
+        assert local_superlink_pids(port) == [proc.pid]
+        # one that was already running before the command is not ours: kept
+        assert stop_started_superlink(port, was_up=True) == []
+        assert proc.poll() is None
+        assert stop_started_superlink(port, was_up=False) == [proc.pid]
+        assert proc.wait(timeout=20) == -signal.SIGTERM
+        assert not superlink_up(port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
