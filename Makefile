@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup bench bench-full test lint typecheck unit clean
+.PHONY: setup bench bench-full test lint typecheck unit docs clean
 
 setup: $(STAMP)
 
@@ -34,5 +34,9 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
+# the API reference from the docstrings (mkdocs.yml), into build/api-site/
+docs: $(STAMP)
+	$(BIN)/python -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build/api-site

@@ -23,3 +23,32 @@ def blocks():
 @pytest.mark.parametrize("code", list(blocks()))
 def test_example_runs(code):
     exec(compile(code, "<doc example>", "exec"), {"__name__": "__doc_example__"})
+
+
+def test_the_api_reference_builds_strictly_from_the_docstrings(tmp_path):
+    """`make docs`: mkdocs + mkdocstrings, warnings are errors (mkdocs.yml)."""
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    config = ["-f", str(ROOT / "mkdocs.yml"), "-d", str(site)]
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", *config],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = {
+        "core": ["defenses.threat.ThreatModel", "defenses.harness.evaluate"],
+        "ssd": ["defenses.ssd.StealthyShield"],
+        "rps": ["defenses.rps"],
+        "federated": ["defense_suite.federated"],
+        "crypto": ["defense_suite.crypto"],
+        "suite": ["defense_suite.spec.SummarySettings", "defense_suite.extras"],
+    }
+    for page, names in expected.items():
+        html = (site / page / "index.html").read_text(encoding="utf-8")
+        for name in names:
+            assert f'id="{name}"' in html, (page, name)
