@@ -55,6 +55,24 @@ class Calibration:
     miscoverage_bound: float
 
 
+def score_bounds(
+    entries: IntArray, geometry: ScoreGeometry, max_train_radius: int
+) -> tuple[FloatArray, FloatArray]:
+    """Lower and upper score bounds of ``entries`` at radii ``0..max_train_radius``.
+
+    Shape (n, R + 1) each; column 0 is the score itself. They do not depend on the
+    confidence level, so several levels share them.
+    """
+    steps = max_train_radius + 1
+    cal_lower = np.empty((entries.size, steps))
+    cal_upper = np.empty((entries.size, steps))
+    cal_lower[:, 0] = cal_upper[:, 0] = geometry.score()[entries]
+    for r in range(1, steps):
+        cal_lower[:, r] = geometry.lower(r, rows=entries)
+        cal_upper[:, r] = geometry.upper(r, rows=entries)
+    return cal_lower, cal_upper
+
+
 def calibrate_parts(
     parts: list[IntArray],
     entries: IntArray,
@@ -62,6 +80,7 @@ def calibrate_parts(
     alpha: float,
     quantile: QuantileMode,
     max_train_radius: int,
+    bounds: tuple[FloatArray, FloatArray] | None = None,
 ) -> Calibration:
     """Thresholds of each calibration part and their range up to ``max_train_radius``.
 
@@ -79,6 +98,8 @@ def calibrate_parts(
         Rank rule of the parts.
     max_train_radius : int
         Largest training radius the thresholds' worst case is computed for.
+    bounds : pair of float arrays or None
+        :func:`score_bounds` of ``entries``, if already computed.
 
     Raises
     ------
@@ -100,12 +121,13 @@ def calibrate_parts(
             "n_calib_parts"
         )
     steps = max_train_radius + 1
-    cal_lower = np.empty((entries.size, steps))
-    cal_upper = np.empty((entries.size, steps))
-    cal_lower[:, 0] = cal_upper[:, 0] = geometry.score()[entries]
-    for r in range(1, steps):
-        cal_lower[:, r] = geometry.lower(r, rows=entries)
-        cal_upper[:, r] = geometry.upper(r, rows=entries)
+    if bounds is None:
+        bounds = score_bounds(entries, geometry, max_train_radius)
+    cal_lower, cal_upper = bounds
+    if cal_lower.shape != (entries.size, steps):
+        raise ValueError(
+            f"bounds must have shape ({entries.size}, {steps}), got {cal_lower.shape}"
+        )
     tau_lower = np.empty((k_c, steps))
     tau_upper = np.empty((k_c, steps))
     for i, (members, rank) in enumerate(zip(parts, ranks, strict=True)):

@@ -22,7 +22,12 @@ data are hash-partitioned into :math:`k_c` parts with thresholds :math:`\tau_i`
 With ``n_train_parts = 1`` the score is the single model's ``predict_proba`` (THR /
 LAC); with ``n_calib_parts = 1`` the set is the split-conformal set; both at 1 give
 plain split conformal prediction, the same sets as MAPIE's
-``SplitConformalClassifier(conformity_score="lac")`` on the same model.
+``SplitConformalClassifier(conformity_score="lac")`` on the same model. As in MAPIE,
+``confidence_level`` may be a list (sets ``(n, K, L)``, :mod:`defenses.rps.levels`),
+``prefit=True`` conformalizes a fitted model directly and ``conformity_score`` is
+``"lac"`` (:mod:`defenses.rps.conformity`). ``conformalize`` warns
+(:class:`~defenses.rps.advice.EmptyCertificateWarning`) when the partition
+certifies nothing; :func:`~defenses.rps.advice.suggest_parts` proposes one.
 
 Part classifiers trained elsewhere (e.g. a sharded unlearning ensemble) plug in
 through :meth:`ReliableConformalClassifier.from_voter` and a
@@ -44,15 +49,18 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.checks import check_int
-from defenses.rps.calibration import calibrate_parts
+from defenses.rps.advice import warn_if_empty
 from defenses.rps.certificate import Certificate, ScoreGeometry, certify_batch
+from defenses.rps.conformity import PREFIT_FIT_MESSAGE, PrefitPart
 from defenses.rps.ensemble import PartVoter, check_estimator, train_parts
-from defenses.rps.inputs import check_classes, check_inputs, encode_labels, encode_with
+from defenses.rps.inputs import check_inputs, encode_labels, encode_with
+from defenses.rps.levels import LEVEL_ATTRIBUTES, calibrate_levels, pick_level, store
 from defenses.rps.partition import n_rows, partition
 from defenses.rps.parts import FittedParts, warn_if_degenerate
-from defenses.rps.quantile import QuantileMode, majority_threshold
+from defenses.rps.quantile import QuantileMode
 from defenses.rps.scores import vote_counts
 from defenses.rps.settings import Settings, check_settings
+from defenses.rps.voting import adopt_voter, voter_parts
 
 logger = logging.getLogger(__name__)
 
@@ -75,8 +83,8 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
         ``k_t``, number of hash parts of the training data (1: no training defense).
     n_calib_parts : int
         ``k_c``, number of hash parts of the calibration data (1: no majority).
-    confidence_level : float
-        Target coverage :math:`1 - \alpha` in (0, 1).
+    confidence_level : float or list of float
+        Target coverage :math:`1 - \alpha` in (0, 1); a list gives one set per level.
     quantile : {"exact", "official", "markov"}
         Per-part rank rule (see :mod:`defenses.rps.quantile`).
     softmax : bool
@@ -86,6 +94,11 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
         ``(random_state * 7919 + i) mod 2**32``.
     n_jobs : int or None
         Parallel training jobs (joblib; None or 1: one, -1: all cores; not 0).
+    conformity_score : "lac" or mapie's LACConformityScore()
+        MAPIE's name of the threshold score; the others are refused.
+    prefit : bool
+        ``estimator`` is fitted: skip :meth:`fit`, call :meth:`conformalize`
+        (needs ``n_train_parts=1``).
 
     Attributes
     ----------
@@ -100,7 +113,8 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
         :meth:`conformalize`).
     thresholds_, ranks_, guard_, miscoverage_bound_
         Per-part thresholds and ranks, the deletion guard, and the exact
-        miscoverage bound of the majority set.
+        miscoverage bound of the majority set (a leading axis per level when
+        ``confidence_level`` is a list).
     """
 
     def __init__(
@@ -113,6 +127,8 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
         softmax: bool = True,
         random_state: int = 0,
         n_jobs: int | None = None,
+        conformity_score: Any = "lac",
+        prefit: bool = False,
     ) -> None:
         self.estimator = estimator
         self.n_train_parts = n_train_parts
@@ -122,6 +138,8 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
         self.softmax = softmax
         self.random_state = random_state
         self.n_jobs = n_jobs
+        self.conformity_score = conformity_score
+        self.prefit = prefit
 
     # ------------------------------------------------------------- parameters
     def _settings(self) -> Settings:
@@ -158,56 +176,16 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
         quantile: QuantileMode = "exact",
         softmax: bool = True,
     ) -> ReliableConformalClassifier:
-        r"""RPS on part classifiers trained elsewhere; already fitted.
+        """RPS on part classifiers trained elsewhere; already fitted.
 
-        Parameters
-        ----------
-        voter : PartVoter
-            ``voter.n_parts`` (``k_t``) parts; ``voter.part_votes(X)`` gives, per part
-            and point, a class index into ``classes`` or -1 when the part abstains
-            (e.g. a shard whose data were all deleted). The training certificate
-            assumes each training point can influence at most one part (parts
-            formed by a hash of the sample or its id, trained in isolation).
-        classes : array-like of shape (K,)
-            The class labels, sorted and distinct, K >= 2; index ``c`` of a vote is
-            ``classes[c]``, and :meth:`conformalize` takes labels from ``classes``.
-        n_features : int
-            Number of features of ``X``.
-        n_calib_parts, confidence_level, quantile, softmax
-            As in the constructor.
-
-        Returns
-        -------
-        ReliableConformalClassifier
-            Ready for :meth:`conformalize`, then :meth:`predict_set` and
-            :meth:`certify` (:meth:`fit` does not apply).
-
-        Notes
-        -----
-        A voter's votes are read afresh at every call (never memoised), so a voter
-        whose parts changed (after a deletion) is never served stale votes; the
-        thresholds are those of the last :meth:`conformalize`. With abstentions
-        the score is :math:`\operatorname{softmax}(v / k_t)` over the K classes,
-        and the certificate covers a part moving between any class and abstain
-        (:mod:`defenses.rps.scores`).
+        ``voter.part_votes(X)`` gives a class index into ``classes`` (sorted,
+        distinct) per part and point, or -1 when a part abstains; see
+        :mod:`defenses.rps.voting`. The result is ready for :meth:`conformalize`
+        (:meth:`fit` does not apply); the other parameters are the constructor's.
         """
-        if not callable(getattr(voter, "part_votes", None)):
-            raise TypeError(f"voter must have a part_votes(X) method, got {voter!r}")
-        labels = check_classes(classes)
-        model = cls(
-            None,
-            check_int("voter.n_parts", getattr(voter, "n_parts", None), 1),
-            n_calib_parts,
-            confidence_level,
-            quantile,
-            softmax,
-        )
-        model._settings()
-        model.voter_ = voter
-        model.classes_ = labels
-        model.n_features_in_ = check_int("n_features", n_features, 1)
-        model._parts = FittedParts(None, voter, int(labels.size))
-        return model
+        k_t = voter_parts(voter)
+        model = cls(None, k_t, n_calib_parts, confidence_level, quantile, softmax)
+        return adopt_voter(model, voter, classes, n_features)  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ fitting
     def fit(self, X: Any, y: Any) -> ReliableConformalClassifier:
@@ -222,6 +200,8 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
                 "trained elsewhere, so fit does not apply; call conformalize"
             )
         settings = self._settings()
+        if settings.prefit:
+            raise ValueError(PREFIT_FIT_MESSAGE)
         base = self._base()
         check_estimator(base)
         features = check_inputs(X)
@@ -246,7 +226,7 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
             settings.random_state,
             settings.n_jobs,
         )
-        for name in _CONFORMAL_ATTRIBUTES:
+        for name in LEVEL_ATTRIBUTES:
             self.__dict__.pop(name, None)
         self.classes_ = classes
         self.estimators_ = models
@@ -323,8 +303,13 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
         ``max_train_radius`` caps the training radius the thresholds' worst case is
         computed for (default ``n_train_parts``; 0 skips it, leaving only
         calibration-side certificates). Warns (:class:`DegeneratePartsWarning`)
-        when the part models' votes barely depend on the input.
+        when the part models' votes barely depend on the input, and
+        (:class:`~defenses.rps.advice.EmptyCertificateWarning`) when no calibration
+        point's set is certified against one poisoned point. With ``prefit=True``
+        the fitted ``estimator`` becomes the one training part here.
         """
+        if self._settings().prefit:
+            self._adopt_prefit(X)
         features = self._check_X(X)
         labels = encode_with(self.classes_, y, n_rows(features), type(self).__name__)
         votes = None
@@ -335,6 +320,16 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
             warn_if_degenerate(votes, labels, None if sizes is None else sizes.mean())
         geometry = self._geometry(features, votes)
         return self.conformalize_geometry(features, labels, geometry, max_train_radius)
+
+    def _adopt_prefit(self, X: Any) -> None:
+        """Take the fitted ``estimator`` as the one part (MAPIE's ``prefit``)."""
+        part = PrefitPart(self._base())
+        validate_data(self, check_inputs(X), reset=True, skip_check_array=True)
+        for name in LEVEL_ATTRIBUTES:
+            self.__dict__.pop(name, None)
+        self.classes_ = part.labels
+        self.estimators_ = [part.model]
+        self._parts = FittedParts([part], None, int(part.labels.size))
 
     def geometry(self, X: Any) -> ScoreGeometry:
         """Scores and bound machinery of ``X`` (the models' predictions, reusable)."""
@@ -360,30 +355,27 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
             )
         parts = partition(features, labels, settings.k_c)
         entries = geometry.index[np.arange(n), labels]
-        calibration = calibrate_parts(
-            parts,
-            entries,
-            geometry,
-            settings.alpha,
-            settings.quantile,
-            self._radius(max_train_radius),
-        )
-        self.tau_hat_ = majority_threshold(settings.k_c, settings.alpha)
-        self.calib_part_sizes_ = calibration.sizes
-        self.ranks_ = calibration.ranks
-        self.guard_ = calibration.guard
-        self.part_thresholds_ = calibration.part_thresholds
-        self.thresholds_ = calibration.thresholds
-        self.miscoverage_bound_ = calibration.miscoverage_bound
-        sizes = calibration.sizes
-        logger.info(
-            "conformalized %d parts (sizes %d..%d), tau_hat=%d, exact miscoverage %.4f",
-            settings.k_c,
-            sizes.min(),
-            sizes.max(),
-            self.tau_hat_,
-            self.miscoverage_bound_,
-        )
+        radius = self._radius(max_train_radius)
+        levels = calibrate_levels(parts, entries, geometry, settings, radius)
+        store(self, levels, settings.several)
+        sizes = levels[0].sizes
+        trained = getattr(self, "train_part_sizes_", None)
+        for alpha, level in zip(settings.alphas, levels, strict=True):
+            logger.info(
+                "conformalized %d parts (sizes %d..%d), tau_hat=%d, miscoverage %.4f",
+                settings.k_c,
+                sizes.min(),
+                sizes.max(),
+                level.part_thresholds.tau_hat,
+                level.miscoverage_bound,
+            )
+            warn_if_empty(
+                level.part_thresholds,
+                geometry,
+                radius >= 1 and not self._parts.single,
+                (0 if trained is None else int(trained.sum()), n, self.n_classes),
+                1.0 - alpha,
+            )
         return self
 
     def _check_conformalized(self) -> None:
@@ -402,17 +394,23 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
         -------
         y_pred : ndarray of shape (n,)
             :meth:`predict`.
-        y_pred_set : bool ndarray of shape (n, K, 1)
-            The sets, columns ``classes_``, one confidence level. A class is in
-            more than ``tau_hat_`` part sets exactly when its score reaches the
-            ``(tau_hat_ + 1)``-th smallest part threshold.
+        y_pred_set : bool ndarray of shape (n, K, L)
+            The sets, columns ``classes_``, one per confidence level (L = 1 for a
+            float). A class is in more than ``tau_hat_`` part sets exactly when its
+            score reaches the ``(tau_hat_ + 1)``-th smallest part threshold.
         """
         self._check_conformalized()
         scores = self.predict_scores(X)
-        sets = np.asarray(scores >= self.part_thresholds_.cut)
-        return self.classes_[scores.argmax(axis=1)], sets[:, :, None]
+        cuts = np.array([t.cut for t in self.level_thresholds_])
+        sets = np.asarray(scores[:, :, None] >= cuts[None, None, :])
+        return self.classes_[scores.argmax(axis=1)], sets
 
-    def certify(self, X: Any, max_train_radius: int | None = None) -> Certificate:
+    def certify(
+        self,
+        X: Any,
+        max_train_radius: int | None = None,
+        confidence_level: float | None = None,
+    ) -> Certificate:
         """Certified radii per point and class (the sets are included).
 
         Parameters
@@ -422,25 +420,20 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
         max_train_radius : int or None
             Largest training radius examined (default and at most
             ``n_train_parts``; radii are capped there, which is sound).
+        confidence_level : float or None
+            The level to certify, one of those conformalized (None: the only one).
 
         Returns
         -------
         Certificate
-            The sets (``Certificate.sets`` equals ``predict_set(X)[1][:, :, 0]``)
-            and the radii.
+            The sets (``Certificate.sets`` equals that level's
+            ``predict_set(X)[1][:, :, l]``) and the radii.
         """
         self._check_conformalized()
+        settings = self._settings()
+        thresholds = pick_level(
+            self.level_thresholds_, settings.alphas, settings.several, confidence_level
+        )
         features = self._check_X(X)
-        radius = min(self._radius(max_train_radius), self.part_thresholds_.radius)
-        return certify_batch(self._geometry(features), self.part_thresholds_, radius)
-
-
-_CONFORMAL_ATTRIBUTES = (
-    "tau_hat_",
-    "calib_part_sizes_",
-    "ranks_",
-    "guard_",
-    "part_thresholds_",
-    "thresholds_",
-    "miscoverage_bound_",
-)
+        radius = min(self._radius(max_train_radius), thresholds.radius)
+        return certify_batch(self._geometry(features), thresholds, radius)

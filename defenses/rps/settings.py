@@ -6,19 +6,25 @@ them, in :meth:`fit` and :meth:`conformalize`; every message names the parameter
 Numpy integers and reals are accepted wherever Python ones are; a positive
 ``n_jobs`` above the number of cores is capped there (the result does not depend
 on ``n_jobs``).
-The miscoverage level is :math:`\alpha = 1 - \text{confidence\_level}`.
+The miscoverage level is :math:`\alpha = 1 - \text{confidence\_level}`; as in MAPIE
+1.x, ``confidence_level`` may be a list (one set per level, in the given order).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 
 from defenses.checks import check_choice, check_int, check_real
+from defenses.rps.conformity import (
+    ConformityScore,
+    check_conformity_score,
+    check_prefit,
+)
 from defenses.rps.quantile import QUANTILE_MODES, QuantileMode
 
 
@@ -28,11 +34,45 @@ class Settings:
 
     k_t: int
     k_c: int
-    alpha: float
+    alphas: tuple[float, ...]
+    several: bool
     quantile: QuantileMode
     softmax: bool
     random_state: int
     n_jobs: int | None
+    conformity_score: ConformityScore = "lac"
+    prefit: bool = False
+
+    @property
+    def alpha(self) -> float:
+        """The (first) miscoverage level."""
+        return self.alphas[0]
+
+
+def confidence_levels(value: Any) -> tuple[tuple[float, ...], bool]:
+    """The confidence levels (each in (0, 1)) and whether a list was given.
+
+    Raises
+    ------
+    ValueError
+        An empty list, or a level out of range (named ``confidence_level[i]``).
+    """
+    scalar = isinstance(value, str | bytes) or not isinstance(value, Iterable)
+    if scalar or (isinstance(value, np.ndarray) and value.ndim == 0):
+        level = check_real(
+            "confidence_level", value, 0.0, 1.0, open_low=True, open_high=True
+        )
+        return (level,), False
+    levels = tuple(value)
+    if not levels:
+        raise ValueError(
+            "confidence_level must be a float or a non-empty list of floats in (0, "
+            f"1), got {value!r}"
+        )
+    return tuple(
+        check_real(f"confidence_level[{i}]", v, 0.0, 1.0, open_low=True, open_high=True)
+        for i, v in enumerate(levels)
+    ), True
 
 
 def check_settings(params: Mapping[str, Any]) -> Settings:
@@ -43,16 +83,9 @@ def check_settings(params: Mapping[str, Any]) -> Settings:
     ValueError
         A parameter out of range (``n_jobs=0``, ``confidence_level=1``, ...).
     TypeError
-        ``softmax`` that is not a bool.
+        ``softmax`` or ``prefit`` that is not a bool.
     """
-    confidence = check_real(
-        "confidence_level",
-        params["confidence_level"],
-        0.0,
-        1.0,
-        open_low=True,
-        open_high=True,
-    )
+    levels, several = confidence_levels(params["confidence_level"])
     softmax = params["softmax"]
     if not isinstance(softmax, bool | np.bool_):
         raise TypeError(f"softmax must be a bool, got {softmax!r}")
@@ -62,12 +95,23 @@ def check_settings(params: Mapping[str, Any]) -> Settings:
     if n_jobs is not None and n_jobs > 0:
         n_jobs = min(int(n_jobs), os.cpu_count() or 1)
     quantile = check_choice("quantile", params["quantile"], QUANTILE_MODES)
+    prefit = check_prefit(params.get("prefit", False))
+    k_t = check_int("n_train_parts", params["n_train_parts"], 1)
+    if prefit and k_t != 1:
+        raise ValueError(
+            f"prefit=True wraps one fitted estimator, one training part, so "
+            f"n_train_parts must be 1, got {k_t}: to certify training poisoning, "
+            "use prefit=False and fit (or from_voter for parts trained elsewhere)"
+        )
     return Settings(
-        k_t=check_int("n_train_parts", params["n_train_parts"], 1),
+        k_t=k_t,
         k_c=check_int("n_calib_parts", params["n_calib_parts"], 1),
-        alpha=1.0 - confidence,
+        alphas=tuple(1.0 - level for level in levels),
+        several=several,
         quantile=cast(QuantileMode, quantile),
         softmax=bool(softmax),
         random_state=check_int("random_state", params["random_state"], 0, 2**32 - 1),
         n_jobs=None if n_jobs is None else int(n_jobs),
+        conformity_score=check_conformity_score(params.get("conformity_score", "lac")),
+        prefit=prefit,
     )

@@ -20,7 +20,8 @@ with :math:`\bar{|C|}` the mean set size, :math:`\widehat{\text{cov}}` the empir
 coverage, :math:`c` the candidate's ``confidence_level``, :math:`t` the tolerance
 and :math:`K` the number of classes: among candidates that cover, the smallest sets
 win, and any candidate that under-covers ranks below all of them (a full set has
-size :math:`K`). Higher is better, as scikit-learn expects.
+size :math:`K`). Higher is better, as scikit-learn expects. With a list of
+confidence levels the score is the mean over the levels.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from sklearn.model_selection import StratifiedShuffleSplit
 from sklearn.utils import _safe_indexing
 
 from defenses.checks import check_real
+from defenses.rps.settings import confidence_levels
 
 Scorer = Callable[[Any, Any, Any], float]
 
@@ -75,13 +77,17 @@ def coverage_size_scorer(
         model = copy.copy(estimator)
         model.conformalize(_safe_indexing(X, conf), labels[conf])
         _, sets = model.predict_set(_safe_indexing(X, evaluation))
-        members = sets[:, :, 0]
         truth = model.classes_[None, :] == labels[evaluation][:, None]
-        covered = float(np.mean(np.any(members & truth, axis=1)))
-        size = float(members.sum(axis=1).mean())
-        level = float(model.confidence_level)
-        if covered >= level - slack:
-            return -size
-        return -float(model.classes_.size) - (level - covered)
+        levels, _ = confidence_levels(model.confidence_level)
+        scores = []
+        for i, level in enumerate(levels):
+            members = sets[:, :, i]
+            covered = float(np.mean(np.any(members & truth, axis=1)))
+            size = float(members.sum(axis=1).mean())
+            if covered >= level - slack:
+                scores.append(-size)
+            else:
+                scores.append(-float(model.classes_.size) - (level - covered))
+        return float(np.mean(scores))
 
     return scorer
