@@ -51,6 +51,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _NormBase
 
+from defenses.checks import check_finite_module
+
 LoRA = tuple[Tensor, Tensor]
 """``(A, B)`` of one target layer."""
 Targets = Sequence[str] | str | Callable[[str, nn.Module], bool]
@@ -141,6 +143,47 @@ def running_stats(model: nn.Module) -> bool:
     )
 
 
+def updating_stats(model: nn.Module) -> list[str]:
+    """Normalization layers whose own mode would update running statistics."""
+    return [
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, _NormBase) and m.track_running_stats and m.training
+    ]
+
+
+def eager(model: nn.Module) -> nn.Module:
+    """The module a ``torch.compile`` wrapper holds (S3T runs it eagerly).
+
+    Adapters are bound through forward hooks and replayed bit for bit; a compiled
+    graph would be recompiled on every binding and need not match eager results
+    to the bit, so the original module is used (its layers keep their names).
+    """
+    inner = getattr(model, "_orig_mod", None)
+    if isinstance(inner, nn.Module) and type(model).__name__ == "OptimizedModule":
+        return inner
+    return model
+
+
+def check_float32(model: nn.Module) -> None:
+    """Refuse a model whose floating parameters or buffers are not float32 (named).
+
+    S3T's inputs, adapters and heads are float32 tensors; a float64 (or half)
+    model would fail deep inside its first layer.
+    """
+    for kind, items in (
+        ("parameter", model.named_parameters()),
+        ("buffer", model.named_buffers()),
+    ):
+        for name, tensor in items:
+            if tensor.is_floating_point() and tensor.dtype != torch.float32:
+                raise ValueError(
+                    f"model: its {kind} {name!r} is {tensor.dtype}, but S3T trains "
+                    "float32 models (inputs, adapters and heads are float32); call "
+                    "model.float() first"
+                )
+
+
 def fingerprint(model: nn.Module) -> str:
     """SHA-256 of the module's parameters and buffers (names, shapes, bytes)."""
     digest = hashlib.sha256()
@@ -204,6 +247,9 @@ class AdaptedModel:
             raise TypeError(
                 f"model must be a torch.nn.Module, got {type(model).__name__}"
             )
+        model = eager(model)
+        check_finite_module("model", model)
+        check_float32(model)
         self.module = copy.deepcopy(model)
         self.module.requires_grad_(False)
         if not keep_mode:
@@ -301,13 +347,42 @@ class AdaptedModel:
         with self.bound(adapters, head):
             return self.run(x)
 
-    @property
-    def vocabulary(self) -> int | None:
-        """``num_embeddings`` of the first ``nn.Embedding`` (token ids), or None."""
-        for layer in self.module.modules():
-            if isinstance(layer, nn.Embedding):
-                return int(layer.num_embeddings)
-        return None
+    def embeddings(self) -> dict[str, nn.Embedding]:
+        """The model's ``nn.Embedding`` layers by qualified name."""
+        return {
+            n: m for n, m in self.module.named_modules() if isinstance(m, nn.Embedding)
+        }
+
+    def vocabulary(self, shape: tuple[int, ...]) -> int | None:
+        """Vocabulary size if inputs of one-sample ``shape`` are token ids, else None.
+
+        The inputs are token ids when an ``nn.Embedding`` reads the model's input
+        tensor itself, probed with one eval-mode forward pass on two rows of zeros
+        (``int64``, valid ids for any vocabulary); a positional embedding reads
+        ``torch.arange`` instead, so its model takes float features.
+        """
+        layers = self.embeddings()
+        if not layers:
+            return None
+        probe = torch.zeros((2, *shape), dtype=torch.long)
+        readers: list[int] = []
+
+        def pre(layer: nn.Module, args: tuple[Any, ...]) -> None:
+            first = args[0] if args else None
+            if isinstance(first, Tensor) and first.data_ptr() == probe.data_ptr():
+                readers.append(int(getattr(layer, "num_embeddings", 0)))
+
+        handles = [m.register_forward_pre_hook(pre) for m in layers.values()]
+        mode = self.module.training
+        self.module.eval()
+        try:
+            with torch.no_grad(), contextlib.suppress(Exception):
+                self.module(probe)
+        finally:
+            self.module.train(mode)
+            for handle in handles:
+                handle.remove()
+        return min(readers) if readers else None
 
     def check(self, x: Tensor, n_classes: int, rank: int) -> None:
         """A trial forward pass: logits of width ``n_classes``, every target used.
@@ -326,13 +401,27 @@ class AdaptedModel:
             with torch.no_grad(), self.bound(probe) as calls:
                 output = self.module(x)
         except (RuntimeError, IndexError, TypeError) as error:
+            hint = ""
+            if self.embeddings() and x.is_floating_point():
+                hint = (
+                    f"; X holds floats and the model has nn.Embedding layers "
+                    f"{list(self.embeddings())}: pass integer token ids if its "
+                    "input goes into one (float features are fine when the "
+                    "embedding reads positions, e.g. torch.arange)"
+                )
             raise ValueError(
                 f"X: the {type(self.module).__name__} cannot take a batch of shape "
-                f"{tuple(x.shape)} ({type(error).__name__}: {error})"
+                f"{tuple(x.shape)} and dtype {x.dtype} ({type(error).__name__}: "
+                f"{error}){hint}"
             ) from error
         finally:
             self.module.train(mode)
         logits = output_logits(output)
+        if not bool(torch.isfinite(logits).all()):
+            raise ValueError(
+                "model: its logits hold NaN or inf on the first rows of X; a broken "
+                "model is refused"
+            )
         if logits.shape != (x.shape[0], n_classes):
             raise ValueError(
                 f"model: its logits have shape {tuple(logits.shape)} for a batch of "

@@ -27,6 +27,7 @@ import torch
 
 from defenses.arrays import FloatArray
 from defenses.reference.attacks import LossThresholdAttack
+from defenses.s3t.adapters import fingerprint
 from defenses.s3t.defense import AllShardsDeadError, Unlearner
 from defenses.threat import Capability
 
@@ -123,21 +124,32 @@ class LineageReport:
     offenders: tuple[str, ...]
     rows_erased: bool
     served_valid: bool
+    backbone_intact: bool
 
 
 def lineage_audit(model: Unlearner, deleted: Iterable[object]) -> LineageReport:
-    """Check that no stored component or row depends on a ``deleted`` id."""
+    """Check that no stored component or row depends on a ``deleted`` id.
+
+    Four checks, all required for ``clean``: no stored stage's lineage holds a
+    deleted id (``offenders``), no training row holds one (``rows_erased``), every
+    served prefix is a prefix of a configured order (``served_valid``), and the
+    frozen backbone's fingerprint (SHA-256 of its parameters and buffers) equals the
+    one recorded at fit (``backbone_intact``): a backbone that moved was written by
+    training on data the records do not attribute.
+    """
     gone = frozenset(deleted)
     offenders = tuple(name for name, seen in model.lineage().items() if seen & gone)
     rows_erased = not (model.training_ids() & gone)
     served_valid = all(
         any(order[: len(p)] == p for order in model.orders) for p in model.served()
     )
+    intact = fingerprint(model.backbone) == model.fingerprint
     return LineageReport(
-        clean=not offenders and rows_erased and served_valid,
+        clean=not offenders and rows_erased and served_valid and intact,
         offenders=offenders,
         rows_erased=rows_erased,
         served_valid=served_valid,
+        backbone_intact=intact,
     )
 
 

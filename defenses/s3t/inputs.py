@@ -26,7 +26,8 @@ from defenses.targets import check_labels
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-def _array(X: object, name: str) -> npt.NDArray[np.generic]:
+def as_array(X: object, name: str) -> npt.NDArray[np.generic]:
+    """``X`` as a numpy array of real numbers (no cast), or raise ValueError."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -55,7 +56,7 @@ def model_inputs(
     tokens : int or None
         Vocabulary size when the model takes token ids (an ``nn.Embedding``).
     """
-    array = _array(X, name)
+    array = as_array(X, name)
     if array.ndim < 2:
         raise ValueError(
             f"{name} must have shape (n_samples, ...) with at least 2 dimensions, "

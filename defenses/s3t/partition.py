@@ -20,13 +20,46 @@ IdArray = npt.NDArray[np.generic]
 UIntArray = npt.NDArray[np.uint64]
 
 
+def _from_objects(array: npt.NDArray[np.object_], what: str) -> IdArray:
+    """An object array (a pandas Series of str, a list of mixed objects) as ints or str.
+
+    Accepted when every value is an integer (not a bool) or every value is a string;
+    the first value of another kind is named.
+    """
+    values = array.tolist()
+    integral = [
+        isinstance(v, int | np.integer) and not isinstance(v, bool) for v in values
+    ]
+    if all(integral):
+        try:
+            return np.asarray(values, dtype=np.int64)
+        except OverflowError as error:
+            raise ValueError(f"{what}: an integer id does not fit in int64") from error
+    textual = [isinstance(v, str) for v in values]
+    if all(textual):
+        return np.asarray(values, dtype=str)
+    kind = integral if sum(integral) >= sum(textual) else textual
+    i = kind.index(False)
+    raise ValueError(
+        f"{what} must be all integers or all strings, got {type(values[i]).__name__} "
+        f"{values[i]!r} at position {i}"
+    )
+
+
 def check_ids(ids: npt.ArrayLike, what: str = "ids") -> IdArray:
-    """Return ``ids`` as a 1-D array of integers or strings, or raise ValueError."""
+    """Return ``ids`` as a 1-D array of integers or strings, or raise ValueError.
+
+    Numpy arrays, lists and pandas Series are accepted; an object array (what a
+    Series of strings or a list of mixed objects becomes) is converted when all its
+    values are integers or all are strings.
+    """
     array = np.asarray(ids)
     if array.ndim != 1:
         raise ValueError(f"{what} must be 1-D, got shape {array.shape}")
     if array.size == 0:
         return array.astype(np.int64)
+    if array.dtype.kind == "O":
+        array = _from_objects(array, what)
     if array.dtype.kind not in "iuU":
         raise ValueError(f"{what} must be integers or strings, got dtype {array.dtype}")
     return array

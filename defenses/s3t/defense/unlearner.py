@@ -24,8 +24,9 @@ from defenses.arrays import FloatArray
 from defenses.checks import check_int
 from defenses.cost import count, phase
 from defenses.s3t import inputs, partition, store
-from defenses.s3t.adapters import Targets, fingerprint, running_stats, target_groups
+from defenses.s3t.adapters import Targets, fingerprint, target_groups, updating_stats
 from defenses.s3t.backbone import adapt
+from defenses.s3t.conformance import check_conformance
 from defenses.s3t.defense.holder import StateHolder
 from defenses.s3t.defense.state import (
     AllShardsDeadError,
@@ -106,13 +107,14 @@ class Unlearner(StateHolder):
         self.n_jobs = check_int("n_jobs", n_jobs, minimum=1)
         self.ray_address = ray_address
         self.orders: tuple[Order, ...] = tuple(tuple(int(j) for j in o) for o in orders)
-        self.shared_state = model.training and running_stats(model)
+        updating = updating_stats(model) if isinstance(model, nn.Module) else []
+        self.shared_state = bool(updating)
         if self.shared_state and not allow_shared_state:
             raise ValueError(
-                "model: it is in training mode and has buffers (BatchNorm running "
-                "statistics) that every stage would update: a leak across deletions. "
-                "Call model.eval() first (allow_shared_state=True only for the "
-                "negative-control audit)"
+                f"model: its normalization (BatchNorm) layers {updating[:4]} are in "
+                "training mode and have buffers (running statistics) that every "
+                "stage would update: a leak across deletions. Call model.eval() first "
+                "(allow_shared_state=True only for the negative-control audit)"
             )
         if self.shared_state and executor != "serial":
             raise ValueError("a model with shared state needs executor='serial'")
@@ -141,7 +143,10 @@ class Unlearner(StateHolder):
 
     def _inputs(self, X: npt.ArrayLike, state: State | None) -> torch.Tensor:
         shape = None if state is None else state.input_shape
-        return torch.as_tensor(inputs.model_inputs(X, shape, self.model.vocabulary))
+        array = inputs.as_array(X, "X")
+        sample = shape if shape is not None else tuple(array.shape[1:])
+        tokens = self.model.vocabulary(sample) if array.ndim >= 2 else None
+        return torch.as_tensor(inputs.model_inputs(array, shape, tokens))
 
     # ------------------------------------------------------------------ fit
     def fit(
@@ -166,6 +171,11 @@ class Unlearner(StateHolder):
         groups : array of shape (n,) or None
             Partition key (e.g. a user id): samples of one group share a slice, so
             deleting a user touches one slice. The sample ids by default.
+
+        Before training, a conformance pass (:mod:`defenses.s3t.conformance`)
+        refuses a backbone whose forward is random (functional dropout) or whose
+        parameters or buffers move during a training step (buffers updated in
+        forward), naming the cause.
         """
         features = self._inputs(X, None)
         n = features.shape[0]
@@ -177,6 +187,14 @@ class Unlearner(StateHolder):
                 f"{n} samples; every slice needs data"
             )
         self.model.check(features[:2], classes.size, self.config.rank)
+        check_conformance(
+            self.model,
+            features[:8],
+            torch.as_tensor(labels[:8]),
+            self.config.rank,
+            self.config.lr,
+            self.shared_state,
+        )
         data = partition_data(
             features.numpy(), labels, idx, source, self.salt, self.shards, self.slices
         )

@@ -26,6 +26,10 @@ from defenses.testing import (
     bad_reals,
     rule_settings,
 )
+from tests.defenses.s3t.user_modules import ACCEPTED, REFUSED, data
+from tests.defenses.s3t.user_modules import CLASSES as UM_CLASSES
+from tests.defenses.s3t.user_modules import FEATURES as UM_FEATURES
+from tests.defenses.s3t.user_modules import SETTINGS as UM_SETTINGS
 
 DATA = load_digits()
 N, D = 48, 64
@@ -34,6 +38,8 @@ BACKBONE = ResidualMLP(D, 8, 8, 2, 10).eval()
 SETTINGS = {"epochs": 1, "batch_size": 32, "rank": 1}
 FITTED = S3T(BACKBONE, 2, 2, **SETTINGS).fit(X0, Y0, IDS)
 K = FITTED.classes_.size
+UM_X, UM_Y, UM_IDS = data()
+UM_N = UM_X.shape[0]
 
 
 @pytest.fixture(autouse=True)
@@ -250,3 +256,27 @@ def test_numpy_scalars_are_accepted_everywhere(tmp_path) -> None:
     np.testing.assert_array_equal(again.predict_proba(X0), model.predict_proba(X0))
     model.delete(np.array([IDS[0]], dtype=np.int32))
     assert IDS[0] not in model.training_ids()
+
+
+USER_MODULES = {**{k: make for k, (make, _) in REFUSED.items()}, **ACCEPTED}
+"""The family of user modules of issue 27 (functional dropout, noise and buffer
+updates in forward, NaN, float64, positional embeddings, compiled)."""
+
+
+@pytest.mark.parametrize("name", sorted(USER_MODULES))
+@rule_settings(3)
+@given(X=bad_arrays((UM_N, UM_FEATURES)))
+def test_user_modules(name, X) -> None:
+    def fit():
+        model = S3T(USER_MODULES[name](), 2, 2, rank=1, epochs=1, **UM_SETTINGS)
+        return model.fit(X, UM_Y, UM_IDS).predict_proba(UM_X[:4])
+
+    assert_rule(fit, ["X", "model"], simplex_of(UM_CLASSES))
+
+
+def simplex_of(k: int):
+    def check(proba):
+        assert proba.shape == (4, k)
+        np.testing.assert_allclose(proba.sum(axis=1), 1.0, atol=1e-9)
+
+    return check
