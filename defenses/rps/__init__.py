@@ -10,9 +10,12 @@ class, how many poisoned training and calibration points the set withstands.
 
 :class:`ReliableConformalClassifier` is a scikit-learn meta-estimator in MAPIE 1.x's
 vocabulary (``fit``, ``conformalize``, ``predict_set``, ``confidence_level``) plus
-``certify``.
+``certify``. :func:`suggest_parts` proposes a partition for the data size and the
+radius wanted; ``conformalize`` warns (:class:`EmptyCertificateWarning`) when the
+partition certifies nothing.
 """
 
+from defenses.rps.advice import EmptyCertificateWarning, PartPlan, suggest_parts
 from defenses.rps.certificate import Certificate
 from defenses.rps.defense import NotConformalizedError, ReliableConformalClassifier
 from defenses.rps.ensemble import PartTrainingError, PartVoter, TorchPartClassifier
@@ -21,9 +24,12 @@ from defenses.rps.parts import DegeneratePartsWarning
 __all__ = [
     "Certificate",
     "DegeneratePartsWarning",
+    "EmptyCertificateWarning",
     "NotConformalizedError",
+    "PartPlan",
     "PartTrainingError",
     "PartVoter",
     "ReliableConformalClassifier",
     "TorchPartClassifier",
+    "suggest_parts",
 ]
