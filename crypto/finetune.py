@@ -41,10 +41,9 @@ import torch
 from defenses.arrays import FloatArray
 from defenses.checks import check_int, check_real
 
-from .backprop import backward, forward
+from .backprop import forward
 from .ckks import (
     CKKSParams,
-    TenSEALBackend,
     load_public,
     make_context,
     public_bytes,
@@ -52,10 +51,14 @@ from .ckks import (
 from .evaluator import Backend, Evaluator, NumpyBackend, Value
 from .folding import LORA_GK, Arm, effective_weights, plain_net
 from .model import HEFormer
-from .net import fit
+from .net import Net
 from .packing import pack, roll_tokens
+from .server import InProcess
 from .tasks import check_labels, check_sequences
 from .train import predict_logits
+from .transport import Loopback
+from .tuning import TuningJob, TuningServer, sgd_steps
+from .tuning_client import TuningClient
 
 TRAIN_PARAMS = CKKSParams(8192, (49, 40, 40, 40, 49), 40)
 """N = 8192, 3 levels of 40 bits (218 bits), 49-bit special prime (precise sums)."""
@@ -158,6 +161,43 @@ def _check_batch(
     return arr, labels
 
 
+def _check_step(lr: float, steps: int, arm: Arm) -> tuple[float, int]:
+    lr = check_real("lr", lr, 0.0, open_low=True)
+    steps = check_int("steps", steps, 1)
+    if not isinstance(arm, Arm):
+        raise TypeError(f"arm must be an Arm, got {type(arm).__name__}")
+    return lr, steps
+
+
+def _prepare(
+    model: HEFormer, X: FloatArray, y: npt.ArrayLike, arm: Arm
+) -> tuple[Net, dict[str, Any], list[FloatArray], FloatArray, int]:
+    """The client's side: folded net, fold factors, packed batch, targets, batch."""
+    X, labels = _check_batch(model, X, y)
+    c = model.config
+    b, n = X.shape[0], c.n_tokens
+    net, fold = plain_net(model, arm, X)
+    with torch.no_grad():
+        z = model.embed_tokens(torch.as_tensor(X, dtype=torch.float64)).numpy()
+    onehot = np.zeros((c.n_classes, b * n))
+    onehot[labels, np.arange(b) * n] = 1.0
+    return net, fold, pack(z, b * n), onehot, b
+
+
+def _unfold(
+    folded: dict[str, FloatArray], fold: dict[str, Any], lr: float
+) -> dict[str, FloatArray]:
+    out = {}
+    for name, W in folded.items():
+        out[name] = W / np.asarray(fold[name], dtype=float)
+        if not np.all(np.isfinite(out[name])):
+            raise ValueError(
+                f"lr = {lr!r} made the step diverge ({name} is not finite); "
+                "use a smaller lr"
+            )
+    return out
+
+
 def _run(
     model: HEFormer,
     X: FloatArray,
@@ -169,20 +209,10 @@ def _run(
     services: _Services,
     max_level: int,
 ) -> StepResult:
-    lr = check_real("lr", lr, 0.0, open_low=True)
-    steps = check_int("steps", steps, 1)
-    if not isinstance(arm, Arm):
-        raise TypeError(f"arm must be an Arm, got {type(arm).__name__}")
-    X, labels = _check_batch(model, X, y)
-    c = model.config
-    b, n, slots = X.shape[0], c.n_tokens, services.slots
-    net, fold = plain_net(model, arm, X)
-    with torch.no_grad():
-        z = model.embed_tokens(torch.as_tensor(X, dtype=torch.float64)).numpy()
-    mask = np.zeros(slots)
-    mask[::n] = 1.0 / b
-    onehot = np.zeros((c.n_classes, slots))
-    onehot[labels, np.arange(b) * n] = 1.0
+    """The step with the key owner's round trips as function calls (float64)."""
+    lr, steps = _check_step(lr, steps, arm)
+    net, fold, packed, onehot, b = _prepare(model, X, y, arm)
+    job = TuningJob.public(net, fold, lr, steps, b)
     owner = services
 
     def encrypt(values: FloatArray) -> Any:
@@ -197,58 +227,33 @@ def _run(
     services = _Services(encrypt, decrypt, owner.n, owner.slots)
     ev = Evaluator(backend, max_level, services.fresh)
     start, cpu = time.perf_counter(), time.process_time()
-    zs = [Value(services.encrypt(p)) for p in pack(z, slots)]
+    zs = [Value(services.encrypt(p)) for p in packed]
     targets = [Value(services.encrypt(t)) for t in onehot]
     for name in net.trained:
         M = np.asarray(net.mats[name])
         net.mats[name] = [
-            [Value(services.encrypt(np.full(slots, x))) for x in row] for row in M
+            [Value(services.encrypt(np.full(owner.slots, x))) for x in row] for row in M
         ]
-    for step in range(steps):
-        if step:
-            stale = [v for name in net.trained for row in net.mats[name] for v in row]
-            fresh = iter(services.fresh(stale))
-            ev.note("refresh_rounds")
-            ev.note("refreshed_values", len(stale))
-            for name in net.trained:
-                net.mats[name] = [[next(fresh) for _ in row] for row in net.mats[name]]
-        logits, cache = forward(ev, net, list(zs), services.roll)
-        [logits] = fit(ev, [logits], 1, "loss")
-        dlog = []
-        for lg, t in zip(logits, targets, strict=True):
-            dlog.append(ev.mask(ev.sub(lg, t), mask))
-        grads = backward(ev, net, cache, dlog, services.unroll)
-        flat = [v for G in grads.values() for row in G for v in row]
-        [flat] = fit(ev, [flat], 2, "SGD update")
-        at = iter(flat)
-        grads = {k: [[next(at) for _ in row] for row in G] for k, G in grads.items()}
-        for name, G in grads.items():
-            scale = np.broadcast_to(
-                np.asarray(fold[name], dtype=float), (len(G), len(G[0]))
-            )
-            W = net.mats[name]
-            assert not isinstance(W, np.ndarray)
-            net.mats[name] = [
-                [
-                    ev.sub(W[i][j], ev.scale(G[i][j], lr * float(scale[i, j]) ** 2))
-                    for j in range(len(G[0]))
-                ]
-                for i in range(len(G))
-            ]
+    sgd_steps(
+        ev,
+        net,
+        fold,
+        zs,
+        targets,
+        job.mask,
+        lr,
+        steps,
+        services.fresh,
+        services.roll,
+        services.unroll,
+    )
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    counts = dict(ev.counts)
-    weights = {}
+    folded = {}
     for name in net.trained:
         W = net.mats[name]
         assert not isinstance(W, np.ndarray)
-        folded = np.array([[services.decrypt(v.handle)[0] for v in row] for row in W])
-        weights[name] = folded / np.asarray(fold[name], dtype=float)
-        if not np.all(np.isfinite(weights[name])):
-            raise ValueError(
-                f"lr = {lr!r} made the step diverge ({name} is not finite); "
-                "use a smaller lr"
-            )
-    return StepResult(weights, counts, seconds, cpu)
+        folded[name] = np.array([[services.decrypt(v.handle)[0] for v in r] for r in W])
+    return StepResult(_unfold(folded, fold, lr), dict(ev.counts), seconds, cpu)
 
 
 def simulated_step(
@@ -284,8 +289,19 @@ def encrypted_step(
     steps: int = 1,
     params: CKKSParams = TRAIN_PARAMS,
     owner: KeyOwner | None = None,
+    transport: str = "inprocess",
 ) -> StepResult:
-    """``steps`` encrypted SGD steps (TenSEAL), the server holding a public context."""
+    """``steps`` encrypted SGD steps (TenSEAL) as messages with a public-context server.
+
+    The server (:class:`~crypto.tuning.TuningServer`, public weights only) runs in
+    a thread (``transport="inprocess"``) or another process (``"loopback"``); the
+    key owner answers only the public schedule of refreshes, rolls and unrolls
+    (:func:`~crypto.tuning.tuning_schedule`). ``owner`` lends its key.
+    """
+    if transport not in ("inprocess", "loopback"):
+        raise ValueError(
+            f"transport must be 'inprocess' or 'loopback', got {transport!r}"
+        )
     X, _ = _check_batch(model, X, y)
     check_real("lr", lr, 0.0, open_low=True)
     check_int("steps", steps, 1)
@@ -296,14 +312,27 @@ def encrypted_step(
             f"X: {X.shape[0]} sequences of {model.config.n_tokens} tokens exceed "
             f"{params.slots} slots"
         )
-    owner = owner or KeyOwner(params, model.config.n_tokens)
-    services = _Services(
-        encrypt=owner.encrypt,
-        decrypt=owner.decrypt,
-        n=model.config.n_tokens,
-        slots=X.shape[0] * model.config.n_tokens,
+    lr, steps = _check_step(lr, steps, arm)
+    net, fold, packed, onehot, b = _prepare(model, X, y, arm)
+    job = TuningJob.public(net, fold, lr, steps, b)
+    secret = {name: np.asarray(net.mats[name]) for name in net.trained}
+    client = TuningClient(
+        params, model.config.n_tokens, owner.context if owner is not None else None
     )
-    return _run(model, X, y, lr, steps, arm, TenSEALBackend(), services, params.levels)
+    start, cpu = time.perf_counter(), time.process_time()
+    if transport == "loopback":
+        with Loopback(server=TuningServer(job, params)) as remote:
+            folded, counts = client.train(remote, job, secret, packed, onehot)
+    else:
+        local = InProcess(TuningServer(job, params))
+        try:
+            folded, counts = client.train(local, job, secret, packed, onehot)
+        finally:
+            local.close()
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    if owner is not None:
+        owner.bytes_up += client.bytes_up
+    return StepResult(_unfold(folded, fold, lr), counts, seconds, cpu)
 
 
 def reference_step(

@@ -22,9 +22,8 @@ Every message the server receives is kept in its :class:`Transcript`; the audit 
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -38,16 +37,14 @@ from .heval import lora_factors
 from .packing import pack, roll_tokens
 from .schedule import (
     ANSWERS,
-    Refused,
     Schedule,
     Step,
-    admit,
     calibrate,
     check_batch,
-    clip,
     inference_schedule,
 )
 from .server import InProcess, Server, Transcript
+from .session import Refused, abort, admit, clip, follow
 from .tasks import check_sequences
 from .wire import Channel, Message, ProtocolError
 
@@ -65,8 +62,6 @@ __all__ = [
     "Server",
     "Transcript",
 ]
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -282,40 +277,13 @@ class Client:
         if interactive:
             check_batch(schedule, self.model, X)
         data = self.encrypt_inputs(X, rolled=not interactive).encode()
-        connection.send(data)
-        up, down, trips = len(data), 0, 1
-        served = 0
-        while True:
-            raw = connection.recv()
-            down += len(raw)
-            try:
-                reply = Message.decode(raw)
-            except ValueError as err:
-                self._abort(connection, Refused(f"malformed server message ({err})"))
-            if reply.kind == "error":
-                kind = ProtocolError if reply.meta.get("value_error") else RuntimeError
-                raise kind(f"the server refused the request: {reply.meta.get('error')}")
-            if reply.kind == "logits" and served == schedule.requests:
-                break
-            if served == schedule.requests:
-                self._abort(
-                    connection,
-                    Refused(
-                        f"request {served + 1} ({reply.kind!r}) is beyond the public "
-                        f"schedule of {schedule.requests} requests"
-                    ),
-                )
-            try:
-                answer = self.answer(reply, schedule.steps[served]).encode()
-            except Refused as err:
-                self._abort(connection, err)
-            served += 1
-            connection.send(answer)
-            up, trips = up + len(answer), trips + 1
+        session = follow(connection, schedule, data, self.answer)
+        reply, up, down = session.reply, session.bytes_up, session.bytes_down
+        trips = session.round_trips
         try:
             logits = self.decrypt_logits(reply, X.shape[0], interactive)
         except Refused as err:
-            self._abort(connection, err)
+            abort(connection, err)
         counts = {str(k): int(v) for k, v in dict(reply.meta.get("counts", {})).items()}
         exchange = Exchange(
             X.shape[0], up, down, trips, float(reply.meta.get("seconds", 0.0)), counts
@@ -329,13 +297,6 @@ class Client:
         ):
             count(name, amount)
         return logits
-
-    @staticmethod
-    def _abort(connection: Channel, err: Refused) -> NoReturn:
-        """Send the one content-independent refusal (``abort``) and raise ``err``."""
-        logger.info("refused a server message: %s", err)
-        connection.send(Message("abort").encode())
-        raise err
 
     def predict(
         self, server: Server | Channel, X: npt.ArrayLike, interactive: bool = True

@@ -199,7 +199,7 @@ def bisect(
 
 
 def answer_times(
-    client: Client, repeats: int, ciphertexts: int = 4, huge_bits: int = 120
+    client: Client, repeats: int, ciphertexts: int = 4, huge_bits: int = 150
 ) -> dict[str, float]:
     """Median seconds of the client's answer on small vs huge plaintexts.
 

@@ -15,12 +15,12 @@ The client then answers a server request only if it is the next step of the
 schedule, carries exactly that many whole ciphertexts under its key, of the
 agreed slot count, at the agreed level (``levels + 1 - level`` data primes, two
 polynomials, the agreed scale), all checked *before* anything is decrypted
-(:func:`admit`). A non-interactive session has an empty schedule: it answers
-nothing. Decrypted values are clipped to a public bound before re-encoding
-(:func:`clip`), so every answer succeeds and takes the same path whatever the
-plaintext: SEAL refuses to encode coefficients above :math:`2^{\log Q_{data}-2}`,
-which a server could otherwise reach with additions alone (:math:`2^k(c-a)`) and
-turn into a one-bit reaction oracle on ``c > a``.
+(:func:`crypto.session.admit`). A non-interactive session has an empty schedule:
+it answers nothing. Decrypted values are clipped to a public bound before
+re-encoding (:func:`crypto.session.clip`), so every answer succeeds and takes the
+same path whatever the plaintext: SEAL refuses to encode coefficients above
+:math:`2^{\log Q_{data}-2}`, which a server could otherwise reach with additions
+alone (:math:`2^k(c-a)`) and turn into a one-bit reaction oracle on ``c > a``.
 
 The bound of each ciphertext of a step is the chain's encoding-safe magnitude
 :func:`safe_bound` unless the schedule is calibrated (:func:`calibrate`): then it is
@@ -41,10 +41,9 @@ import numpy as np
 from defenses.arrays import FloatArray
 from defenses.checks import check_real
 
-from .ckks import CKKSParams, load_ciphertext
+from .ckks import CKKSParams
 from .evaluator import Evaluator, NumpyBackend, Value
 from .packing import pack, roll_tokens
-from .wire import Message, ProtocolError
 
 if TYPE_CHECKING:
     from .model import HEFormer
@@ -53,10 +52,6 @@ KINDS = ("refresh", "roll", "unroll")
 ANSWERS = {"refresh": "refreshed", "roll": "rolled", "unroll": "unrolled"}
 SAFETY_BITS = 16
 """Bits kept below SEAL's encoding limit by :func:`safe_bound`."""
-
-
-class Refused(ProtocolError):
-    """A server message outside the public schedule (refused before decryption)."""
 
 
 def safe_bound(params: CKKSParams) -> float:
@@ -319,67 +314,3 @@ def check_batch(schedule: Schedule, model: HEFormer, X: FloatArray) -> None:
                     f"X leaves the calibrated range of the {step.stage!r} {step.kind} "
                     f"(ciphertext {j}: |x| = {top:.4g} > {bound:.4g})"
                 )
-
-
-# --- enforcement --------------------------------------------------------------------
-
-
-def admit(
-    step: Step, message: Message, context: Any, key: str, params: CKKSParams
-) -> list[Any]:
-    """Check a request against its step *before* decryption; the parsed ciphertexts.
-
-    Raises
-    ------
-    Refused
-        Naming the first deviation (kind, key, count, copies, slot count, level,
-        polynomial count or scale). Parsing and these checks read only what the
-        server sent, so the refusal depends on nothing secret.
-    """
-    if message.kind != step.kind:
-        raise Refused(
-            f"expected a {step.kind!r} message ({step.stage}), got {message.kind!r}"
-        )
-    if message.key != key:
-        raise Refused("ciphertexts were made under another key")
-    if len(message.blobs) != len(step.levels):
-        raise Refused(
-            f"{step.stage}: expected {len(step.levels)} ciphertexts, got "
-            f"{len(message.blobs)}"
-        )
-    if step.kind in ("roll", "unroll"):
-        copies = message.meta.get("copies")
-        if copies != step.copies or isinstance(copies, bool):
-            raise Refused(f"{step.stage}: copies must be {step.copies}, not {copies!r}")
-    out = []
-    for i, (blob, level, size) in enumerate(
-        zip(message.blobs, step.levels, step.sizes, strict=True)
-    ):
-        what = f"{step.stage} ciphertext {i}"
-        try:
-            vec = load_ciphertext(context, blob, what, size)
-        except ValueError as err:
-            raise Refused(str(err)) from None
-        ct = vec.data.ciphertext()[0]
-        primes = params.levels + 1 - level
-        if ct.coeff_modulus_size() != primes or ct.size() != 2:
-            raise Refused(
-                f"{what}: expected {primes} primes and 2 polynomials (level {level}), "
-                f"got {ct.coeff_modulus_size()} and {ct.size()}"
-            )
-        if abs(math.log2(ct.scale) - params.scale_bits) > 1.0:
-            raise Refused(f"{what}: scale 2^{math.log2(ct.scale):.1f} is not agreed")
-        out.append(vec)
-    return out
-
-
-def clip(values: FloatArray, bound: float) -> FloatArray:
-    """Decrypted slots clipped to [-bound, bound] (NaN to 0): always encodable.
-
-    The same operations run whatever the values, so the answer neither fails nor
-    branches on the plaintext.
-    """
-    out: FloatArray = np.clip(
-        np.nan_to_num(values, nan=0.0, posinf=bound, neginf=-bound), -bound, bound
-    )
-    return out

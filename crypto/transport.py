@@ -21,7 +21,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
-from .server import Server
+from .server import Server, Serving
 from .wire import Message
 
 if TYPE_CHECKING:
@@ -66,12 +66,13 @@ class SocketChannel:
 
 
 def serve_stdin() -> None:
-    """Child process: read (weights, params, timeout), serve one session, exit.
+    """Child process: read (server, timeout), serve one session, exit.
 
-    The public weights and parameters arrive pickled on standard input from the
-    process that started this one; the listening port goes to standard output.
+    The server object (public weights and parameters only, no context yet)
+    arrives pickled on standard input from the process that started this one;
+    the listening port goes to standard output.
     """
-    weights, params, timeout = pickle.load(sys.stdin.buffer)
+    server, timeout = pickle.load(sys.stdin.buffer)
     with socket.create_server(("127.0.0.1", 0)) as listener:
         listener.settimeout(timeout)
         sys.stdout.write(f"{listener.getsockname()[1]}\n")
@@ -79,7 +80,7 @@ def serve_stdin() -> None:
         conn, _ = listener.accept()
     with conn:
         conn.settimeout(None)
-        Server(None, weights, params).serve(SocketChannel(conn))
+        server.serve(SocketChannel(conn))
 
 
 class Loopback:
@@ -87,19 +88,30 @@ class Loopback:
 
     Parameters
     ----------
-    weights : HEWeights
-        The public weights the server is built from (sent to the child).
-    params : CKKSParams
+    weights : HEWeights or None
+        The public weights an inference server is built from (sent to the child).
+    params : CKKSParams or None
         The modulus chain.
     start_timeout : float
         Seconds to wait for the child to listen and for the client to connect.
+    server : object with ``serve(channel)`` or None
+        Instead of ``weights``: a server not yet serving (e.g. a
+        :class:`~crypto.tuning.TuningServer`), pickled to the child.
 
     Use as a context manager, or call :meth:`close`.
     """
 
     def __init__(
-        self, weights: HEWeights, params: CKKSParams, start_timeout: float = 120.0
+        self,
+        weights: HEWeights | None = None,
+        params: CKKSParams | None = None,
+        start_timeout: float = 120.0,
+        server: Serving | None = None,
     ):
+        if server is None:
+            if weights is None or params is None:
+                raise ValueError("Loopback needs weights and params, or a server")
+            server = Server(None, weights, params)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if os.path.isdir(p))
         code = f"from {__package__}.transport import serve_stdin; serve_stdin()"
@@ -111,7 +123,7 @@ class Loopback:
         )
         assert self._process.stdin is not None
         assert self._process.stdout is not None
-        self._process.stdin.write(pickle.dumps((weights, params, start_timeout)))
+        self._process.stdin.write(pickle.dumps((server, start_timeout)))
         self._process.stdin.close()
         ready, _, _ = select.select([self._process.stdout], [], [], start_timeout)
         line = self._process.stdout.readline() if ready else b""

@@ -1,0 +1,330 @@
+r"""Encrypted fine-tuning as messages between a server and the key owner.
+
+The SGD steps of :mod:`crypto.finetune` with the round trips on a
+:class:`~crypto.wire.Channel` (:class:`~crypto.server.InProcess` or
+:class:`~crypto.transport.Loopback`), under the same rules as inference:
+
+* the key owner (:class:`TuningClient`) sends the public context (Galois keys
+  included) and one ``train`` message: its embedded batch (feature-major), the
+  one-hot targets on the CLS slots and every trained weight entry, encrypted;
+* the server (:class:`TuningServer`) holds only a :class:`TuningJob`: the frozen
+  public matrices, the public fold factors, the learning rate, the step count and
+  the batch size (the trained matrices are zeros there, their shapes only). It
+  runs :func:`sgd_steps` and asks for each refresh, roll of K and V and unroll of
+  their gradients by a ``refresh``, ``roll`` or ``unroll`` message;
+* the key owner derives the public schedule of those requests itself
+  (:func:`tuning_schedule`: the same program on zeros with a recording key owner),
+  admits each request before decrypting (:func:`crypto.schedule.admit`), clips to
+  the public bound and answers fresh encryptions; the ``weights`` reply is checked
+  (count, level) before it is decrypted. Anything else gets the one empty
+  ``abort``.
+
+A slot sum leaves TenSEAL a one-slot vector, so a fine-tuning ciphertext may carry
+one slot or all of them (``sizes`` 0 in the schedule); a refreshed one-slot value
+is answered replicated, as the function-call path did.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from defenses.arrays import FloatArray
+
+from .backprop import backward, forward
+from .ckks import CKKSParams, TenSEALBackend, fingerprint, load_public
+from .evaluator import Evaluator, NumpyBackend, Value
+from .net import Net, fit
+from .schedule import (
+    ANSWERS,
+    Recorder,
+    Schedule,
+    Step,
+    safe_bound,
+)
+from .wire import Channel, Message, ProtocolError
+
+Fresh = Callable[[list[Value]], list[Value]]
+Roll = Callable[[list[Value], int], list[list[Value]]]
+Unroll = Callable[[list[list[Value]]], list[Value]]
+
+
+def sgd_steps(
+    ev: Evaluator,
+    net: Net,
+    fold: dict[str, Any],
+    zs: list[Value],
+    targets: list[Value],
+    mask: FloatArray,
+    lr: float,
+    steps: int,
+    fresh: Fresh,
+    roll: Roll,
+    unroll: Unroll,
+) -> None:
+    r"""``steps`` SGD steps on ``net``'s trained matrices, in place (server side).
+
+    Each step: forward, :math:`\bar\ell = m\odot(\ell - Y)`, backward, and
+    :math:`W \leftarrow W - \eta c^2 \bar W` with the fold factor :math:`c`;
+    the trained weights are refreshed (one round trip) before every step but the
+    first.
+    """
+    for step in range(steps):
+        if step:
+            stale = [v for name in net.trained for row in net.mats[name] for v in row]
+            ev.note("refresh_rounds")
+            ev.note("refreshed_values", len(stale))
+            ev.stage = "weights refresh"
+            renewed = iter(fresh(stale))
+            for name in net.trained:
+                net.mats[name] = [[next(renewed) for _ in r] for r in net.mats[name]]
+        logits, cache = forward(ev, net, list(zs), roll)
+        [logits] = fit(ev, [logits], 1, "loss")
+        dlog = [
+            ev.mask(ev.sub(lg, t), mask) for lg, t in zip(logits, targets, strict=True)
+        ]
+        grads = backward(ev, net, cache, dlog, unroll)
+        flat = [v for G in grads.values() for row in G for v in row]
+        [flat] = fit(ev, [flat], 2, "SGD update")
+        at = iter(flat)
+        grads = {k: [[next(at) for _ in row] for row in G] for k, G in grads.items()}
+        for name, G in grads.items():
+            scale = np.broadcast_to(
+                np.asarray(fold[name], dtype=float), (len(G), len(G[0]))
+            )
+            W = net.mats[name]
+            assert not isinstance(W, np.ndarray)
+            net.mats[name] = [
+                [
+                    ev.sub(W[i][j], ev.scale(G[i][j], lr * float(scale[i, j]) ** 2))
+                    for j in range(len(G[0]))
+                ]
+                for i in range(len(G))
+            ]
+
+
+@dataclass(frozen=True)
+class TuningJob:
+    """What the fine-tuning server may know: public weights and hyper-parameters.
+
+    ``net`` holds the frozen public matrices; its trained matrices are zeros
+    (their shapes only: the values are the client's secret).
+    """
+
+    net: Net
+    fold: dict[str, Any]
+    lr: float
+    steps: int
+    batch: int
+
+    @classmethod
+    def public(
+        cls, net: Net, fold: dict[str, Any], lr: float, steps: int, batch: int
+    ) -> TuningJob:
+        """The job for ``net`` with every trained matrix replaced by zeros."""
+        mats = dict(net.mats)
+        for name in net.trained:
+            mats[name] = np.zeros(np.asarray(net.mats[name]).shape)
+        return cls(replace(net, mats=mats), dict(fold), lr, steps, batch)
+
+    @property
+    def slots(self) -> int:
+        """Packed vector length: batch x tokens."""
+        return self.batch * self.net.n_tokens
+
+    @property
+    def mask(self) -> FloatArray:
+        """``1/B`` on the CLS slots (the mean over the batch), 0 elsewhere."""
+        m = np.zeros(self.slots)
+        m[:: self.net.n_tokens] = 1.0 / self.batch
+        return m
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """Shapes of the trained matrices, in ``net.trained`` order."""
+        out = []
+        for name in self.net.trained:
+            rows, cols = np.asarray(self.net.mats[name]).shape
+            out.append((int(rows), int(cols)))
+        return out
+
+    def entries(self) -> int:
+        """Trained weight entries (one ciphertext each)."""
+        return sum(r * c for r, c in self.shapes())
+
+
+def tuning_schedule(
+    job: TuningJob, params: CKKSParams, d: int, classes: int
+) -> Schedule:
+    """The schedule of one fine-tuning session, from the job's program and the chain.
+
+    Derived by running :func:`sgd_steps` in float64 on zeros with a recording key
+    owner; every ciphertext may be one slot or all (``sizes`` 0), bounds are the
+    chain's :func:`~crypto.schedule.safe_bound`.
+    """
+    n, slots = job.net.n_tokens, job.slots
+    rec = Recorder(n, safe_bound(params), lambda h: 0)
+    ev = Evaluator(NumpyBackend(), params.levels, rec.refresh)
+    rec.ev = ev
+    net = copy.deepcopy(job.net)
+    for (rows, cols), name in zip(job.shapes(), net.trained, strict=True):
+        net.mats[name] = [
+            [Value(np.zeros(slots)) for _ in range(cols)] for _ in range(rows)
+        ]
+    zeros = [Value(np.zeros(slots)) for _ in range(d)]
+    targets = [Value(np.zeros(slots)) for _ in range(classes)]
+    sgd_steps(
+        ev,
+        net,
+        job.fold,
+        zeros,
+        targets,
+        job.mask,
+        job.lr,
+        job.steps,
+        rec.refresh,
+        rec.roll,
+        rec.unroll,
+    )
+    flat = [v for name in net.trained for row in net.mats[name] for v in row]
+    reply = Step(
+        "weights",
+        "updated weights",
+        tuple(v.level for v in flat),
+        (0,) * len(flat),
+        (np.inf,) * len(flat),
+    )
+    return Schedule(tuple(rec.steps), reply, params)
+
+
+class TuningServer:
+    """The fine-tuning server: a :class:`TuningJob` and, later, a public context.
+
+    :meth:`serve` answers one session on a channel of bytes: ``context``, then
+    ``train`` (answered by ``weights`` after asking for the round trips of the
+    steps), until ``close`` or ``abort``. It never holds a secret key.
+    """
+
+    def __init__(self, job: TuningJob, params: CKKSParams):
+        if not isinstance(job, TuningJob):
+            raise TypeError(f"job must be a TuningJob, got {type(job).__name__}")
+        if not isinstance(params, CKKSParams):
+            raise TypeError(f"params must be CKKSParams, got {type(params).__name__}")
+        self.job = job
+        self.params = params
+        self.context: Any = None
+        self.key = ""
+        self.inbound: list[str] = []
+
+    def serve(self, channel: Channel) -> None:
+        """Answer messages on ``channel`` until ``close`` or ``abort``."""
+        while True:
+            try:
+                message = Message.decode(channel.recv())
+            except (EOFError, OSError):
+                return
+            except ValueError as err:
+                self._refuse(channel, err)
+                continue
+            self.inbound.append(message.kind)
+            if message.kind in ("close", "abort"):
+                return
+            try:
+                if message.kind == "context" and len(message.blobs) == 1:
+                    self.context = load_public(message.blobs[0])
+                    self.key = fingerprint(self.context)
+                elif message.kind == "train":
+                    channel.send(self._train(channel, message).encode())
+                else:
+                    raise ProtocolError(f"unexpected {message.kind!r} message")
+            except _Ended:
+                return
+            except Exception as err:  # a service answers every request
+                self._refuse(channel, err)
+
+    @staticmethod
+    def _refuse(channel: Channel, err: Exception) -> None:
+        meta = {"error": str(err), "value_error": isinstance(err, ValueError)}
+        channel.send(Message("error", meta=meta).encode())
+
+    def _load(self, message: Message) -> list[Value]:
+        from .ckks import load_ciphertext
+
+        if self.context is None:
+            raise ProtocolError("no public context yet: send a context message first")
+        if message.key != self.key:
+            raise ProtocolError("ciphertexts from another context")
+        return [
+            Value(load_ciphertext(self.context, c, f"{message.kind} ciphertext {i}"))
+            for i, c in enumerate(message.blobs)
+        ]
+
+    def _ask(
+        self, channel: Channel, kind: str, values: list[Value], **meta: Any
+    ) -> list[Value]:
+        blobs = tuple(v.handle.serialize() for v in values)
+        channel.send(Message(kind, self.key, blobs, meta).encode())
+        reply = Message.decode(channel.recv())
+        self.inbound.append(reply.kind)
+        if reply.kind in ("close", "abort"):
+            raise _Ended
+        if reply.kind != ANSWERS[kind]:
+            raise ProtocolError(f"expected {ANSWERS[kind]!r}, got {reply.kind!r}")
+        return self._load(reply)
+
+    def _train(self, channel: Channel, message: Message) -> Message:
+        start = time.perf_counter()
+        job = self.job
+        d = len(job.net.centre)
+        classes = np.asarray(job.net.mats["classifier"]).shape[1]
+        values = self._load(message)
+        if len(values) != d + classes + job.entries():
+            raise ProtocolError(
+                f"train message: expected {d + classes + job.entries()} ciphertexts "
+                f"(inputs, targets, weights), got {len(values)}"
+            )
+        net = copy.deepcopy(job.net)
+        at = iter(values[d + classes :])
+        for (rows, cols), name in zip(job.shapes(), net.trained, strict=True):
+            net.mats[name] = [[next(at) for _ in range(cols)] for _ in range(rows)]
+
+        def refresh(vals: list[Value]) -> list[Value]:
+            return self._ask(channel, "refresh", vals)
+
+        def roll(vals: list[Value], copies: int) -> list[list[Value]]:
+            fresh = self._ask(channel, "roll", vals, copies=copies)
+            m = len(vals)
+            return [fresh[s * m : (s + 1) * m] for s in range(copies)]
+
+        def unroll(shifted: list[list[Value]]) -> list[Value]:
+            flat = [v for row in shifted for v in row]
+            return self._ask(channel, "unroll", flat, copies=len(shifted))
+
+        ev = Evaluator(TenSEALBackend(), self.params.levels, refresh)
+        sgd_steps(
+            ev,
+            net,
+            job.fold,
+            values[:d],
+            values[d : d + classes],
+            job.mask,
+            job.lr,
+            job.steps,
+            refresh,
+            roll,
+            unroll,
+        )
+        flat = [v for name in net.trained for row in net.mats[name] for v in row]
+        seconds = time.perf_counter() - start
+        blobs = tuple(v.handle.serialize() for v in flat)
+        return Message(
+            "weights", self.key, blobs, {"counts": ev.counts, "seconds": seconds}
+        )
+
+
+class _Ended(Exception):
+    """The key owner ended the session."""

@@ -1,0 +1,137 @@
+r"""The key owner of an encrypted fine-tuning session (:mod:`crypto.tuning`).
+
+:class:`TuningClient` holds the secret key, uploads the batch, targets and trained
+weights in one ``train`` message, answers the server's refreshes, rolls and
+unrolls only as the public schedule of :func:`~crypto.tuning.tuning_schedule`
+allows (each admitted before decryption, clipped, answered fresh), and checks the
+``weights`` reply before decrypting it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from defenses.arrays import FloatArray
+
+from .ckks import CKKSParams, fingerprint, make_context, public_bytes
+from .packing import roll_tokens
+from .schedule import ANSWERS, Step
+from .session import Refused, abort, admit, clip, follow
+from .tuning import TuningJob, tuning_schedule
+from .wire import Channel, Message
+
+
+class TuningClient:
+    """The key owner of a fine-tuning session: the secret key, data and weights.
+
+    Parameters
+    ----------
+    params : CKKSParams
+        The chain (Galois keys are generated: the server's slot sums rotate).
+    n_tokens : int
+        Sequence length (rolls and unrolls move whole tokens).
+    context : TenSEAL context or None
+        An existing private context to use (a :class:`~crypto.finetune.KeyOwner`'s).
+    """
+
+    def __init__(self, params: CKKSParams, n_tokens: int, context: Any = None):
+        self.params = params
+        self.n = n_tokens
+        self.context = context if context is not None else make_context(params, True)
+        self.key = fingerprint(self.context)
+        self.slots = 0
+        self.decryptions = 0
+        self.encryptions = 0
+        self.clipped = 0
+        self.bytes_up = 0
+
+    def _encrypt(self, kind: str, values: list[FloatArray]) -> Message:
+        import tenseal as ts
+
+        self.encryptions += len(values)
+        blobs = tuple(ts.ckks_vector(self.context, list(v)).serialize() for v in values)
+        return Message(kind, self.key, blobs)
+
+    def _open(self, step: Step, message: Message) -> list[FloatArray]:
+        vectors = admit(step, message, self.context, self.key, self.params, self.slots)
+        self.decryptions += len(vectors)
+        out = []
+        for v, bound in zip(vectors, step.bounds, strict=True):
+            plain = np.asarray(v.decrypt(), dtype=np.float64)
+            clipped = clip(plain, bound)
+            self.clipped += int(np.count_nonzero(clipped != plain))
+            out.append(
+                clipped
+                if clipped.size == self.slots
+                else np.full(self.slots, clipped[0])
+            )
+        return out
+
+    def answer(self, request: Message, step: Step) -> Message:
+        """Answer ``request`` as ``step`` (admitted before decryption, clipped)."""
+        plain = self._open(step, request)
+        if step.kind == "roll":
+            plain = [
+                roll_tokens(p, self.n, s) for s in range(step.copies) for p in plain
+            ]
+        elif step.kind == "unroll":
+            m = len(plain) // step.copies
+            plain = [
+                np.sum(
+                    [
+                        roll_tokens(plain[s * m + i], self.n, -s)
+                        for s in range(step.copies)
+                    ],
+                    axis=0,
+                )
+                for i in range(m)
+            ]
+        return self._encrypt(ANSWERS[step.kind], plain)
+
+    def train(
+        self,
+        connection: Channel,
+        job: TuningJob,
+        secret: dict[str, FloatArray],
+        packed: list[FloatArray],
+        targets: FloatArray,
+    ) -> tuple[dict[str, FloatArray], dict[str, int]]:
+        """Run one session: upload, answer the schedule, decrypt the weights.
+
+        ``secret`` holds the trained matrices (folded), ``packed`` the embedded
+        batch (feature-major), ``targets`` the one-hot rows on the CLS slots.
+        Returns the updated folded matrices and the operation counts.
+        """
+        self.slots = job.slots
+        schedule = tuning_schedule(job, self.params, len(packed), len(targets))
+        connection.send(
+            Message("context", self.key, (public_bytes(self.context),)).encode()
+        )
+        entries = [
+            np.full(job.slots, x)
+            for name in job.net.trained
+            for x in secret[name].ravel()
+        ]
+        upload = self._encrypt("train", [*packed, *targets, *entries])
+        session = follow(connection, schedule, upload.encode(), self.answer)
+        self.bytes_up += session.bytes_up
+        try:
+            flat = self._open(schedule.reply, session.reply)
+        except Refused as err:
+            abort(connection, err)
+        out, at = {}, 0
+        for (rows, cols), name in zip(job.shapes(), job.net.trained, strict=True):
+            out[name] = np.array([f[0] for f in flat[at : at + rows * cols]]).reshape(
+                rows, cols
+            )
+            at += rows * cols
+        counts = {
+            str(k): int(v)
+            for k, v in dict(session.reply.meta.get("counts", {})).items()
+        }
+        counts["encryptions"] = self.encryptions
+        counts["decryptions"] = self.decryptions
+        counts["round_trips"] = session.round_trips
+        return out, counts

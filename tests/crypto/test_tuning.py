@@ -1,0 +1,153 @@
+"""Encrypted fine-tuning as messages: same answers, same schedule rules as inference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from defense_suite.crypto.finetune import (
+    TRAIN_PARAMS,
+    _prepare,
+    encrypted_step,
+    simulated_step,
+)
+from defense_suite.crypto.folding import Arm
+from defense_suite.crypto.model import HEFormer
+from defense_suite.crypto.server import InProcess
+from defense_suite.crypto.session import Refused
+from defense_suite.crypto.tuning import TuningJob, TuningServer, tuning_schedule
+from defense_suite.crypto.tuning_client import TuningClient
+from defense_suite.crypto.wire import Channel, Message
+
+ABORT = Message("abort").encode()
+
+
+def _batch() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return rng.random((4, 2, 3)), np.array([0, 1, 1, 0])
+
+
+def test_schedule_follows_the_program(micro_model: HEFormer) -> None:
+    X, y = _batch()
+    net, fold, _, _, b = _prepare(micro_model, X, y, Arm("lora"))
+    one = tuning_schedule(TuningJob.public(net, fold, 0.5, 1, b), TRAIN_PARAMS, 2, 2)
+    two = tuning_schedule(TuningJob.public(net, fold, 0.5, 2, b), TRAIN_PARAMS, 2, 2)
+    kinds = [s.kind for s in one.steps]
+    assert kinds[0] == "roll"
+    assert kinds.count("unroll") == 1
+    # the second step: one refresh of every trained weight, then the same program
+    assert two.requests == 2 * one.requests + 1
+    assert two.steps[one.requests].stage == "weights refresh"
+    assert len(two.steps[one.requests].levels) == len(one.reply.levels)
+    # no trained value leaks into the public job
+    job = TuningJob.public(net, fold, 0.5, 1, b)
+    assert all(not np.asarray(job.net.mats[n]).any() for n in net.trained)
+    assert any(np.asarray(net.mats[n]).any() for n in net.trained)
+
+
+@pytest.mark.slow
+def test_loopback_step_equals_in_process_and_function_calls(
+    micro_model: HEFormer,
+) -> None:
+    X, y = _batch()
+    arm = Arm("lora")
+    local = encrypted_step(micro_model, X, y, 0.5, arm)
+    remote = encrypted_step(micro_model, X, y, 0.5, arm, transport="loopback")
+    calls = simulated_step(micro_model, X, y, 0.5, arm)
+    for name in arm.names:
+        assert np.max(np.abs(remote.weights[name] - local.weights[name])) < 1e-5
+        assert np.max(np.abs(local.weights[name] - calls.weights[name])) < 1e-5
+    assert local.counts["round_trips"] == remote.counts["round_trips"]
+    shared = set(calls.counts) & set(local.counts)
+    assert {k: calls.counts[k] for k in shared} == {k: local.counts[k] for k in shared}
+
+
+class MaliciousTuner(TuningServer):
+    """Asks out of schedule (``first``) or probes a secret weight (``probe``)."""
+
+    mode = "first"
+    threshold = 0.0
+    reply = b""
+
+    def _train(self, channel: Channel, message: Message) -> Message:
+        values = self._load(message)
+        d, classes = len(self.job.net.centre), 2
+        weights = values[d + classes :]
+        if self.mode == "first":  # a refresh of the secret weights, at once
+            request = [v.handle for v in weights]
+            meta: dict[str, Any] = {}
+            kind = "refresh"
+        else:  # the scheduled roll (2d ciphertexts, level 2), every one a probe
+            p = weights[0].handle + (-self.threshold)
+            for _ in range(100):
+                p = p + p
+            request = [p * 1.0 * 1.0] * (2 * d)
+            meta, kind = {"copies": self.job.net.n_tokens}, "roll"
+        blobs = tuple(h.serialize() for h in request)
+        channel.send(Message(kind, self.key, blobs, meta).encode())
+        self.reply = channel.recv()
+        return Message("weights", self.key, blobs[:1])
+
+
+def _session(
+    model: HEFormer, mode: str, threshold: float, client: TuningClient | None = None
+) -> tuple[TuningClient, bytes]:
+    X, y = _batch()
+    net, fold, packed, onehot, b = _prepare(model, X, y, Arm("lora"))
+    job = TuningJob.public(net, fold, 0.5, 1, b)
+    server = MaliciousTuner(job, TRAIN_PARAMS)
+    server.mode, server.threshold = mode, threshold
+    client = client or TuningClient(TRAIN_PARAMS, model.config.n_tokens)
+    secret = {n: np.asarray(net.mats[n]) for n in net.trained}
+    connection = InProcess(server)
+    try:
+        with pytest.raises(Refused):
+            client.train(connection, job, secret, packed, onehot)
+    finally:
+        connection.close()
+    return client, server.reply
+
+
+def test_tuning_server_out_of_schedule_gets_an_empty_abort(
+    micro_model: HEFormer,
+) -> None:
+    client, reply = _session(micro_model, "first", 0.0)
+    assert reply == ABORT
+    assert client.decryptions == 0
+
+
+def test_tuning_reaction_oracle_sees_only_answers(micro_model: HEFormer) -> None:
+    """Probes on both sides of the secret weight: answered alike (no reaction)."""
+    kinds, client = [], None
+    for threshold in (-10.0, 10.0):
+        client, reply = _session(micro_model, "probe", threshold, client)
+        kinds.append(Message.decode(reply).kind)
+    assert kinds == ["rolled", "rolled"]
+    assert client is not None
+    assert client.decryptions == 2 * 2 * micro_model.config.d
+
+
+def test_tuning_weights_reply_checked_before_decryption(
+    micro_model: HEFormer,
+) -> None:
+    class EarlyWeights(TuningServer):
+        def _train(self, channel: Channel, message: Message) -> Message:
+            values = self._load(message)
+            return Message(
+                "weights", self.key, tuple(v.handle.serialize() for v in values[:3])
+            )
+
+    X, y = _batch()
+    net, fold, packed, onehot, b = _prepare(micro_model, X, y, Arm("lora"))
+    job = TuningJob.public(net, fold, 0.5, 1, b)
+    client = TuningClient(TRAIN_PARAMS, micro_model.config.n_tokens)
+    secret = {n: np.asarray(net.mats[n]) for n in net.trained}
+    connection = InProcess(EarlyWeights(job, TRAIN_PARAMS))
+    try:
+        with pytest.raises(Refused, match="expected a 'roll'"):
+            client.train(connection, job, secret, packed, onehot)
+    finally:
+        connection.close()
+    assert client.decryptions == 0
