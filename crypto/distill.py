@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from defenses.arrays import FloatArray
 from defenses.checks import check_choice, check_int, check_real
+from defenses.threads import torch_threads
 
 from .convert.model import HEBert
 from .tasks import check_labels
@@ -181,6 +182,22 @@ def distill(
     generator : torch.Generator, optional
         Shuffles the mini-batches.
     """
+    with torch_threads(1):  # tiny models: one thread is many times faster
+        return _distill(
+            student, teacher, ids, labels, mask, config, evaluation, generator
+        )
+
+
+def _distill(
+    student: HEBert,
+    teacher: nn.Module,
+    ids: npt.ArrayLike,
+    labels: npt.ArrayLike | None,
+    mask: npt.ArrayLike | None,
+    config: DistillConfig,
+    evaluation: tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike | None] | None,
+    generator: torch.Generator | None,
+) -> DistillReport:
     ids_t, mask_t = student.check_ids(ids, mask)
     n, k = ids_t.shape[0], student.config.n_classes
     y = None if labels is None else torch.as_tensor(check_labels(labels, n, k))
@@ -208,8 +225,6 @@ def distill(
     T = config.temperature
     soft = torch.softmax(target / T, dim=-1)
     losses = []
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     try:
         for _ in tqdm(range(config.epochs), disable=None, desc="distill", leave=False):
             order = torch.randperm(n, generator=g)
@@ -240,7 +255,6 @@ def distill(
                 total += float(loss.detach()) * index.numel()
             losses.append(total / n)
     finally:
-        torch.set_num_threads(threads)
         for p in student.parameters():
             p.requires_grad_(True)
     student.calibrate(ids_t.numpy(), mask_t.numpy(), margin=config.margin)

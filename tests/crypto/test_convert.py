@@ -9,6 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
+
 transformers = pytest.importorskip("transformers")
 
 from defense_suite.crypto.approx import RangeError  # noqa: E402
