@@ -279,13 +279,13 @@ def requirements() -> list[str]:
     return out
 
 
-def save_inner(model: Any, directory: Path) -> str:
+def save_inner(model: Any, directory: Path, method: str = "predict_proba") -> str:
     """Save the wrapped model with its own MLflow flavour; returns the kind.
 
     A ``torch.nn.Module`` goes through ``mlflow.pytorch`` (its ``pickle`` format:
     the module's class must be importable where the model is loaded), an object with
-    ``predict_proba`` through ``mlflow.sklearn`` (cloudpickle, ``predict_proba`` as
-    its pyfunc method), a string is a model URI whose files are copied (loaded
+    ``method`` (default ``predict_proba``) through ``mlflow.sklearn`` (cloudpickle,
+    ``method`` as its pyfunc method), a string is a model URI whose files are copied (loaded
     as a pyfunc model).
     """
     import torch
@@ -300,14 +300,14 @@ def save_inner(model: Any, directory: Path) -> str:
             pip_requirements=requirements(),
         )
         return "pytorch"
-    if hasattr(model, "predict_proba"):
+    if hasattr(model, method):
         import mlflow.sklearn
 
         mlflow.sklearn.save_model(
             model,
             str(directory),
             serialization_format="cloudpickle",
-            pyfunc_predict_fn="predict_proba",
+            pyfunc_predict_fn=method,
             pip_requirements=requirements(),
         )
         return "sklearn"
@@ -319,7 +319,7 @@ def save_inner(model: Any, directory: Path) -> str:
             shutil.copytree(local, directory)
         return "pyfunc"
     raise TypeError(
-        "the model must be a torch.nn.Module, have predict_proba, or be an MLflow "
+        f"the model must be a torch.nn.Module, have {method}, or be an MLflow "
         f"model URI; got {type(model).__name__}"
     )
 
@@ -366,11 +366,12 @@ def save_shielded(
     models: Mapping[str, Any],
     mlflow_model: Any = None,
     metadata: Mapping[str, Any] | None = None,
+    method: str = "predict_proba",
 ) -> None:
     """Write a shielded pyfunc model to ``path`` (see the module docstring).
 
-    ``models`` maps a folder name to a wrapped model (:func:`save_inner`); the
-    kinds are recorded in ``config.json`` under ``"models"``.
+    ``models`` maps a folder name to a wrapped model (:func:`save_inner`, with
+    ``method``); the kinds are recorded in ``config.json`` under ``"models"``.
     """
     import mlflow.pyfunc
     from mlflow.models import Model
@@ -381,7 +382,10 @@ def save_shielded(
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / DATA_DIR
         data.mkdir()
-        kinds = {name: save_inner(model, data / name) for name, model in models.items()}
+        kinds = {
+            name: save_inner(model, data / name, method)
+            for name, model in models.items()
+        }
         np.savez(data / STATE_FILE, allow_pickle=False, **dict(state))
         text = json.dumps({**dict(config), "models": kinds}, indent=1, sort_keys=True)
         (data / CONFIG_FILE).write_text(text)
