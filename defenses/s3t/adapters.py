@@ -248,6 +248,14 @@ class AdaptedModel:
                 f"model must be a torch.nn.Module, got {type(model).__name__}"
             )
         model = eager(model)
+        if isinstance(model, torch.jit.ScriptModule):
+            raise TypeError(
+                f"model: a TorchScript module ({type(model).__name__}, from "
+                "torch.jit.script or torch.jit.trace) cannot carry S3T's adapters: "
+                "they are bound by forward hooks on its nn.Linear / nn.Conv2d "
+                "layers, which a scripted forward does not have; pass the eager "
+                "nn.Module (torch.compile(model) is accepted)"
+            )
         check_finite_module("model", model)
         check_float32(model)
         self.module = copy.deepcopy(model)

@@ -147,6 +147,15 @@ def compiled(seed: int = 0) -> nn.Module:
     return torch.compile(UserMLP(seed))  # type: ignore[return-value]
 
 
+def scripted(seed: int = 0) -> nn.Module:
+    return torch.jit.script(UserMLP(seed))  # type: ignore[no-any-return]
+
+
+def traced(seed: int = 0) -> nn.Module:
+    example = torch.zeros(2, FEATURES)
+    return torch.jit.trace(UserMLP(seed), example)  # type: ignore[no-any-return]
+
+
 def data(n: int = 48, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, FEATURES)).astype(np.float32)
@@ -162,6 +171,8 @@ REFUSED = {
     "nan-logits": (NaNLogits, "nan or inf"),
     "nan-weights": (nan_weights, "parameter 'fc2.bias'"),
     "float64": (float64, "torch.float64"),
+    "scripted": (scripted, "TorchScript module"),
+    "traced": (traced, "TorchScript module"),
 }
 """Modules S3T must refuse at fit, and a phrase the refusal must contain."""
 
