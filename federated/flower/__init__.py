@@ -1,7 +1,9 @@
 """Time-adaptive DP for a Flower app: three pieces, on Flower's Message API.
 
 * :class:`TimeAdaptiveMod` - the client mod that checks every train round against
-  the client's own ledger before the user's code runs;
+  the client's own lifetime ledger (a file in the node's storage,
+  :class:`federated.store.LedgerFile`) before the user's code runs, refuses
+  evaluate unless the node opts in, and releases only accounted fields;
 * :class:`TimeAdaptiveClient` - the client-side API for the user's training loop
   (the granted round's rate and sigma, Opacus for the user's ``nn.Module``);
 * :class:`TimeAdaptiveStrategy` - wraps any Flower strategy so each client gets its
@@ -14,18 +16,22 @@ subpackage imports Flower; ``import federated`` does not.
 from ..ledger import ClientPrivacy, PrivacyLedger, RoundRefused
 from .client import PrivateRound, TimeAdaptiveClient
 from .mod import TimeAdaptiveMod, node_privacy
-from .records import privacy_from_config
+from .records import MissingKey, privacy_from_config
+from .runtime import NodeConfigError, in_simulation
 from .strategy import ClientFailure, TimeAdaptiveStrategy
 
 __all__ = [
     "ClientFailure",
     "ClientPrivacy",
+    "MissingKey",
+    "NodeConfigError",
     "PrivacyLedger",
     "PrivateRound",
     "RoundRefused",
     "TimeAdaptiveClient",
     "TimeAdaptiveMod",
     "TimeAdaptiveStrategy",
+    "in_simulation",
     "node_privacy",
     "privacy_from_config",
 ]

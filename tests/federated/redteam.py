@@ -334,8 +334,11 @@ def probe(node: int, arrays: ArrayRecord, kind: str = "evaluate") -> Message:
 
 def duplicate_messages(
     send: Callable[[list[Message]], list[Message]], node_ids: list[int]
-) -> list[Message]:
-    """Agreement query, then two train messages for round 1 per node in one batch."""
+) -> dict[int, float]:
+    """Agreement query, then two train messages for round 1 per node in one batch.
+
+    Returns each node's budget, as its agreement states it.
+    """
     strategy = TimeAdaptiveStrategy(FedAvg(min_available_nodes=len(node_ids)))
     X_test, _, n_classes = test_set(CONFIG)
 
@@ -368,7 +371,12 @@ def duplicate_messages(
                     dst_node_id=node,
                 )
             )
-    return send(batch)
+    send(batch)
+    return {
+        node: client.privacy.epsilon
+        for node, client in strategy.clients.items()
+        if client.privacy is not None
+    }
 
 
 def duplicate_rounds_loopback() -> Outcome:
@@ -393,6 +401,7 @@ def duplicate_rounds_simulation(state_dir: str) -> tuple[Outcome, list[Message]]
     sent: list[Message] = []
     got: list[Message] = []
     failures: list[BaseException] = []
+    budgets: dict[int, float] = {}
     app = ServerApp()
 
     @app.main()
@@ -415,7 +424,7 @@ def duplicate_rounds_simulation(state_dir: str) -> tuple[Outcome, list[Message]]
             return replies
 
         try:
-            duplicate_messages(send, node_ids)
+            budgets.update(duplicate_messages(send, node_ids))
         except BaseException as error:
             failures.append(error)
             raise
@@ -438,7 +447,7 @@ def duplicate_rounds_simulation(state_dir: str) -> tuple[Outcome, list[Message]]
     if failures:
         raise failures[0]
     pairs = list(zip(sent, got, strict=True))
-    node_ids = sorted({m.metadata.dst_node_id for m in sent})
+    node_ids = sorted(budgets, key=budgets.__getitem__)  # budgets 1, then 3
     eps = [true_epsilon(pairs, n) for n in node_ids]
     answered = [r.error.reason if r.has_error() else "released" for r in got]
     return Outcome("duplicate round in one batch (simulation, 2 actors)", answered,

@@ -23,6 +23,11 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "flower-own-model"
 BIN = Path(sys.executable).parent
 BUDGETS = (1.0, 3.0, 8.0)
+AGREEMENT = (
+    'delta=1e-5 rounds=3 local-steps=4 sigma=1.0 spending="time-adaptive" '
+    'save-fraction=0.5 save-ratio=0.7 accountant="rdp"'
+)
+"""Each SuperNode's own privacy agreement (a deployment reads no run config)."""
 
 
 def _free_port():
@@ -176,7 +181,8 @@ def test_tls_deployment_with_authenticated_supernodes(tmp_path):
                 "--max-retries", "3",
                 "--node-config",
                 f"partition-id={min(i, 2)} num-partitions=3 "
-                f"epsilon={BUDGETS[min(i, 2)]}",
+                f"epsilon={BUDGETS[min(i, 2)]} {AGREEMENT} ledger-init=true "
+                f'ledger-path="{tmp_path}/ledger-{i}.json"',
             ])  # fmt: skip
         run = subprocess.run(
             [sys.executable, "-m", "defense_suite.federated", "run", str(EXAMPLE),
@@ -195,6 +201,18 @@ def test_tls_deployment_with_authenticated_supernodes(tmp_path):
             assert f"round {rnd}: client 2 spent epsilon" in run.stdout
         # the fourth SuperNode's key was never registered: refused, not a client
         assert len(rows) == 3
+        # every node's lifetime ledger is on its own disk, charged 3 rounds
+        for i in range(3):
+            ledger = json.loads((tmp_path / f"ledger-{i}.json").read_text())
+            assert [g["round"] for g in ledger["grants"]] == [1, 2, 3]
+        # a second run on the same SuperNodes: refused, the budget is spent
+        again = subprocess.run(
+            [sys.executable, "-m", "defense_suite.federated", "run", str(EXAMPLE),
+             "test", "--run-config", "num-server-rounds=3"],
+            env=env, capture_output=True, text=True, timeout=1200, check=False,
+        )  # fmt: skip
+        assert again.returncode == 1
+        assert "refused: over-budget" in again.stdout
         text = logs["supernode3"].read_text(errors="replace")
         assert "Failed to activate SuperNode" in text  # Flower's exit code 305
     finally:

@@ -64,7 +64,6 @@ def test_the_example_uses_only_the_public_api():
 @pytest.mark.timeout(1800)
 def test_the_example_runs_with_flwr_run_in_simulation(tmp_path):
     import os
-    import signal
     import subprocess
 
     home = tmp_path / "home"
@@ -91,9 +90,9 @@ def test_the_example_runs_with_flwr_run_in_simulation(tmp_path):
         summary = json.loads(result.read_text())
         assert [r["budget"] for r in summary["clients"]] == [1.0, 3.0, 8.0]
     finally:
-        found = subprocess.run(
-            ["pgrep", "-f", "flower-superlink.*--port 39391"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        for pid in found.stdout.split():
-            os.kill(int(pid), signal.SIGTERM)
+        from defense_suite.federated.__main__ import local_superlink_pids, stop_process
+
+        left = local_superlink_pids("39391")
+        for pid in left:
+            stop_process(pid)
+    assert left == []  # the entry point stopped the SuperLink flwr run started

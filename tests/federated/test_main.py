@@ -53,16 +53,14 @@ def _simulation_home(tmp_path, supernodes):
     return home
 
 
-def _stop_local_superlink(env):
-    port = env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]
-    found = subprocess.run(
-        ["pgrep", "-f", f"flower-superlink.*--port {port}"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    for pid in found.stdout.split():
-        os.kill(int(pid), signal.SIGTERM)
+def _left_running(env):
+    """Local SuperLinks still running on the test's port (stopped, then listed)."""
+    from defense_suite.federated.__main__ import local_superlink_pids, stop_process
+
+    pids = local_superlink_pids(env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"])
+    for pid in pids:
+        stop_process(pid)
+    return pids
 
 
 @pytest.mark.slow
@@ -102,7 +100,8 @@ def test_flwr_run_through_the_entry_point_completes_or_fails_honestly(tmp_path):
         assert bad.returncode == 1, bad.stdout[-3000:]
         assert "finished:failed" in bad.stdout
     finally:
-        _stop_local_superlink(env)
+        left = _left_running(env)
+    assert left == []  # the entry point stopped the SuperLink flwr run started
 
 
 FAKE_SUPERLINK = """import http.server, sys
