@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _NormBase
 
-from defenses.checks import check_finite_module
+from defenses.s3t.eligibility import admit
 
 LoRA = tuple[Tensor, Tensor]
 """``(A, B)`` of one target layer."""
@@ -152,38 +152,6 @@ def updating_stats(model: nn.Module) -> list[str]:
     ]
 
 
-def eager(model: nn.Module) -> nn.Module:
-    """The module a ``torch.compile`` wrapper holds (S3T runs it eagerly).
-
-    Adapters are bound through forward hooks and replayed bit for bit; a compiled
-    graph would be recompiled on every binding and need not match eager results
-    to the bit, so the original module is used (its layers keep their names).
-    """
-    inner = getattr(model, "_orig_mod", None)
-    if isinstance(inner, nn.Module) and type(model).__name__ == "OptimizedModule":
-        return inner
-    return model
-
-
-def check_float32(model: nn.Module) -> None:
-    """Refuse a model whose floating parameters or buffers are not float32 (named).
-
-    S3T's inputs, adapters and heads are float32 tensors; a float64 (or half)
-    model would fail deep inside its first layer.
-    """
-    for kind, items in (
-        ("parameter", model.named_parameters()),
-        ("buffer", model.named_buffers()),
-    ):
-        for name, tensor in items:
-            if tensor.is_floating_point() and tensor.dtype != torch.float32:
-                raise ValueError(
-                    f"model: its {kind} {name!r} is {tensor.dtype}, but S3T trains "
-                    "float32 models (inputs, adapters and heads are float32); call "
-                    "model.float() first"
-                )
-
-
 def fingerprint(model: nn.Module) -> str:
     """SHA-256 of the module's parameters and buffers (names, shapes, bytes)."""
     digest = hashlib.sha256()
@@ -247,17 +215,7 @@ class AdaptedModel:
             raise TypeError(
                 f"model must be a torch.nn.Module, got {type(model).__name__}"
             )
-        model = eager(model)
-        if isinstance(model, torch.jit.ScriptModule):
-            raise TypeError(
-                f"model: a TorchScript module ({type(model).__name__}, from "
-                "torch.jit.script or torch.jit.trace) cannot carry S3T's adapters: "
-                "they are bound by forward hooks on its nn.Linear / nn.Conv2d "
-                "layers, which a scripted forward does not have; pass the eager "
-                "nn.Module (torch.compile(model) is accepted)"
-            )
-        check_finite_module("model", model)
-        check_float32(model)
+        model = admit(model)
         self.module = copy.deepcopy(model)
         self.module.requires_grad_(False)
         if not keep_mode:
