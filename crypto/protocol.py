@@ -22,6 +22,7 @@ Every message the server receives is kept in its :class:`Transcript`; the audit 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from defenses.arrays import FloatArray
-from defenses.checks import check_int
+from defenses.checks import check_int, check_real
 from defenses.cost import count
 
 from .ckks import CKKSParams, fingerprint, make_context, public_bytes
@@ -99,6 +100,11 @@ class Client:
         before upload. Without it the clip bound is the chain's encoding-safe
         magnitude (:func:`crypto.schedule.safe_bound`).
 
+    answer_floor : float
+        Seconds per requested ciphertext that every answer to a refresh or roll
+        is padded to (0: no padding). Above the time the answer really takes, the
+        answer's timing shows nothing of the plaintext; the excess, if any, does.
+
     Attributes
     ----------
     decryptions : int
@@ -112,6 +118,7 @@ class Client:
         model: HEFormer,
         params: CKKSParams,
         calibration: npt.ArrayLike | None = None,
+        answer_floor: float = 0.0,
     ):
         if not isinstance(params, CKKSParams):
             raise TypeError(f"params must be CKKSParams, got {type(params).__name__}")
@@ -125,6 +132,7 @@ class Client:
         self.refreshed = 0
         self.decryptions = 0
         self.clipped = 0
+        self.answer_floor = check_real("answer_floor", answer_floor, 0.0)
         self.setup_bytes = 0
         self.exchanges: list[Exchange] = []
         self._schedules: dict[bool, Schedule] = {}
@@ -232,13 +240,19 @@ class Client:
         """
         if not isinstance(request, Message):
             raise TypeError(f"request must be a Message, got {type(request).__name__}")
+        start = time.perf_counter()
         values = self._open(step, request)
         self.refreshes += 1
         self.refreshed += len(values)
         if step.kind == "roll":
             n = self.model.config.n_tokens
             values = [roll_tokens(v, n, s) for s in range(step.copies) for v in values]
-        return self._encrypt(ANSWERS[step.kind], values)
+        reply = self._encrypt(ANSWERS[step.kind], values)
+        # pad to the public floor: the answer's time then shows nothing below it
+        rest = self.answer_floor * len(step.levels) - (time.perf_counter() - start)
+        if rest > 0:
+            time.sleep(rest)
+        return reply
 
     def decrypt_logits(
         self, message: Message, batch: int, interactive: bool = True

@@ -340,3 +340,28 @@ def test_answer_time_small_versus_huge(micro_model: HEFormer) -> None:
     assert times["small"] > 0
     assert times["huge"] > 0
     assert client.clipped > 0  # the huge plaintexts were clipped, and answered
+    # padded to a public floor above the answer's own time: the gap closes
+    floor = 2.0 * times["huge"] / 4
+    padded = Client(micro_model, INTERACTIVE, answer_floor=floor)
+    even = answer_times(padded, repeats=15)
+    print("padded", even)
+    assert min(even["small"], even["huge"]) >= 4 * floor
+    assert abs(even["difference"]) < 0.03 * even["small"]
+
+
+def test_answer_floor_pads_and_is_checked(micro_model: HEFormer) -> None:
+    import time
+
+    with pytest.raises(ValueError, match="answer_floor"):
+        Client(micro_model, INTERACTIVE, answer_floor=-1.0)
+    client = Client(micro_model, INTERACTIVE, answer_floor=0.2)
+    slots = client.schedule(True).reply.sizes[0]
+    public = ts.context_from(client.public_context())
+    c = ts.ckks_vector(public, [0.5] * slots)
+    step = replace(
+        client.schedule(True).steps[1], levels=(0,), sizes=(slots,), bounds=(1.0,)
+    )
+    start = time.perf_counter()
+    reply = client.answer(Message("refresh", client.key, (c.serialize(),)), step)
+    assert time.perf_counter() - start >= 0.2
+    assert reply.kind == "refreshed"
