@@ -84,6 +84,8 @@ class AuditJob:
     bounds: tuple[float, float] | None
     build_model: Callable[[int], Any] | None
     outputs: Outputs
+    warnings: tuple[str, ...] = ()
+    val_source: str = "given"
 
     @property
     def targets(self) -> IntArray:
@@ -261,6 +263,7 @@ def run_audit(job: AuditJob) -> AuditReport:
         results=tuple(results),
         curves=tuple(curves),
         refusals=tuple(refusals),
+        warnings=job.warnings,
         data=_describe(job),
         settings={
             "seeds": list(job.config.seeds),
@@ -286,6 +289,7 @@ def _describe(job: AuditJob) -> dict[str, Any]:
         "non_members": len(data.non_members),
         "test": len(data.test),
         "validation": len(data.val),
+        "validation_source": job.val_source,
         "n_classes": data.n_classes,
         "input_shape": list(data.input_shape),
         "private_classes": private,

@@ -4,7 +4,10 @@ In the style of the benchmark report's plots (``results/plots``): one panel per
 attack, the undefended arm as a star (or a solid line), every defended arm labelled.
 The ROC is drawn on log-log axes, where the low-FPR regime that matters for
 membership inference (Carlini et al., 2022) is visible; the chance line is the
-diagonal.
+diagonal. The trade-off panels share their axis ranges, so panels can be compared at
+a glance: test accuracy from :func:`accuracy_range` (at least
+:data:`MIN_ACCURACY_SPAN` wide, up to 1) on every panel, AUC from 0.4 to 1 with the
+chance line at 0.5, and inversion accuracy from 0 to 1.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from defenses.results import UNDEFENDED, summarize
+from defenses.audit.verdict import HEADLINE
+from defenses.results import UNDEFENDED, Summary, summarize
 from defenses.tradeoff_points import draw_arm_point
 
 if TYPE_CHECKING:
@@ -31,7 +35,30 @@ LOG_FLOOR = 1e-4
 PANELS_PER_ROW = 4
 """Panels of the trade-off plot per row."""
 
-HEADLINE = {"membership": "success.auc", "inversion": "success.acc@1"}
+MIN_ACCURACY_SPAN = 0.2
+"""Narrowest test-accuracy axis of the trade-off plot (no zoom into rounding)."""
+
+SUCCESS_RANGE = {"success.auc": (0.4, 1.0), "success.acc@1": (0.0, 1.0)}
+"""The fixed axis of each headline success metric."""
+
+
+def accuracy_range(values: list[float]) -> tuple[float, float]:
+    """A test-accuracy axis holding ``values``, >= ``MIN_ACCURACY_SPAN`` wide, to 1."""
+    low = min([*values, 1.0]) - 0.02
+    low = math.floor(min(low, 1.0 - MIN_ACCURACY_SPAN) * 20) / 20
+    return max(low, 0.0), 1.01
+
+
+def _mean(summary: Summary | None) -> float:
+    return math.nan if summary is None else summary.mean
+
+
+def _success_range(metric: str, values: list[float]) -> tuple[float, float]:
+    low, high = SUCCESS_RANGE.get(metric, (0.0, 1.0))
+    if values:
+        low = min(low, min(values) - 0.02)
+        high = max(high, max(values) + 0.02)
+    return low, high + 0.02
 
 
 def roc_plot(report: AuditReport, out: Path) -> Path:
@@ -91,11 +118,21 @@ def tradeoff_plot(report: AuditReport, out: Path) -> Path | None:
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     x = "utility.accuracy"
-    for ax, (attack, metric, runs) in zip(axes.flat, panels, strict=False):
-        for first, cells in summarize(runs, [x, metric]):
+    summaries = [summarize(runs, [x, metric]) for _, metric, runs in panels]
+    xs = [_mean(c[x]) for rows_ in summaries for _, c in rows_ if c[x] is not None]
+    x_range = accuracy_range(xs)
+    for ax, (attack, metric, _), rows_ in zip(
+        axes.flat, panels, summaries, strict=False
+    ):
+        for first, cells in rows_:
             draw_arm_point(ax, first.defense, cells[x], cells[metric], first.defense)
-        ax.set_xlabel(x)
-        ax.set_ylabel(metric)
+        ys = [_mean(c[metric]) for _, c in rows_ if c[metric] is not None]
+        if metric == "success.auc":
+            ax.axhline(0.5, color="grey", lw=0.8, ls=":")
+        ax.set_xlim(*x_range)
+        ax.set_ylim(*_success_range(metric, ys))
+        ax.set_xlabel("test accuracy")
+        ax.set_ylabel(metric.removeprefix("success."))
         ax.set_title(attack)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

@@ -1,10 +1,14 @@
 """The audit's report: tables as in ``results/REPORT.md``, JSON, and the plot files.
 
-The threat model comes first, in words and as data; then the records audited; then,
-per kind of attack, the mean ± standard deviation over seeds of every arm and the
-paired deltas (defended minus undefended at the same seed), with the utility cost
-(test accuracy, L1 distortion of the answers) beside the attack numbers; then the
-attacks the threat model refused, each with its reason.
+A one-paragraph verdict and a glossary of the columns open the report
+(:mod:`defenses.audit.verdict`); then the input warnings, if any; the threat model,
+in words and as data; the records audited (and where the validation records came
+from); then, per kind of attack, the mean ± standard deviation over seeds of every
+arm (the mean alone where there is no spread) and the paired deltas (defended minus
+undefended at the same seed), with the utility cost (test accuracy, L1 distortion of
+the answers) beside the attack numbers and every arm that makes an attack stronger
+flagged ``STRONGER``; then the attacks the threat model refused, each with its
+reason.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 
 from defenses.arrays import FloatArray
 from defenses.audit.threats import describe
+from defenses.audit.verdict import cell, glossary_lines, rises, verdict
 from defenses.results import Result, Summary, paired_deltas, summarize, write_jsonl
 from defenses.threat import ThreatModel
 
@@ -60,23 +65,23 @@ class Curve:
     tpr: FloatArray
 
 
-def _cell(summary: Summary | None) -> str:
-    return "–" if summary is None else str(summary)
-
-
 def _table(
     rows: Sequence[tuple[Result, Mapping[str, Summary | None]]],
     columns: Sequence[str],
     seeds: bool,
+    flagged: frozenset[tuple[str, str]] = frozenset(),
 ) -> list[str]:
     shown = [c for c in columns if any(cells.get(c) is not None for _, cells in rows)]
     head = ["attack", "defense", *(["seeds"] if seeds else []), *shown]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for first, cells in rows:
         n = next((s.n for s in cells.values() if s is not None), 0)
-        cols = [first.attack, first.defense, *([str(n)] if seeds else [])]
+        arm = first.defense
+        if (first.attack, arm) in flagged:
+            arm += " **STRONGER**"
+        cols = [first.attack, arm, *([str(n)] if seeds else [])]
         lines.append(
-            "| " + " | ".join([*cols, *(_cell(cells[c]) for c in shown)]) + " |"
+            "| " + " | ".join([*cols, *(cell(cells[c], c) for c in shown)]) + " |"
         )
     return lines
 
@@ -102,6 +107,9 @@ class AuditReport:
         Sizes of the record sets, classes, input shape, the arms.
     settings : Mapping
         Seeds, the epsilon bound's delta and confidence, shadows, reconstructions.
+    warnings : tuple of str
+        Why the inputs may make the numbers unreliable
+        (:func:`~defenses.audit.preflight.degenerate_inputs`).
     """
 
     name: str
@@ -111,6 +119,7 @@ class AuditReport:
     refusals: tuple[Refusal, ...]
     data: Mapping[str, Any]
     settings: Mapping[str, Any]
+    warnings: tuple[str, ...] = ()
 
     def of_kind(self, kind: str) -> list[Result]:
         """The results of one kind of attack ("membership" or "inversion")."""
@@ -140,6 +149,22 @@ class AuditReport:
             "threat_summary": describe(self.threat),
             "data": dict(self.data),
             "settings": dict(self.settings),
+            "verdict": verdict(self),
+            "warnings": list(self.warnings),
+            "stronger": [
+                {
+                    "kind": r.kind,
+                    "attack": r.attack,
+                    "defense": r.defense,
+                    "metric": r.metric,
+                    "undefended": r.undefended,
+                    "defended": r.defended,
+                    "delta_mean": r.delta.mean,
+                    "delta_std": r.delta.std,
+                    "seeds": r.delta.n,
+                }
+                for r in rises(self)
+            ],
             "refusals": [
                 {"attack": r.attack, "reason": r.reason} for r in self.refusals
             ],
@@ -173,15 +198,21 @@ class AuditReport:
         runs = self.of_kind(kind)
         if not runs:
             return []
-        lines = [f"## {title}", "", "Mean ± standard deviation over seeds:", ""]
-        lines += _table(summarize(runs, columns), columns, seeds=True)
+        flagged = frozenset((r.attack, r.defense) for r in rises(self))
+        lines = [
+            f"## {title}",
+            "",
+            "Mean ± standard deviation over seeds (a value alone: no spread):",
+            "",
+        ]
+        lines += _table(summarize(runs, columns), columns, True, flagged)
         deltas = paired_deltas(runs, columns[:-1])
         if deltas:
             lines += [
                 "",
                 "Paired deltas (defended minus undefended, same seed), mean ± std:",
                 "",
-                *_table(deltas, columns[:-1], seeds=True),
+                *_table(deltas, columns[:-1], True, flagged),
             ]
         return [*lines, ""]
 
@@ -192,6 +223,18 @@ class AuditReport:
         lines = [
             f"# Privacy audit: {self.name}",
             "",
+            f"**Verdict.** {verdict(self)}",
+            "",
+            "## Glossary",
+            "",
+            *glossary_lines(),
+            "",
+        ]
+        if self.warnings:
+            lines += ["## Input warnings", ""]
+            lines += [f"- {reason}" for reason in self.warnings]
+            lines.append("")
+        lines += [
             f"**Threat model.** {describe(self.threat)}",
             "",
             f"Capabilities: {', '.join(threat['capabilities'])}; "
@@ -200,7 +243,8 @@ class AuditReport:
             "",
             f"**Records.** {d['members']} members, {d['non_members']} non-members, "
             f"{d['test']} test records (utility), {d['validation']} validation records "
-            f"(defense fitting); {d['n_classes']} classes, input shape "
+            f"(defense fitting, {d.get('validation_source', 'given')}); "
+            f"{d['n_classes']} classes, input shape "
             f"{tuple(d['input_shape'])}."
             + (
                 f" Private classes {', '.join(d['private_classes'])} "

@@ -18,6 +18,7 @@ from defenses.audit.arms import make_arms
 from defenses.audit.config import AuditConfig
 from defenses.audit.game import AuditJob, run_audit
 from defenses.audit.inversion import public_records
+from defenses.audit.preflight import carve_validation, degenerate_inputs, warn_all
 from defenses.audit.records import (
     AuditData,
     Records,
@@ -93,7 +94,10 @@ def audit(
         Classes to invert; None skips model inversion.
     test, validation : (X, y) or Dataset, optional
         Utility records (default: the non-members) and the records post-processing
-        defenses are fitted on (default: the test records).
+        defenses are fitted on. Without ``validation``, a quarter of each class of
+        the test records (or, without ``test``, of the non-members) is held out
+        for it (:func:`~defenses.audit.preflight.carve_validation`), so no defense
+        is fitted on the records the audit evaluates.
     public : array, optional
         The inversion adversary's unlabelled data (default: the non-members outside
         the private classes).
@@ -114,6 +118,13 @@ def audit(
     Returns
     -------
     AuditReport
+
+    Warns
+    -----
+    AuditInputWarning
+        For inputs that make the numbers unreliable (few records, members equal to
+        non-members, a single class, validation records that are evaluated); the
+        report lists them too.
     """
     bounds = _check_bounds(bounds)
     config = AuditConfig() if config is None else config
@@ -141,17 +152,21 @@ def audit(
         n_classes = int(target.predict_proba(mem.X[:1]).shape[1])
     except (TypeError, ValueError) as error:
         raise ValueError(f"model could not answer the members: {error}") from error
-    non = _records("non_members", non_members, classes, mem.X.shape[1])
-    tst = _records("test", test, classes, mem.X.shape[1]) or non
-    val = _records("validation", validation, classes, mem.X.shape[1]) or tst
+    split = carve_validation(
+        _records("non_members", non_members, classes, mem.X.shape[1]),
+        _records("test", test, classes, mem.X.shape[1]),
+        _records("validation", validation, classes, mem.X.shape[1]),
+    )
     data = AuditData(
         members=with_classes(mem, n_classes),
-        non_members=with_classes(non, n_classes),
-        test=with_classes(tst, n_classes),
-        val=with_classes(val, n_classes),
+        non_members=with_classes(split.non_members, n_classes),
+        test=with_classes(split.test, n_classes),
+        val=with_classes(split.val, n_classes),
         input_shape=shape,
         n_classes=n_classes,
     )
+    reasons = degenerate_inputs(data.members, data.non_members, data.test, data.val)
+    warn_all(reasons)
     private = (
         None
         if private_class is None
@@ -184,5 +199,7 @@ def audit(
         box,
         build_model,
         outputs,
+        tuple(reasons),
+        split.source,
     )
     return run_audit(job)

@@ -26,17 +26,24 @@ A spec (``defense-suite audit SPEC.toml --out DIR``)::
     generations = 25
 
 The loader is imported and called: the model comes from code the user controls, never
-from unpickling a file. Defense names are the registry's (``defense-suite list``).
+from unpickling a file. A loader module may sit next to the spec (``my_model.py``
+beside ``my-audit.toml``, named ``loader = "my_model:load"``): while the loader is
+imported and called, the spec's folder is searched first, so no ``PYTHONPATH`` is
+needed; a module of that name elsewhere (installed, or on ``sys.path``) is used
+only when the spec's folder holds none. Defense names are the registry's
+(``defense-suite list``).
 Every error is a :class:`AuditSpecError` (a ``ValueError``) naming the file and key.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import inspect
+import sys
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,7 +97,8 @@ class AuditSpec:
             inspect.signature(self.loader).bind(**self.loader_args)
         except TypeError as error:
             raise AuditSpecError(f"{self.path}: key 'loader_args': {error}") from error
-        inputs = self.loader(**self.loader_args)
+        with beside(self.path):  # the loader may import its neighbours lazily
+            inputs = self.loader(**self.loader_args)
         if not isinstance(inputs, AuditInputs):
             raise AuditSpecError(
                 f"{self.path}: key 'loader' must name a function returning "
@@ -118,20 +126,66 @@ def _unknown(path: Path, where: str, keys: Any, accepted: set[str]) -> None:
         )
 
 
+@contextlib.contextmanager
+def beside(path: Path) -> Iterator[None]:
+    """Search the folder of the spec ``path`` first for imports, while inside."""
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(folder)
+
+
+def _local(path: Path, module_name: str) -> bool:
+    """Whether the spec's folder holds the top-level module of ``module_name``."""
+    top = path.resolve().parent / module_name.split(".")[0]
+    return top.with_suffix(".py").is_file() or (top / "__init__.py").is_file()
+
+
 def resolve_loader(path: Path, target: Any) -> Callable[..., Any]:
-    """Import ``module:function``; errors name the spec's ``loader`` key."""
+    """Import ``module:function``, from the spec's folder first (see the module).
+
+    Errors name the spec's ``loader`` key.
+    """
     if not isinstance(target, str) or target.count(":") != 1:
         raise _fail(path, "loader", f"must be 'module:function', got {target!r}")
     module_name, function = target.split(":")
     try:
-        module = importlib.import_module(module_name)
+        with beside(path):
+            if _local(path, module_name):
+                # a module of that name imported before (another spec's
+                # neighbour, or an installed one) must not shadow this one
+                for name in [
+                    m
+                    for m in sys.modules
+                    if m == module_name.split(".")[0]
+                    or m.startswith(module_name.split(".")[0] + ".")
+                ]:
+                    if not _from(sys.modules[name], path):
+                        del sys.modules[name]
+            module = importlib.import_module(module_name)
     except ImportError as error:
-        raise _fail(path, "loader", f"names module {module_name!r}: {error}") from error
+        raise _fail(
+            path,
+            "loader",
+            f"names module {module_name!r}: {error} (searched the spec's folder "
+            f"{path.resolve().parent} first, then sys.path)",
+        ) from error
     loader = getattr(module, function, None)
     if not callable(loader):
         raise _fail(path, "loader", f"names no function {function!r} in {module_name}")
     found: Callable[..., Any] = loader
     return found
+
+
+def _from(module: Any, path: Path) -> bool:
+    """Whether ``module`` was loaded from the folder of the spec ``path``."""
+    origin = getattr(module, "__file__", None)
+    if origin is None:
+        return False
+    return path.resolve().parent in Path(origin).resolve().parents
 
 
 def _dataclass(path: Path, key: str, cls: type, params: Any) -> Any:

@@ -2,15 +2,22 @@ r"""The user's fitted classifier as the audit sees it: flat rows in, probabiliti
 
 Three kinds of model are accepted, as :meth:`~defenses.ssd.StealthyShield.wrap` does:
 
-* a ``torch.nn.Module`` (its outputs are logits unless ``outputs="probs"``; the
-  probabilities are :math:`\operatorname{softmax}` of the logits in float64);
+* a ``torch.nn.Module``: what it returns is read from its last layer as SSD's
+  wrapper reads it (``nn.Softmax``: probabilities, ``nn.LogSoftmax``:
+  log-probabilities, else logits, whose :math:`\operatorname{softmax}` is taken in
+  float64; rows that are already probabilities are taken as they are) or given as
+  ``outputs=``;
 * an object with ``predict_proba`` (a scikit-learn classifier or pipeline); the
   columns follow its ``classes_``;
 * any callable returning probabilities (or logits with ``outputs="logits"``).
 
 The attacks work on flat rows of shape ``(n, d)``; :class:`AuditedModel` reshapes
 them to the model's input shape (e.g. ``(n, 1, 8, 8)`` for a CNN) before each call
-and checks every answer: shape ``(n, K)``, finite, and on the probability simplex.
+and checks every answer: shape ``(n, K)``, finite, and on the probability simplex
+within :data:`SIMPLEX_TOLERANCE`. The answers are measured as they are: a row within
+the tolerance is passed on unchanged (never clipped or re-divided by its sum, which
+would move entries by a rounding step and break the exact ties the tie-safe ROC
+counts), and a row beyond it is refused, naming the model.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ Outputs = Literal["auto", "probs", "logits"]
 OUTPUTS: tuple[Outputs, ...] = ("auto", "probs", "logits")
 
 SIMPLEX_TOLERANCE = 1e-4
-"""How far a row of probabilities may sum from 1 (float32 models round)."""
+"""How far below 0 an entry, and (times K) a row's sum from 1, may be (float32)."""
 
 
 def _softmax(logits: FloatArray) -> FloatArray:
@@ -42,11 +49,16 @@ def _softmax(logits: FloatArray) -> FloatArray:
 
 
 def _torch_predict(
-    module: torch.nn.Module, shape: tuple[int, ...], logits: bool, batch: int
+    module: torch.nn.Module, shape: tuple[int, ...], outputs: Outputs, batch: int
 ) -> Callable[[FloatArray], FloatArray]:
+    from defenses.ssd.torch import module_outputs, to_probs
+
     param = next(iter(module.parameters()), None)
     dtype = torch.float32 if param is None else param.dtype
     device = torch.device("cpu") if param is None else param.device
+    kind = module_outputs(module) if outputs == "auto" else outputs
+    # "auto" on a logits ending still takes rows that are already probabilities
+    convert = "auto" if outputs == "auto" and kind == "logits" else kind
 
     def predict(X: FloatArray) -> FloatArray:
         module.eval()
@@ -55,9 +67,13 @@ def _torch_predict(
             for start in range(0, X.shape[0], batch):
                 rows = X[start : start + batch].reshape(-1, *shape)
                 out = module(torch.as_tensor(rows, dtype=dtype, device=device))
-                parts.append(out.detach().to("cpu", torch.float64).numpy())
-        values = np.concatenate(parts)
-        return _softmax(values) if logits else values
+                if not torch.isfinite(out).all():
+                    raise ValueError(
+                        f"model ({type(module).__name__}) answered NaN or inf: "
+                        "check its parameters, buffers and inputs"
+                    )
+                parts.append(to_probs(out.to("cpu"), convert).numpy())
+        return np.concatenate(parts)
 
     return predict
 
@@ -72,25 +88,39 @@ def _reshaping(
     return predict
 
 
-def check_answers(values: FloatArray, n: int, n_classes: int | None) -> None:
-    """Raise ValueError naming ``model`` unless ``values`` are n probability rows."""
+def check_answers(
+    values: FloatArray, n: int, n_classes: int | None, name: str = "model"
+) -> None:
+    """Raise ValueError naming the model unless ``values`` are n probability rows.
+
+    A row is on the simplex when no entry is below ``-SIMPLEX_TOLERANCE`` and its
+    sum is within ``K * SIMPLEX_TOLERANCE`` of 1.
+    """
     if values.ndim != 2 or values.shape[0] != n or values.shape[1] < 2:
         raise ValueError(
-            f"model must answer an (n, K >= 2) array of probabilities for {n} rows, "
+            f"{name} must answer an (n, K >= 2) array of probabilities for {n} rows, "
             f"got shape {values.shape}"
         )
     if n_classes is not None and values.shape[1] != n_classes:
         raise ValueError(
-            f"model answered {values.shape[1]} columns, expected {n_classes}"
+            f"{name} answered {values.shape[1]} columns, expected {n_classes}"
         )
-    if not np.all(np.isfinite(values)):
-        raise ValueError("model answered NaN or inf")
-    if values.min() < -SIMPLEX_TOLERANCE or not np.allclose(
-        values.sum(axis=1), 1.0, atol=SIMPLEX_TOLERANCE * values.shape[1]
-    ):
+    finite = np.isfinite(values).all(axis=1)
+    if not finite.all():
+        rows = np.flatnonzero(~finite)[:5].tolist()
+        raise ValueError(f"{name} answered NaN or inf (rows {rows})")
+    off = np.abs(values.sum(axis=1) - 1.0)
+    low = values.min(axis=1)
+    bad = (off > SIMPLEX_TOLERANCE * values.shape[1]) | (low < -SIMPLEX_TOLERANCE)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
         raise ValueError(
-            "model's answers are not probabilities (rows must be >= 0 and sum to 1); "
-            "pass outputs='logits' if it returns logits"
+            f"{name}'s answers are not probabilities: row {row} sums to "
+            f"{values[row].sum():.6g} with smallest entry {low[row]:.3g} (rows must "
+            f"be >= {-SIMPLEX_TOLERANCE:g} and sum to 1 within "
+            f"{SIMPLEX_TOLERANCE * values.shape[1]:.1e}; {int(bad.sum())} of {n} "
+            "are not); the audit measures answers as they are and does not "
+            "renormalise them: pass outputs='logits' if the model returns logits"
         )
 
 
@@ -106,11 +136,14 @@ class AuditedModel:
         The shape of one record as the model takes it (``(d,)`` for tabular data).
     classes : ndarray or None
         The model's ``classes_`` (column order), when it has them.
+    name : str
+        How messages name the model (``model (RandomForestClassifier)``).
     """
 
     predict: Callable[[FloatArray], FloatArray]
     input_shape: tuple[int, ...]
     classes: npt.NDArray[Any] | None = None
+    name: str = "model"
 
     @property
     def n_features(self) -> int:
@@ -124,11 +157,9 @@ class AuditedModel:
             raise ValueError(
                 f"X must have shape (n, {self.n_features}), got {rows.shape}"
             )
-        values = np.asarray(self.predict(rows), dtype=np.float64)
-        check_answers(values, rows.shape[0], None)
-        clipped = np.clip(values, 0.0, None)
-        out: FloatArray = clipped / clipped.sum(axis=1, keepdims=True)
-        return out
+        values: FloatArray = np.asarray(self.predict(rows), dtype=np.float64)
+        check_answers(values, rows.shape[0], None, self.name)
+        return values
 
     def clean_proba(self, X: npt.ArrayLike) -> FloatArray:
         """The same as :meth:`predict_proba` (the undefended answers)."""
@@ -150,17 +181,19 @@ def as_audited(
     input_shape : tuple of int
         Shape of one record as the model takes it.
     outputs : {"auto", "probs", "logits"}
-        What the model returns; "auto" is logits for a torch module and
-        probabilities otherwise.
+        What the model returns; "auto" reads a torch module's last layer (logits
+        unless it is ``nn.Softmax`` / ``nn.LogSoftmax``, and rows that are already
+        probabilities are taken as they are) and is probabilities otherwise.
     batch_size : int
         Rows per forward pass of a torch module.
     """
     check_choice("outputs", outputs, OUTPUTS)
     check_int("batch_size", batch_size, minimum=1)
     shape = tuple(int(s) for s in input_shape)
+    name = f"model ({type(model).__name__})"
     if isinstance(model, torch.nn.Module):
-        predict = _torch_predict(model, shape, outputs != "probs", batch_size)
-        return AuditedModel(predict, shape)
+        predict = _torch_predict(model, shape, outputs, batch_size)
+        return AuditedModel(predict, shape, name=name)
     if hasattr(model, "predict_proba"):
         if outputs == "logits":
             raise ValueError(
@@ -172,9 +205,13 @@ def as_audited(
             _reshaping(model.predict_proba, shape, False),
             shape,
             None if classes is None else np.asarray(classes),
+            name,
         )
     if callable(model):
-        return AuditedModel(_reshaping(model, shape, outputs == "logits"), shape)
+        name = f"model ({getattr(model, '__qualname__', type(model).__name__)})"
+        return AuditedModel(
+            _reshaping(model, shape, outputs == "logits"), shape, name=name
+        )
     raise TypeError(
         "model must be a torch.nn.Module, have predict_proba, or be callable; "
         f"got {type(model).__name__}"

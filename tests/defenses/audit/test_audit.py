@@ -90,7 +90,11 @@ def test_torch_shadows_train_through_lira(cnn):
     report = audit(net, members, non_members, build_model=DigitsCNN, config=config)
     lira = report.result("lira-offline", UNDEFENDED, 0)
     assert 0.0 <= lira.success["auc"] <= 1.0
-    assert lira.cost["queries"] == 600
+    # 300 members + the 225 non-members left after a quarter of each class of the
+    # non-members is held out to fit defenses on (no test= or validation= given)
+    assert lira.cost["queries"] == 525
+    assert report.data["validation"] == 75
+    assert "carved from the non-members" in report.data["validation_source"]
 
 
 def test_every_kind_of_defense_is_one_paired_arm(cancer):
@@ -166,7 +170,9 @@ def test_report_markdown_json_and_files(cancer, tmp_path):
         "ssd-mirror",
     }
     text = report.to_markdown()
-    assert text.startswith("# Privacy audit: cancer\n\n**Threat model.**")
+    assert text.startswith("# Privacy audit: cancer\n\n**Verdict.** Membership")
+    assert "## Glossary" in text
+    assert "**Threat model.**" in text
     assert "## Membership inference" in text
     assert "## Model inversion of the private classes" in text
     assert "Paired deltas" in text

@@ -57,7 +57,7 @@ def test_command_writes_the_report(tmp_path):
     refused = {r["attack"] for r in report["refusals"]}
     assert refused == {"loss-mia", "confidence-mia", "lira-offline", "ssd-mirror"}
     page = (tmp_path / "out" / "report.md").read_text()
-    assert "sees predicted labels only" in page.split("\n## ")[0]
+    assert "sees predicted labels only" in page.split("\n## Membership")[0]
 
 
 BAD = [

@@ -6,6 +6,8 @@ import pytest
 
 from defenses.audit import audit, threat_model
 from defenses.audit.examples import build_mlp
+from defenses.audit.preflight import carve_validation
+from defenses.audit.records import to_dataset
 from defenses.reference.defense import Rounding
 from defenses.ssd.attacks import BoundaryRepulsion, GeneticInversion
 from defenses.threat import Capability
@@ -40,7 +42,7 @@ def test_labels_only_refuses_every_score_based_attack_by_name(cancer):
         assert Capability.QUERY_SCORES.value in refused[name]
     assert ran(report) == set(LABEL_BASED)
     markdown = report.to_markdown()
-    assert markdown.index("predicted labels only") < markdown.index("## ")
+    assert markdown.index("predicted labels only") < markdown.index("## Membership")
     for name in SCORE_BASED:
         assert f"`{name}`" in markdown
 
@@ -65,7 +67,11 @@ def test_without_aux_data_lira_is_refused(cancer):
 
 def test_query_budget_is_enforced_per_attack(cancer):
     model, members, non_members = cancer
-    n = len(members[1]) + len(non_members[1])
+    # the candidates: the members and the non-members left once the validation
+    # split (the records defenses are fitted on) is carved from them
+    kept = carve_validation(to_dataset("non", non_members, None)[0], None, None)
+    n = len(members[1]) + len(kept.non_members)
+    assert n < len(members[1]) + len(non_members[1])
     # enough for one pass over the candidates (membership), not for the inversion
     # attacks at their default strength (their first batch is 512 prior samples)
     strong = dataclasses.replace(
