@@ -1,4 +1,4 @@
-"""A served model under load: MLflow's server, a bounded load loop, and the benchmark.
+"""A served model under load: MLflow's model server and a bounded load loop.
 
 :class:`ModelServer` runs ``mlflow models serve -m PATH --env-manager local`` on
 127.0.0.1 (``--env-manager local``: MLflow builds no environment and needs no
@@ -90,8 +90,8 @@ class ModelServer:
         text = Path(self._log.name).read_text(errors="replace")
         return "\n".join(text.splitlines()[-lines:])
 
-    def start(self) -> ModelServer:
-        """Start the server and wait until it answers ``/ping``."""
+    def launch(self) -> ModelServer:
+        """Start the server process (see :meth:`wait` and :meth:`start`)."""
         self.port = free_port()
         env = dict(os.environ)
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
@@ -106,6 +106,12 @@ class ModelServer:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+        return self
+
+    def wait(self) -> ModelServer:
+        """Wait until the launched server answers ``/ping`` (stop it on failure)."""
+        if self.process is None:
+            raise RuntimeError("the server was not launched")
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -122,6 +128,10 @@ class ModelServer:
         tail = self.log_tail()
         self.stop()
         raise TimeoutError(f"the server did not answer /ping in time:\n{tail}")
+
+    def start(self) -> ModelServer:
+        """Start the server and wait until it answers ``/ping``."""
+        return self.launch().wait()
 
     def stop(self) -> None:
         """Stop the server's process group (SIGTERM, then SIGKILL after 15 s)."""

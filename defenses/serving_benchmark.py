@@ -1,0 +1,286 @@
+r"""The load benchmark: a served model with and without SSD, side by side in one run.
+
+One scikit-learn classifier (logistic regression on ``n_features`` Gaussian features,
+``n_classes`` classes) is saved twice: as a plain ``mlflow.sklearn`` model whose
+pyfunc answers ``predict_proba`` (the variant ``none``), and shielded by
+:mod:`defenses.ssd.mlflow` with input-hash seeding (the variant ``ssd``). Both are
+served at once by ``mlflow models serve --workers W --env-manager local`` on
+127.0.0.1 (:class:`~defenses.model_server.ModelServer`). For each batch size and
+each load level (``concurrency``: keep-alive connections sending back to back),
+:func:`~defenses.model_server.load` sends ``requests`` identical ``{"inputs": ...}``
+requests to one server, then the other (the order alternates between settings),
+after ``warmup`` unrecorded requests each, with a time cap per run.
+
+Each record holds requests per second, the p50/p95/p99 latency (ms) and the error
+count (any answer but 200, or no answer by the cap); the ``ssd`` records add
+``p50_overhead`` :math:`= p_{50}^{ssd} / p_{50}^{none} - 1` at the same setting, and
+``answers_match`` (1 when the served answer equals the in-process shield's on the
+same rows). At ``target_batch`` (256) rows the target is an overhead of at most
+:data:`TARGET_OVERHEAD` with no errors at every load (``utility.target_met``); the
+records at that batch and the lowest load carry ``target_p50_ms`` for the report's
+summary. Latencies include the load generator's own time on the same machine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from defenses.checks import check_int, check_keys, check_real
+from defenses.harness import measurement
+from defenses.registry import register
+from defenses.results import Result
+
+logger = logging.getLogger(__name__)
+
+BENCHMARK = "serve-load"
+TARGET_OVERHEAD = 0.10
+"""Target: the shield adds at most 10 % to the p50 latency at ``target_batch`` rows."""
+ARMS = ("none", "ssd")
+DEFAULTS: dict[str, Any] = {
+    "batches": [1, 256],
+    "concurrency": [1, 4],
+    "requests": 100,
+    "warmup": 10,
+    "workers": 2,
+    "time_cap_s": 60.0,
+    "n_features": 20,
+    "n_classes": 10,
+    "target_batch": 256,
+}
+
+
+def _ints(params: dict[str, Any], name: str, high: int) -> list[int]:
+    values = params.get(name, DEFAULTS[name])
+    if not isinstance(values, list) or not values:
+        raise ValueError(
+            f"{BENCHMARK}: {name} must be a non-empty list, got {values!r}"
+        )
+    return [check_int(f"{BENCHMARK}.{name}", v, 1, high) for v in values]
+
+
+def _setting(params: dict[str, Any]) -> dict[str, Any]:
+    check_keys(BENCHMARK, params, DEFAULTS)
+    setting = {
+        "batches": _ints(params, "batches", 1024),
+        "concurrency": _ints(params, "concurrency", 64),
+        "time_cap_s": check_real(
+            f"{BENCHMARK}.time_cap_s",
+            params.get("time_cap_s", DEFAULTS["time_cap_s"]),
+            0.0,
+            open_low=True,
+        ),
+    }
+    for name, low, high in (
+        ("requests", 1, 100_000),
+        ("warmup", 0, 10_000),
+        ("workers", 1, 16),
+        ("n_features", 1, 1000),
+        ("n_classes", 2, 1000),
+        ("target_batch", 1, 1024),
+    ):
+        value = params.get(name, DEFAULTS[name])
+        setting[name] = check_int(f"{BENCHMARK}.{name}", value, low, high)
+    if setting["target_batch"] not in setting["batches"]:
+        raise ValueError(
+            f"{BENCHMARK}: target_batch={setting['target_batch']} must be one of the "
+            f"batches {setting['batches']}"
+        )
+    return setting
+
+
+@register("benchmarks", BENCHMARK)
+def serve_load(params: dict[str, Any], seeds: list[int]) -> Iterator[Result]:
+    """Serve a model with and without SSD and load both (see the module notes).
+
+    Parameters
+    ----------
+    params : dict
+        ``batches`` (rows per request, default [1, 256]), ``concurrency`` (load
+        levels, default [1, 4]), ``requests`` (per arm and setting, default 100),
+        ``warmup`` (default 10), ``workers`` (server workers, default 2),
+        ``time_cap_s`` (per load run, default 60), ``n_features`` (default 20),
+        ``n_classes`` (default 10), ``target_batch`` (default 256, one of
+        ``batches``).
+    seeds : list of int
+        One run per seed (data, model and shield key).
+    """
+    setting = _setting(params)
+    for seed in seeds:
+        yield from _records(seed, setting)
+
+
+def _models(seed: int, setting: dict[str, Any], folder: pathlib.Path) -> Any:
+    """Save the plain and the shielded model; returns the rows and the shield's call."""
+    import mlflow.sklearn
+    from sklearn.datasets import make_classification
+    from sklearn.linear_model import LogisticRegression
+
+    from defenses.ssd import mlflow as ssd_mlflow
+    from defenses.ssd.defense import StealthyShield
+
+    d, k = setting["n_features"], setting["n_classes"]
+    X, y = make_classification(
+        3000 + max(setting["batches"]), d, n_informative=min(d, 8), n_redundant=0,
+        n_classes=k, n_clusters_per_class=1, random_state=seed,
+    )  # fmt: skip
+    est = LogisticRegression(max_iter=300).fit(X[:2000], y[:2000])
+    shield = StealthyShield(seed=seed, seeding="input-hash", n_threads=1)
+    shield.fit(est.predict_proba(X[2000:3000]), y[2000:3000])
+    mlflow.sklearn.save_model(
+        est, str(folder / "none"), serialization_format="cloudpickle",
+        pyfunc_predict_fn="predict_proba",
+    )  # fmt: skip
+    ssd_mlflow.save_model(est, folder / "ssd", shield=shield)
+    rows = X[3000:]
+    return rows, lambda batch: shield(est.predict_proba(batch), inputs=batch)
+
+
+def _records(seed: int, setting: dict[str, Any]) -> Iterator[Result]:
+    from defenses.model_server import ModelServer, batch_body, load
+
+    cap = setting["time_cap_s"]
+    measured: dict[tuple[str, int, int], Any] = {}
+    with tempfile.TemporaryDirectory(prefix="serve-load-") as tmp:
+        rows, shielded = _models(seed, setting, pathlib.Path(tmp))
+        servers = {
+            arm: ModelServer(str(pathlib.Path(tmp) / arm), setting["workers"])
+            for arm in ARMS
+        }
+        try:
+            for server in servers.values():
+                server.launch()
+            for server in servers.values():
+                server.wait()
+            bodies = {b: batch_body(rows[:b]) for b in setting["batches"]}
+            status, text = servers["ssd"].post(bodies[max(bodies)])
+            served = (
+                np.array(json.loads(text)["predictions"]) if status == 200 else None
+            )
+            match = served is not None and np.array_equal(
+                served, shielded(rows[: max(bodies)])
+            )
+            turn = 0
+            for batch, body in bodies.items():
+                for level in setting["concurrency"]:
+                    order = ARMS if turn % 2 == 0 else ARMS[::-1]
+                    turn += 1
+                    for arm in order:
+                        port = servers[arm].port
+                        if setting["warmup"]:
+                            load(port, body, setting["warmup"], level, cap)
+                        result = load(port, body, setting["requests"], level, cap)
+                        measured[(arm, batch, level)] = result
+                        logger.info(
+                            "%s batch=%d concurrency=%d: p50 %.2f ms, %.1f req/s, "
+                            "%d errors",
+                            arm, batch, level, result.percentile_ms(50),
+                            result.rps, result.errors,
+                        )  # fmt: skip
+        finally:
+            for server in servers.values():
+                server.stop()
+    yield from _results(seed, setting, measured, bool(match))
+
+
+def _results(
+    seed: int,
+    setting: dict[str, Any],
+    measured: dict[tuple[str, int, int], Any],
+    match: bool,
+) -> Iterator[Result]:
+    target, lowest = setting["target_batch"], min(setting["concurrency"])
+    for (arm, batch, level), result in measured.items():
+        cost = {
+            "p50_ms": result.percentile_ms(50),
+            "p95_ms": result.percentile_ms(95),
+            "p99_ms": result.percentile_ms(99),
+            "rps": result.rps,
+            "rows_per_s": result.rps * batch,
+            "errors": float(result.errors),
+            "wall_seconds": result.wall_s,
+        }
+        utility: dict[str, float] = {}
+        if batch == target and level == lowest:
+            cost["target_p50_ms"] = cost["p50_ms"]
+        if arm == "ssd":
+            base = measured[("none", batch, level)]
+            overhead = result.percentile_ms(50) / base.percentile_ms(50) - 1.0
+            cost["p50_overhead"] = overhead
+            utility["answers_match"] = float(match)
+            if batch == target:
+                met = overhead <= TARGET_OVERHEAD and result.errors == 0
+                utility["target_met"] = float(met)
+        yield measurement(
+            BENCHMARK,
+            arm,
+            seed,
+            cost=cost,
+            utility=utility,
+            params={
+                "batch": batch,
+                "concurrency": level,
+                "requests": setting["requests"],
+                "workers": setting["workers"],
+                "n_features": setting["n_features"],
+                "n_classes": setting["n_classes"],
+            },
+        )
+
+
+@register("figures", "serve")
+def figures(
+    results: list[Result], out_dir: pathlib.Path
+) -> list[tuple[str, pathlib.Path]]:
+    """p50 and p95 latency against load, one panel per batch size, per serve spec."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_spec: dict[str, list[Result]] = defaultdict(list)
+    for r in results:
+        if r.scenario == BENCHMARK:
+            by_spec[str(r.meta.get("spec", BENCHMARK))].append(r)
+    drawn: list[tuple[str, pathlib.Path]] = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for spec, runs in sorted(by_spec.items()):
+        batches = sorted({int(r.params["benchmark"]["batch"]) for r in runs})
+        fig, axes = plt.subplots(
+            1, len(batches), figsize=(4.5 * len(batches), 3.8), squeeze=False
+        )
+        for ax, batch in zip(axes[0], batches, strict=True):
+            for arm in sorted({r.defense for r in runs}):
+                points: dict[int, list[Result]] = defaultdict(list)
+                for r in runs:
+                    b = r.params["benchmark"]
+                    if r.defense == arm and int(b["batch"]) == batch:
+                        points[int(b["concurrency"])].append(r)
+                levels = sorted(points)
+                for metric, style in (("p50_ms", "-o"), ("p95_ms", ":^")):
+                    values = [
+                        np.mean([r.cost[metric] for r in points[c]]) for c in levels
+                    ]
+                    ax.plot(levels, values, style, label=f"{arm} {metric[:3]}")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrent connections")
+            ax.set_ylabel("latency (ms)")
+            ax.set_title(f"batch {batch}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.suptitle(f"{spec}: served latency vs. load")
+        fig.tight_layout()
+        path = out_dir / f"{spec}-latency.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        drawn.append(
+            (f"{spec}: p50/p95 latency against load, with and without SSD", path)
+        )
+    return drawn
