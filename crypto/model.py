@@ -127,7 +127,8 @@ class ModelConfig:
         return self.d // self.heads
 
 
-def _torch_poly(coefficients: FloatArray, x: torch.Tensor) -> torch.Tensor:
+def torch_poly(coefficients: FloatArray, x: torch.Tensor) -> torch.Tensor:
+    """Horner evaluation of monomial ``coefficients`` (low to high) at ``x``."""
     out = torch.zeros_like(x)
     for c in coefficients[::-1]:
         out = out * x + float(c)
@@ -218,7 +219,7 @@ class Block(nn.Module):
             u = dist / ranges.dist_bound
             check(f"{prefix}kernel distance u", u, 0.0, 1.0)
             if poly:
-                scores = _torch_poly(ranges.polys["gk"].coefficients, u)
+                scores = torch_poly(ranges.polys["gk"].coefficients, u)
             else:
                 scores = torch.exp(-dist)
         else:
@@ -231,7 +232,7 @@ class Block(nn.Module):
         s = variance / ranges.ln_div
         check(f"{prefix}LayerNorm variance s", s, ranges.ln_lo, 1.0)
         if poly:
-            y = _torch_poly(ranges.polys["isqrt"].coefficients, s)
+            y = torch_poly(ranges.polys["isqrt"].coefficients, s)
             y = y * (3.0 - s * y * y) / 2.0
             u_ln = centred * y / math.sqrt(ranges.ln_div)
         else:
@@ -354,7 +355,7 @@ class HEFormer(nn.Module):
         t = (o[:, 0, :] @ self.pool) / cal.pool_bound
         check("pooler input t", t, -1.0, 1.0)
         if poly:
-            pooled = _torch_poly(cal.polys["tanh"].coefficients, t)
+            pooled = torch_poly(cal.polys["tanh"].coefficients, t)
         else:
             pooled = torch.tanh(TANH_GAIN * t)
         result: torch.Tensor = jitter(pooled) @ self.classifier

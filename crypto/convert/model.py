@@ -47,7 +47,7 @@ from defenses.arrays import FloatArray
 from defenses.checks import check_choice, check_int
 
 from ..approx import RangeError, RangeGuard
-from ..model import GUARD_SLACK, HEADROOM
+from ..model import GUARD_SLACK, HEADROOM, torch_poly
 from .ranges import BertCalibration, fit_site, gelu, relu, tanh
 
 ACTIVATIONS = ("relu", "gelu")
@@ -117,13 +117,6 @@ class HEBertConfig:
     def head_dim(self) -> int:
         """Width of one attention head."""
         return self.d // self.heads
-
-
-def _torch_poly(coefficients: FloatArray, x: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros_like(x)
-    for c in coefficients[::-1]:
-        out = out * x + float(c)
-    return out
 
 
 class LoRALinear(nn.Module):
@@ -246,7 +239,7 @@ class HEBert(nn.Module):
         else:
             div = self.calibration.ranges[name][1]
             s = site(name, variance)
-            y = _torch_poly(self.calibration.polys[name], s)
+            y = torch_poly(self.calibration.polys[name], s)
             for _ in range(self.config.newton_steps):
                 y = y * (3.0 - s * y * y) / 2.0
             inv = y / math.sqrt(div)
@@ -268,7 +261,7 @@ class HEBert(nn.Module):
             dist = dist / (2.0 * math.sqrt(c.head_dim))
             u = site(f"layer {i} kernel distance", dist)
             if poly:
-                scores = _torch_poly(
+                scores = torch_poly(
                     self.calibration.polys[f"layer {i} kernel distance"], u
                 )
             else:
@@ -287,7 +280,7 @@ class HEBert(nn.Module):
             a = layer.intermediate(h)
             t = site(f"layer {i} activation input", a)
             if poly:
-                act = _torch_poly(
+                act = torch_poly(
                     self.calibration.polys[f"layer {i} activation input"], t
                 )
             elif c.activation == "relu":
@@ -305,7 +298,7 @@ class HEBert(nn.Module):
         pre = self.pooler(z[:, 0, :])
         t = site("pooler input", pre)
         pooled = (
-            _torch_poly(self.calibration.polys["pooler input"], t)
+            torch_poly(self.calibration.polys["pooler input"], t)
             if poly
             else torch.tanh(pre)
         )
