@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from defense_suite import __version__
 from defense_suite.locations import audit_dir, default_readme, resolve_spec, spec_dir
+from defense_suite.logs import configure
 
 if TYPE_CHECKING:
     from defense_suite.runner import Plan
@@ -83,9 +84,10 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from defense_suite.extras import install_line, missing_for
     from defenses.registry import KINDS, available
 
-    for kind in KINDS:
+    listing = {kind: available(kind) for kind in KINDS}  # fails before printing
+    for kind, names in listing.items():
         print(f"{kind}:")
-        for name in available(kind):
+        for name in names:
             lacking = missing_for(name)
             note = f"  (not installed: {install_line(lacking)})" if lacking else ""
             print(f"  {name}{note}")
@@ -395,25 +397,6 @@ def build_parser(audit: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
-def _configure_logging(verbose: int, quiet: bool = False) -> None:
-    """Log to stderr: warnings by default, errors only with ``--quiet``.
-
-    ``-v`` shows progress (INFO), ``-vv`` debugging details. Off a terminal
-    (no progress bar) the suite's own progress lines are shown unless ``--quiet``.
-    """
-    level = logging.ERROR if quiet else logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger().setLevel(level)
-    suite = logging.getLogger("defense_suite")
-    if quiet:
-        suite.setLevel(logging.ERROR)
-    elif not sys.stderr.isatty():
-        # no progress bar off a terminal: one log line per arm and seed instead
-        suite.setLevel(min(logging.INFO, level))
-    else:
-        suite.setLevel(logging.NOTSET)
-
-
 def _command(argv: Sequence[str]) -> str | None:
     """The sub-command word of ``argv`` (the first argument not an option)."""
     return next((a for a in argv if not a.startswith("-")), None)
@@ -426,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser(audit=_command(words) == "audit").parse_args(words)
     except SystemExit as stop:  # --help (0) or a bad flag (2, already printed)
         return int(stop.code or 0)
-    _configure_logging(args.verbose, args.quiet)
+    configure(args.verbose, args.quiet)
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
@@ -438,6 +421,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except KeyError as error:
         message = error.args[0] if error.args else repr(error)
+        print(f"defense-suite: error: {message}", file=sys.stderr)
+    except ImportError as error:  # an optional library met late: name its extra
+        from defense_suite.extras import explain_import_error
+
+        if (message := explain_import_error(error)) is None:
+            raise
+        logger.debug("details", exc_info=True)
         print(f"defense-suite: error: {message}", file=sys.stderr)
     except (ValueError, TypeError, OSError) as error:
         logger.debug("details", exc_info=True)

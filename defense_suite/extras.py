@@ -98,3 +98,25 @@ def require_for(names: Iterable[str], where: str) -> None:
         f"{where}: {'; '.join(parts)}, which is not installed; run: "
         f"{install_line(lacking)}"
     )
+
+
+def explain_import_error(error: BaseException) -> str | None:
+    """What to install for ``error``, when an optional library is behind it.
+
+    Follows the chain of causes to a :class:`ModuleNotFoundError` of a module that
+    an extra provides; None when there is none (a real bug, shown as it is).
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ModuleNotFoundError) and current.name:
+            root = current.name.split(".")[0]
+            for extra, modules in EXTRAS.items():
+                if root in modules:
+                    return (
+                        f"{root} is not installed (extra '{extra}'); run: "
+                        f"{install_line([extra])}"
+                    )
+        current = current.__cause__ or current.__context__
+    return None

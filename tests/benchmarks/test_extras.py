@@ -14,6 +14,7 @@ import pytest
 from defense_suite.extras import (
     EXTRAS,
     MissingExtra,
+    explain_import_error,
     extras_of,
     install_line,
     missing_modules,
@@ -158,3 +159,30 @@ def test_list_marks_what_cannot_run_and_the_rest_is_unmarked(tmp_path):
     assert all(
         "pip install 'defense-suite[crypto]'" in line for line in lines if "not" in line
     )
+
+
+def test_an_import_error_of_an_optional_library_is_explained_with_its_line():
+    try:
+        try:
+            raise ModuleNotFoundError("No module named 'tenseal'", name="tenseal")
+        except ModuleNotFoundError as inner:
+            raise ImportError("could not load the plugin module") from inner
+    except ImportError as outer:
+        message = explain_import_error(outer)
+    assert message == (
+        "tenseal is not installed (extra 'crypto'); run: "
+        "pip install 'defense-suite[crypto]'"
+    )
+    plain = ModuleNotFoundError("No module named 'nonesuch'", name="nonesuch")
+    assert explain_import_error(plain) is None
+    assert explain_import_error(ImportError("cannot import name x")) is None
+
+
+def test_without_flower_the_command_names_the_extra_instead_of_a_traceback(tmp_path):
+    """The registry imports every built-in package at discovery, so without flwr no
+    component can be listed (docs/suite.md); the command says what to install."""
+    done = _blocked(["flwr"], ["list"], tmp_path)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
+    assert "run: pip install 'defense-suite[federated]'" in done.stderr
