@@ -319,7 +319,6 @@ def encrypted_step(
     client = TuningClient(
         params, model.config.n_tokens, owner.context if owner is not None else None
     )
-    start, cpu = time.perf_counter(), time.process_time()
     if transport == "loopback":
         with Loopback(server=TuningServer(job, params)) as remote:
             folded, counts = client.train(remote, job, secret, packed, onehot)
@@ -329,7 +328,7 @@ def encrypted_step(
             folded, counts = client.train(local, job, secret, packed, onehot)
         finally:
             local.close()
-    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    seconds, cpu = client.elapsed
     if owner is not None:
         owner.bytes_up += client.bytes_up
     return StepResult(_unfold(folded, fold, lr), counts, seconds, cpu)

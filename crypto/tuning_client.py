@@ -9,6 +9,7 @@ allows (each admitted before decryption, clipped, answered fresh), and checks th
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,9 @@ class TuningClient:
         self.encryptions = 0
         self.clipped = 0
         self.bytes_up = 0
+        self.started = (0.0, 0.0)
+        self.elapsed = (0.0, 0.0)
+        """Wall and CPU seconds of the last step, setup excluded."""
 
     def _encrypt(self, kind: str, values: list[FloatArray]) -> Message:
         import tenseal as ts
@@ -109,6 +113,8 @@ class TuningClient:
         connection.send(
             Message("context", self.key, (public_bytes(self.context),)).encode()
         )
+        # the step's clock starts after the session's setup (the public context)
+        self.started = (time.perf_counter(), time.process_time())
         entries = [
             np.full(job.slots, x)
             for name in job.net.trained
@@ -134,4 +140,6 @@ class TuningClient:
         counts["encryptions"] = self.encryptions
         counts["decryptions"] = self.decryptions
         counts["round_trips"] = session.round_trips
+        wall, cpu = self.started
+        self.elapsed = (time.perf_counter() - wall, time.process_time() - cpu)
         return out, counts
