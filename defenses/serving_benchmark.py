@@ -68,7 +68,7 @@ def _ints(params: dict[str, Any], name: str, high: int) -> list[int]:
 
 def _setting(params: dict[str, Any]) -> dict[str, Any]:
     check_keys(BENCHMARK, params, DEFAULTS)
-    setting = {
+    setting: dict[str, Any] = {
         "batches": _ints(params, "batches", 1024),
         "concurrency": _ints(params, "concurrency", 64),
         "time_cap_s": check_real(
