@@ -287,6 +287,12 @@ def parse(data: Mapping[str, Any], name: str) -> Spec:
         if not attacks:
             raise SpecError(f"spec {name!r}: a game spec needs at least one attack")
         defenses = _str_list(f"spec {name!r}: defenses", data.get("defenses", ["none"]))
+        for key, names in (("attacks", attacks), ("defenses", defenses)):
+            if len(set(names)) != len(names):
+                raise SpecError(
+                    f"spec {name!r}: {key} must not repeat a name, got {names} "
+                    "(a sweep goes in its [params] table)"
+                )
     else:
         _expect(f"spec {name!r}: benchmark", benchmark, str, "a string")
         for key in ("attacks", "defenses"):

@@ -58,6 +58,12 @@ def test_report_values_are_type_and_range_checked(report, message):
         parse({**GAME, "report": report}, "bad")
 
 
+@pytest.mark.parametrize("key", ["attacks", "defenses"])
+def test_a_repeated_attack_or_defense_is_refused(key):
+    with pytest.raises(SpecError, match=rf"{key} must not repeat a name"):
+        parse({**GAME, key: ["loss-mia", "loss-mia"]}, "bad")
+
+
 @pytest.mark.parametrize(
     ("summary", "message"),
     [
