@@ -205,6 +205,7 @@ class TimeAdaptiveClient:
                 asked[records.STEPS],
             )
 
+        self._rng(1)  # a research seed a deployment refuses: refused before charging
         store = runtime.ledger_file(self.context)
         grant, ledger = store.charge(self.privacy, int(self.context.run_id), decide)
         records.save_grant(self.context, grant, msg)

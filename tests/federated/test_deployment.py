@@ -223,3 +223,78 @@ def test_tls_deployment_with_authenticated_supernodes(tmp_path):
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_supernodes_with_trusted_entities_refuse_a_local_fab(tmp_path):
+    """Flower's FAB verification needs the app hub: a local app is refused.
+
+    Two SuperNodes started with ``--trusted-entities`` (an Ed25519 key) refuse the
+    FAB of a local ``flwr run`` before any ClientApp code runs (Flower 1.42 wants a
+    ``valid_license`` verification that only a hub-backed SuperLink adds). This is
+    why docs/federated.md assumes the node runs ClientApp code it trusts.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    public = ed25519.Ed25519PrivateKey.generate().public_key()
+    openssh = public.public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    ).decode()
+    trusted = tmp_path / "trusted.yaml"
+    trusted.write_text(f'publisher-key: "{openssh}"\n')
+    home = tmp_path / "home"
+    home.mkdir()
+    port, health = _free_port(), _free_port()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
+        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    procs: list[subprocess.Popen] = []
+    logs = []
+    try:
+        log = (tmp_path / "superlink.log").open("w")
+        procs.append(subprocess.Popen([
+            str(BIN / "flower-superlink"), "--insecure",
+            "--disable-runtime-dependency-installation",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--health-server-address", f"127.0.0.1:{health}",
+        ], env=env, stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
+        time.sleep(8)
+        for i in range(2):
+            logs.append(tmp_path / f"supernode{i}.log")
+            out = logs[-1].open("w")
+            procs.append(subprocess.Popen([
+                str(BIN / "flower-supernode"), "--insecure",
+                "--superlink", f"127.0.0.1:{port}",
+                "--host", "127.0.0.1", "--port", str(_free_port()),
+                "--trusted-entities", str(trusted),
+                "--node-config",
+                f"partition-id={i} num-partitions=3 epsilon={BUDGETS[i]} "
+                f'{AGREEMENT} ledger-init=true ledger-path="{tmp_path}/l{i}.json"',
+            ], env=env, stdout=out, stderr=subprocess.STDOUT))  # fmt: skip
+        run = subprocess.run(
+            [sys.executable, "-m", "defense_suite.federated", "run", str(EXAMPLE),
+             "test", "--run-config", "num-server-rounds=3"],
+            env=env, capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert run.returncode == 1, run.stdout[-3000:]
+        text = " ".join(p.read_text(errors="replace") for p in logs)
+        assert "App verification is not supported by the connected SuperLink" in text
+        assert not list(tmp_path.glob("l*.json"))  # no ClientApp code ever ran
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()

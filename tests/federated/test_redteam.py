@@ -69,6 +69,9 @@ def test_a_research_seed_is_refused_in_a_deployment(caplog):
     assert set(redteam.answers([grid])) == {"refused: node-config"}
     assert redteam.epsilons([grid]) == [0.0, 0.0]
     assert any("research-seed" in r.getMessage() for r in caplog.records)
+    for context in grid.contexts.values():  # refused before anything was charged
+        privacy = node_privacy(context)
+        assert TimeAdaptiveClient(privacy, context).ledger.history() == []
 
 
 def test_a_second_run_and_a_restart_are_refused_once_the_budget_is_spent():
