@@ -35,6 +35,10 @@ pseudo-labels under ``seeding="random"``). Under ``seeding="input-hash"`` a row'
 answer is a function of what is hashed: pass the ``inputs`` that deployment hashes
 (the queries), so the check sees the answers deployment gives.
 
+:func:`protect_within_budget` does it for a fitted scikit-learn classifier (labels
+of any type, the queries hashed as deployment hashes them) and returns the
+deployed :class:`~defenses.ssd.sklearn.ShieldedClassifier`.
+
 If even the smallest candidate's bound is above :math:`t` (too few check rows:
 with no harm at all, :math:`\bar\rho(0) = 1 - \delta^{1/n}`, about
 :math:`3 / n` at :math:`\delta = 0.05`), the search refuses with the number of rows
@@ -52,12 +56,16 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import scipy.sparse
 from scipy import stats
 from sklearn.model_selection import train_test_split
 
-from defenses.checks import check_int, check_real
+from defenses.checks import check_choice, check_int, check_real
 from defenses.ssd.batch import as_rows
 from defenses.ssd.defense import StealthyShield
+from defenses.ssd.seeding import SEEDINGS, Seeding
+from defenses.ssd.sklearn import ShieldedClassifier
+from defenses.targets import check_labels
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +177,9 @@ def _rows_of(inputs: Any, rows: npt.NDArray[np.intp]) -> Any:
         return None
     if hasattr(inputs, "iloc"):
         return inputs.iloc[rows]
-    return inputs[rows]
+    if scipy.sparse.issparse(inputs):
+        return scipy.sparse.csr_matrix(inputs)[rows]
+    return np.asarray(inputs)[rows]
 
 
 def choose_epsilon(
@@ -279,3 +289,59 @@ def choose_epsilon(
         bounds=tuple(bounds),
         n_check=n,
     )
+
+
+def protect_within_budget(
+    estimator: Any,
+    X_val: Any,
+    y_val: Any,
+    search: EpsilonSearch | None = None,
+    *,
+    shield: StealthyShield | None = None,
+    seeding: Seeding = "input-hash",
+) -> tuple[ShieldedClassifier, EpsilonChoice]:
+    """A fitted classifier shielded with the largest epsilon within the budget.
+
+    Parameters
+    ----------
+    estimator : fitted classifier with ``predict_proba`` and ``classes_``
+        The deployed model (used as it is).
+    X_val, y_val : validation rows and labels
+        Held out from the model's training data; labels of any type in
+        ``estimator.classes_``. ``X_val`` reaches the model untouched and is
+        hashed as deployment hashes queries.
+    search : EpsilonSearch or None
+        Target and confidence (see :func:`choose_epsilon`).
+    shield : StealthyShield or None
+        Template of the shield's other settings (None: the defaults).
+    seeding : {"input-hash", "random"}
+        The deployed answers' seeding (default: same input, same answer).
+
+    Returns
+    -------
+    (ShieldedClassifier, EpsilonChoice)
+        The fitted wrapper (``predict`` / ``predict_proba``) and the evidence.
+    """
+    check_choice("seeding", seeding, SEEDINGS)
+    labels = check_labels(y_val, "protect_within_budget")
+    classes = getattr(estimator, "classes_", None)
+    if classes is None or not callable(getattr(estimator, "predict_proba", None)):
+        raise TypeError(
+            "estimator must be a fitted classifier with predict_proba and classes_, "
+            f"got {type(estimator).__name__}"
+        )
+    positions = {label: i for i, label in enumerate(np.asarray(classes).tolist())}
+    unknown = sorted({v for v in labels.tolist() if v not in positions}, key=str)
+    if unknown:
+        raise ValueError(f"y_val has labels the estimator does not know: {unknown}")
+    codes = np.array([positions[v] for v in labels.tolist()], dtype=np.int64)
+    template = StealthyShield() if shield is None else shield
+    if not isinstance(template, StealthyShield):
+        raise TypeError(f"shield must be a StealthyShield, got {type(template)}")
+    template = copy.deepcopy(template)
+    template.set_params(seeding=seeding)
+    choice = choose_epsilon(
+        estimator.predict_proba(X_val), codes, search, shield=template, inputs=X_val
+    )
+    wrapped = ShieldedClassifier.prefitted(estimator, choice.shield, seeding=seeding)
+    return wrapped, choice

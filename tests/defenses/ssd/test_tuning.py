@@ -136,3 +136,46 @@ def test_bad_input_is_refused():
         choose_epsilon(probs * 2, np.arange(10) % 3)
     with pytest.raises(TypeError, match="StealthyShield"):
         choose_epsilon(probs, np.arange(10) % 3, shield="shield")  # type: ignore[arg-type]
+
+
+def test_protect_within_budget_with_string_labels_frames_and_sparse():
+    import pandas as pd
+    import scipy.sparse
+
+    from defenses.ssd.tuning import protect_within_budget
+
+    X, y, train, val, test = _split()
+    words = np.array([f"digit {d}" for d in range(10)])
+    frame = pd.DataFrame(X, columns=[f"p{i}" for i in range(64)])
+    forest = RandomForestClassifier(n_estimators=100, random_state=0, n_jobs=1)
+    forest.fit(frame.iloc[train], words[y[train]])
+    target = 0.03
+    protected, choice = protect_within_budget(
+        forest,
+        frame.iloc[val],
+        words[y[val]],
+        EpsilonSearch(max_accuracy_drop=target),
+        shield=StealthyShield(seed=0),
+    )
+    assert protected.seeding == "input-hash"
+    assert protected.shield_.epsilon == choice.epsilon
+    rows = frame.iloc[test]
+    answers = protected.predict(rows)
+    assert set(answers) <= set(words)
+    assert np.array_equal(answers, protected.predict(rows))  # same input, same answer
+    plain = np.mean(forest.predict(rows) == words[y[test]])
+    assert plain - np.mean(answers == words[y[test]]) <= target
+    sparse_model = LogisticRegression(max_iter=2000).fit(
+        scipy.sparse.csr_matrix(X[train]), y[train]
+    )
+    _, sparse_choice = protect_within_budget(
+        sparse_model,
+        scipy.sparse.coo_matrix(X[val]),
+        y[val],
+        EpsilonSearch(max_accuracy_drop=0.03),
+    )
+    assert sparse_choice.epsilon > 0
+    with pytest.raises(ValueError, match="labels the estimator does not know"):
+        protect_within_budget(forest, frame.iloc[val], y[val])
+    with pytest.raises(TypeError, match="predict_proba and classes_"):
+        protect_within_budget(object(), X[val], y[val])
