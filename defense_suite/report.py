@@ -34,6 +34,26 @@ README_START = "<!-- results:start -->"
 README_END = "<!-- results:end -->"
 
 
+GLOSSARY = [
+    "How to read the summary:",
+    "",
+    "- **defended** / **baseline**: the metric's mean for the defense and for what "
+    "it is compared with (the undefended system unless the row names another "
+    "method), over seeds.",
+    "- **paired Δ**: defended minus baseline at the same seed and setting; "
+    "negative means the metric fell.",
+    "- **utility Δ**: the same paired change in the utility the defense costs "
+    "(accuracy, coverage...).",
+    "- **peers**: the same metric for the other defenses the paper compares with.",
+    "- **guarantee**: what the defense certifies or measures about itself (a DP "
+    "budget, a certified fraction, exactness).",
+    "- **verdict**: see above; a claim that does not reproduce is shown as "
+    "measured, never hidden.",
+    "",
+]
+"""The glossary under the summary table: one line per column a newcomer meets."""
+
+
 def _specs_by_name(spec_dir: Path) -> dict[str, Spec]:
     return {p.stem: load_spec(p) for p in sorted(spec_dir.glob("*.toml"))}
 
@@ -202,6 +222,7 @@ def write_report(
             "",
             summary,
             "",
+            *GLOSSARY,
         ]
     lines += [
         "| benchmark | title | runs |",

@@ -82,6 +82,8 @@ def test_run_table_plot_report_end_to_end(tmp_path, capsys):
     assert "**Paper's claim:** rounding lowers AUC" in report
     assert "Paired deltas" in report
     assert "## Summary" in report
+    assert "How to read the summary:" in report  # a glossary under the table
+    assert "- **paired Δ**: defended minus baseline" in report
     assert "| membership | loss-mia | AUC falls | success.auc |" in report
     assert (results / "plots" / "mini-quick.png").exists()
     assert (results / "plots" / "mini-quick-delta.png").read_bytes()[:4] == b"\x89PNG"
