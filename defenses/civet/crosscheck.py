@@ -10,8 +10,11 @@ raising :class:`CrossCheckError` naming the first disagreement, if
 1. the bounds propagated through the graph for the point box :math:`[x, x]` (and for
    the point :math:`z = \mu(x)` of the decoder) differ from the module's outputs
    there: then the graph is not the module;
-2. the user's module in its own dtype and mode-as-certified (eval) differs at the
-   centre from the float64 copy the bounds were computed on;
+2. the module's output for one row alone differs from that row's output in the
+   batch (rows coupled by batch statistics or a batch mean: a per-input
+   certificate would not apply), or the user's module in its own dtype and
+   mode-as-certified (eval) differs at the centre from the float64 copy the bounds
+   were computed on;
 3. any evaluated output is NaN or inf;
 4. at sampled points :math:`(x', \nu)` of the input ball
    :math:`B_\infty(x, \varepsilon) \cap \text{domain}` (uniform and corners) and of
@@ -147,6 +150,17 @@ def _centre(
     out = exact.decode(mu)
     _finite(f"{dec}(mu)", out, "model")
     _agree(dec, out, exact.output_bounds(Box(mu, mu)), slack, "model")
+    if x.shape[0] > 1:
+        alone_mu, alone_logvar = exact.encode(x[:1])
+        alone = torch.cat([alone_mu, alone_logvar, exact.decode(mu[:1]).flatten(1)], 1)
+        batched = torch.cat([mu[:1], logvar[:1], out[:1].flatten(1)], 1)
+        if not bool(_close(batched, alone, slack).all()):
+            raise CrossCheckError(
+                "model: its output for row 0 alone differs from its output for row 0 "
+                "in the batch: the module couples the rows of a batch (batch "
+                "statistics, a mean over the batch), so a per-input certificate "
+                "does not apply to it: no certificate"
+            )
     dtype = user.dtype
     loose = max(slack, 1e3 * torch.finfo(dtype).eps)
     with evaluation(user.module):

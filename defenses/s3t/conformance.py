@@ -8,10 +8,12 @@ properties of the frozen backbone that nothing else enforces:
    and the head: two passes on the same batch give identical outputs, and the
    forward draws no random numbers. ``F.dropout(h, 0.2)`` breaks it in eval mode too
    (its ``training`` defaults to True), as does noise drawn inside ``forward``.
-2. **A frozen backbone.** No parameter or buffer of the backbone changes during a
-   training step (forward, backward and optimizer step on a stage's adapters and
-   head). A forward that updates buffers itself (``F.batch_norm(...,
-   training=True)`` with running statistics, a counter) makes every stage write
+2. **A frozen backbone.** No parameter, buffer or plain state attribute (a tensor,
+   a number, a container of tensors: a counter, a cache or a log of inputs) of the
+   backbone changes during the probe's forward passes and a training step
+   (forward, backward and optimizer step on a stage's adapters and head). A
+   forward that updates buffers itself (``F.batch_norm(..., training=True)`` with
+   running statistics, a counter) makes every stage write
    into state shared by all stages: a leak across deletions that S3T's records do
    not see.
 
@@ -113,6 +115,43 @@ def _state(model: AdaptedModel) -> dict[str, tuple[str, Tensor]]:
     return out
 
 
+def _attributes(model: AdaptedModel) -> dict[str, Any]:
+    """Plain attributes of every submodule that can hold state a forward writes.
+
+    Tensors that are not registered buffers, numbers (not bools) and containers
+    holding a tensor (a cache or log of inputs), by ``module.attribute`` name.
+    """
+    out: dict[str, Any] = {}
+    for prefix, module in model.module.named_modules():
+        for key, value in vars(module).items():
+            if key.startswith("_") or key == "training":
+                continue
+            name = f"{prefix}.{key}" if prefix else key
+            if isinstance(value, Tensor):
+                out[name] = value.detach().clone()
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                out[name] = value
+            elif isinstance(value, list | tuple | dict | set) and _holds_tensor(value):
+                out[name] = repr(value)
+    return out
+
+
+def _holds_tensor(value: Any) -> bool:
+    items = value.values() if isinstance(value, dict) else value
+    return any(isinstance(v, Tensor) for v in items)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return (
+            isinstance(a, Tensor)
+            and isinstance(b, Tensor)
+            and a.shape == b.shape
+            and torch.equal(a, b.detach())
+        )
+    return bool(a == b)
+
+
 def _first_difference(a: Tensor, b: Tensor) -> float:
     if a.shape != b.shape:
         return float("inf")
@@ -151,6 +190,7 @@ def check_conformance(
     """
     gen = torch.Generator().manual_seed(0)
     probe = model.fresh(model.targets, rank, gen)
+    attributes = _attributes(model)
     with torch.no_grad(), model.bound(probe), _Watch() as watch:
         first = model.run(x)
         second = model.run(x)
@@ -182,6 +222,21 @@ def check_conformance(
         loss = F.cross_entropy(model.run(x), y)
         loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
+    now = _attributes(model)
+    written = [
+        n
+        for n in sorted(set(attributes) | set(now))
+        if n not in attributes or n not in now or not _same(attributes[n], now[n])
+    ]
+    if written:
+        raise ValueError(
+            f"model: attribute {written[0]!r} of the backbone changed during "
+            f"forward passes and a training step ({len(written)} attribute(s): "
+            f"{written[:4]}): the forward keeps state (a counter, a cache or log of "
+            "its inputs) outside S3T's records, which deletion cannot erase and "
+            "which makes every stage depend on the ones before; keep forward "
+            "free of side effects"
+        )
     after = _state(model)
     moved = [n for n, (_, t) in before.items() if not torch.equal(t, after[n][1])]
     if moved and not shared_state:

@@ -110,6 +110,13 @@ class FrozenNoise(UserVAE):
         return torch.sigmoid(self.out(torch.relu(self.dec(z))) + noise)
 
 
+class BatchCoupled(UserVAE):
+    """Each latent centred on the batch mean: a row's output depends on the others."""
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.out(torch.relu(self.dec(z - z.mean(0)))))
+
+
 class NaNOutput(UserVAE):
     """Finite weights, NaN reconstructions."""
 
@@ -142,8 +149,9 @@ REFUSED = {
     "augmented-alias": (AugmentedAlias, "traced graph of model.decode differs"),
     "functional-dropout": (FunctionalDropout, "dropout"),
     "buffer-in-forward": (BufferInForward, "batch statistics"),
-    "call-counter": (CallCounter, "model.decode"),
+    "call-counter": (CallCounter, "differs"),
     "frozen-noise": (FrozenNoise, "traced graph of model.decode differs"),
+    "batch-coupled": (BatchCoupled, "couples the rows of a batch"),
     "nan-output": (NaNOutput, "nan or inf"),
     "nan-weights": (nan_weights, "parameter 'out.weight'"),
 }

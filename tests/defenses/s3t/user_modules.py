@@ -84,6 +84,30 @@ class CountingForward(UserMLP):
         return self.out(self.hidden(x))
 
 
+class LoggingForward(UserMLP):
+    """Keeps every input it sees (a cache of training rows deletion cannot reach)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__(seed)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x.detach())
+        return self.out(self.hidden(x))
+
+
+class PythonCounter(UserMLP):
+    """A Python counter the forward reads: outputs change after a number of calls."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__(seed)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.out(self.hidden(x)) * (1.0 if self.calls < 50 else 2.0)
+
+
 class NaNLogits(UserMLP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(self.hidden(x)) * float("nan")
@@ -168,6 +192,8 @@ REFUSED = {
     "noisy-forward": (NoisyForward, "randn_like"),
     "batch-norm-in-forward": (BatchNormInForward, "buffer 'mean'"),
     "counting-forward": (CountingForward, "buffer 'calls'"),
+    "logging-forward": (LoggingForward, "attribute 'seen'"),
+    "python-counter": (PythonCounter, "attribute 'calls'"),
     "nan-logits": (NaNLogits, "nan or inf"),
     "nan-weights": (nan_weights, "parameter 'fc2.bias'"),
     "float64": (float64, "torch.float64"),
