@@ -107,3 +107,31 @@ def test_user_tokenizer_built_saved_loaded_and_checked(tmp_path: Path) -> None:
         encode(tokenizer, [], model)
     with pytest.raises(ValueError, match="corpus"):
         build_tokenizer([])
+
+
+def test_byo_benchmark_is_registered_and_reports_three_variants() -> None:
+    from defense_suite.crypto.benchmark.byo import byo_benchmark
+    from defenses import registry
+
+    # the registry's discovery imports this module, which registers the benchmark
+    assert "defense_suite.crypto.convert.scenario" in registry._builtin_modules()
+    from defense_suite.crypto.convert import scenario  # noqa: F401
+
+    assert registry._registry["benchmarks"]["crypto-byo"] is byo_benchmark
+    bench = byo_benchmark
+    params = {
+        "train": 120,
+        "distill_train": 60,
+        "test": 40,
+        "width": 8,
+        "ffn": 16,
+        "epochs": 1,
+        "distill_epochs": 1,
+    }
+    rows = list(bench(params, [0]))
+    assert [r.defense for r in rows] == ["none", "converted", "distilled"]
+    for r in rows:
+        assert 0.0 <= r.utility["accuracy"] <= 1.0
+        assert r.cost["plaintext_ms_per_seq"] > 0
+    assert rows[0].utility["agreement"] == 1.0
+    assert rows[2].cost["distill_s"] > 0
