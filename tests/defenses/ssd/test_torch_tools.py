@@ -231,3 +231,66 @@ def test_saved_state_brings_its_seeding():
     restored.load_state_dict(torch.load(buffer, weights_only=True))
     assert restored.seeding == "random" == restored.shield.seeding
     assert torch.equal(restored(x), saved(x))
+
+
+# --- a family of user modules ---------------------------------------------------
+
+
+class _InplaceView(torch.nn.Module):
+    """An in-place activation on a view of a tensor read again (CIVET's trap)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(6, 8)
+        self.head = torch.nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(x)
+        torch.nn.functional.relu(h[:, :4], inplace=True)
+        return self.head(h)
+
+
+class _Tokens(torch.nn.Module):
+    """Embedding + LayerNorm over integer token ids (integer inputs are hashed too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(20, 8)
+        self.norm = torch.nn.LayerNorm(8)
+        self.head = torch.nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.embed(x)).mean(dim=1))
+
+
+def _family():
+    torch.manual_seed(0)
+    batchnorm = torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 5)
+    ).eval()
+    x = _uncertain_inputs(16)
+    tokens = torch.randint(0, 20, (16, 3), generator=torch.Generator().manual_seed(2))
+    return [
+        ("float64", _net().double(), x.double()),
+        ("in-place view", _InplaceView(), x),
+        ("batchnorm (eval)", batchnorm, x),
+        ("log-softmax ending", _net(last=torch.nn.LogSoftmax(dim=1)), x),
+        ("token ids", _Tokens(), tokens),
+    ]
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_user_modules_get_the_shield_of_their_own_outputs(case):
+    """Eager and compiled: the answer is the shield applied to the module's output."""
+    name, module, x = _family()[case]
+    wrapped = ShieldedModule(module, _shield())
+    with torch.no_grad():
+        out = module(x)
+    probs = out.double().exp() if "log-softmax" in name else out.double().softmax(1)
+    reference = _shield().wrap(lambda z: z, outputs="probs").shield
+    expected = reference(probs, inputs=x)
+    got = wrapped(x)
+    assert got.dtype == out.dtype, name
+    torch.testing.assert_close(got.double(), expected, rtol=0, atol=1e-6)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(wrapped, backend="eager")(x), got), name
