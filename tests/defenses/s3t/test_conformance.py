@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from defenses.s3t import S3T, lineage_audit
+from defenses.s3t import S3T, SISA, FullRetrain, lineage_audit
 from defenses.s3t.attacks import twin_test
 from tests.defenses.s3t.user_modules import (
     ACCEPTED,
@@ -130,3 +130,15 @@ def test_token_ids_and_positional_embeddings_are_told_apart() -> None:
     # integer features for the positional model are features, cast to float32
     ints = np.rint(X * 3).astype(np.int64)
     assert positional.predict(ints[:3]).shape == (3,)
+
+
+@pytest.mark.parametrize("kind", ["SISA", "FullRetrain"])
+def test_the_baselines_run_the_same_conformance_pass(kind: str) -> None:
+    make, _ = REFUSED["functional-dropout"]
+    model = (
+        SISA(make(), 2, 2, rank=2, epochs=1, batch_size=16, **SETTINGS)
+        if kind == "SISA"
+        else FullRetrain(make(), rank=2, epochs=1, batch_size=16, **SETTINGS)
+    )
+    with pytest.raises(ValueError, match="training=True"):
+        model.fit(X, Y, IDS)
