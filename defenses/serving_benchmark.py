@@ -8,8 +8,9 @@ served at once by ``mlflow models serve --workers W --env-manager local`` on
 127.0.0.1 (:class:`~defenses.model_server.ModelServer`). For each batch size and
 each load level (``concurrency``: keep-alive connections sending back to back),
 :func:`~defenses.model_server.load` sends ``requests`` identical ``{"inputs": ...}``
-requests to one server, then the other (the order alternates between settings),
-after ``warmup`` unrecorded requests each, with a time cap per run.
+requests to each server, after ``warmup`` unrecorded requests each, in ``rounds``
+chunks with the arms alternating chunk by chunk (both see the same drift of the
+machine's other load), with a time cap per chunk.
 
 Each record holds requests per second, the p50/p95/p99 latency (ms) and the error
 count (any answer but 200, or no answer by the cap); the ``ssd`` records add
@@ -54,6 +55,7 @@ DEFAULTS: dict[str, Any] = {
     "n_features": 20,
     "n_classes": 10,
     "target_batch": 256,
+    "rounds": 10,
 }
 
 
@@ -85,6 +87,7 @@ def _setting(params: dict[str, Any]) -> dict[str, Any]:
         ("n_features", 1, 1000),
         ("n_classes", 2, 1000),
         ("target_batch", 1, 1024),
+        ("rounds", 1, 1000),
     ):
         value = params.get(name, DEFAULTS[name])
         setting[name] = check_int(f"{BENCHMARK}.{name}", value, low, high)
@@ -108,7 +111,8 @@ def serve_load(params: dict[str, Any], seeds: list[int]) -> Iterator[Result]:
         ``warmup`` (default 10), ``workers`` (server workers, default 2),
         ``time_cap_s`` (per load run, default 60), ``n_features`` (default 20),
         ``n_classes`` (default 10), ``target_batch`` (default 256, one of
-        ``batches``).
+        ``batches``), ``rounds`` (the arms alternate this many times per
+        setting, default 10).
     seeds : list of int
         One run per seed (data, model and shield key).
     """
@@ -167,16 +171,13 @@ def _records(seed: int, setting: dict[str, Any]) -> Iterator[Result]:
             match = served is not None and np.array_equal(
                 served, shielded(rows[: max(bodies)])
             )
-            turn = 0
             for batch, body in bodies.items():
                 for level in setting["concurrency"]:
-                    order = ARMS if turn % 2 == 0 else ARMS[::-1]
-                    turn += 1
-                    for arm in order:
-                        port = servers[arm].port
+                    for arm in ARMS:
                         if setting["warmup"]:
-                            load(port, body, setting["warmup"], level, cap)
-                        result = load(port, body, setting["requests"], level, cap)
+                            load(servers[arm].port, body, setting["warmup"], level, cap)
+                    runs = _interleaved(servers, body, level, setting)
+                    for arm, result in runs.items():
                         measured[(arm, batch, level)] = result
                         logger.info(
                             "%s batch=%d concurrency=%d: p50 %.2f ms, %.1f req/s, "
@@ -188,6 +189,34 @@ def _records(seed: int, setting: dict[str, Any]) -> Iterator[Result]:
             for server in servers.values():
                 server.stop()
     yield from _results(seed, setting, measured, bool(match))
+
+
+def _interleaved(
+    servers: dict[str, Any], body: bytes, level: int, setting: dict[str, Any]
+) -> dict[str, Any]:
+    """Each arm's requests in ``rounds`` chunks, the arms alternating chunk by chunk.
+
+    On a shared machine the load from other work drifts; alternating the arms
+    every ``requests / rounds`` requests exposes both to the same drift. The
+    chunks of an arm are pooled into one :class:`~defenses.model_server.LoadResult`.
+    """
+    from defenses.model_server import LoadResult, load
+
+    rounds = min(setting["rounds"], setting["requests"])
+    chunks = [len(c) for c in np.array_split(np.arange(setting["requests"]), rounds)]
+    parts: dict[str, list[Any]] = {arm: [] for arm in ARMS}
+    for index, size in enumerate(chunks):
+        for arm in ARMS if index % 2 == 0 else ARMS[::-1]:
+            port = servers[arm].port
+            parts[arm].append(load(port, body, size, level, setting["time_cap_s"]))
+    return {
+        arm: LoadResult(
+            np.concatenate([r.latencies_s for r in runs]),
+            sum(r.errors for r in runs),
+            sum(r.wall_s for r in runs),
+        )
+        for arm, runs in parts.items()
+    }
 
 
 def _results(
