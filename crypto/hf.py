@@ -56,7 +56,7 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1000) -> Any:
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
     trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIAL)
+        vocab_size=vocab_size, special_tokens=list(SPECIAL), show_progress=False
     )
     tok.train_from_iterator(texts, trainer)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
