@@ -163,11 +163,11 @@ def _kind_verdict(report: AuditReport, kind: str, title: str) -> str | None:
     arms = {d: v for (a, d), v in means.items() if a == attack and d != UNDEFENDED}
     if arms:
         best = min(arms, key=lambda d: arms[d])
-        cost = accuracy[(attack, UNDEFENDED)] - accuracy[(attack, best)]
+        before, after = accuracy[(attack, UNDEFENDED)], accuracy[(attack, best)]
         if arms[best] < plain[attack] - RISE_TOLERANCE:
             text += (
                 f"; the most protective arm, `{best}`, brings it to {arms[best]:.3f} "
-                f"for {cost:+.3f} test accuracy lost"
+                f"(test accuracy {before:.3f} -> {after:.3f})"
             )
         else:
             text += "; no arm lowers it by more than " + f"{RISE_TOLERANCE:g}"
