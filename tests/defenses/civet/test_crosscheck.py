@@ -163,3 +163,15 @@ def test_the_builtin_container_passes_its_own_check_after_civet_training() -> No
     for support in ("uniform", "exact"):
         cert = certify(vae, X, 0.1, 0.95, support=support)
         assert cert.check.worst_ratio <= 1 + 1e-9
+
+
+@pytest.mark.parametrize("name", ["in-place-view", "in-place-slice"])
+def test_without_the_alias_rule_the_cross_check_alone_refuses(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    from defenses.civet import graph
+
+    monkeypatch.setattr(graph, "check_in_place", lambda g, n: None)
+    make, _ = REFUSED[name]
+    with pytest.raises(CrossCheckError, match=r"traced graph of model\.decode differs"):
+        certify(make(), X, 0.0)
