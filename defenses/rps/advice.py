@@ -28,7 +28,13 @@ points move at most :math:`r_t` votes. A class in the set must keep its place wh
 (the calibration points' votes move too); a class out of it must stay out while
 :math:`r_t` votes join it and the threshold falls by :math:`r_t`. A set that is
 neither empty nor full therefore needs :math:`4 r_t` votes between its members and
-the rest, :math:`k_t \ge 4 r_t + 1`, and certifies at most
+the rest, :math:`k_t \ge 4 r_t + 1`. With raw vote fractions (``softmax=False``,
+:math:`s = v_y / k_t`) this is exact: the bounds are :math:`(v \pm r_t) / k_t`
+clipped to [0, 1], monotone maps that commute with the order statistics behind
+the thresholds, so an in-class needs :math:`v_y - r_t \ge t + r_t` and an
+out-class :math:`v_z + r_t < t - r_t` for the majority threshold's vote count
+:math:`t`; with the softmax a test checks it over every vote vector of three
+classes against random calibration designs. Such a set certifies at most
 :math:`\lfloor (k_t - 1) / 4 \rfloor` (on digits, 10 parts certified 0.60 of the test
 points at :math:`r_t = 2` and none at 3). Above that minimum, more parts give finer
 votes and larger margins until each part has too little data to learn. Measured

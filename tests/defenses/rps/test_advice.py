@@ -1,5 +1,6 @@
 """suggest_parts and the empty-certificate warning, on the data that exposed them."""
 
+import itertools
 import warnings
 
 import numpy as np
@@ -122,3 +123,59 @@ def test_bad_arguments_are_refused(kwargs, match):
     args = {"n_train": 800, "n_calib": 600, "n_classes": 10} | kwargs
     with pytest.raises(ValueError, match=match):
         suggest_parts(**args)
+
+
+def _compositions(n, k):
+    for cuts in itertools.combinations(range(n + k - 1), k - 1):
+        parts, prev = [], -1
+        for c in (*cuts, n + k - 1):
+            parts.append(c - prev - 1)
+            prev = c
+        yield parts
+
+
+class _TableVoter:
+    """Parts voting by a table of vote counts: row ``X[i, 0]`` of ``table``."""
+
+    def __init__(self, table, n_parts):
+        self.table = np.asarray(table)
+        self.n_parts = n_parts
+
+    def part_votes(self, X):
+        rows = self.table[np.asarray(X)[:, 0].astype(int)]
+        out = np.empty((self.n_parts, len(rows)), dtype=np.int64)
+        for j, counts in enumerate(rows):
+            out[:, j] = np.repeat(np.arange(len(counts)), counts)
+        return out
+
+
+def _designs_certifying(k_t, radius, softmax, designs=20, k=3):
+    """How many random calibration designs certify some non-trivial set at r."""
+    rng = np.random.default_rng(0)
+    tests = np.array(list(_compositions(k_t, k)))  # every vote vector of a point
+    found = 0
+    for _ in range(designs):
+        cal = rng.multinomial(k_t, rng.dirichlet(np.full(k, 0.5), 40))
+        labels = np.where(rng.random(40) < 0.85, cal.argmax(1), rng.integers(0, k, 40))
+        voter = _TableVoter(np.vstack([cal, tests]), k_t)
+        model = ReliableConformalClassifier.from_voter(
+            voter, np.arange(k), 1, n_calib_parts=1, softmax=softmax
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", EmptyCertificateWarning)
+            model.conformalize(np.arange(40.0)[:, None], labels)
+        cert = model.certify((40.0 + np.arange(len(tests)))[:, None])
+        size = cert.sets.sum(axis=1)
+        proper = (size > 0) & (size < k)
+        found += int(cert.robust(radius, 0)[proper].any())
+    return found
+
+
+@pytest.mark.parametrize("softmax", [False, True])
+@pytest.mark.parametrize("radius", [1, 2])
+def test_the_vote_margin_holds_for_every_vote_vector(softmax, radius):
+    # Every vote vector of a test point against random calibration designs: with
+    # 4 r parts no set that is neither empty nor full is certified at r (exact for
+    # raw vote fractions, checked here for the softmax too), with 4 r + 1 some is.
+    assert _designs_certifying(4 * radius, radius, softmax) == 0
+    assert _designs_certifying(4 * radius + 1, radius, softmax) > 0
