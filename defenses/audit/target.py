@@ -124,6 +124,20 @@ def check_answers(
         )
 
 
+def check_finite_state(module: torch.nn.Module, name: str) -> None:
+    """Raise ValueError naming the first parameter or buffer holding NaN or inf."""
+    for kind, items in (
+        ("parameter", module.named_parameters()),
+        ("buffer", module.named_buffers()),
+    ):
+        for key, tensor in items:
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise ValueError(
+                    f"{name} has NaN or inf in its {kind} {key!r}: a broken model "
+                    "is refused, not audited"
+                )
+
+
 @dataclass(frozen=True, eq=False)
 class AuditedModel:
     """A fitted classifier behind a checked ``predict_proba`` on flat rows.
@@ -192,6 +206,7 @@ def as_audited(
     shape = tuple(int(s) for s in input_shape)
     name = f"model ({type(model).__name__})"
     if isinstance(model, torch.nn.Module):
+        check_finite_state(model, name)
         predict = _torch_predict(model, shape, outputs, batch_size)
         return AuditedModel(predict, shape, name=name)
     if hasattr(model, "predict_proba"):

@@ -90,8 +90,19 @@ def test_non_finite_outputs_are_refused_by_name():
     net = torch.nn.Sequential(torch.nn.Linear(64, 10))
     with torch.no_grad():
         net[0].bias[3] = float("nan")
-    with pytest.raises(ValueError, match=r"model \(Sequential\) answered NaN or inf"):
+    with pytest.raises(
+        ValueError,
+        match=r"model \(Sequential\) has NaN or inf in its "
+        r"parameter '0.bias'",
+    ):
         audit(net, (X[:60], digits.target[:60]), (X[60:120], digits.target[60:120]))
+
+    class Overflow(torch.nn.Module):
+        def forward(self, x):
+            return torch.full((x.shape[0], 10), float("inf"))
+
+    with pytest.raises(ValueError, match=r"model \(Overflow\) answered NaN or inf"):
+        audit(Overflow(), (X[:60], digits.target[:60]), (X[60:120], digits.target[60:]))
 
     def nan_rows(rows):
         out = np.full((len(rows), 10), 0.1)
