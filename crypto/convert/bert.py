@@ -23,8 +23,23 @@ from .model import HEBert, HEBertConfig
 
 logger = logging.getLogger(__name__)
 
+BERT, ROBERTA = "BertForSequenceClassification", "RobertaForSequenceClassification"
+BLOCKS = (
+    "Embeddings",
+    "Encoder",
+    "Layer",
+    "Attention",
+    "SelfAttention",
+    "SelfOutput",
+    "Intermediate",
+    "Output",
+)
 KNOWN = {
-    "BertForSequenceClassification",
+    *(f"{family}{block}" for family in ("Roberta",) for block in BLOCKS),
+    ROBERTA,
+    "RobertaModel",
+    "RobertaClassificationHead",
+    BERT,
     "BertModel",
     "BertEmbeddings",
     "BertEncoder",
@@ -50,7 +65,12 @@ KNOWN = {
     "GELUTanh",
     "PytorchGELUTanh",
 }
-HOMES = ("transformers.models.bert.", "transformers.activations", "torch.nn.")
+HOMES = (
+    "transformers.models.bert.",
+    "transformers.models.roberta.",
+    "transformers.activations",
+    "torch.nn.",
+)
 """A known layer must also be the library's own class (not a same-named subclass)."""
 GELUS = ("gelu", "gelu_new", "gelu_fast", "gelu_python", "gelu_pytorch_tanh")
 POSITIONAL = ("rope_theta", "rotary_dim", "rotary_emb_base", "relative_attention")
@@ -112,13 +132,26 @@ def _refuse_unknown(model: nn.Module) -> None:
             )
 
 
+def _parts(src: Any) -> tuple[str, Any]:
+    """The base model's attribute name and its encoder layers."""
+    base = "roberta" if type(src).__name__ == ROBERTA else "bert"
+    return base, getattr(src, base).encoder.layer
+
+
+def _head(src: Any, base: str) -> tuple[nn.Linear, nn.Linear]:
+    """The tanh layer and the classifier (BERT's pooler, RoBERTa's head)."""
+    if base == "bert":
+        return src.bert.pooler.dense, src.classifier
+    return src.classifier.dense, src.classifier.out_proj
+
+
 def _check_config(model: nn.Module) -> Any:
     config = getattr(model, "config", None)
     kind = type(model).__name__
-    if config is None or kind != "BertForSequenceClassification":
+    if config is None or kind not in (BERT, ROBERTA):
         raise ConversionError(
             f"cannot convert a {kind}: convert() takes a transformers "
-            "BertForSequenceClassification (built from a BertConfig, loaded with "
+            f"{BERT} or {ROBERTA} (built from a config, loaded with "
             "from_pretrained, or in memory)"
         )
     if getattr(config, "is_decoder", False) or getattr(
@@ -211,7 +244,11 @@ def convert(
         )
     config = _check_config(model)
     _refuse_unknown(model)
-    check_int("n_tokens", n_tokens, 2, int(config.max_position_embeddings))
+    roberta = type(model).__name__ == ROBERTA
+    top = int(config.max_position_embeddings) - (
+        config.pad_token_id + 1 if roberta else 0
+    )
+    check_int("n_tokens", n_tokens, 2, top)
     c = HEBertConfig(
         vocab_size=config.vocab_size,
         n_tokens=n_tokens,
@@ -224,41 +261,25 @@ def convert(
         rank=rank,
         activation=activation,
         layer_norm_eps=float(config.layer_norm_eps),
+        position_padding_idx=config.pad_token_id if roberta else None,
         **degrees,
     )
     out = HEBert(c, generator or torch.Generator().manual_seed(0))
     src: Any = model
+    base, encoder = _parts(src)
     copied: list[str] = []
-    emb = src.bert.embeddings
-    _copy(
-        out.word_embeddings.weight,
-        emb.word_embeddings.weight,
-        "bert.embeddings.word_embeddings",
-        copied,
-    )
-    _copy(
-        out.position_embeddings,
-        emb.position_embeddings.weight[:n_tokens],
-        "bert.embeddings.position_embeddings",
-        copied,
-    )
-    _copy(
-        out.token_type_embeddings.weight,
-        emb.token_type_embeddings.weight,
-        "bert.embeddings.token_type_embeddings",
-        copied,
-    )
-    for part in ("weight", "bias"):
-        _copy(
-            getattr(out.embedding_norm, part),
-            getattr(emb.LayerNorm, part),
-            f"bert.embeddings.LayerNorm.{part}",
-            copied,
-        )
-    for i, (layer, theirs) in enumerate(
-        zip(out.block_list(), src.bert.encoder.layer, strict=True)
-    ):
-        at = f"bert.encoder.layer.{i}"
+    emb = getattr(src, base).embeddings
+    rows = out.position_embeddings.shape[0]
+    tensors: list[tuple[torch.Tensor, torch.Tensor, str]] = [
+        (out.word_embeddings.weight, emb.word_embeddings.weight, "word_embeddings"),
+        (out.position_embeddings, emb.position_embeddings.weight[:rows], "position"),
+        (out.token_type_embeddings.weight, emb.token_type_embeddings.weight, "type"),
+        (out.embedding_norm.weight, emb.LayerNorm.weight, "LayerNorm.weight"),
+        (out.embedding_norm.bias, emb.LayerNorm.bias, "LayerNorm.bias"),
+    ]
+    for target, source, name in tensors:
+        _copy(target, source, f"{base}.embeddings.{name}", copied)
+    for i, (layer, theirs) in enumerate(zip(out.block_list(), encoder, strict=True)):
         pairs = {
             "query": theirs.attention.self.query,
             "key": theirs.attention.self.key,
@@ -271,31 +292,30 @@ def convert(
         }
         for mine, module in pairs.items():
             for part in ("weight", "bias"):
+                where = f"{base}.encoder.layer.{i}.{mine}.{part}"
                 _copy(
                     getattr(getattr(layer, mine), part),
                     getattr(module, part),
-                    f"{at}.{mine}.{part}",
+                    where,
                     copied,
                 )
+    pooler, classifier = _head(src, base)
     for part in ("weight", "bias"):
         _copy(
-            getattr(out.pooler, part),
-            getattr(src.bert.pooler.dense, part),
-            f"bert.pooler.dense.{part}",
-            copied,
+            getattr(out.pooler, part), getattr(pooler, part), f"pooler.{part}", copied
         )
         _copy(
             getattr(out.classifier, part),
-            getattr(src.classifier, part),
+            getattr(classifier, part),
             f"classifier.{part}",
             copied,
         )
-    layers = "bert.encoder.layer.*"
+    layers = f"{base}.encoder.layer.*"
     subs = (
         Substitution(
-            "bert.embeddings",
+            f"{base}.embeddings",
             "word + position + token type, LayerNorm",
-            f"the same, exact, on the client (positions 0..{n_tokens - 1}, type 0)",
+            "the same, exact, on the client (type 0)",
         ),
         Substitution(
             f"{layers}.attention.self",
@@ -329,7 +349,7 @@ def convert(
             depth_of(c.isqrt_degree) + 3 * c.newton_steps,
         ),
         Substitution(
-            "bert.pooler.activation",
+            "pooler tanh" if base == "bert" else "classifier.dense tanh",
             "tanh",
             f"degree-{c.tanh_degree} Chebyshev fit of tanh on [-B, B]",
             depth_of(c.tanh_degree),

@@ -48,6 +48,7 @@ from defenses.checks import check_choice, check_int
 
 from ..approx import RangeError, RangeGuard
 from ..model import GUARD_SLACK, HEADROOM, torch_poly
+from .layers import HEBertLayer, layer_norm, linear
 from .ranges import BertCalibration, fit_site, gelu, relu, tanh
 
 ACTIVATIONS = ("relu", "gelu")
@@ -76,6 +77,9 @@ class HEBertConfig:
         Newton refinements of the inverse square root (>= 0).
     layer_norm_eps : float
         The source's LayerNorm epsilon (exact mode, client-side embedding norm).
+    position_padding_idx : int or None
+        None: token ``i`` takes position ``i`` (BERT). An int ``p``: positions count
+        non-padding tokens from ``p + 1`` and padding takes ``p`` (RoBERTa).
     """
 
     vocab_size: int
@@ -94,8 +98,11 @@ class HEBertConfig:
     tanh_degree: int = 7
     newton_steps: int = 2
     layer_norm_eps: float = 1e-12
+    position_padding_idx: int | None = None
 
     def __post_init__(self) -> None:
+        if self.position_padding_idx is not None:
+            check_int("HEBertConfig.position_padding_idx", self.position_padding_idx, 0)
         names = "vocab_size n_tokens d heads ffn n_layers type_vocab_size rank"
         for name in (*names.split(), "gk_degree", "isqrt_degree", "act_degree"):
             check_int(f"HEBertConfig.{name}", getattr(self, name), 1)
@@ -118,50 +125,11 @@ class HEBertConfig:
         """Width of one attention head."""
         return self.d // self.heads
 
-
-class LoRALinear(nn.Module):
-    r""":math:`x \mapsto x (W_0^T + A B) + b` with a rank-r adapter, ``B`` = 0 first.
-
-    ``weight`` and ``bias`` keep ``torch.nn.Linear``'s layout (out, in), so the
-    source layer's tensors copy over unchanged.
-    """
-
-    def __init__(self, d_in: int, d_out: int, rank: int, generator: torch.Generator):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(d_out, d_in, dtype=torch.float64))
-        self.bias = nn.Parameter(torch.zeros(d_out, dtype=torch.float64))
-        self.lora_a = nn.Parameter(
-            torch.randn(d_in, rank, generator=generator, dtype=torch.float64)
-            / math.sqrt(d_in)
-        )
-        self.lora_b = nn.Parameter(torch.zeros(rank, d_out, dtype=torch.float64))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the adapted linear map."""
-        return x @ self.weight.T + self.bias + (x @ self.lora_a) @ self.lora_b
-
-
-def _linear(d_in: int, d_out: int) -> nn.Linear:
-    return nn.Linear(d_in, d_out, dtype=torch.float64)
-
-
-def _norm(d: int) -> nn.LayerNorm:
-    return nn.LayerNorm(d, dtype=torch.float64)
-
-
-class HEBertLayer(nn.Module):
-    """One converted BERT block (names follow ``transformers``' BertLayer)."""
-
-    def __init__(self, c: HEBertConfig, generator: torch.Generator):
-        super().__init__()
-        self.query = LoRALinear(c.d, c.d, c.rank, generator)
-        self.key = LoRALinear(c.d, c.d, c.rank, generator)
-        self.value = LoRALinear(c.d, c.d, c.rank, generator)
-        self.attention_dense = _linear(c.d, c.d)
-        self.attention_norm = _norm(c.d)
-        self.intermediate = _linear(c.d, c.ffn)
-        self.output_dense = _linear(c.ffn, c.d)
-        self.output_norm = _norm(c.d)
+    @property
+    def positions(self) -> int:
+        """Rows of the position table the converted model keeps."""
+        pad = self.position_padding_idx
+        return self.n_tokens if pad is None else self.n_tokens + pad + 1
 
 
 Site = Callable[[str, torch.Tensor], torch.Tensor]
@@ -177,17 +145,17 @@ class HEBert(nn.Module):
         self.calibration = BertCalibration()
         self.word_embeddings = nn.Embedding(c.vocab_size, c.d, dtype=torch.float64)
         self.position_embeddings = nn.Parameter(
-            torch.zeros(c.n_tokens, c.d, dtype=torch.float64)
+            torch.zeros(c.positions, c.d, dtype=torch.float64)
         )
         self.token_type_embeddings = nn.Embedding(
             c.type_vocab_size, c.d, dtype=torch.float64
         )
-        self.embedding_norm = _norm(c.d)
+        self.embedding_norm = layer_norm(c.d)
         self.layers = nn.ModuleList(
-            [HEBertLayer(c, generator) for _ in range(c.n_layers)]
+            [HEBertLayer(c.d, c.ffn, c.rank, generator) for _ in range(c.n_layers)]
         )
-        self.pooler = _linear(c.d, c.d)
-        self.classifier = _linear(c.d, c.n_classes)
+        self.pooler = linear(c.d, c.d)
+        self.classifier = linear(c.d, c.n_classes)
 
     def block_list(self) -> list[HEBertLayer]:
         """The blocks, first to last, typed."""
@@ -221,7 +189,13 @@ class HEBert(nn.Module):
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """Client-side embedding (exact LayerNorm, in plaintext on the client)."""
-        z = self.word_embeddings(ids) + self.position_embeddings
+        pad = self.config.position_padding_idx
+        if pad is None:
+            z = self.word_embeddings(ids) + self.position_embeddings
+        else:
+            real = (ids != pad).to(torch.int64)
+            z = self.word_embeddings(ids)
+            z = z + self.position_embeddings[torch.cumsum(real, 1) * real + pad]
         z = z + self.token_type_embeddings.weight[0]
         norm = self.embedding_norm
         return nn.functional.layer_norm(

@@ -213,3 +213,37 @@ def test_bad_ids_and_config() -> None:
         HEBertConfig(
             vocab_size=5, n_tokens=4, d=4, heads=2, ffn=4, n_layers=1, n_classes=1
         )
+
+
+def test_roberta_shares_the_blocks_and_its_positions_skip_the_padding() -> None:
+    torch.manual_seed(0)
+    config = transformers.RobertaConfig(
+        vocab_size=40,
+        hidden_size=12,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=20,
+        max_position_embeddings=14,
+        num_labels=2,
+        initializer_range=0.3,
+        pad_token_id=1,
+    )
+    model = transformers.RobertaForSequenceClassification(config).eval()
+    for layer in model.roberta.encoder.layer:
+        for lin in (layer.attention.self.query, layer.attention.self.key):
+            nn.init.zeros_(lin.weight)
+            nn.init.zeros_(lin.bias)
+    with pytest.raises(ValueError, match="n_tokens"):
+        convert(model, n_tokens=13)  # positions 2..13 fit 12 tokens
+    he, report = convert(model, n_tokens=10, activation="gelu")
+    assert he.config.position_padding_idx == 1
+    assert "classifier.dense tanh" in str(report)
+    ids = _ids(6)
+    ids[:3, 6:] = 1  # right padding with RoBERTa's pad id
+    mask = (ids != 1).astype(np.int64)
+    with torch.no_grad():
+        want = model(
+            input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask)
+        ).logits.double()
+        got = he(torch.as_tensor(ids), torch.as_tensor(mask).double())
+    assert torch.allclose(got, want, atol=1e-5)
