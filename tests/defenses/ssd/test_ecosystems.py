@@ -174,6 +174,7 @@ def test_sklearn_checks_that_cannot_apply_to_fresh_randomness():
     assert failed <= {"check_classifiers_train"}
 
 
+@pytest.mark.slow  # about 20 s: a second full check_estimator run
 def test_sklearn_checks_with_a_fresh_key_per_fit():
     # The default shield (seed=None) draws its hash key from the operating system
     # at every fit, as a secret should be: two fits answer uncertain rows
