@@ -20,6 +20,11 @@ same rows). At ``target_batch`` (256) rows the target is an overhead of at most
 :data:`TARGET_OVERHEAD` with no errors at every load (``utility.target_met``); the
 records at that batch and the lowest load carry ``target_p50_ms`` for the report's
 summary. Latencies include the load generator's own time on the same machine.
+
+Because a shared machine's other load moves latencies by tens of percent, each
+record also holds ``handler_cpu_ms``: the process CPU time of MLflow's own request
+handler (``invocations``: JSON in, model, JSON out) on the same request, in process
+(:func:`_handler_cpu`), and the ``ssd`` records ``handler_cpu_overhead``.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import json
 import logging
 import pathlib
 import tempfile
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -56,6 +62,7 @@ DEFAULTS: dict[str, Any] = {
     "n_classes": 10,
     "target_batch": 256,
     "rounds": 10,
+    "cpu_repeats": 20,
 }
 
 
@@ -88,6 +95,7 @@ def _setting(params: dict[str, Any]) -> dict[str, Any]:
         ("n_classes", 2, 1000),
         ("target_batch", 1, 1024),
         ("rounds", 1, 1000),
+        ("cpu_repeats", 1, 10_000),
     ):
         value = params.get(name, DEFAULTS[name])
         setting[name] = check_int(f"{BENCHMARK}.{name}", value, low, high)
@@ -112,7 +120,8 @@ def serve_load(params: dict[str, Any], seeds: list[int]) -> Iterator[Result]:
         ``time_cap_s`` (per load run, default 60), ``n_features`` (default 20),
         ``n_classes`` (default 10), ``target_batch`` (default 256, one of
         ``batches``), ``rounds`` (the arms alternate this many times per
-        setting, default 10).
+        setting, default 10), ``cpu_repeats`` (of the handler's CPU time, default
+        20).
     seeds : list of int
         One run per seed (data, model and shield key).
     """
@@ -154,6 +163,8 @@ def _records(seed: int, setting: dict[str, Any]) -> Iterator[Result]:
     measured: dict[tuple[str, int, int], Any] = {}
     with tempfile.TemporaryDirectory(prefix="serve-load-") as tmp:
         rows, shielded = _models(seed, setting, pathlib.Path(tmp))
+        bodies = {b: batch_body(rows[:b]) for b in setting["batches"]}
+        cpu = _handler_cpu(pathlib.Path(tmp), bodies, setting["cpu_repeats"])
         servers = {
             arm: ModelServer(str(pathlib.Path(tmp) / arm), setting["workers"])
             for arm in ARMS
@@ -163,7 +174,6 @@ def _records(seed: int, setting: dict[str, Any]) -> Iterator[Result]:
                 server.launch()
             for server in servers.values():
                 server.wait()
-            bodies = {b: batch_body(rows[:b]) for b in setting["batches"]}
             status, text = servers["ssd"].post(bodies[max(bodies)])
             served = (
                 np.array(json.loads(text)["predictions"]) if status == 200 else None
@@ -188,7 +198,37 @@ def _records(seed: int, setting: dict[str, Any]) -> Iterator[Result]:
         finally:
             for server in servers.values():
                 server.stop()
-    yield from _results(seed, setting, measured, bool(match))
+    yield from _results(seed, setting, measured, bool(match), cpu)
+
+
+def _handler_cpu(
+    folder: pathlib.Path, bodies: dict[int, bytes], repeats: int
+) -> dict[tuple[str, int], float]:
+    """CPU ms of MLflow's request handler per request, per arm and batch.
+
+    :func:`mlflow.pyfunc.scoring_server.invocations` is what a server worker runs
+    for each request (JSON parsing, the model, JSON encoding); called here in
+    process on the same bodies, the arms alternating, it is timed by process CPU
+    time (the minimum over ``repeats`` runs of 5 calls), which the machine's other
+    load does not inflate.
+    """
+    import mlflow.pyfunc
+    from mlflow.pyfunc.scoring_server import invocations
+
+    models = {arm: mlflow.pyfunc.load_model(str(folder / arm)) for arm in ARMS}
+    out: dict[tuple[str, int], float] = {}
+    for batch, body in bodies.items():
+        times: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        for index in range(repeats):
+            for arm in ARMS if index % 2 == 0 else ARMS[::-1]:
+                start = time.process_time()
+                for _ in range(5):
+                    answer = invocations(body, "application/json", models[arm], None)  # type: ignore[no-untyped-call]
+                times[arm].append((time.process_time() - start) / 5 * 1e3)
+                if answer.status != 200:
+                    raise RuntimeError(f"{arm}: the handler answered {answer.status}")
+        out.update({(arm, batch): min(values) for arm, values in times.items()})
+    return out
 
 
 def _interleaved(
@@ -224,6 +264,7 @@ def _results(
     setting: dict[str, Any],
     measured: dict[tuple[str, int, int], Any],
     match: bool,
+    cpu: dict[tuple[str, int], float],
 ) -> Iterator[Result]:
     target, lowest = setting["target_batch"], min(setting["concurrency"])
     for (arm, batch, level), result in measured.items():
@@ -235,6 +276,7 @@ def _results(
             "rows_per_s": result.rps * batch,
             "errors": float(result.errors),
             "wall_seconds": result.wall_s,
+            "handler_cpu_ms": cpu[(arm, batch)],
         }
         utility: dict[str, float] = {}
         if batch == target and level == lowest:
@@ -243,6 +285,7 @@ def _results(
             base = measured[("none", batch, level)]
             overhead = result.percentile_ms(50) / base.percentile_ms(50) - 1.0
             cost["p50_overhead"] = overhead
+            cost["handler_cpu_overhead"] = cpu[(arm, batch)] / cpu[("none", batch)] - 1
             utility["answers_match"] = float(match)
             if batch == target:
                 met = overhead <= TARGET_OVERHEAD and result.errors == 0

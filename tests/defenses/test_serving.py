@@ -155,18 +155,23 @@ def _measured(ssd_ms: float, errors: int = 0):
     }
 
 
+CPU = {("none", 1): 0.2, ("ssd", 1): 0.3, ("none", 256): 9.0, ("ssd", 256): 9.9}
+
+
 def test_records_state_the_overhead_and_the_target(tmp_path):
     setting = _setting({"concurrency": [1]})
     met = {(r.defense, r.params["benchmark"]["batch"]): r for r in _results(
-        0, setting, _measured(54.0), True
+        0, setting, _measured(54.0), True, CPU
     )}  # fmt: skip
     assert met[("ssd", 256)].cost["p50_overhead"] == pytest.approx(0.08)
     assert met[("ssd", 256)].utility["target_met"] == 1.0
+    assert met[("ssd", 256)].cost["handler_cpu_overhead"] == pytest.approx(0.1)
+    assert met[("none", 1)].cost["handler_cpu_ms"] == 0.2
     assert "target_met" not in met[("ssd", 1)].utility
     assert met[("none", 256)].cost["target_p50_ms"] == pytest.approx(50.0)
-    missed = [r for r in _results(0, setting, _measured(56.0), True) if r.utility]
+    missed = [r for r in _results(0, setting, _measured(56.0), True, CPU) if r.utility]
     assert {r.utility.get("target_met") for r in missed} == {0.0, None}
-    errors = list(_results(0, setting, _measured(50.0, 1), True))
+    errors = list(_results(0, setting, _measured(50.0, 1), True, CPU))
     assert any(r.utility.get("target_met") == 0.0 for r in errors)
     drawn = figures(errors, tmp_path)
     assert len(drawn) == 1
