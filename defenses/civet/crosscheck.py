@@ -150,17 +150,19 @@ def _centre(
     out = exact.decode(mu)
     _finite(f"{dec}(mu)", out, "model")
     _agree(dec, out, exact.output_bounds(Box(mu, mu)), slack, "model")
-    if x.shape[0] > 1:
-        alone_mu, alone_logvar = exact.encode(x[:1])
-        alone = torch.cat([alone_mu, alone_logvar, exact.decode(mu[:1]).flatten(1)], 1)
-        batched = torch.cat([mu[:1], logvar[:1], out[:1].flatten(1)], 1)
-        if not bool(_close(batched, alone, slack).all()):
-            raise CrossCheckError(
-                "model: its output for row 0 alone differs from its output for row 0 "
-                "in the batch: the module couples the rows of a batch (batch "
-                "statistics, a mean over the batch), so a per-input certificate "
-                "does not apply to it: no certificate"
-            )
+    low, high = exact.domain
+    others = torch.cat([x, low + high - x])  # row 0 among the batch and its mirror
+    with_mu, with_logvar = exact.encode(others)
+    batched = torch.cat([with_mu, with_logvar, exact.decode(with_mu).flatten(1)], 1)
+    alone_mu, alone_logvar = exact.encode(x[:1])
+    alone = torch.cat([alone_mu, alone_logvar, exact.decode(alone_mu).flatten(1)], 1)
+    if not bool(_close(batched[:1], alone, slack).all()):
+        raise CrossCheckError(
+            "model: its output for row 0 alone differs from its output for row 0 "
+            "in a batch: the module couples the rows of a batch (batch "
+            "statistics, a mean over the batch), so a per-input certificate "
+            "does not apply to it: no certificate"
+        )
     dtype = user.dtype
     loose = max(slack, 1e3 * torch.finfo(dtype).eps)
     with evaluation(user.module):

@@ -175,3 +175,9 @@ def test_without_the_alias_rule_the_cross_check_alone_refuses(
     make, _ = REFUSED[name]
     with pytest.raises(CrossCheckError, match=r"traced graph of model\.decode differs"):
         certify(make(), X, 0.0)
+
+
+def test_a_batch_coupled_module_is_refused_even_for_one_row() -> None:
+    make, _ = REFUSED["batch-coupled"]
+    with pytest.raises(CrossCheckError, match="couples the rows of a batch"):
+        certify(make(), X[:1], 0.05)
