@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -156,6 +157,23 @@ class HEBert(nn.Module):
         )
         self.pooler = linear(c.d, c.d)
         self.classifier = linear(c.d, c.n_classes)
+
+    def get_extra_state(self) -> dict[str, object]:
+        """The calibration, so that ``state_dict`` round-trips the deployed model."""
+        cal = self.calibration
+        return {
+            "ranges": {k: list(v) for k, v in cal.ranges.items()},
+            "polys": {k: v.tolist() for k, v in cal.polys.items()},
+            "calibrated": cal.calibrated,
+        }
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore the calibration saved by :meth:`get_extra_state`."""
+        self.calibration = BertCalibration(
+            {k: (float(v[0]), float(v[1])) for k, v in state["ranges"].items()},
+            {k: np.asarray(v, dtype=np.float64) for k, v in state["polys"].items()},
+            bool(state["calibrated"]),
+        )
 
     def block_list(self) -> list[HEBertLayer]:
         """The blocks, first to last, typed."""

@@ -247,3 +247,17 @@ def test_roberta_shares_the_blocks_and_its_positions_skip_the_padding() -> None:
         ).logits.double()
         got = he(torch.as_tensor(ids), torch.as_tensor(mask).double())
     assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_state_dict_round_trips_the_calibrated_model() -> None:
+    model = _bert()
+    he, _ = convert(model, n_tokens=10)
+    ids = _ids(32)
+    he.calibrate(ids)
+    state = he.state_dict()
+    copy, _ = convert(_bert(num_labels=3, initializer_range=0.01), n_tokens=10)
+    with pytest.raises(RuntimeError, match="calibrate"):
+        copy.predict_logits(ids)
+    copy.load_state_dict(state)
+    assert np.array_equal(copy.predict_logits(ids), he.predict_logits(ids))
+    assert copy.calibration.ranges == he.calibration.ranges
