@@ -155,7 +155,16 @@ def make_client_app(
     def privacy(context: Context) -> ClientPrivacy | None:
         return app_privacy(own_config(context), context)
 
-    mod = TimeAdaptiveMod(privacy)
+    def public_examples(context: Context) -> int | None:
+        # In simulation a partition is a function of the run config (the server
+        # can compute its size anyway): its size is the agreed public count, as
+        # the run config's groups stand in for budgets. A SuperNode declares its
+        # own (public-num-examples), else 1.
+        if not runtime.in_simulation():
+            return None
+        return len(client_data(own_config(context), *partition_of(context)))
+
+    mod = TimeAdaptiveMod(privacy, public_examples=public_examples)
     app = mod.register(ClientApp(mods=[mod]))
 
     @app.train()
@@ -176,7 +185,7 @@ def make_client_app(
             rng = granted.rng
         data = client_data(cfg, pid, count)
         new = local_train(_arrays(msg), data, step, lr=cfg.lr, clip=cfg.clip, rng=rng)
-        metrics = MetricRecord({"num-examples": 1})
+        metrics = MetricRecord({"num-examples": 1})  # the mod sets the public count
         content = RecordDict({"arrays": ArrayRecord(new), "metrics": metrics})
         return Message(content=content, reply_to=msg)
 

@@ -9,7 +9,8 @@ receives, and releases only what its ledger accounts:
   (:meth:`federated.flower.client.TimeAdaptiveClient.grant`), then calls the user's
   train function. The reply it lets out holds the arrays and one MetricRecord of
   ``num-examples`` (the agreed public count: ``public-num-examples`` in the node
-  config, default 1, never the true size), ``dp-epsilon`` and ``dp-budget``; other
+  config, else what the ClientApp's code declares public, else 1; never the true
+  size of private records), ``dp-epsilon`` and ``dp-budget``; other
   metrics are dropped (they are releases the ledger does not account).
 * **evaluate**: refused by default (metrics on private records are releases outside
   the accounting). A node opts in with ``evaluate = "public"`` in its node config
@@ -79,14 +80,23 @@ class TimeAdaptiveMod:
         Default answer to evaluate messages when the node config sets no
         ``evaluate``: refuse, or run the user's evaluate function (which must use
         only a public split).
+    public_examples : callable, optional
+        ``public_examples(context)``: the count the ClientApp's own code declares
+        public when the node config sets no ``public-num-examples`` (``None``: no
+        such count; then 1).
     """
 
     def __init__(
-        self, privacy: PrivacyFn = node_privacy, *, evaluate: str = "refuse"
+        self,
+        privacy: PrivacyFn = node_privacy,
+        *,
+        evaluate: str = "refuse",
+        public_examples: Callable[[Context], int | None] | None = None,
     ) -> None:
         check_choice("evaluate", evaluate, records.EVALUATE_MODES)
         self.privacy = privacy
         self.evaluate = evaluate
+        self.declared = public_examples
 
     def evaluate_mode(self, ctxt: Context) -> str:
         """The node's evaluate mode: its node config's, else the mod's default."""
@@ -94,10 +104,13 @@ class TimeAdaptiveMod:
         check_choice(f"node config {records.EVALUATE!r}", mode, records.EVALUATE_MODES)
         return str(mode)
 
-    @staticmethod
-    def public_examples(ctxt: Context) -> int:
-        """The agreed public count sent as ``num-examples`` (node config, default 1)."""
-        value = ctxt.node_config.get(records.PUBLIC_EXAMPLES, 1)
+    def public_examples(self, ctxt: Context) -> int:
+        """The public count sent as ``num-examples``: node config, app, else 1."""
+        value = ctxt.node_config.get(records.PUBLIC_EXAMPLES)
+        if value is None and self.declared is not None:
+            value = self.declared(ctxt)
+        if value is None:
+            value = 1
         count = int(records.typed(records.PUBLIC_EXAMPLES, value, int))
         check_int(records.PUBLIC_EXAMPLES, count, 1)
         return count

@@ -3,9 +3,10 @@
 :func:`run_in_process` runs the same client step
 (:func:`federated.flower.app.client_data`, the research generator
 ``default_rng([seed, partition, round])``, each client's own schedule from
-:meth:`AppConfig.client_privacy`) and FedAvg with equal client weights (the app's
-public ``num-examples`` of 1) in a plain loop, for side-by-side checks: it is a
-research tool, its noise is reproducible by design and it involves no server.
+:meth:`AppConfig.client_privacy`) and FedAvg weighted by partition size (the
+simulated clients' public ``num-examples``) in a plain loop, for side-by-side
+checks: it is a research tool, its noise is reproducible by design and it involves
+no server.
 :func:`run_simulation` runs ``server_app`` and ``client_app`` on Flower's simulation
 engine (Ray), with OS-entropy noise unless the caller passes a ``research_seed``
 (the simulated nodes' own opt-in), and each node's lifetime ledger in ``state_dir``.
@@ -73,7 +74,7 @@ def run_in_process(config: AppConfig) -> AppRun:
             updates.append(
                 local_train(params, data, step, lr=config.lr, clip=config.clip, rng=rng)
             )
-            sizes.append(1)  # the public num-examples the app's clients send
+            sizes.append(len(data))  # the simulated clients' public counts
         w = np.asarray(sizes, dtype=np.float64) / sum(sizes)
         params = [
             sum(wi * u[i] for wi, u in zip(w, updates, strict=True))
