@@ -29,7 +29,8 @@ the model, breaks the graph at the shield and answers exactly as eager (not with
 ``fullgraph=True``, which forbids the break). ``torch.jit.trace`` would record the
 shield's answers for the example input as constants, and ``torch.jit.script`` cannot
 compile numpy: both raise :class:`TorchToolError` at trace or script time, saying
-so, instead of returning a module that answers wrongly.
+so, instead of returning a module that answers wrongly; so do ``torch.export`` and
+``torch.fx.symbolic_trace``.
 """
 
 from __future__ import annotations
@@ -253,6 +254,12 @@ class ShieldedModule(torch.nn.Module):
                 "input. Trace the bare model and wrap the result: "
                 "ShieldedModule(torch.jit.trace(model, x), shield), or use "
                 "torch.compile"
+            )
+        if torch.compiler.is_exporting() or isinstance(x, torch.fx.Proxy):
+            raise TorchToolError(
+                "torch.export and torch.fx cannot capture a ShieldedModule: the "
+                "shield runs numpy code outside torch's graph. Export the bare "
+                "model and wrap the result, or use torch.compile"
             )
         with torch.no_grad():
             out = self.model(x)

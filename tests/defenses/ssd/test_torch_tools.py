@@ -101,6 +101,15 @@ def test_jit_script_refuses_naming_why():
         torch.jit.script(torch.nn.Sequential(module))
 
 
+def test_export_and_fx_refuse_naming_why():
+    module = ShieldedModule(_net(), _shield())
+    x = _uncertain_inputs(8)
+    with pytest.raises(TorchToolError, match=r"torch\.export"):
+        torch.export.export(module, (x,))
+    with pytest.raises(TorchToolError, match=r"torch\.fx"):
+        torch.fx.symbolic_trace(module)
+
+
 def test_a_traced_or_scripted_model_can_be_wrapped():
     """The documented way: trace (or script) the bare model, then wrap it."""
     net = _net()
