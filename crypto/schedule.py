@@ -13,12 +13,13 @@ dummy values in float64 with a recording key owner: the ``k``-th request is a
 
 The client then answers a server request only if it is the next step of the
 schedule, carries exactly that many whole ciphertexts under its key, of the
-agreed slot count, at the agreed level (``levels + 1 - level`` data primes, two
-polynomials, the agreed scale), all checked *before* anything is decrypted
-(:func:`crypto.session.admit`). A non-interactive session has an empty schedule:
-it answers nothing. Decrypted values are clipped to a public bound before
-re-encoding (:func:`crypto.session.clip`), so every answer succeeds and takes the
-same path whatever the plaintext: SEAL refuses to encode coefficients above
+agreed slot count, at least as deep as the agreed level (at most
+``levels + 1 - level`` data primes), two polynomials, the agreed scale, all
+checked *before* anything is decrypted (:func:`crypto.session.admit`). A
+non-interactive session has an empty schedule: it answers nothing. Decrypted
+values are clipped to a public bound before re-encoding
+(:func:`crypto.session.clip`), so every answer succeeds and takes the same path
+whatever the plaintext: SEAL refuses to encode coefficients above
 :math:`2^{\log Q_{data}-2}`, which a server could otherwise reach with additions
 alone (:math:`2^k(c-a)`) and turn into a one-bit reaction oracle on ``c > a``.
 

@@ -78,11 +78,14 @@ def admit(
         if not size and vec.size() not in (1, slots):
             raise Refused(f"{what}: {vec.size()} slots, not 1 or {slots}")
         ct = vec.data.ciphertext()[0]
+        # at least as deep as agreed: a deeper ciphertext has a smaller modulus,
+        # hence smaller plaintexts (TenSEAL's in-place modulus switching can leave
+        # an honest operand deeper than the program's count)
         primes = params.levels + 1 - level
-        if ct.coeff_modulus_size() != primes or ct.size() != 2:
+        if not 1 <= ct.coeff_modulus_size() <= primes or ct.size() != 2:
             raise Refused(
-                f"{what}: expected {primes} primes and 2 polynomials (level {level}), "
-                f"got {ct.coeff_modulus_size()} and {ct.size()}"
+                f"{what}: expected at most {primes} primes (level {level}) and 2 "
+                f"polynomials, got {ct.coeff_modulus_size()} and {ct.size()}"
             )
         if abs(math.log2(ct.scale) - params.scale_bits) > 1.0:
             raise Refused(f"{what}: scale 2^{math.log2(ct.scale):.1f} is not agreed")
