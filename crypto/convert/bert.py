@@ -72,6 +72,10 @@ HOMES = (
     "torch.nn.",
 )
 """A known layer must also be the library's own class (not a same-named subclass)."""
+HOOKS = ("_forward_hooks", "_forward_pre_hooks")
+"""A module with one of these hooks computes something else than its class says."""
+ATTENTION = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", None)
+"""Attention implementations that compute softmax(q k^T / sqrt(d_h) + mask) v."""
 GELUS = ("gelu", "gelu_new", "gelu_fast", "gelu_python", "gelu_pytorch_tanh")
 POSITIONAL = ("rope_theta", "rotary_dim", "rotary_emb_base", "relative_attention")
 
@@ -130,6 +134,13 @@ def _refuse_unknown(model: nn.Module) -> None:
                 "converter knows only BERT's embeddings, self-attention, "
                 "feed-forward, pooler and classifier"
             )
+        hooks = [h for h in HOOKS if getattr(module, h, None)]
+        if "forward" in vars(module) or hooks:
+            changed = "its forward is replaced" if not hooks else f"it has {hooks[0]}"
+            raise ConversionError(
+                f"cannot convert layer {name or '<root>'!r}: {changed}, so it does "
+                f"not compute what {kind} computes"
+            )
 
 
 def _parts(src: Any) -> tuple[str, Any]:
@@ -160,6 +171,12 @@ def _check_config(model: nn.Module) -> Any:
         raise ConversionError(
             "cannot convert bert.encoder.layer.*.attention: the model is a causal "
             "decoder (is_decoder / add_cross_attention); HE conversion takes encoders"
+        )
+    attention = getattr(config, "_attn_implementation", None)
+    if attention not in ATTENTION:
+        raise ConversionError(
+            f"cannot convert the attention: implementation {attention!r} (known: "
+            f"{ATTENTION[:-1]}); a custom one may not compute softmax attention"
         )
     position = getattr(config, "position_embedding_type", "absolute")
     if position != "absolute":

@@ -167,6 +167,21 @@ def test_refusals_name_the_layer() -> None:
     model.bert.encoder.layer[0].intermediate = _Sneaky(model.config)  # type: ignore[attr-defined]
     with pytest.raises(ConversionError, match=r"layer\.0\.intermediate'.*_convert"):
         convert(model, n_tokens=8)
+    # a patched instance keeps its class but not its function
+    patched = _bert()
+    pooler = patched.bert.pooler  # type: ignore[attr-defined]
+    pooler.forward = lambda hidden: torch.sin(hidden[:, 0])
+    with pytest.raises(ConversionError, match=r"'bert\.pooler'.*forward is replaced"):
+        convert(patched, n_tokens=8)
+    hooked = _bert()
+    norm = hooked.bert.encoder.layer[0].output.LayerNorm  # type: ignore[attr-defined]
+    norm.register_forward_hook(lambda module, args, out: out * 2)
+    with pytest.raises(ConversionError, match="_forward_hooks"):
+        convert(hooked, n_tokens=8)
+    custom = _bert()
+    custom.config._attn_implementation = "my_kernel"  # type: ignore[attr-defined]
+    with pytest.raises(ConversionError, match="my_kernel"):
+        convert(custom, n_tokens=8)
     rotary = _bert()
     rotary.config.rope_theta = 10000.0  # type: ignore[attr-defined]
     with pytest.raises(ConversionError, match="rope_theta"):
