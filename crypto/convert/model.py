@@ -25,8 +25,9 @@ range. :math:`m_j = a_j / \sum_l a_l` is the 0/1 attention mask :math:`a` divide
 the number of attended tokens: a padded key scores 0 (the paper's large negative
 mask before the exponential), and the :math:`1/L` keeps the unnormalised kernel on
 the scale of the softmax it replaces (with uniform scores both average the values).
-The client computes :math:`m` and sends it with its embeddings, so it costs no
-extra level. In *exact* mode the model
+Under CKKS :math:`m` is client data (it would travel encrypted with the
+embeddings) and its product costs one level; the paper's additive mask before the
+exponential does not fit a polynomial on a bounded range. In *exact* mode the model
 evaluates the functions the polynomials stand for (exp, ReLU or GELU,
 :math:`1/\sqrt{\sigma^2 + \epsilon}`, tanh); *polynomial* mode is the function CKKS
 evaluates and needs :meth:`HEBert.calibrate`.
