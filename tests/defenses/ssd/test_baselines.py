@@ -64,6 +64,8 @@ def test_speed_benchmark_records():
         "water_filling",
         "ssd",
         "ssd_threads",
+        "ssd_labels",
+        "ssd_no_projection",
         "art_reverse_sigmoid",
         "art_gaussian_noise",
         "art_rounded",
@@ -83,6 +85,25 @@ def test_speed_benchmark_records():
     assert ssd.utility["meets_memory"] in (0.0, 1.0)
     assert ssd.cost["extra_memory_per_input_byte"] >= 1.0  # the answer itself
     assert results["ssd_threads"].cost["speedup_vs_one_thread"] > 0
+    assert ssd.utility["target_passes"] == 4.0  # K = 4 <= 10
+    for part in ("ssd_labels", "ssd_no_projection"):
+        assert results[part].cost["per_row_us"] > 0
+        assert results[part].cost["ratio_to_one_pass"] > 0
+
+
+def test_passes_target_and_whole_budget_is_trivial():
+    from defenses.ssd.benchmark import _WholeBudget, passes_target
+
+    assert passes_target(10) == 4.0
+    assert passes_target(11) == passes_target(1000) == 3.0
+    rng = np.random.default_rng(0)
+    val = rng.dirichlet(np.full(10, 0.3), 20)
+    f = rng.dirichlet(np.full(10, 0.3), 200)
+    shield = _WholeBudget(epsilon=2.0, seed=0, n_threads=1).fit(val, np.arange(20) % 10)
+    labels = shield.pseudo_labels(f)
+    shield.counter_ = np.uint64(0)
+    # every row is answered by its pseudo-label's prototype: no projection ran
+    np.testing.assert_array_equal(shield(f), shield.prototypes_[labels])
 
 
 def test_speed_benchmark_rejects_bad_params():
