@@ -329,7 +329,7 @@ def figures(
             1, len(batches), figsize=(4.5 * len(batches), 3.8), squeeze=False
         )
         for ax, batch in zip(axes[0], batches, strict=True):
-            for arm in sorted({r.defense for r in runs}):
+            for colour, arm in enumerate(sorted({r.defense for r in runs})):
                 points: dict[int, list[Result]] = defaultdict(list)
                 for r in runs:
                     b = r.params["benchmark"]
@@ -340,7 +340,10 @@ def figures(
                     values = [
                         np.mean([r.cost[metric] for r in points[c]]) for c in levels
                     ]
-                    ax.plot(levels, values, style, label=f"{arm} {metric[:3]}")
+                    ax.plot(
+                        levels, values, style, color=f"C{colour}",
+                        label=f"{arm} {metric[:3]}",
+                    )  # fmt: skip
             ax.set_xscale("log", base=2)
             ax.set_xlabel("concurrent connections")
             ax.set_ylabel("latency (ms)")
