@@ -285,8 +285,8 @@ def save_inner(model: Any, directory: Path, method: str = "predict_proba") -> st
     A ``torch.nn.Module`` goes through ``mlflow.pytorch`` (its ``pickle`` format:
     the module's class must be importable where the model is loaded), an object with
     ``method`` (default ``predict_proba``) through ``mlflow.sklearn`` (cloudpickle,
-    ``method`` as its pyfunc method), a string is a model URI whose files are copied (loaded
-    as a pyfunc model).
+    ``method`` as its pyfunc method), a string is a model URI whose files are
+    copied (loaded as a pyfunc model).
     """
     import torch
 

@@ -13,10 +13,10 @@ from sklearn.linear_model import LogisticRegression
 
 mlflow = pytest.importorskip("mlflow")
 
+from defenses.model_server import ModelServer  # noqa: E402
 from defenses.rps import ReliableConformalClassifier  # noqa: E402
 from defenses.rps import mlflow as rps_mlflow  # noqa: E402
 from defenses.serving import Refusal  # noqa: E402
-from defenses.model_server import ModelServer  # noqa: E402
 
 NAMES = ["f0", "f1", "f2", "f3", "f4"]
 

@@ -21,8 +21,8 @@ from sklearn.linear_model import LogisticRegression
 
 mlflow = pytest.importorskip("mlflow")
 
-from defenses.serving import Layout, Refusal  # noqa: E402
 from defenses.model_server import ModelServer  # noqa: E402
+from defenses.serving import Layout, Refusal  # noqa: E402
 from defenses.ssd import mlflow as ssd_mlflow  # noqa: E402
 from defenses.ssd.defense import StealthyShield, entropy  # noqa: E402
 from defenses.ssd.sklearn import ShieldedClassifier  # noqa: E402
