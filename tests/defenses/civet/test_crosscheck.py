@@ -181,3 +181,12 @@ def test_a_batch_coupled_module_is_refused_even_for_one_row() -> None:
     make, _ = REFUSED["batch-coupled"]
     with pytest.raises(CrossCheckError, match="couples the rows of a batch"):
         certify(make(), X[:1], 0.05)
+
+
+def test_inside_a_run_the_bounds_and_the_check_are_recorded_as_costs() -> None:
+    from defenses.cost import recording
+
+    with recording() as costs:
+        cert = certify(UserVAE(), X, 0.1)
+    assert costs["certify_bounds_s"] == pytest.approx(cert.seconds)
+    assert costs["certify_check_s"] >= cert.check.seconds > 0
