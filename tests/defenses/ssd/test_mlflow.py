@@ -204,11 +204,18 @@ BAD_BATCHES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(BAD_BATCHES))
-def test_bad_batches_are_refused_in_one_line_and_change_nothing(tmp_path, name):
+@pytest.fixture(scope="module")
+def hashed_array(tmp_path_factory):
     model, X = _classifier()
-    ssd_mlflow.save_model(model, tmp_path / "m")
-    loaded = mlflow.pyfunc.load_model(str(tmp_path / "m"))
+    path = tmp_path_factory.mktemp("ssd") / "m"
+    ssd_mlflow.save_model(model, path)
+    return X, path
+
+
+@pytest.mark.parametrize("name", sorted(BAD_BATCHES))
+def test_bad_batches_are_refused_in_one_line_and_change_nothing(hashed_array, name):
+    X, path = hashed_array
+    loaded = mlflow.pyfunc.load_model(str(path))
     shield = loaded._model_impl.shield  # MLflow's stable developer API
     before = (shield.prototypes_.copy(), shield.key_, shield.counter_)
     answer = loaded.predict(X[:5])
@@ -371,11 +378,16 @@ def test_served_sklearn_model_is_consistent_across_formats_workers_restarts(
 
 
 @pytest.mark.slow
-def test_served_torch_model_is_consistent_across_workers(tmp_path):
+def test_logged_torch_model_served_by_uri_is_consistent_across_workers(
+    tmp_path, monkeypatch
+):
     module, X = _module()
-    ssd_mlflow.save_model(module, tmp_path / "t", n_features=4)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with mlflow.start_run():
+        info = ssd_mlflow.log_model(module, name="torch-ssd", n_features=4)
     expected = module(torch.tensor(X[:4], dtype=torch.float32)).numpy()
-    with ModelServer(str(tmp_path / "t"), workers=2) as server:
+    # the server inherits the tracking URI and resolves the logged model's URI
+    with ModelServer(info.model_uri, workers=2) as server:
         per_worker = _answers_per_worker(server, json.dumps({"inputs": X[:4].tolist()}))
     assert len(per_worker) == 2
     answers = {text for texts in per_worker.values() for text in texts}
