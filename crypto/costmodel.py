@@ -19,8 +19,10 @@ model has two parts:
    :math:`t_k` includes its relinearisation and rescale: TenSEAL rescales after
    every product, so the rescalings are the multiplications and are not a
    separate term), and :class:`CostModel` fits the step's time as
-   :math:`T = \alpha \sum_k t_k o_k + \beta` on measured steps. (Fitting every
-   :math:`t_k` freely from steps is ill-posed at small widths: the counts grow
+   :math:`T = (\alpha + \gamma \log_2 (d / d_0)) \sum_k t_k o_k + \beta` on
+   measured steps: :math:`\gamma` is what a step adds per operation as the width
+   doubles (uncounted additions and modulus switches, memory traffic). (Fitting
+   every :math:`t_k` freely from steps is ill-posed at small widths: the counts grow
    together, and non-negative least squares sets some unit costs to zero.)
 
 Projecting to the paper's width evaluates both parts at :data:`PAPER` (BERT-base
@@ -198,17 +200,47 @@ class CountModel:
 
 @dataclass(frozen=True)
 class CostModel:
-    r"""Step seconds from operation counts: :math:`T = \alpha\sum_k t_k o_k + \beta`.
+    r"""Step seconds from operation counts and width.
 
-    ``unit_s`` are the seconds of each operation of :data:`OPERATIONS` timed in
-    isolation (one ring, one machine); ``scale`` (:math:`\alpha`) is what a real
-    step adds on top of the bare operations (level bookkeeping, operand
-    management, serialisation), ``overhead_s`` (:math:`\beta`) its fixed cost.
+    .. math::
+
+        T = \Big(\alpha + \gamma \log_2 \frac{d}{d_0}\Big) \sum_k t_k o_k + \beta.
+
+    ``unit_s`` are the seconds :math:`t_k` of each operation of :data:`OPERATIONS`
+    timed in isolation (one ring, one machine); ``scale`` (:math:`\alpha`) is what a
+    real step adds on top of the bare operations at the reference width
+    :math:`d_0` (``reference_d``: level bookkeeping, operand management,
+    serialisation), ``growth`` (:math:`\gamma`) how much that share grows per
+    doubling of the width, ``overhead_s`` (:math:`\beta`) the fixed cost.
+
+    What grows with the width at a fixed ring: the operations themselves (counted
+    exactly, :class:`CountModel`), and per operation what the counters do not
+    see: the additions of every sum (one per product term), the modulus switches
+    TenSEAL makes when a fresh weight meets a deeper activation (an inverse and a
+    forward NTT per prime), and the memory traffic of more live ciphertexts. The
+    ring dimension and the depth of the step do not grow with the width in this
+    layout (one token of a sequence per slot, the same layer program), so the
+    growth is per operation, and :math:`\gamma = 0` is the model without it.
     """
 
     unit_s: Mapping[str, float]
     scale: float = 1.0
     overhead_s: float = 0.0
+    growth: float = 0.0
+    reference_d: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("scale", "overhead_s", "growth"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(
+                    f"CostModel.{name} must be finite and >= 0, got {value!r}"
+                )
+        if not (math.isfinite(self.reference_d) and self.reference_d > 0):
+            raise ValueError(
+                f"CostModel.reference_d must be finite and > 0, got "
+                f"{self.reference_d!r}"
+            )
 
     @classmethod
     def fit(
@@ -216,17 +248,21 @@ class CostModel:
         unit_s: Mapping[str, float],
         ops: Sequence[Mapping[str, float]],
         seconds: Sequence[float],
+        widths: Sequence[float] | None = None,
     ) -> CostModel:
-        r"""Non-negative least squares of :math:`(\alpha, \beta)` in relative error.
+        r"""Least squares (non-negative) of :math:`(\alpha, \gamma, \beta)`.
 
-        Minimises :math:`\sum_j (1 - (\alpha B_j + \beta)/T_j)^2` with
-        :math:`B_j = \sum_k t_k o_{jk}` the bare-operation seconds of step j.
+        Minimises :math:`\sum_j (1 - \hat T_j / T_j)^2` with
+        :math:`B_j = \sum_k t_k o_{jk}` the bare-operation seconds of step j. Without
+        ``widths`` (or with a single width) :math:`\gamma = 0`; with them
+        :math:`d_0` is the narrowest width.
 
         Raises
         ------
         ValueError
             If there are fewer than two measured steps, a time is not positive
-            and finite, or a unit cost is missing or negative.
+            and finite, a width is not positive, or a unit cost is missing or
+            negative.
         """
         from scipy.optimize import nnls
 
@@ -244,10 +280,36 @@ class CostModel:
             )
         bare = cls(unit_s)
         B = np.array([bare.predict(o) for o in ops])
-        (scale, overhead), _ = nnls(np.stack([B / T, 1.0 / T], axis=1), np.ones_like(T))
-        return cls(dict(unit_s), float(scale), float(overhead))
+        if widths is None or len(set(widths)) < 2:
+            (scale, overhead), _ = nnls(
+                np.stack([B / T, 1.0 / T], axis=1), np.ones_like(T)
+            )
+            return cls(dict(unit_s), float(scale), float(overhead))
+        d = np.asarray(widths, dtype=np.float64)
+        if len(d) != len(T) or not np.all(np.isfinite(d) & (d > 0)):
+            raise ValueError(
+                f"CostModel.fit: widths must be one positive width per step, got "
+                f"{list(widths)}"
+            )
+        d0 = float(d.min())
+        grow = B * np.log2(d / d0)
+        (scale, growth, overhead), _ = nnls(
+            np.stack([B / T, grow / T, 1.0 / T], axis=1), np.ones_like(T)
+        )
+        return cls(dict(unit_s), float(scale), float(overhead), float(growth), d0)
 
-    def predict(self, ops: Mapping[str, float]) -> float:
-        """Seconds of a step with these operations."""
+    def predict(self, ops: Mapping[str, float], d: float | None = None) -> float:
+        """Seconds of a step with these operations at width ``d``.
+
+        ``d`` is needed when the model has a growth term (``growth > 0``).
+        """
         bare = sum(self.unit_s[k] * float(ops[k]) for k in OPERATIONS)
-        return float(self.scale * bare + self.overhead_s)
+        factor = self.scale
+        if self.growth:
+            if d is None or not d > 0:
+                raise ValueError(
+                    f"CostModel.predict: this model grows with the width; give d > 0, "
+                    f"got {d!r}"
+                )
+            factor += self.growth * math.log2(d / self.reference_d)
+        return float(factor * bare + self.overhead_s)

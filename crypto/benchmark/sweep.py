@@ -1,4 +1,4 @@
-"""Benchmark ``crypto-finetune-sweep``: the fine-tuning speed-up at the paper's width.
+r"""Benchmark ``crypto-finetune-sweep``: the fine-tuning speed-up at the paper's width.
 
 Rho et al. (2025) report 6.94x for LoRA + Gaussian-kernel fine-tuning against full
 fine-tuning + softmax at BERT-base width (d = 768), far beyond what one encrypted
@@ -12,10 +12,13 @@ step can reach on a laptop. This benchmark
 2. counts each arm's operations exactly: :class:`~crypto.costmodel.CountModel` is
    fitted on simulated steps of 15 small shapes and checked on larger ones;
 3. times each operation in isolation and fits how a real step scales the bare
-   operations (:class:`~crypto.costmodel.CostModel`) on every measured width but
-   ``held_out``, and checks the model on the held-out width;
+   operations and how that scale grows with the width
+   (:class:`~crypto.costmodel.CostModel`) on the widths below ``held_out``, and
+   checks the model on every width from ``held_out`` up (the signed relative error
+   :math:`e = (\hat T - T) / T` of each arm at each held-out width);
 4. projects each arm's step to :data:`~crypto.costmodel.PAPER` (and along a curve of
-   widths up to it), in this package's layout and ring.
+   widths up to it), in this package's layout and ring, with an interval from the
+   held-out errors (:func:`interval`).
 
 Records keep the two apart: measured steps are the arms' own labels (``none`` for
 full + softmax), projections ``paper-width <arm>``, the projection along BERT-like
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -160,15 +163,25 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
     widths = _list(params, "widths", [2, 3, 4, 5])
     tokens = _list(params, "tokens", [2])
     held_out = int_param(params, "held_out", max(widths))
+    growth = params.get("growth", True)
+    if not isinstance(growth, bool):
+        raise ValueError(
+            f"benchmark parameter growth must be true or false, got {growth!r}"
+        )
     batch = int_param(params, "batch", 4)
     ratio = int_param(params, "ffn_ratio", 1)
     epochs = int_param(params, "pretrain_epochs", 1)
     lr = float(params.get("lr", 0.5))
     arms = list(params.get("arms", list(ARM_NAMES)))
-    if len(set(widths)) < 4 or held_out not in widths:
+    if (
+        len(set(widths)) < 4
+        or held_out not in widths
+        or len({d for d in widths if d < held_out}) < 3
+    ):
         raise ValueError(
             "benchmark parameters: widths needs at least four distinct values and "
-            f"held_out one of them, got widths={widths}, held_out={held_out}"
+            "held_out one of them with at least three narrower (fitted) widths, got "
+            f"widths={widths}, held_out={held_out}"
         )
     if not arms or any(a not in ARM_NAMES for a in arms) or BASELINE not in arms:
         raise ValueError(
@@ -202,19 +215,22 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
                     )
                     points.append((name, shape, got.cpu_seconds, got.counts, diff))
                     wall[name, shape] = got.seconds
-        fit = [p for p in points if p[1].d != held_out]
+        fit = [p for p in points if p[1].d < held_out]
         cost = CostModel.fit(
-            unit, [operations(p[3], p[1]) for p in fit], [p[2] for p in fit]
+            unit,
+            [operations(p[3], p[1]) for p in fit],
+            [p[2] for p in fit],
+            [p[1].d for p in fit] if growth else None,
         )
-        held = [
-            abs(cost.predict(operations(c, s)) - t) / t
-            for _, s, t, c, _ in points
-            if s.d == held_out
-        ]
+        held = {
+            (name, s): (cost.predict(operations(c, s), s.d) - t) / t
+            for name, s, t, c, _ in points
+            if s.d >= held_out
+        }
         base = {(s.d, s.n_tokens): t for name, s, t, _, _ in points if name == BASELINE}
         for name, shape, seconds, step_counts, diff in points:
             ops = operations(step_counts, shape)
-            predicted = cost.predict(ops)
+            predicted = cost.predict(ops, shape.d)
             yield measurement(
                 "crypto-finetune-sweep",
                 _label(name),
@@ -238,11 +254,56 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
                     "ffn": shape.ffn,
                     "tokens": shape.n_tokens,
                     "batch": batch,
-                    "role": "held-out" if shape.d == held_out else "fit",
+                    "role": "held-out" if shape.d >= held_out else "fit",
                 },
             )
         family = (ratio, max(tokens), batch)
         yield from _projection(arms, counts, cost, points, held, held_out, family, seed)
+
+
+def interval(
+    errors: Mapping[int, Sequence[float]], target: float
+) -> tuple[float, float]:
+    r"""The range of a signed relative error at width ``target``, from held-out widths.
+
+    ``errors[d]`` are the signed relative errors :math:`e = \hat x / x - 1` of a
+    quantity (one per arm or shape) measured at held-out width ``d``. The range
+    holds every one of them and, with two or more held-out widths, the straight
+    lines of each width's least and largest error in :math:`\log_2 d` evaluated at
+    ``target`` (an error that grows with the width is carried on to the
+    projection, not dropped). The true value lies in
+    :math:`[\hat x / (1 + e_{hi}), \hat x / (1 + e_{lo})]` if the error at
+    ``target`` stays in the range; that is the assumption, the held-out widths are
+    its evidence.
+
+    Raises
+    ------
+    ValueError
+        If there is no error, one is not finite, or ``target`` is not positive.
+    """
+    values = [e for es in errors.values() for e in es]
+    if not values or not all(math.isfinite(e) for e in values):
+        raise ValueError(f"interval: needs finite errors, got {dict(errors)}")
+    if not (math.isfinite(target) and target > 0):
+        raise ValueError(f"interval: target must be a positive width, got {target!r}")
+    lo, hi = min(values), max(values)
+    widths = sorted(d for d, es in errors.items() if es)
+    if len(widths) >= 2:
+        x = np.log2(np.asarray(widths, dtype=np.float64))
+        for pick in (min, max):
+            y = np.array([pick(errors[d]) for d in widths])
+            slope, intercept = np.polyfit(x, y, 1)
+            at = float(slope * math.log2(target) + intercept)
+            lo, hi = min(lo, at), max(hi, at)
+    return lo, hi
+
+
+def _bounds(value: float, errors: tuple[float, float]) -> tuple[float, float]:
+    """``value / (1 + e)`` over the error range; inf where the range reaches -1."""
+    lo, hi = errors
+    low = value / (1.0 + hi)
+    high = value / (1.0 + lo) if lo > -1.0 else math.inf
+    return low, high
 
 
 def _projection(
@@ -250,7 +311,7 @@ def _projection(
     counts: Mapping[str, tuple[CountModel, float]],
     cost: CostModel,
     points: list[tuple[str, Shape, float, dict[str, int], float]],
-    held: list[float],
+    held: Mapping[tuple[str, Shape], float],
     held_out: int,
     family: tuple[int, int, int],
     seed: int,
@@ -262,29 +323,69 @@ def _projection(
         for name, s, t, _, _ in points
         if s.d == widest and s.n_tokens == longest
     }
+    held_widths = sorted({s.d for _, s in held})
+    by_width = {
+        d: {name: [e for (n, s), e in held.items() if s.d == d and n == name]
+            for name in arms}
+        for d in held_widths
+    }  # fmt: skip
+
+    def speedup_errors(name: str) -> dict[int, list[float]]:
+        # predicted / measured speed-up - 1 = (1 + e_base) / (1 + e_arm) - 1
+        return {
+            d: [
+                (1.0 + held[BASELINE, s]) / (1.0 + e) - 1.0
+                for (n, s), e in held.items()
+                if n == name and s.d == d
+            ]
+            for d in held_widths
+        }
 
     def projected(name: str, shape: Shape) -> tuple[float, dict[str, float]]:
         ops = operations(counts[name][0].predict(shape), shape)
-        return cost.predict(ops), ops
+        return cost.predict(ops, shape.d), ops
 
     paper_base, _ = projected(BASELINE, PAPER)
     for name in arms:
         seconds, ops = projected(name, PAPER)
+        speedup = paper_base / seconds
+        time_errors = interval({d: by_width[d][name] for d in held_widths}, PAPER.d)
+        ratio_errors = interval(speedup_errors(name), PAPER.d)
+        t_low, t_high = _bounds(seconds, time_errors)
+        s_low, s_high = _bounds(speedup, ratio_errors)
         yield measurement(
             "crypto-finetune-sweep",
             f"paper-width {name}",
             seed,
             utility={
-                "projected_speedup": paper_base / seconds,
+                "projected_speedup": speedup,
+                "projected_speedup_low": s_low,
+                "projected_speedup_high": s_high,
                 "measured_speedup": measured[BASELINE] / measured[name],
-                "heldout_error": max(held),
+                "heldout_error": max(
+                    abs(e) for es in by_width[widest].values() for e in es
+                ),
+                "heldout_error_all": max(abs(e) for e in held.values()),
+                **{
+                    f"heldout_error_d{d}": max(
+                        abs(e) for es in by_width[d].values() for e in es
+                    )
+                    for d in held_widths
+                },
+                **{
+                    f"heldout_signed_error_d{d}": by_width[d][name][-1]
+                    for d in held_widths
+                },
                 "count_error": counts[name][1],
             },
             cost={
                 "projected_step_cpu_s": seconds,
+                "projected_step_cpu_s_low": t_low,
+                "projected_step_cpu_s_high": t_high,
                 **ops,
                 **{f"unit_{k}_ms": 1000 * v for k, v in cost.unit_s.items()},
                 "model_scale": cost.scale,
+                "model_growth": cost.growth,
                 "model_overhead_s": cost.overhead_s,
             },
             params={
@@ -300,7 +401,7 @@ def _projection(
             },
         )
     ratio, n, batch = family
-    widths = sorted({2, *CURVE})
+    widths = sorted({min(s.d for _, s, _, _, _ in points), *CURVE})
     curves = (
         (
             "curve",

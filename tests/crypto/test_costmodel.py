@@ -11,6 +11,7 @@ from defense_suite.crypto.benchmark.sweep import (
     COUNT_DESIGN,
     count_model,
     finetune_sweep,
+    interval,
     unit_costs,
 )
 from defense_suite.crypto.costmodel import (
@@ -83,6 +84,80 @@ def test_cost_model_recovers_scale_and_overhead() -> None:
         CostModel.fit({"ct_ct_mul": 1.0}, ops, seconds)
 
 
+def _growing_steps(
+    widths: list[int], growth: float
+) -> tuple[dict[str, float], list[dict[str, float]], list[float]]:
+    """Steps whose per-operation time grows by ``growth`` per doubling of d."""
+    unit = {"ct_ct_mul": 4e-3, "ct_pt_mul": 1e-3, "rotations": 3e-3}
+    unit |= {"polyval": 2e-2, "encryptions": 2.5e-3, "decryptions": 1e-3}
+    ops = [
+        {k: float(d * d * (i + 1)) for i, k in enumerate(OPERATIONS)} for d in widths
+    ]
+    bare = [sum(unit[k] * o[k] for k in OPERATIONS) for o in ops]
+    seconds = [
+        (1.3 + growth * math.log2(d / widths[0])) * b + 0.2
+        for d, b in zip(widths, bare, strict=True)
+    ]
+    return unit, ops, seconds
+
+
+def test_cost_model_recovers_the_growth_with_width() -> None:
+    widths = [2, 3, 4, 6]
+    unit, ops, seconds = _growing_steps(widths, 0.08)
+    model = CostModel.fit(unit, ops, seconds, widths)
+    assert math.isclose(model.growth, 0.08, rel_tol=1e-6)
+    assert math.isclose(model.scale, 1.3, rel_tol=1e-6)
+    assert model.reference_d == 2.0
+    # the model without growth misses the wider width, the one with it does not
+    unit, wide_ops, wide = _growing_steps([2, 32], 0.08)
+    flat = CostModel.fit(unit, ops, seconds)
+    assert abs(flat.predict(wide_ops[1]) / wide[1] - 1) > 0.05
+    assert math.isclose(model.predict(wide_ops[1], 32), wide[1], rel_tol=1e-9)
+    with pytest.raises(ValueError, match="give d > 0"):
+        model.predict(ops[0])
+    with pytest.raises(ValueError, match="widths must be one positive"):
+        CostModel.fit(unit, ops, seconds, [2, 3, 0, 6])
+    with pytest.raises(ValueError, match="growth must be finite"):
+        CostModel(unit, growth=-1.0)
+
+
+def test_interval_carries_a_growing_error_to_the_target() -> None:
+    # errors that grow by 5 points per doubling: the range at d = 768 must hold
+    # the trend's value there, not only the errors seen
+    errors = {8: [-0.10, -0.02], 16: [-0.15, -0.03], 32: [-0.20, -0.04]}
+    lo, hi = interval(errors, 768)
+    trend = -0.10 - 0.05 * math.log2(768 / 8)
+    assert lo == pytest.approx(trend)
+    assert hi >= -0.02
+    # one held-out width: the range of its errors
+    assert interval({5: [0.03, -0.06]}, 768) == (-0.06, 0.03)
+    with pytest.raises(ValueError, match="finite errors"):
+        interval({5: [math.nan]}, 768)
+    with pytest.raises(ValueError, match="finite errors"):
+        interval({}, 768)
+    with pytest.raises(ValueError, match="positive width"):
+        interval({5: [0.1]}, 0)
+
+
+def test_a_flat_model_extrapolated_from_small_widths_is_caught_by_the_interval() -> (
+    None
+):
+    # red team: a step whose per-operation time grows with the width, fitted
+    # without the growth term; the true time at a far width must lie inside
+    # the interval derived from the held-out widths' errors
+    widths = [2, 3, 4, 8, 16, 32]
+    unit, ops, seconds = _growing_steps(widths, 0.08)
+    flat = CostModel.fit(unit, ops[:3], seconds[:3])
+    errors = {
+        d: [flat.predict(o) / t - 1]
+        for d, o, t in zip(widths[3:], ops[3:], seconds[3:], strict=True)
+    }
+    _, far_ops, far = _growing_steps([2, 768], 0.08)
+    predicted = flat.predict(far_ops[1])
+    lo, hi = interval(errors, 768)
+    assert predicted / (1 + hi) <= far[1] <= predicted / (1 + lo)
+
+
 def test_unit_costs_are_positive() -> None:
     owner = KeyOwner(TRAIN_PARAMS, 2)
     unit = unit_costs(owner, 8, reps=2)
@@ -95,6 +170,8 @@ def test_unit_costs_are_positive() -> None:
     [
         ({"widths": [2, 3, 4]}, "four distinct"),
         ({"widths": [2, 3, 4, 5], "held_out": 8}, "held_out"),
+        ({"widths": [2, 3, 4, 5], "held_out": 4}, "three narrower"),
+        ({"growth": 1}, "growth must be true or false"),
         ({"arms": ["lora-gk"]}, "include full-softmax"),
         ({"widths": 3}, "non-empty list"),
         ({"tokens": [2, 3]}, "do not divide"),
