@@ -26,6 +26,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "pandas": ("pandas",),
     "mapie": ("mapie",),
     "rules": ("hypothesis",),
+    "serve": ("mlflow",),
 }
 """Each extra of ``pyproject.toml`` and the import names it provides."""
 
@@ -35,6 +36,7 @@ NEEDS: tuple[tuple[str, str], ...] = (
     ("federated-", "federated"),
     ("composition-ssd-federated", "federated"),
     ("crypto-", "crypto"),
+    ("serve-", "serve"),
 )
 """(component-name prefix, extra): a registered name starting with the prefix needs
 the extra, whatever its kind (scenario, attack, defense, benchmark)."""
