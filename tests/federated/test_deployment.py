@@ -298,3 +298,118 @@ def test_supernodes_with_trusted_entities_refuse_a_local_fab(tmp_path):
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+MALICIOUS_SERVER = '''"""A malicious ServerApp in the FAB: round 1 twice per node."""
+
+import json
+import os
+import time
+from pathlib import Path
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import ServerApp
+from flwr.serverapp.strategy import FedAvg
+
+from defense_suite.federated.flower import TimeAdaptiveStrategy, records
+
+from .task import SmallCNN
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid, context):
+    nodes = []
+    for _ in range(600):
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) >= 2:
+            break
+        time.sleep(0.5)
+    strategy = TimeAdaptiveStrategy(FedAvg(), timeout=900)
+    strategy._discover(grid, nodes)
+    batch = []
+    for node in nodes:
+        own = strategy.clients[node].schedule.rounds[0]
+        for _ in range(2):
+            cfg = ConfigRecord({records.ROUND: 1, records.RATE: own.rate,
+                                records.SIGMA: own.sigma, records.STEPS: own.steps})
+            content = RecordDict({"arrays": ArrayRecord(SmallCNN().state_dict()),
+                                  "config": cfg})
+            batch.append(Message(content=content, message_type="train",
+                                 dst_node_id=node))
+    replies = grid.send_and_receive(batch, timeout=900)
+    out = [[r.metadata.src_node_id,
+            r.error.reason if r.has_error() else "released"] for r in replies]
+    Path(os.environ["FEDERATED_RESULT_PATH"]).write_text(json.dumps(out))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_a_malicious_server_app_gets_one_grant_per_round_on_real_supernodes(tmp_path):
+    """Deployment on loopback: the FAB's ServerApp sends each round twice at once."""
+    import shutil
+
+    app = tmp_path / "app"
+    shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__"))
+    (app / "own_model" / "server_app.py").write_text(MALICIOUS_SERVER)
+    home = tmp_path / "home"
+    home.mkdir()
+    port, health = _free_port(), _free_port()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
+        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
+    result = tmp_path / "result.json"
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FEDERATED_RESULT_PATH": str(result),
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    procs: list[subprocess.Popen] = []
+    try:
+        log = (tmp_path / "superlink.log").open("w")
+        procs.append(subprocess.Popen([
+            str(BIN / "flower-superlink"), "--insecure",
+            "--disable-runtime-dependency-installation",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--health-server-address", f"127.0.0.1:{health}",
+        ], env=env, stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
+        time.sleep(8)
+        for i in range(2):
+            out = (tmp_path / f"supernode{i}.log").open("w")
+            procs.append(subprocess.Popen([
+                str(BIN / "flower-supernode"), "--insecure",
+                "--superlink", f"127.0.0.1:{port}",
+                "--host", "127.0.0.1", "--port", str(_free_port()),
+                "--node-config",
+                f"partition-id={i} num-partitions=3 epsilon={BUDGETS[i]} "
+                f'{AGREEMENT} ledger-init=true ledger-path="{tmp_path}/l{i}.json"',
+            ], env=env, stdout=out, stderr=subprocess.STDOUT))  # fmt: skip
+        run = subprocess.run(
+            [sys.executable, "-m", "defense_suite.federated", "run", str(app),
+             "test", "--run-config", "num-server-rounds=3 delta=0.5"],
+            env=env, capture_output=True, text=True, timeout=1200, check=False,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+        answers = json.loads(result.read_text())
+        for node in {n for n, _ in answers}:
+            got = sorted(a for n, a in answers if n == node)
+            assert got == ["refused: replayed-round", "released"]
+        for i in range(2):  # one grant each, at the node's own delta (not 0.5)
+            ledger = json.loads((tmp_path / f"l{i}.json").read_text())
+            assert len(ledger["grants"]) == 1
+            assert ledger["agreement"]["delta"] == 1e-5
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
