@@ -176,6 +176,22 @@ def test_random_seeding_draws_a_fresh_key_per_loaded_copy(tmp_path):
     assert len(set(labels.tolist())) > 1
 
 
+def test_concurrent_requests_never_share_random_draws(tmp_path):
+    # MLflow's server runs predict in threads: two requests must not read the same
+    # stream position (their answers to the same batch would be identical)
+    from concurrent.futures import ThreadPoolExecutor
+
+    model, _ = _classifier(seeding="random")
+    ssd_mlflow.save_model(model, tmp_path / "r")
+    loaded = mlflow.pyfunc.load_model(str(tmp_path / "r"))
+    batch = np.repeat(_uncertain_row(model), 300, 0)
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: loaded.predict(batch), range(16)))
+    labels = {tuple(_pseudo_labels(model, batch[:1], a).tolist()) for a in answers}
+    assert len(labels) == 16
+    assert loaded._model_impl.shield.counter_ == 16 * 300
+
+
 def test_random_seeding_follows_the_pseudo_label_distribution(tmp_path):
     model, _ = _classifier(seeding="random")
     ssd_mlflow.save_model(model, tmp_path / "r")
