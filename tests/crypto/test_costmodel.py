@@ -226,3 +226,52 @@ def test_sweep_figure(tmp_path: Path) -> None:
     assert path.name == "crypto_sweep.png"
     assert path.stat().st_size > 0
     assert "projected" in caption
+
+
+def test_projection_states_heldout_errors_and_an_interval_that_holds() -> None:
+    # red team of the projection record: steps whose per-operation time grows
+    # with the width; the records must show the held-out error at every held-out
+    # width and an interval of the d = 768 speed-up holding the true one
+    from defense_suite.crypto.benchmark.sweep import _projection
+
+    arms = ["full-softmax", "lora-gk"]
+    counts = {name: count_model(Arm(*name.split("-"))) for name in arms}
+    unit = {"ct_ct_mul": 4e-3, "ct_pt_mul": 1e-3, "rotations": 3e-3}
+    unit |= {"polyval": 2e-2, "encryptions": 2.5e-3, "decryptions": 1e-3}
+    truth = CostModel(unit, scale=1.2, overhead_s=0.3, growth=0.1, reference_d=2.0)
+    points = []
+    for d in (2, 3, 4, 6, 8):
+        shape = Shape(d, d, 2, 1, 4)
+        for name in arms:
+            c = counts[name][0].predict(shape)
+            step = {k: round(v) for k, v in c.items()}
+            seconds = truth.predict(operations(step, shape), d)
+            points.append((name, shape, seconds, step, 0.0))
+    fit = [p for p in points if p[1].d < 6]
+    flat = CostModel.fit(
+        unit, [operations(p[3], p[1]) for p in fit], [p[2] for p in fit]
+    )
+    held = {
+        (n, s): flat.predict(operations(c, s)) / t - 1
+        for n, s, t, c, _ in points
+        if s.d >= 6
+    }
+    records = list(_projection(arms, counts, flat, points, held, 6, (1, 2, 4), 0))
+    paper = {r.defense: r for r in records if r.defense.startswith("paper-width")}
+    lora = paper["paper-width lora-gk"].utility
+    assert lora["heldout_error"] == pytest.approx(
+        max(abs(e) for (_, s), e in held.items() if s.d == 8)
+    )
+    assert {"heldout_error_d6", "heldout_error_d8"} <= set(lora)
+    assert lora["heldout_error_d8"] > lora["heldout_error_d6"] > 0.01  # it grows
+
+    def true_time(name: str) -> float:
+        ops = operations(counts[name][0].predict(PAPER), PAPER)
+        return truth.predict(ops, PAPER.d)
+
+    true_speedup = true_time("full-softmax") / true_time("lora-gk")
+    assert lora["projected_speedup_low"] <= true_speedup
+    assert true_speedup <= lora["projected_speedup_high"]
+    cost = paper["paper-width full-softmax"].cost
+    assert cost["projected_step_cpu_s_low"] <= true_time("full-softmax")
+    assert true_time("full-softmax") <= cost["projected_step_cpu_s_high"]
