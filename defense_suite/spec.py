@@ -70,6 +70,7 @@ SUMMARY_KEYS = {
     "utility",
     "basis",
     "measured_range",
+    "interval",
 }
 METRIC_SECTIONS = ("utility", "success", "cost", "certificate")
 """The sections of a result record a metric path (``section.key``) can name."""
@@ -156,7 +157,8 @@ class SummarySettings:
     what was measured (e.g. a cost model fitted on small widths, evaluated at the
     paper's): the verdict is *projected*, never *reproduced*, and states
     ``measured_range`` (what the measurements cover) and what the projection would
-    give.
+    give; ``interval`` (two metric paths, low and high, of the defended arm) adds
+    the projection's interval to that statement.
     """
 
     threat: str
@@ -172,6 +174,7 @@ class SummarySettings:
     utility: str = ""
     basis: str = "measured"
     measured_range: str = ""
+    interval: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:
@@ -205,10 +208,19 @@ class SummarySettings:
                 "report.summary.measured_range is required with basis = "
                 "'projected' (what the measurements cover, e.g. 'd = 2..5')"
             )
-        if self.basis == "measured" and self.measured_range:
+        if self.basis == "measured" and (self.measured_range or self.interval):
             raise SpecError(
-                "report.summary.measured_range belongs to basis = 'projected' rows"
+                "report.summary.measured_range and interval belong to basis = "
+                "'projected' rows"
             )
+        if self.interval:
+            if len(self.interval) != 2:
+                raise SpecError(
+                    "report.summary.interval must be two metric paths [low, high], "
+                    f"got {self.interval!r}"
+                )
+            for metric in self.interval:
+                check_metric("report.summary.interval", metric)
 
 
 @dataclass(frozen=True)
@@ -386,8 +398,9 @@ def _summary(name: str, raw: Any) -> SummarySettings | None:
             f"{where}.relative_change", raw["relative_change"], (int, float), "a number"
         )
     peers = _str_list(f"{where}.peers", raw.get("peers", []))
+    interval = _str_list(f"{where}.interval", raw.get("interval", []))
     try:
-        return SummarySettings(**{**raw, "peers": peers})
+        return SummarySettings(**{**raw, "peers": peers, "interval": interval})
     except SpecError as error:
         raise SpecError(f"spec {name!r}: {error}") from None
 

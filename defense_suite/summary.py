@@ -87,13 +87,26 @@ def verdict(settings: SummarySettings, defended: float, undefended: float) -> st
 
 
 def projection_note(
-    settings: SummarySettings, defended: float, undefended: float
+    settings: SummarySettings,
+    defended: float,
+    undefended: float,
+    runs: Sequence[Result] = (),
 ) -> str:
-    """For a projected row: what was measured and what the projection would give."""
+    """For a projected row: what was measured and what the projection would give.
+
+    With ``settings.interval``, the mean of its two metrics over the defended
+    ``runs`` is stated as the projection's interval.
+    """
     if settings.basis != PROJECTED:
         return ""
     outcome = _outcome(settings, defended, undefended)
-    return f"measured {settings.measured_range}; the projection alone: {outcome}"
+    bounds = [_values(runs, metric) for metric in settings.interval]
+    span = ""
+    if settings.interval and all(bounds):
+        low, high = (describe(values).mean for values in bounds)
+        names = " .. ".join(m.partition(".")[2] for m in settings.interval)
+        span = f"; interval {names} = {low:.3g} .. {high:.3g}"
+    return f"measured {settings.measured_range}{span}; the projection alone: {outcome}"
 
 
 def _outcome(settings: SummarySettings, defended: float, undefended: float) -> str:
@@ -154,7 +167,7 @@ def summary_row(spec: Spec, results: Sequence[Result]) -> SummaryRow | None:
         guarantee=guarantee,
         verdict=verdict(settings, d.mean, u.mean),
         utility_cost=utility_cost,
-        note=projection_note(settings, d.mean, u.mean),
+        note=projection_note(settings, d.mean, u.mean, defended),
     )
 
 

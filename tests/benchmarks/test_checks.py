@@ -1,5 +1,6 @@
 """Specs and paths are checked: a bad value is refused with its key or path."""
 
+import dataclasses
 import json
 import math
 import tempfile
@@ -77,7 +78,16 @@ def test_a_repeated_attack_or_defense_is_refused(key):
         ({"direction": "down"}, r"direction must be one of"),
         ({"basis": "guessed"}, r"basis must be one of \('measured', 'projected'\)"),
         ({"basis": "projected"}, r"measured_range is required"),
-        ({"measured_range": "d = 2..5"}, r"belongs to basis = 'projected'"),
+        ({"measured_range": "d = 2..5"}, r"belong to basis = 'projected'"),
+        ({"interval": ["cost.a", "cost.b"]}, r"belong to basis = 'projected'"),
+        (
+            {"basis": "projected", "measured_range": "d", "interval": ["cost.a"]},
+            r"interval must be two metric paths",
+        ),
+        (
+            {"basis": "projected", "measured_range": "d", "interval": ["a", "b"]},
+            r"interval must be a metric path",
+        ),
     ],
 )
 def test_summary_values_are_type_and_range_checked(summary, message):
@@ -221,3 +231,25 @@ def test_every_shipped_row_resting_on_a_projection_says_so():
             continue
         rests_on_projection = "projected" in summary.metric
         assert (summary.basis == "projected") == rests_on_projection, path.name
+
+
+def test_a_projected_row_states_its_interval_from_the_defended_runs():
+    spec = _spec(
+        {
+            "basis": "projected",
+            "measured_range": "d = 2..5",
+            "interval": ["utility.low", "utility.high"],
+            "relative_change": 0.1,
+        }
+    )
+    runs = [
+        _record("none", 0.8),
+        dataclasses.replace(
+            _record("rounding", 0.4), utility={"low": 7.125, "high": 8.5}
+        ),
+    ]
+    row = summary_row(spec, runs)
+    assert row.note == (
+        "measured d = 2..5; interval low .. high = 7.12 .. 8.5; the projection "
+        "alone: reproduced"
+    )
