@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from scipy.spatial.distance import cdist
 
+from defenses import serving_benchmark  # noqa: F401  (registers serve-load and its figure)
 from defenses.arrays import FloatArray
 from defenses.checks import check_int
 from defenses.metrics import accuracy
