@@ -192,7 +192,8 @@ class RawSpeaker:
     """A malicious server in raw bytes and TenSEAL: none of the package's code.
 
     On the ``infer`` message it sends the request ``craft(context, inputs, key)``
-    and keeps the client's reply.
+    (bytes, or a list of requests sent in turn while the client answers) and
+    keeps the client's replies.
     """
 
     def __init__(self, craft: Any):
@@ -207,8 +208,12 @@ class RawSpeaker:
                 context = ts.context_from(blobs[0])
             elif header["kind"] == "infer":
                 inputs = [ts.ckks_vector_from(context, b) for b in blobs]
-                channel.send(self.craft(context, inputs, header["key"]))
-                self.replies.append(channel.recv())
+                requests = self.craft(context, inputs, header["key"])
+                for request in [requests] if isinstance(requests, bytes) else requests:
+                    channel.send(request)
+                    self.replies.append(channel.recv())
+                    if self.replies[-1] == ABORT:
+                        return
                 return
 
 
@@ -365,3 +370,52 @@ def test_answer_floor_pads_and_is_checked(micro_model: HEFormer) -> None:
     reply = client.answer(Message("refresh", client.key, (c.serialize(),)), step)
     assert time.perf_counter() - start >= 0.2
     assert reply.kind == "refreshed"
+
+
+def test_raw_wire_speaker_bisection_on_an_input_slot(
+    micro_model: HEFormer, micro_inputs: np.ndarray
+) -> None:
+    """The bisection in raw bytes: a forged roll, then probes in the refresh."""
+    client = Client(micro_model, INTERACTIVE)
+    second = client.schedule(True).steps[1]  # public: the levels of the refresh
+    slots = second.sizes[0]
+    reactions, lo, hi = [], -4.0, 4.0
+    probes: list[bytes] = []
+    for _ in range(3):
+        a, w = (lo + hi) / 2, (hi - lo) / 2
+
+        def craft(
+            ctx: Any, inputs: list[Any], key: str, a: float = a, w: float = w
+        ) -> list[bytes]:
+            from defense_suite.crypto.reaction import encoding_limit
+
+            limit = encoding_limit(ctx, slots)
+            p = inputs[0] + (-a)
+            for _ in range(int(np.floor(np.log2(limit / 4 / w)))):
+                p = p + p
+            probe = ts.ckks_vector(ctx, [limit * (1 - 2.0**-10)] * slots) + p
+            lifted = [v * 1.0 * 1.0 for v in inputs]
+            roll = _frame(
+                "roll", key, [v.serialize() for v in lifted * 2], {"copies": 2}
+            )
+            probes.append(probe.serialize())
+            blobs = [
+                probe.serialize() if lv == 0 else lifted[i % 2].serialize()
+                for i, lv in enumerate(second.levels)
+            ]
+            return [roll, _frame("refresh", key, blobs, {})]
+
+        speaker = RawSpeaker(craft)
+        connection = InProcess(speaker)
+        try:
+            with pytest.raises((Refused, RuntimeError)):
+                client.predict(connection, micro_inputs[:2])
+        finally:
+            connection.close()
+        answered = _unframe(speaker.replies[-1])[0]["kind"] == "refreshed"
+        reactions.append(answered)
+        lo, hi = (lo, a) if answered else (a, hi)
+    assert reactions == [True, True, True]
+    assert client.clipped > 0
+    # the oracle is real: unclipped, some of these probes would have failed
+    assert any(_would_fail(client, p) for p in probes)
