@@ -163,7 +163,7 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
     widths = _list(params, "widths", [2, 3, 4, 5])
     tokens = _list(params, "tokens", [2])
     held_out = int_param(params, "held_out", max(widths))
-    growth = params.get("growth", True)
+    growth = params.get("growth", False)
     if not isinstance(growth, bool):
         raise ValueError(
             f"benchmark parameter growth must be true or false, got {growth!r}"
@@ -227,6 +227,18 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
             for name, s, t, c, _ in points
             if s.d >= held_out
         }
+        # the other model, as a diagnostic: its worst held-out error
+        other = CostModel.fit(
+            unit,
+            [operations(p[3], p[1]) for p in fit],
+            [p[2] for p in fit],
+            None if growth else [p[1].d for p in fit],
+        )
+        other_error = max(
+            abs(other.predict(operations(c, s), s.d) / t - 1)
+            for _, s, t, c, _ in points
+            if s.d >= held_out
+        )
         base = {(s.d, s.n_tokens): t for name, s, t, _, _ in points if name == BASELINE}
         for name, shape, seconds, step_counts, diff in points:
             ops = operations(step_counts, shape)
@@ -258,7 +270,9 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
                 },
             )
         family = (ratio, max(tokens), batch)
-        yield from _projection(arms, counts, cost, points, held, held_out, family, seed)
+        yield from _projection(
+            arms, counts, cost, points, held, held_out, family, seed, other_error
+        )
 
 
 def interval(
@@ -267,14 +281,15 @@ def interval(
     r"""The range of a signed relative error at width ``target``, from held-out widths.
 
     ``errors[d]`` are the signed relative errors :math:`e = \hat x / x - 1` of a
-    quantity (one per arm or shape) measured at held-out width ``d``. The range
-    holds every one of them and, with two or more held-out widths, the straight
-    lines of each width's least and largest error in :math:`\log_2 d` evaluated at
-    ``target`` (an error that grows with the width is carried on to the
-    projection, not dropped). The true value lies in
-    :math:`[\hat x / (1 + e_{hi}), \hat x / (1 + e_{lo})]` if the error at
-    ``target`` stays in the range; that is the assumption, the held-out widths are
-    its evidence.
+    quantity (one per arm or shape) measured at held-out width ``d``. The range is
+    :math:`[-E, E]` with :math:`E` the largest :math:`|e|` over every one of them
+    and, with two or more held-out widths, over the straight lines of each width's
+    least and largest error in :math:`\log_2 d` evaluated at ``target`` (an error
+    that grows with the width is carried on to the projection, not dropped). It is
+    symmetric: one held-out error's sign is no correction to trust, only its size.
+    The true value lies in :math:`[\hat x / (1 + E), \hat x / (1 - E)]` if the error
+    at ``target`` stays within :math:`E`; that is the assumption, the held-out
+    widths are its evidence.
 
     Raises
     ------
@@ -295,7 +310,8 @@ def interval(
             slope, intercept = np.polyfit(x, y, 1)
             at = float(slope * math.log2(target) + intercept)
             lo, hi = min(lo, at), max(hi, at)
-    return lo, hi
+    size = max(abs(lo), abs(hi))
+    return -size, size
 
 
 def _bounds(value: float, errors: tuple[float, float]) -> tuple[float, float]:
@@ -315,6 +331,7 @@ def _projection(
     held_out: int,
     family: tuple[int, int, int],
     seed: int,
+    other_error: float | None = None,
 ) -> Iterable[Result]:
     widest = max(s.d for _, s, _, _, _ in points)
     longest = max(s.n_tokens for _, s, _, _, _ in points if s.d == widest)
@@ -366,6 +383,11 @@ def _projection(
                     abs(e) for es in by_width[widest].values() for e in es
                 ),
                 "heldout_error_all": max(abs(e) for e in held.values()),
+                **(
+                    {}
+                    if other_error is None
+                    else {"heldout_error_other_model": other_error}
+                ),
                 **{
                     f"heldout_error_d{d}": max(
                         abs(e) for es in by_width[d].values() for e in es
