@@ -235,3 +235,102 @@ def paired_deltas(
             cells[column] = describe(diffs) if diffs else None
         rows.append((pairs[0][0], cells))
     return rows
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    r"""A mean with its two-sided Student-t confidence interval over ``n`` values.
+
+    For values :math:`x_1, \dots, x_n` with mean :math:`\bar x` and sample standard
+    deviation :math:`s`, the interval is
+    :math:`\bar x \pm t_{(1+\ell)/2,\, n-1}\, s / \sqrt n` at level :math:`\ell`.
+    With paired differences (defended minus baseline at the same seed and setting)
+    it is the paired t-interval.
+    """
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    level: float = 0.95
+
+    def __str__(self) -> str:
+        return (
+            f"{self.mean:+.3f} [{self.low:+.3f}, {self.high:+.3f}] "
+            f"({self.level:.0%}, n={self.n})"
+        )
+
+    @property
+    def excludes_zero(self) -> bool:
+        """Whether 0 lies outside the interval."""
+        return self.low > 0.0 or self.high < 0.0
+
+
+def t_interval(values: Sequence[float], level: float = 0.95) -> Interval:
+    """The Student-t interval of the mean of ``values`` (at least two) at ``level``.
+
+    Raises
+    ------
+    ValueError
+        For fewer than two values, a non-finite value, or ``level`` outside (0, 1).
+    """
+    from scipy import stats
+
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), got {level!r}")
+    data = [float(v) for v in values]
+    if len(data) < 2:
+        raise ValueError(
+            f"a t-interval needs at least 2 values (paired seeds), got {len(data)}"
+        )
+    if not all(math.isfinite(v) for v in data):
+        raise ValueError(f"values must be finite, got {data}")
+    mean = statistics.fmean(data)
+    half = float(stats.t.ppf(0.5 + level / 2, len(data) - 1)) * (
+        statistics.stdev(data) / math.sqrt(len(data))
+    )
+    return Interval(mean, mean - half, mean + half, len(data), level)
+
+
+def pair_key(result: Result) -> str:
+    """What a paired run shares with its partner: the seed and the scenario params."""
+    return json.dumps([result.seed, result.params.get("scenario", {})], sort_keys=True)
+
+
+def paired_differences(
+    defended: Iterable[Result], baseline: Iterable[Result], metric: str
+) -> list[float]:
+    """``metric`` of each defended run minus its baseline partner (:func:`pair_key`).
+
+    Runs without a partner, or where either side lacks the metric, are left out.
+    Raises ValueError if two baseline runs share a key (the pairing is ambiguous).
+    """
+    base: dict[str, Result] = {}
+    for r in baseline:
+        key = pair_key(r)
+        if key in base:
+            raise ValueError(f"two baseline runs share the pairing key {key}")
+        base[key] = r
+    return [
+        d.get(metric) - base[pair_key(d)].get(metric)
+        for d in defended
+        if pair_key(d) in base and _has(d, metric) and _has(base[pair_key(d)], metric)
+    ]
+
+
+def interval_outcome(interval: Interval, direction: str) -> str:
+    """What a paired interval says about a claimed direction of the difference.
+
+    ``direction = "higher"``: ``"reproduced"`` if the interval lies above 0,
+    ``"contradicted"`` if it lies below, else ``"inconclusive"``; ``"lower"`` is the
+    mirror image.
+    """
+    if direction not in ("higher", "lower"):
+        raise ValueError(f"direction must be 'higher' or 'lower', got {direction!r}")
+    sign = 1.0 if direction == "higher" else -1.0
+    low, high = sorted((sign * interval.low, sign * interval.high))
+    if low > 0.0:
+        return "reproduced"
+    if high < 0.0:
+        return "contradicted"
+    return "inconclusive"

@@ -18,6 +18,7 @@ recomputed from the history the loop recorded.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
@@ -35,6 +36,7 @@ from .accounting import (
     solve_noise_multiplier,
 )
 from .client import Params, StepPlan
+from .postprocess import lr_scales, noise_weights
 from .schedule import (
     ClientSchedule,
     Policy,
@@ -139,15 +141,32 @@ class ScheduledLearner:
         )
 
     def fit(self, task: BudgetedTask, rng: np.random.Generator) -> FederatedModel:
-        """Plan, then train with each client's per-round rate."""
+        """Plan, then train with each client's per-round rate.
+
+        With the method's ``lr_follows_batch`` and ``noise_weighted`` options the
+        learning rate and the aggregation weights follow the plans
+        (:func:`lr_scales`, :func:`noise_weights`); both are functions of the public
+        schedules only, i.e. post-processing of the DP releases.
+        """
         plans = self.schedules(task)
 
         def plan(n: int, t: int) -> StepPlan:
             r = plans[n].rounds[t]
             return StepPlan(r.rate, r.steps, r.sigma)
 
+        scales = lr_scales(plans) if self.method.lr_follows_batch else None
+        sizes = [len(c) for c in task.data.clients]
+        weights = (
+            noise_weights(plans, sizes, scales) if self.method.noise_weighted else None
+        )
         model = run_federated(
-            task.data, plan, self.inner.config, rng, progress=self.inner.progress
+            task.data,
+            plan,
+            self.inner.config,
+            rng,
+            progress=self.inner.progress,
+            lr_scale=None if scales is None else (lambda n, t: scales[n][t]),
+            weights=None if weights is None else (lambda t: weights[t]),
         )
         model.unit = "record"
         return model
@@ -164,11 +183,18 @@ class DPSGDMethod:
 
     sigma: float
     accountant: Accountant
+    lr_follows_batch: bool
+    noise_weighted: bool
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
         check_real(f"{owner}.sigma", self.sigma, 0.0, open_low=True)
         check_choice(f"{owner}.accountant", self.accountant, ACCOUNTANTS)
+        for name in ("lr_follows_batch", "noise_weighted"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"{owner}.{name} must be true or false, got {getattr(self, name)!r}"
+                )
 
     def policy(self) -> Policy:
         """How each client spends its budget over the rounds."""
@@ -203,6 +229,12 @@ class TimeAdaptiveDP(DPSGDMethod):
         Only the strictest privacy group saves; the others spend uniformly.
     accountant : {"rdp", "prv"}
         Accountant used to calibrate and certify.
+    lr_follows_batch : bool
+        Scale each round's learning rate by its rate over the plan's mean rate
+        (:func:`lr_scales`).
+    noise_weighted : bool
+        Weight the aggregate by each update's inverse noise variance
+        (:func:`noise_weights`) instead of by data size.
     """
 
     name: ClassVar[str] = "federated-time-adaptive"
@@ -212,6 +244,8 @@ class TimeAdaptiveDP(DPSGDMethod):
     save_ratio: float = 0.7
     strict_only: bool = False
     accountant: Accountant = "rdp"
+    lr_follows_batch: bool = False
+    noise_weighted: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -233,12 +267,20 @@ class IDPFedAvg(DPSGDMethod):
         Noise multiplier, > 0.
     accountant : {"rdp", "prv"}
         Accountant used to calibrate and certify.
+    lr_follows_batch : bool
+        Accepted for symmetry with :class:`TimeAdaptiveDP`; uniform plans have one
+        rate, so the learning rate does not change.
+    noise_weighted : bool
+        Weight the aggregate by each update's inverse noise variance
+        (:func:`noise_weights`) instead of by data size.
     """
 
     name: ClassVar[str] = "federated-idp-fedavg"
     kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
     sigma: float = 1.0
     accountant: Accountant = "rdp"
+    lr_follows_batch: bool = False
+    noise_weighted: bool = False
 
     def policy(self) -> Policy:
         """Uniform spending."""
@@ -309,7 +351,7 @@ class CentralDPLearner:
         def aggregate(
             base: Params,
             updates: list[Params],
-            sizes: list[int],
+            sizes: Sequence[float],
             r: np.random.Generator,
         ) -> Params:
             clipped = []

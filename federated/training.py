@@ -38,8 +38,12 @@ from .client import (
     predict_proba,
 )
 
-Aggregator = Callable[[Params, list[Params], list[int], np.random.Generator], Params]
+Aggregator = Callable[
+    [Params, list[Params], Sequence[float], np.random.Generator], Params
+]
 PlanFn = Callable[[int, int], StepPlan]
+LrFn = Callable[[int, int], float]
+WeightFn = Callable[[int], Sequence[float]]
 
 
 @dataclass(frozen=True)
@@ -147,10 +151,19 @@ class FederatedModel:
 
 
 def fedavg(
-    base: Params, updates: list[Params], weights: list[int], rng: np.random.Generator
+    base: Params,
+    updates: list[Params],
+    weights: Sequence[float],
+    rng: np.random.Generator,
 ) -> Params:
-    """Example-weighted average of the clients' weights (FedAvg)."""
+    """Weighted average of the clients' weights (FedAvg: weights = data sizes)."""
     w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (len(updates),) or not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ValueError(
+            f"need one finite weight >= 0 per update ({len(updates)}), got {weights!r}"
+        )
+    if w.sum() <= 0:
+        raise ValueError(f"aggregation weights sum to 0: {weights!r}")
     w = w / w.sum()
     return [
         np.sum([wi * u[i] for wi, u in zip(w, updates, strict=True)], axis=0)
@@ -170,14 +183,24 @@ def run_federated(
     rng: np.random.Generator,
     aggregate: Aggregator = fedavg,
     progress: bool = True,
+    lr_scale: LrFn | None = None,
+    weights: WeightFn | None = None,
 ) -> FederatedModel:
     """Train with full participation; ``plan(client, round)`` gives each round's plan.
 
+    ``lr_scale(client, round)`` multiplies ``config.lr`` for that client's round
+    (default 1); ``weights(round)`` gives the aggregation weight of each client
+    (default its data size, FedAvg). Both must depend on public quantities only
+    (the plans), never on the data, so they are post-processing of the DP releases.
     Every plan is built before training starts, so a client whose plan is invalid
     fails the run before any update is computed.
     """
     plans = [
         [plan(n, t) for t in range(config.rounds)] for n in range(len(data.clients))
+    ]
+    scales = [
+        [1.0 if lr_scale is None else lr_scale(n, t) for t in range(config.rounds)]
+        for n in range(len(data.clients))
     ]
     init_rng, server_rng, *client_rngs = (
         np.random.default_rng(s)
@@ -201,7 +224,7 @@ def run_federated(
                     params,
                     client,
                     step,
-                    lr=config.lr,
+                    lr=config.lr * scales[n][t],
                     clip=config.clip,
                     rng=client_rngs[n],
                     sampling=config.sampling,
@@ -211,6 +234,8 @@ def run_federated(
                 histories[n] = merge(
                     [*histories[n], (step.sigma, step.rate, step.steps)]
                 )
-        params = aggregate(params, updates, sizes, server_rng)
+        params = aggregate(
+            params, updates, sizes if weights is None else weights(t), server_rng
+        )
         curve.append(accuracy_of(params, data.test_X, data.test_y))
     return FederatedModel(params, curve, histories, plans)
