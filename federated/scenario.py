@@ -92,13 +92,26 @@ class FederatedGame(TrainingFields, TaskFields):
         return FedAvgLearner(self.config())
 
     def utility(self, system: FederatedModel, task: FederatedTask) -> dict[str, float]:
-        """Final and last-five-round test accuracy, and the accuracy curve."""
+        """Test accuracy (final, last five rounds, curve) and accuracy per group.
+
+        ``accuracy_<group>`` is the final model's accuracy on the held-out records
+        of that privacy group's clients (the non-member candidates, drawn from each
+        client's own non-IID distribution and never trained on): what the group
+        itself gets from the global model.
+        """
         curve = system.curve
         out = {
             "accuracy": curve[-1],
             "accuracy_last5": float(np.mean(curve[-5:])),
             "accuracy_auc": float(np.mean(curve)),
         }
+        held = ~task.is_member
+        predicted = np.argmax(system.predict_proba(task.candidates), axis=1)
+        correct = predicted == task.candidate_labels
+        for group in dict.fromkeys(task.groups):
+            mask = held & (task.candidate_groups == group)
+            if mask.any():
+                out[f"accuracy_{group}"] = float(np.mean(correct[mask]))
         out.update({f"acc@{t + 1}": a for t, a in enumerate(curve)})
         return out
 

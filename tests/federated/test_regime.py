@@ -176,3 +176,17 @@ def test_regime_specs_parse():
         spec = load_spec(f"benchmarks/specs/{name}.toml")
         assert spec.report.summary is not None
         assert spec.name == name
+
+
+def test_accuracy_per_group_is_on_each_groups_held_out_records():
+    """Per-group accuracy counts only non-members of that group's clients."""
+    scenario = FederatedMembership(**{**TINY, "rounds": 2})
+    task = scenario.setup(np.random.default_rng(0))
+    model = scenario.learner().fit(task, np.random.default_rng(1))
+    out = scenario.utility(model, task)
+    correct = (
+        np.argmax(model.predict_proba(task.candidates), axis=1) == task.candidate_labels
+    )
+    for group in ("strict", "moderate", "relaxed"):
+        mask = ~task.is_member & (task.candidate_groups == group)
+        assert out[f"accuracy_{group}"] == pytest.approx(np.mean(correct[mask]))
