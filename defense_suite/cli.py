@@ -81,10 +81,14 @@ def _say(args: argparse.Namespace, message: str) -> None:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from defense_suite.extras import install_line, missing_for
-    from defenses.registry import KINDS, available
+    from defense_suite.extras import EXTRAS, install_line, missing_for
+    from defenses.registry import KINDS, available, skipped
 
     listing = {kind: available(kind) for kind in KINDS}  # fails before printing
+    for module, library in skipped().items():
+        extras = [name for name, libs in EXTRAS.items() if library in libs]
+        fix = install_line(extras) if extras else f"pip install {library}"
+        print(f"not loaded: {module} (no module {library!r}: {fix})")
     for kind, names in listing.items():
         print(f"{kind}:")
         for name in names:

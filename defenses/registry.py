@@ -29,6 +29,9 @@ PLUGIN_GROUP = "defense_suite.plugins"
 
 _registry: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
 _discovered = False
+_skipped: dict[str, str] = {}
+"""Built-in ``scenario`` modules left out because an optional library is missing
+(module -> the top-level name of the library it could not import)."""
 
 C = TypeVar("C")
 
@@ -81,9 +84,24 @@ def _builtin_modules() -> list[str]:
             modules.append(f"{root}.scenario")
         for info in pkgutil.iter_modules(spec.submodule_search_locations or []):
             name = f"{root}.{info.name}.scenario"
-            if info.ispkg and importlib.util.find_spec(name) is not None:
+            try:  # finding a subpackage's module imports the subpackage itself
+                found = info.ispkg and importlib.util.find_spec(name) is not None
+            except ModuleNotFoundError as error:
+                _skip(f"{root}.{info.name}", error)
+                continue
+            if found:
                 modules.append(name)
     return modules
+
+
+def _skip(module: str, error: ModuleNotFoundError) -> None:
+    """Leave out a built-in module whose optional library is missing; else raise."""
+    library = (error.name or "").partition(".")[0]
+    if library in ("", "defenses", "defense_suite"):
+        raise ImportError(
+            f"defense-suite could not load {module!r}: {error}"
+        ) from error
+    _skipped[module] = library
 
 
 def discover() -> None:
@@ -93,18 +111,34 @@ def discover() -> None:
         return
     from importlib.metadata import entry_points
 
-    modules = [
-        *_builtin_modules(),
-        *(e.value for e in entry_points(group=PLUGIN_GROUP)),
-    ]
+    builtin = _builtin_modules()
+    modules = [*builtin, *(e.value for e in entry_points(group=PLUGIN_GROUP))]
     for module in modules:
         try:
             importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            if module not in builtin:
+                raise ImportError(
+                    f"defense-suite could not load the plugin module {module!r}: "
+                    f"{error}"
+                ) from error
+            _skip(module, error)
         except Exception as error:
             raise ImportError(
                 f"defense-suite could not load the plugin module {module!r}: {error}"
             ) from error
     _discovered = True
+
+
+def skipped() -> dict[str, str]:
+    """Built-in packages not loaded, each with the optional library it lacks.
+
+    A smaller install than ``[all]`` leaves, say, ``defense_suite.federated``
+    without ``flwr``: discovery loads every other package and lists this one here
+    instead of failing as a whole.
+    """
+    discover()
+    return dict(_skipped)
 
 
 def available(kind: Kind) -> list[str]:

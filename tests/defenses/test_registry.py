@@ -1,3 +1,5 @@
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -51,3 +53,22 @@ def test_register_package_registers_by_name_and_by_key():
     assert registry.load("benchmarks", "test-only-benchmark") is test_only_benchmark
     with pytest.raises(ValueError, match="already taken"):
         registry.register_package(benchmarks={"test-only-benchmark": dict})
+
+
+def test_a_missing_optional_library_leaves_out_only_its_package():
+    """Without flwr and opacus (a smaller install than [all]) discovery still loads
+    every other package and names the one it left out, with the library it lacks."""
+    code = (
+        "import sys\n"
+        "sys.modules['flwr'] = None\n"
+        "sys.modules['opacus'] = None\n"
+        "from defenses.registry import available, skipped\n"
+        "left_out = skipped()\n"
+        "print(sorted(left_out.items()))\n"
+        "assert left_out['defense_suite.federated.flower'] == 'flwr'\n"
+        "assert 'ssd-digits' in available('scenarios')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
