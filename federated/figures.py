@@ -1,8 +1,10 @@
-"""The package's own report figures: accuracy curves and audit bounds.
+"""The package's own report figures: accuracy curves, audit bounds, the regime sweep.
 
 Drawn from the results of the ``federated-*`` specs: mean test accuracy per round for
-each method (from the ``acc@<t>`` utility entries), and the audit's epsilon lower
-bounds next to the claimed epsilon of each accountant (correct and broken).
+each method (from the ``acc@<t>`` utility entries), the audit's epsilon lower
+bounds next to the claimed epsilon of each accountant (correct and broken), and the
+paired difference time-adaptive minus uniform with its 95 % interval over the sweep
+of rounds and saving ratio (:mod:`federated.regime`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from defenses.results import Result
+
+from .regime import sweep_cells
 
 _ROUND = re.compile(r"^acc@(\d+)$")
 
@@ -94,8 +98,64 @@ def _audit(results: list[Result], out_dir: Path) -> list[tuple[str, Path]]:
     return [("Audit lower bounds (dots) against the claimed epsilon (bars).", path)]
 
 
+def _sweep(results: list[Result], out_dir: Path) -> list[tuple[str, Path]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = sweep_cells(r for r in results if r.scenario == "federated-membership")
+    by_panel = defaultdict(list)
+    for c in cells:
+        by_panel[(c.dataset, c.model, c.budgets)].append(c)
+    panels = [k for k, v in by_panel.items() if len({c.rounds for c in v}) > 1]
+    if not panels:
+        return []
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False
+    )
+    for ax, key in zip(axes[0], panels, strict=True):
+        lines = defaultdict(list)
+        for c in by_panel[key]:
+            lines[(c.options, c.rounds)].append(c)
+        for i, ((options, rounds), line) in enumerate(sorted(lines.items())):
+            line.sort(key=lambda c: c.save_ratio)
+            x = np.array([c.save_ratio for c in line]) + 0.008 * (i - len(lines) / 2)
+            mean = np.array([c.interval.mean for c in line])
+            err = np.array(
+                [
+                    [c.interval.mean - c.interval.low for c in line],
+                    [c.interval.high - c.interval.mean for c in line],
+                ]
+            )
+            ax.errorbar(
+                x,
+                mean,
+                yerr=err,
+                capsize=3,
+                marker="o",
+                linestyle="-" if options == "plain" else "--",
+                label=f"{rounds} rounds, {options} (n={line[0].interval.n})",
+            )
+        ax.axhline(0.0, color="k", linewidth=0.8)
+        ax.set_xlabel("save ratio (saving rate / uniform rate)")
+        ax.set_ylabel("accuracy: time-adaptive - uniform")
+        ax.set_title(f"{key[0]}, {key[1]}, budgets {key[2]}", fontsize=9)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    path = out_dir / "federated_regime_sweep.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    caption = (
+        "Paired accuracy difference, time-adaptive minus uniform spending (same "
+        "seed), with its 95 % t-interval, over rounds and saving ratio; above 0 it "
+        "helps, below it hurts."
+    )
+    return [(caption, path)]
+
+
 def figures(results: list[Result], out_dir: Path) -> list[tuple[str, Path]]:
     """Draw the package's figures into ``out_dir``; return (caption, path) pairs."""
     out_dir.mkdir(parents=True, exist_ok=True)
     mine = _ours(results)
-    return _curves(mine, out_dir) + _audit(mine, out_dir)
+    return _curves(mine, out_dir) + _audit(mine, out_dir) + _sweep(mine, out_dir)

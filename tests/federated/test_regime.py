@@ -190,3 +190,62 @@ def test_accuracy_per_group_is_on_each_groups_held_out_records():
     for group in ("strict", "moderate", "relaxed"):
         mask = ~task.is_member & (task.candidate_groups == group)
         assert out[f"accuracy_{group}"] == pytest.approx(np.mean(correct[mask]))
+
+
+def _sweep_result(defense, seed, acc, rounds, ratio=0.9, **options):
+    return Result(
+        scenario="federated-membership",
+        attack="federated-loss-mia",
+        defense=defense,
+        seed=seed,
+        threat={},
+        utility={"accuracy": acc},
+        success={},
+        cost={},
+        params={
+            "scenario": {"dataset": "digits", "rounds": rounds, "budgets": [1, 2]},
+            "defense": {"save_ratio": ratio, **options},
+        },
+        meta={"spec": "federated_regime-full"},
+    )
+
+
+def _sweep(gain):
+    rows = []
+    for rounds in (30, 120):
+        for seed in range(4):
+            noise = 0.001 * seed
+            rows.append(_sweep_result(UNIFORM_ARM, seed, 0.5 + noise, rounds))
+            # The noise-weighted uniform arm is an option, never the baseline.
+            rows.append(
+                _sweep_result(
+                    UNIFORM_ARM + "-nw", seed, 0.9, rounds, noise_weighted=True
+                )
+            )
+            for ratio in (0.5, 0.9):
+                acc = 0.5 + gain[(rounds, ratio)] + 2 * noise
+                rows.append(
+                    _sweep_result(f"{TA_ARM}({ratio})", seed, acc, rounds, ratio)
+                )
+    return rows
+
+
+UNIFORM_ARM = "federated-idp-fedavg(sigma=2.0)"
+TA_ARM = "federated-time-adaptive"
+
+
+def test_sweep_cells_classify_help_nothing_and_hurt(tmp_path):
+    from defense_suite.federated.figures import figures
+    from defense_suite.federated.regime import sweep_cells
+
+    gain = {(30, 0.5): -0.1, (30, 0.9): 0.0, (120, 0.5): -0.02, (120, 0.9): 0.03}
+    cells = sweep_cells(_sweep(gain))
+    assert len(cells) == 4
+    got = {(c.rounds, c.save_ratio): c for c in cells}
+    assert got[(120, 0.9)].outcome == "helps"
+    assert got[(120, 0.9)].interval.mean == pytest.approx(0.03 + 0.0015)
+    assert got[(30, 0.5)].outcome == "hurts"
+    assert got[(30, 0.9)].outcome == "nothing"  # a seed-only spread straddles 0
+    drawn = [p.name for _, p in figures(_sweep(gain), tmp_path)]
+    assert "federated_regime_sweep.png" in drawn
+    assert (tmp_path / "federated_regime_sweep.png").read_bytes()[:4] == b"\x89PNG"
