@@ -8,3 +8,21 @@ LoRA, and evaluated under CKKS (TenSEAL) between a :class:`~crypto.protocol.Clie
 that holds the secret key and a :class:`~crypto.protocol.Server` that holds only a
 public context. TenSEAL is imported lazily, so ``import crypto`` never needs it.
 """
+
+from typing import Any
+
+_LAZY = {
+    "convert": (".conversion", "convert"),
+    "distill": (".distill", "distill"),
+}
+"""Public functions loaded on first use, so ``import crypto`` stays light."""
+
+
+def __getattr__(name: str) -> Any:
+    """``crypto.convert(model, ...)`` and ``crypto.distill(...)``, imported lazily."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    module, attribute = _LAZY[name]
+    return getattr(import_module(module, __name__), attribute)

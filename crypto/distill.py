@@ -1,6 +1,6 @@
 r"""Recover the accuracy the HE-friendly substitutions cost: distillation.
 
-:func:`distill` fine-tunes a converted :class:`~crypto.convert.model.HEBert` on the
+:func:`distill` fine-tunes a converted :class:`~crypto.conversion.model.HEBert` on the
 user's token ids against the original model's outputs (Hinton et al., 2015), and
 the labels when given, through the polynomials themselves (the deployed function):
 
@@ -31,7 +31,7 @@ from defenses.arrays import FloatArray
 from defenses.checks import check_choice, check_int, check_real
 from defenses.threads import torch_threads
 
-from .convert.model import HEBert
+from .conversion.model import HEBert
 from .tasks import check_labels
 
 logger = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ def distill(
     Parameters
     ----------
     student : HEBert
-        The output of :func:`~crypto.convert.convert`.
+        The output of :func:`~crypto.conversion.convert`.
     teacher : transformers model
         The original classifier (read only).
     ids, mask : array

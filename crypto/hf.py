@@ -5,7 +5,7 @@
   ``transformers.PreTrainedTokenizerFast`` (``save_pretrained`` /
   ``from_pretrained`` of a local folder work as for any tokenizer);
 * :func:`encode` turns texts into the fixed-length token ids and attention mask of
-  a converted :class:`~crypto.convert.model.HEBert`, refusing a tokenizer whose
+  a converted :class:`~crypto.conversion.model.HEBert`, refusing a tokenizer whose
   vocabulary does not fit the embedding and texts longer than the converted length
   (never truncating silently).
 
@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from defenses.checks import check_int
 
-from .convert.model import HEBert
+from .conversion.model import HEBert
 
 logger = logging.getLogger(__name__)
 

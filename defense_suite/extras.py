@@ -21,7 +21,7 @@ DISTRIBUTION = "defense-suite"
 
 EXTRAS: dict[str, tuple[str, ...]] = {
     "federated": ("flwr", "opacus"),
-    "crypto": ("tenseal",),
+    "crypto": ("tenseal", "transformers"),
     "art": ("art",),
     "pandas": ("pandas",),
     "mapie": ("mapie",),

@@ -3,7 +3,7 @@
 Per seed: a tokenizer trained with ``tokenizers`` on the generated negation
 sentences (:func:`~crypto.tasks.negation_texts`); a ``transformers``
 ``BertForSequenceClassification`` built from a config (softmax attention, GELU)
-and trained as usual (AdamW, dropout); :func:`~crypto.convert.convert`; then
+and trained as usual (AdamW, dropout); :func:`~crypto.conversion.convert`; then
 :func:`~crypto.distill.distill` on the first ``distill_train`` training rows with
 their labels. Three
 variants on the held-out split: ``none`` (the original model), ``converted``
@@ -24,7 +24,7 @@ from defenses.harness import measurement
 from defenses.results import Result
 from defenses.threads import torch_threads
 
-from ..convert import convert
+from ..conversion import convert
 from ..distill import DistillConfig, distill, teacher_logits
 from ..hf import build_tokenizer, encode
 from ..tasks import negation_texts

@@ -14,7 +14,7 @@ from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
 transformers = pytest.importorskip("transformers")
 
 from defense_suite.crypto.approx import RangeError  # noqa: E402
-from defense_suite.crypto.convert import (  # noqa: E402
+from defense_suite.crypto.conversion import (  # noqa: E402
     ConversionError,
     HEBertConfig,
     convert,

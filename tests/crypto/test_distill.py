@@ -14,7 +14,7 @@ from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from defense_suite.crypto.convert import convert  # noqa: E402
+from defense_suite.crypto.conversion import convert  # noqa: E402
 from defense_suite.crypto.distill import (  # noqa: E402
     DistillConfig,
     distill,
@@ -114,8 +114,8 @@ def test_byo_benchmark_is_registered_and_reports_three_variants() -> None:
     from defenses import registry
 
     # the registry's discovery imports this module, which registers the benchmark
-    assert "defense_suite.crypto.convert.scenario" in registry._builtin_modules()
-    from defense_suite.crypto.convert import scenario  # noqa: F401
+    assert "defense_suite.crypto.conversion.scenario" in registry._builtin_modules()
+    from defense_suite.crypto.conversion import scenario  # noqa: F401
 
     assert registry._registry["benchmarks"]["crypto-byo"] is byo_benchmark
     bench = byo_benchmark

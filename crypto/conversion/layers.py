@@ -1,4 +1,4 @@
-"""The layers of :class:`~crypto.convert.model.HEBert`: BERT's, with LoRA on Q, K, V.
+"""The layers of :class:`~crypto.conversion.model.HEBert`: BERT's, with LoRA on Q, K, V.
 
 Weights keep ``torch.nn.Linear``'s (out, in) layout, so a source layer's tensors
 copy over unchanged; everything is float64, as the CKKS path is.

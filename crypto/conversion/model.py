@@ -1,6 +1,6 @@
 r"""The HE-friendly form of a BERT-style encoder classifier.
 
-:func:`~crypto.convert.convert` copies a ``transformers`` BERT classifier's weights
+:func:`~crypto.conversion.convert` copies a ``transformers`` BERT classifier's weights
 into :class:`HEBert`, which keeps BERT's post-LayerNorm blocks and replaces every
 function CKKS cannot evaluate (Rho et al., "Encryption-Friendly LLM Architecture",
 ICLR 2025, Sec. 4):

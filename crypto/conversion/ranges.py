@@ -1,6 +1,6 @@
 r"""Calibrated ranges of the converted model and the polynomials fitted on them.
 
-A *site* is one approximated input of :class:`~crypto.convert.model.HEBert`. Its
+A *site* is one approximated input of :class:`~crypto.conversion.model.HEBert`. Its
 range is measured on the user's data (exact mode) and widened by a margin:
 
 * a kernel distance :math:`\lVert q-k\rVert^2/(2\sqrt{d_h}) \in [0, D]`, fitted as
