@@ -334,3 +334,23 @@ def interval_outcome(interval: Interval, direction: str) -> str:
     if high < 0.0:
         return "contradicted"
     return "inconclusive"
+
+
+def paired_interval(
+    defended: Iterable[Result],
+    baseline: Iterable[Result],
+    metric: str,
+    direction: str,
+    level: float = 0.95,
+) -> tuple[Interval, str] | None:
+    """The paired t-interval of ``metric`` (defended minus baseline) and its outcome.
+
+    The outcome is :func:`interval_outcome`'s (``"reproduced"``, ``"contradicted"``
+    or ``"inconclusive"``) for a claimed ``direction`` ("higher" or "lower"). None
+    when fewer than two runs pair up (no interval can be formed).
+    """
+    diffs = paired_differences(defended, baseline, metric)
+    if len(diffs) < 2:
+        return None
+    interval = t_interval(diffs, level)
+    return interval, interval_outcome(interval, direction)

@@ -249,3 +249,21 @@ def test_sweep_cells_classify_help_nothing_and_hurt(tmp_path):
     drawn = [p.name for _, p in figures(_sweep(gain), tmp_path)]
     assert "federated_regime_sweep.png" in drawn
     assert (tmp_path / "federated_regime_sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_paired_interval_on_the_regime_shaped_results():
+    from defenses.results import paired_interval
+
+    base = [_result("u", s, 0.40 + 0.01 * s) for s in range(6)]
+    better = [_result("t", s, 0.42 + 0.01 * s + 0.001 * (s % 2)) for s in range(6)]
+    interval, outcome = paired_interval(better, base, "utility.accuracy", "higher")
+    assert outcome == "reproduced"
+    assert interval.n == 6
+    assert interval.low > 0
+    # One seed cannot form an interval: no verdict rather than a false one.
+    assert paired_interval(better[:1], base, "utility.accuracy", "higher") is None
+    # Pure seed noise around 0 is inconclusive, whatever its relative size.
+    noisy = [_result("t", s, 0.40 + 0.01 * s + (-1) ** s * 0.02) for s in range(6)]
+    assert paired_interval(noisy, base, "utility.accuracy", "higher")[1] == (
+        "inconclusive"
+    )
