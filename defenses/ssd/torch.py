@@ -36,6 +36,7 @@ so, instead of returning a module that answers wrongly; so do ``torch.export`` a
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -263,10 +264,9 @@ class ShieldedModule(torch.nn.Module):
             )
         with torch.no_grad():
             out = self.model(x)
-        answers: torch.Tensor = self._answer(out, x)
+        answers: torch.Tensor = _outside_compile()(self, out, x)
         return answers
 
-    @torch.compiler.disable  # type: ignore[untyped-decorator]
     def _answer(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The shield's answers to the model's outputs ``out`` (never traced)."""
         if not isinstance(out, torch.Tensor):
@@ -279,6 +279,19 @@ class ShieldedModule(torch.nn.Module):
         probs = to_probs(out, "auto" if detect else self.outputs)
         answers: torch.Tensor = self.shield(probs, inputs=x)
         return answers.to(out.dtype)
+
+
+@functools.cache
+def _outside_compile() -> Callable[..., torch.Tensor]:
+    """:meth:`ShieldedModule._answer` in a ``torch.compiler.disable`` region.
+
+    Built on the first forward, not at import: ``torch.compiler.disable`` imports
+    ``torch._dynamo``, which costs seconds that a user who never compiles should
+    not pay when importing :mod:`defenses.ssd`.
+    """
+    disable = torch.compiler.disable
+    region: Callable[..., torch.Tensor] = disable(ShieldedModule._answer)  # type: ignore[no-untyped-call]
+    return region
 
 
 def _name(model: Any) -> str:
