@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from defense_suite.spec import Spec, SummarySettings
 from defense_suite.tables import show
-from defenses.results import Result, Summary, describe
+from defenses.results import Interval, Result, Summary, describe, paired_interval
 
 REPRODUCED = "reproduced"
 PARTLY = "partly"
@@ -33,6 +33,7 @@ class SummaryRow:
     verdict: str
     utility_cost: tuple[str, Summary] | None = None
     note: str = ""
+    interval: Interval | None = None
 
 
 def _values(results: Sequence[Result], metric: str) -> list[float]:
@@ -125,6 +126,25 @@ def _outcome(settings: SummarySettings, defended: float, undefended: float) -> s
     return NOT_REPRODUCED
 
 
+def interval_verdict(outcome: str, paired: tuple[Interval, str] | None) -> str:
+    """Temper a measured verdict by the paired 95 % t-interval of the difference.
+
+    ``paired`` is :func:`defenses.results.paired_interval`'s answer for the row's
+    claimed direction. A claim whose interval lies on the wrong side of zero is
+    :data:`NOT_REPRODUCED`; one whose interval holds zero is at most
+    :data:`PARTLY` (the seeds cannot tell it from no effect). Without two paired
+    runs the measured verdict stands.
+    """
+    if paired is None:
+        return outcome
+    side = paired[1]
+    if side == "contradicted":
+        return NOT_REPRODUCED
+    if side == "inconclusive" and outcome == REPRODUCED:
+        return PARTLY
+    return outcome
+
+
 def summary_row(spec: Spec, results: Sequence[Result]) -> SummaryRow | None:
     """The summary row of ``spec``, or None if it has none or its arms did not run."""
     settings = spec.report.summary
@@ -154,6 +174,13 @@ def summary_row(spec: Spec, results: Sequence[Result]) -> SummaryRow | None:
         cost = _paired(defended, undefended, settings.utility)
         if cost is not None:
             utility_cost = (settings.utility.partition(".")[2], cost)
+    outcome = verdict(settings, d.mean, u.mean)
+    paired = None
+    if settings.direction in ("higher", "lower") and outcome != PROJECTED:
+        paired = paired_interval(
+            defended, undefended, settings.metric, settings.direction
+        )
+        outcome = interval_verdict(outcome, paired)
     return SummaryRow(
         spec=spec.name,
         title=spec.title,
@@ -165,9 +192,10 @@ def summary_row(spec: Spec, results: Sequence[Result]) -> SummaryRow | None:
         delta=delta if delta is not None else describe([d.mean - u.mean]),
         peers=peers,
         guarantee=guarantee,
-        verdict=verdict(settings, d.mean, u.mean),
+        verdict=outcome,
         utility_cost=utility_cost,
         note=projection_note(settings, d.mean, u.mean, defended),
+        interval=paired[0] if paired is not None else None,
     )
 
 
@@ -189,6 +217,8 @@ def markdown_summary(rows: Sequence[SummaryRow], metric_names: Sequence[str]) ->
             else "–"
         )
         verdict_cell = f"**{row.verdict}**" + (f" ({row.note})" if row.note else "")
+        if row.interval is not None:
+            verdict_cell += f" (paired Δ {row.interval})"
         lines.append(
             f"| {row.title} (`{row.spec}`) | {row.threat} | {row.attack} | {row.paper} "
             f"| {metric} | {show(row.defended)} | {show(row.undefended)} "

@@ -5,6 +5,7 @@ from defense_suite.summary import (
     NOT_REPRODUCED,
     PARTLY,
     REPRODUCED,
+    markdown_summary,
     summary_row,
     verdict,
 )
@@ -89,7 +90,10 @@ def test_summary_row_pairs_seeds_and_reads_peers_and_guarantee():
     assert [name for name, _ in row.peers] == ["gauss", "ssd(epsilon=2)"]
     assert row.guarantee is not None
     assert row.guarantee[1].mean == pytest.approx(0.2)
-    assert row.verdict == REPRODUCED
+    # two seeds: the paired t-interval (one degree of freedom) holds zero
+    assert row.interval is not None
+    assert row.interval.low < 0 < row.interval.high
+    assert row.verdict == PARTLY
     assert row.utility_cost is not None
     assert row.utility_cost[1].mean == pytest.approx(0.0)
 
@@ -157,4 +161,39 @@ def test_summary_against_another_baseline():
     assert row is not None
     assert row.undefended.mean == pytest.approx(0.55)
     assert row.delta.mean == pytest.approx(-0.125)
-    assert row.verdict == REPRODUCED
+    assert row.verdict == PARTLY  # two paired seeds cannot exclude zero
+
+
+@pytest.mark.parametrize(
+    ("defended", "expected"),
+    [
+        ((0.02, 0.03, 0.02, 0.04), REPRODUCED),  # interval below zero, large change
+        ((0.10, 0.45, 0.05, 0.40), PARTLY),  # mean down, interval holds zero
+        ((0.31, 0.32, 0.33, 0.31), NOT_REPRODUCED),  # interval above zero
+    ],
+)
+def test_the_verdict_follows_the_paired_interval(defended, expected):
+    baseline = (0.30, 0.20, 0.25, 0.28)
+    results = [run("none", seed, value) for seed, value in enumerate(baseline)]
+    results += [run("ssd", seed, value) for seed, value in enumerate(defended)]
+    spec = parse(
+        {
+            "scenario": "s",
+            "attacks": ["atk"],
+            "report": {
+                "summary": {
+                    "threat": "t",
+                    "metric": "success.attack_acc",
+                    "defense": "ssd",
+                    "relative_change": 0.1,
+                }
+            },
+        },
+        "x-quick",
+    )
+    row = summary_row(spec, results)
+    assert row is not None
+    assert row.interval is not None
+    assert row.interval.n == 4
+    assert row.verdict == expected
+    assert f"(paired Δ {row.interval})" in markdown_summary([row], ["attack_acc"])
