@@ -155,17 +155,9 @@ def resolve_loader(path: Path, target: Any) -> Callable[..., Any]:
     try:
         with beside(path):
             if _local(path, module_name):
-                # a module of that name imported before (another spec's
-                # neighbour, or an installed one) must not shadow this one
-                for name in [
-                    m
-                    for m in sys.modules
-                    if m == module_name.split(".")[0]
-                    or m.startswith(module_name.split(".")[0] + ".")
-                ]:
-                    if not _from(sys.modules[name], path):
-                        del sys.modules[name]
-            module = importlib.import_module(module_name)
+                module = _import_aside(module_name)
+            else:
+                module = importlib.import_module(module_name)
     except ImportError as error:
         raise _fail(
             path,
@@ -180,12 +172,25 @@ def resolve_loader(path: Path, target: Any) -> Callable[..., Any]:
     return found
 
 
-def _from(module: Any, path: Path) -> bool:
-    """Whether ``module`` was loaded from the folder of the spec ``path``."""
-    origin = getattr(module, "__file__", None)
-    if origin is None:
-        return False
-    return path.resolve().parent in Path(origin).resolve().parents
+def _import_aside(module_name: str) -> Any:
+    """Import a spec's neighbour without touching the process's modules.
+
+    A module of the same top-level name imported before (another spec's neighbour,
+    an installed one, or the caller's own) neither shadows this one nor is shadowed
+    by it: the names are set aside for the import and restored after it.
+    """
+    top = module_name.split(".")[0]
+
+    def names() -> list[str]:
+        return [m for m in sys.modules if m == top or m.startswith(top + ".")]
+
+    displaced = {name: sys.modules.pop(name) for name in names()}
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        for name in names():
+            del sys.modules[name]
+        sys.modules.update(displaced)
 
 
 def _dataclass(path: Path, key: str, cls: type, params: Any) -> Any:

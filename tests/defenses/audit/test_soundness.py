@@ -9,7 +9,9 @@ be fitted on the records the audit evaluates.
 
 import argparse
 import dataclasses
+import sys
 import textwrap
+import types
 from typing import ClassVar
 
 import numpy as np
@@ -288,9 +290,13 @@ def test_loader_beside_the_spec_is_found_and_the_summary_printed(
             textwrap.dedent(LOADER.format(mark=folder))
         )
         (tmp_path / folder / "audit.toml").write_text(SPEC.format(module="own_model"))
+    caller_own_model = types.ModuleType("own_model")  # the caller's module of that name
+    monkeypatch.setitem(sys.modules, "own_model", caller_own_model)
     for folder in ("a", "b"):
         spec = load_spec(tmp_path / folder / "audit.toml")
         assert spec.loader.__globals__["MARK"] == folder
+        # the neighbour is imported aside: the process's own module stays
+        assert sys.modules["own_model"] is caller_own_model
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     args = parser.parse_args(
