@@ -44,7 +44,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from defenses.checks import check_choice
+from defenses.checks import check_choice, check_finite_module
 from defenses.ssd.seeding import SEEDINGS, Seeding
 from defenses.ssd.state import STATE_KEYS, load_shield_state, shield_state
 
@@ -199,6 +199,8 @@ class ShieldedModule(torch.nn.Module):
     ) -> None:
         super().__init__()
         check_outputs(outputs)
+        if isinstance(model, torch.nn.Module):  # a broken model is refused by name
+            check_finite_module(type(model).__name__, model)
         self.model = model
         self.shield = with_seeding(shield, seeding)
         self.seeding: str = seeding

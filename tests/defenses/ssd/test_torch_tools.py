@@ -131,9 +131,12 @@ def test_a_traced_or_scripted_model_can_be_wrapped():
 
 def test_nan_weights_are_refused_by_name():
     net = _net()
+    module = ShieldedModule(net, _shield())
     with torch.no_grad():
         net[2].weight[1, 0] = float("nan")
-    module = ShieldedModule(net, _shield())
+    # at wrapping time the parameter is named; a later breakage shows in the outputs
+    with pytest.raises(ValueError, match=r"Sequential: parameter '2.weight' holds 1"):
+        ShieldedModule(net, _shield())
     with pytest.raises(ValueError, match=r"wrapped model \(Sequential\).*NaN or inf"):
         module(_uncertain_inputs(4))
     torch._dynamo.reset()
