@@ -63,6 +63,7 @@ def test_loaded_sets_are_the_classifiers_sets(tmp_path):
 def test_several_levels_string_labels_and_named_columns(tmp_path, monkeypatch):
     rps, X = _fitted(confidence_level=[0.8, 0.9], frame=True)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)  # a database store puts artifacts in ./mlruns
     with mlflow.start_run():
         info = rps_mlflow.log_model(rps, name="sets")
     loaded = mlflow.pyfunc.load_model(info.model_uri)

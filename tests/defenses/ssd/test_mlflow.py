@@ -108,6 +108,7 @@ def test_sklearn_round_trip_gives_the_in_process_answers(tmp_path):
 def test_named_columns_any_order_and_log_model(tmp_path, monkeypatch):
     model, X = _classifier(frame=True)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)  # a database store puts artifacts in ./mlruns
     with mlflow.start_run():
         info = ssd_mlflow.log_model(model, name="shielded")
     loaded = mlflow.pyfunc.load_model(info.model_uri)
@@ -399,6 +400,7 @@ def test_logged_torch_model_served_by_uri_is_consistent_across_workers(
 ):
     module, X = _module()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)  # a database store puts artifacts in ./mlruns
     with mlflow.start_run():
         info = ssd_mlflow.log_model(module, name="torch-ssd", n_features=4)
     expected = module(torch.tensor(X[:4], dtype=torch.float32)).numpy()
