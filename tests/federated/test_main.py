@@ -150,3 +150,51 @@ def test_the_entry_point_stops_the_local_superlink_it_started(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_uv_resolves_away_every_base_dependency_of_the_app_bundle():
+    """`flwr run .` runs `uv sync` on this pyproject: each base dependency must be
+    overridden out (a never-true marker), or a new one pulls its own build."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    names = {Requirement(d).name for d in project["project"]["dependencies"]}
+    overrides = [Requirement(d) for d in project["tool"]["uv"]["override-dependencies"]]
+    assert {o.name for o in overrides} == names
+    for override in overrides:
+        assert override.marker is not None
+        assert not override.marker.evaluate()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_plain_flwr_run_installs_nothing(tmp_path):
+    """The ordinary Flower command, without the variable that turns Flower's runtime
+    installs off: its `uv sync` finds nothing to install and the run uses this
+    environment."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key != "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"
+    }
+    env.update(
+        FLWR_HOME=str(_simulation_home(tmp_path, 2)),
+        DEFENSE_SUITE_STATE_DIR=str(tmp_path / "ledgers"),
+        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT="39391",
+        FLWR_LOCAL_CONTROL_API_PORT="39393",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
+    )
+    flwr = str(Path(sys.executable).parent / "flwr")
+    try:
+        done = subprocess.run(
+            [flwr, "run", str(REPO), "--stream", "--run-config", "num-server-rounds=1"],
+            env=env, capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, out[-3000:]
+        assert "No additional application dependencies needed installation" in out
+        assert "Installed: [" not in out
+    finally:
+        _left_running(env)
