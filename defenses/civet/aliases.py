@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from defenses.civet.bounds import UnsupportedLayerError
+from defenses.civet.bounds import POOLS, UnsupportedLayerError
 
 INPLACE_POSITION: dict[Any, int] = {
     F.relu: 1,
@@ -69,14 +69,7 @@ _FRESH_LAYERS: tuple[type[nn.Module], ...] = (
     nn.LeakyReLU,
     nn.ELU,
     nn.Upsample,
-    nn.MaxPool1d,
-    nn.MaxPool2d,
-    nn.AdaptiveMaxPool1d,
-    nn.AdaptiveMaxPool2d,
-    nn.AvgPool1d,
-    nn.AvgPool2d,
-    nn.AdaptiveAvgPool1d,
-    nn.AdaptiveAvgPool2d,
+    *POOLS,
 )
 """Leaf layers that return a new tensor (when they do not work in place)."""
 

@@ -210,6 +210,18 @@ GELU_MIN = {
 }
 LINEAR_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear", "area")
 
+POOLS: tuple[type[nn.Module], ...] = (
+    nn.MaxPool1d,
+    nn.MaxPool2d,
+    nn.AdaptiveMaxPool1d,
+    nn.AdaptiveMaxPool2d,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+)
+"""The pooling layers (max and average, fixed and adaptive, 1-d and 2-d)."""
+
 _MONOTONE: tuple[type[nn.Module], ...] = (
     nn.ReLU,
     nn.Sigmoid,
@@ -220,14 +232,7 @@ _MONOTONE: tuple[type[nn.Module], ...] = (
     nn.Identity,
     nn.Flatten,
     nn.Unflatten,
-    nn.MaxPool1d,
-    nn.MaxPool2d,
-    nn.AdaptiveMaxPool1d,
-    nn.AdaptiveMaxPool2d,
-    nn.AvgPool1d,
-    nn.AvgPool2d,
-    nn.AdaptiveAvgPool1d,
-    nn.AdaptiveAvgPool2d,
+    *POOLS,
 )
 _DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.AlphaDropout)
 _BATCHNORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
