@@ -11,6 +11,8 @@ public context. TenSEAL is imported lazily, so ``import crypto`` never needs it.
 
 from typing import Any
 
+from defenses import __version__ as __version__
+
 _LAZY = {
     "convert": (".conversion", "convert"),
     "distill": (".distill", "distill"),

@@ -17,3 +17,6 @@ package's own Flower app), :mod:`~federated.audit`
 (canary audit), :mod:`~federated.scenario` (harness wiring). Flower and Opacus are
 imported lazily, so importing this package needs neither.
 """
+
+from defenses import __version__ as __version__
+

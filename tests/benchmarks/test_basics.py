@@ -1,5 +1,6 @@
 """The basics of a mature command line: --version, --quiet/--verbose, a fast --help."""
 
+import importlib
 import json
 import subprocess
 import sys
@@ -32,6 +33,8 @@ def test_version_flag_and_both_packages_agree_with_the_metadata(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"defense-suite {defense_suite.__version__}\n"
     assert defense_suite.__version__ == defenses.__version__
+    for package in ("defense_suite.crypto", "defense_suite.federated"):
+        assert importlib.import_module(package).__version__ == defenses.__version__
     assert version("defense-suite") == defenses.__version__
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     # static, because Flower's `flwr run` refuses a dynamic version
