@@ -19,4 +19,3 @@ imported lazily, so importing this package needs neither.
 """
 
 from defenses import __version__ as __version__
-
