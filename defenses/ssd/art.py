@@ -31,8 +31,9 @@ from art.defences.postprocessor import Postprocessor
 
 from defenses.checks import check_choice
 from defenses.ssd.defense import StealthyShield
+from defenses.ssd.lazy import check_outputs
 from defenses.ssd.seeding import SEEDINGS, Seeding
-from defenses.ssd.torch import check_outputs, to_probs
+from defenses.ssd.torch import to_probs
 
 
 class SSDPostprocessor(Postprocessor):  # type: ignore[misc]

@@ -12,13 +12,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from defenses.arrays import FloatArray
+from defenses.ssd.lazy import is_tensor, loaded_torch
+
+if TYPE_CHECKING:
+    import torch
 
 PARALLEL_MIN_ENTRIES = 1 << 18
 """Batches with fewer entries (N K) run on one thread: starting more costs more."""
@@ -37,13 +40,15 @@ def as_rows(
     Complex input raises TypeError: dropping the imaginary part would be silent.
     """
     given: np.dtype[Any] | torch.dtype
-    if isinstance(probs, torch.Tensor):
+    if is_tensor(probs):
+        torch_module = loaded_torch()
+        assert torch_module is not None  # a tensor means torch is loaded
         if probs.is_complex():
             raise TypeError(f"{name} must be real, got {probs.dtype}")
-        given = probs.dtype if probs.is_floating_point() else torch.float64
+        given = probs.dtype if probs.is_floating_point() else torch_module.float64
         tensor = probs.detach().cpu()
-        if tensor.dtype not in (torch.float32, torch.float64):
-            tensor = tensor.to(torch.float64)
+        if tensor.dtype not in (torch_module.float32, torch_module.float64):
+            tensor = tensor.to(torch_module.float64)
         array = tensor.contiguous().numpy()
     else:
         array = np.asarray(probs)

@@ -44,21 +44,18 @@ so the answers are the same, bit for bit, whatever the number of threads or bloc
 
 from __future__ import annotations
 
-import math
-from typing import Any, ClassVar, Literal, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
-import torch
-from scipy.special import entr
 
 from defenses.arrays import FloatArray
 from defenses.checks import check_choice, check_int, check_real
 from defenses.ssd.batch import as_rows, check_stats, run_blocks
+from defenses.ssd.budget import default_temperature, entropy
 from defenses.ssd.kernels.shield import shield_rows
+from defenses.ssd.lazy import check_outputs, is_module, is_tensor, loaded_torch
 from defenses.ssd.seeding import SEEDINGS, Seeding, hash_uniforms, input_keys
-from defenses.ssd.sklearn import ShieldedClassifier
-from defenses.ssd.torch import ShieldedCallable, ShieldedModule, check_outputs
 from defenses.ssd.waterfill import (
     FLOOR,
     MAX_NEWTON_STEPS,
@@ -66,40 +63,12 @@ from defenses.ssd.waterfill import (
     sum_tolerance,
 )
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["StealthyShield", "default_temperature", "entropy"]
 
 PARAMS = ("epsilon", "temperature", "seed", "seeding", "hash_resolution", "n_threads")
-
-
-def default_temperature(n_classes: int) -> float:
-    r"""The temperature rule :math:`T_K = 0.9 / \ln(9 (K - 1))` (1.0 when K < 3).
-
-    With probabilities in [0, 1], :math:`P(y = \text{top})` under
-    :math:`\operatorname{softmax}(f/T)` depends on K; this rule reproduces the
-    paper's :math:`T = 0.1` at K = 1000 and keeps the pseudo-label about as random at
-    small K (0.15 at K = 50, 0.20 at K = 10, 0.25 at K = 5).
-    """
-    check_int("n_classes", n_classes, 1)
-    if n_classes < 3:
-        return 1.0
-    return 0.9 / math.log(9.0 * (n_classes - 1))
-
-
-@overload
-def entropy(f: torch.Tensor) -> torch.Tensor: ...
-
-
-@overload
-def entropy(f: npt.ArrayLike) -> FloatArray: ...
-
-
-def entropy(f: torch.Tensor | npt.ArrayLike) -> torch.Tensor | FloatArray:
-    r"""Row entropy :math:`H(f) = -\sum_i f_i \ln f_i` in nats (:math:`0 \ln 0 = 0`)."""
-    if isinstance(f, torch.Tensor):
-        value: torch.Tensor = torch.special.entr(f).sum(dim=-1)
-        return value
-    out: FloatArray = entr(np.asarray(f, dtype=np.float64)).sum(axis=-1)
-    return out
 
 
 class StealthyShield:
@@ -251,7 +220,7 @@ class StealthyShield:
             ``seed``.
         """
         self._validate()
-        if isinstance(val_labels, torch.Tensor):
+        if is_tensor(val_labels):
             val_labels = val_labels.detach().cpu().numpy()
         rows, given = as_rows(val_probs, "val_probs")
         probs = rows.astype(np.float64)
@@ -383,9 +352,14 @@ class StealthyShield:
             ``probs`` (float64 for integer input).
         """
         out, _, given = self._run(probs, inputs, answers=True)
-        if isinstance(probs, torch.Tensor):
-            dtype = probs.dtype if probs.is_floating_point() else torch.float64
-            return torch.from_numpy(out).to(device=probs.device, dtype=dtype)
+        if is_tensor(probs):
+            torch_module = loaded_torch()
+            assert torch_module is not None  # a tensor means torch is loaded
+            dtype = probs.dtype if probs.is_floating_point() else torch_module.float64
+            answer_tensor: torch.Tensor = torch_module.from_numpy(out).to(
+                device=probs.device, dtype=dtype
+            )
+            return answer_tensor
         answer: npt.NDArray[np.floating[Any]] = out.astype(given, copy=False)
         return answer
 
@@ -417,7 +391,9 @@ class StealthyShield:
             probabilities: it raises instead.
         """
         check_outputs(outputs)
-        if isinstance(model, torch.nn.Module):
+        if is_module(model):
+            from defenses.ssd.torch import ShieldedModule
+
             return ShieldedModule(model, self, outputs=outputs)
         if hasattr(model, "predict_proba"):
             if outputs not in ("auto", "probs"):
@@ -425,8 +401,12 @@ class StealthyShield:
                     f"outputs: a predict_proba model returns probabilities, not "
                     f"{outputs}"
                 )
+            from defenses.ssd.sklearn import ShieldedClassifier
+
             return ShieldedClassifier.prefitted(model, self)
         if callable(model):
+            from defenses.ssd.torch import ShieldedCallable
+
             return ShieldedCallable(model, self, outputs=outputs)
         raise TypeError(
             "model must be a torch.nn.Module, have predict_proba, or be callable; got "

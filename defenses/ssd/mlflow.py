@@ -45,9 +45,10 @@ from defenses.serving import (
     save_shielded,
 )
 from defenses.ssd.defense import StealthyShield
+from defenses.ssd.lazy import check_outputs
 from defenses.ssd.sklearn import ShieldedClassifier
 from defenses.ssd.state import load_shield_state, shield_state
-from defenses.ssd.torch import ShieldedModule, check_outputs, to_probs
+from defenses.ssd.torch import ShieldedModule, to_probs
 
 FLAVOUR = "defenses_ssd"
 MODEL = "model"

@@ -21,11 +21,10 @@ import hashlib
 from typing import Any, Literal
 
 import numpy as np
-import scipy.sparse
-import torch
 
 from defenses.arrays import FloatArray
 from defenses.checks import as_numbers
+from defenses.ssd.lazy import is_sparse, is_tensor
 
 Seeding = Literal["random", "input-hash"]
 SEEDINGS: tuple[str, ...] = ("random", "input-hash")
@@ -64,6 +63,8 @@ def _frame_keys(frame: Any, resolution: float | None) -> list[bytes]:
 
 
 def _sparse_keys(matrix: Any, resolution: float | None) -> list[bytes]:
+    import scipy.sparse
+
     csr = scipy.sparse.csr_matrix(matrix, dtype=np.float64, copy=True)
     csr.sum_duplicates()
     csr.eliminate_zeros()
@@ -80,7 +81,7 @@ def _sparse_keys(matrix: Any, resolution: float | None) -> list[bytes]:
 
 
 def _array_keys(inputs: Any, resolution: float | None) -> list[bytes]:
-    if isinstance(inputs, torch.Tensor):
+    if is_tensor(inputs):
         inputs = inputs.detach().cpu().numpy()
     array = np.asarray(inputs)
     if array.dtype.kind == "c":
@@ -116,7 +117,7 @@ def input_keys(inputs: Any, n: int, resolution: float | None) -> list[bytes]:
         )
     if module.startswith("pandas"):
         return _frame_keys(inputs, resolution)
-    if scipy.sparse.issparse(inputs):
+    if is_sparse(inputs):
         return _sparse_keys(inputs, resolution)
     return _array_keys(inputs, resolution)
 

@@ -45,12 +45,12 @@ import numpy as np
 import torch
 
 from defenses.checks import check_choice, check_finite_module
+from defenses.ssd.lazy import check_outputs
 from defenses.ssd.seeding import SEEDINGS, Seeding
 from defenses.ssd.state import STATE_KEYS, load_shield_state, shield_state
 
 logger = logging.getLogger(__name__)
 
-OUTPUTS = ("auto", "probs", "logits", "log-probs")
 BUFFERS = {key: f"shield_{key}" for key in STATE_KEYS}
 
 
@@ -121,11 +121,6 @@ def check_finite(out: torch.Tensor, outputs: str, model: str) -> None:
             f"(of {int(rows.numel())}): SSD defends finite answers only; check the "
             "model's parameters and inputs"
         )
-
-
-def check_outputs(outputs: str) -> str:
-    """Return ``outputs`` if it is one of :data:`OUTPUTS`, else raise ValueError."""
-    return check_choice("outputs", outputs, OUTPUTS)
 
 
 def module_outputs(module: torch.nn.Module) -> str:

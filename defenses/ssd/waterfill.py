@@ -44,14 +44,17 @@ make the problem infeasible for small budgets.
 
 from __future__ import annotations
 
-from typing import overload
+from typing import TYPE_CHECKING, cast, overload
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from defenses.arrays import FloatArray
 from defenses.ssd.kernels.projection import project_rows
+from defenses.ssd.lazy import is_tensor, is_torch_dtype, loaded_torch
+
+if TYPE_CHECKING:
+    import torch
 
 FLOOR = 1e-12
 """Smallest entry of ``q`` used in the projection (zeros are raised to it)."""
@@ -64,11 +67,11 @@ def sum_tolerance(dtype: np.dtype[np.floating] | torch.dtype, n_classes: int) ->
     ``1e-6 + 8 * eps * K`` (a float32 softmax over 1000 classes sums to one only to
     about ``1e-5``).
     """
-    eps = (
-        torch.finfo(dtype).eps
-        if isinstance(dtype, torch.dtype)
-        else np.finfo(dtype).eps
-    )
+    torch_module = loaded_torch()
+    if torch_module is not None and is_torch_dtype(dtype):
+        eps = float(torch_module.finfo(dtype).eps)
+    else:
+        eps = float(np.finfo(cast("np.dtype[np.floating]", dtype)).eps)
     if eps < 1e-15:
         return 1e-6
     return float(1e-6 + 8.0 * eps * n_classes)
@@ -163,54 +166,6 @@ def _prepare(
     return f64, q64, b64, np.dtype(dtype)
 
 
-def _check_torch(name: str, values: torch.Tensor, tolerance: float) -> None:
-    if not torch.all(torch.isfinite(values)):
-        raise ValueError(f"{name} contains NaN or inf")
-    if values.numel() and float(values.min()) < 0:
-        raise ValueError(f"{name} has negative entries (min {float(values.min()):.3g})")
-    error = (values.sum(1) - 1.0).abs()
-    if error.numel() and float(error.max()) > tolerance:
-        worst = int(error.argmax())
-        raise ValueError(
-            f"{name} rows must sum to 1 (within {tolerance:.1e}); row {worst} "
-            "sums "
-            f"to {float(values[worst].sum())!r}"
-        )
-
-
-def _prepare_torch(
-    f: torch.Tensor, q: torch.Tensor, budget: torch.Tensor | npt.ArrayLike
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if not (torch.is_floating_point(f) and torch.is_floating_point(q)):
-        raise ValueError(f"f and q must be floating-point, got {f.dtype} and {q.dtype}")
-    if f.ndim != 2 or f.shape != q.shape or f.shape[1] == 0:
-        raise ValueError(
-            f"f and q must have the same shape (N, K) with K >= 1, got "
-            f"{tuple(f.shape)} and {tuple(q.shape)}"
-        )
-    tol = max(sum_tolerance(f.dtype, f.shape[1]), sum_tolerance(q.dtype, f.shape[1]))
-    f64 = f.detach().to(torch.float64)
-    q64 = q.detach().to(device=f.device, dtype=torch.float64)
-    _check_torch("f", f64, tol)
-    _check_torch("q", q64, tol)
-    b_in = torch.as_tensor(budget)
-    if b_in.is_complex():
-        raise ValueError(f"budget must be real numbers, got {b_in.dtype}")
-    b64 = b_in.to(device=f.device, dtype=torch.float64)
-    if b64.shape != (f.shape[0],):
-        raise ValueError(
-            f"budget must have shape ({f.shape[0]},), got {tuple(b64.shape)}"
-        )
-    if not torch.all(torch.isfinite(b64)):
-        raise ValueError("budget contains NaN or inf")
-    if b64.numel() and float(b64.min()) < 0:
-        raise ValueError(f"budget must be >= 0, got min {float(b64.min())!r}")
-    if q64.numel() and float(q64.min()) < FLOOR:
-        q64 = q64.clamp(min=FLOOR)
-        q64 = q64 / q64.sum(1, keepdim=True)
-    return f64, q64, b64
-
-
 MAX_NEWTON_STEPS = 32
 """Newton steps per level before a row falls back to sorting its surviving ratios."""
 
@@ -227,35 +182,6 @@ def _water_filling_numpy(
             smallest = float(stats[:, column + 2].min())
             _check_rows(name, stats[:, column], smallest, tolerance)
     return out
-
-
-def _water_filling_torch(
-    f: torch.Tensor, q: torch.Tensor, budget: torch.Tensor
-) -> torch.Tensor:
-    n, k = f.shape
-    if k == 1 or n == 0:
-        return q.clone()
-    half = (0.5 * budget)[:, None]
-    ratio, order = torch.sort(f / q, dim=1)
-    fs = torch.gather(f, 1, order)
-    qs = torch.gather(q, 1, order)
-    fp, qp = fs.cumsum(1), qs.cumsum(1)
-    qs_suffix = qs.flip(1).cumsum(1).flip(1)
-    total = fp[:, -1:]
-    ones = torch.ones((n, 1), dtype=torch.bool, device=f.device)
-    raise_fails = torch.cat([ratio[:, 1:] * qp[:, :-1] - fp[:, :-1] > half, ones], 1)
-    j_a = raise_fails.int().argmax(1, keepdim=True)
-    lower_ok = torch.cat(
-        [(total - fp[:, :-1]) - ratio[:, :-1] * qs_suffix[:, 1:] <= half, ones], 1
-    )
-    j_b = lower_ok.int().argmax(1, keepdim=True)
-    w_a = (fp.gather(1, j_a) + half) / qp.gather(1, j_a)
-    before = (j_b - 1).clamp(min=0)
-    above_f = torch.where(j_b > 0, total - fp.gather(1, before), total)
-    w_b = (above_f - half) / qs_suffix.gather(1, j_b)
-    clipped = torch.minimum(torch.maximum(f, w_a * q), w_b * q)
-    trivial = w_a >= 1.0
-    return torch.where(trivial, q, clipped)
 
 
 @overload
@@ -305,11 +231,14 @@ def water_filling(
     >>> water_filling(f, q, np.array([.4]))
     array([[0.5, 0.2, 0.3]])
     """
-    if isinstance(f, torch.Tensor) or isinstance(q, torch.Tensor):
-        if not (isinstance(f, torch.Tensor) and isinstance(q, torch.Tensor)):
+    if is_tensor(f) or is_tensor(q):
+        if not (is_tensor(f) and is_tensor(q)):
             raise TypeError("f and q must both be torch tensors or both be arrays")
-        ft, qt, bt = _prepare_torch(f, q, budget)
-        return _water_filling_torch(ft, qt, bt).to(f.dtype)
+        from defenses.ssd.waterfill_torch import water_filling_torch
+
+        k = f.shape[1] if f.ndim == 2 else 1
+        tolerance = max(sum_tolerance(f.dtype, k), sum_tolerance(q.dtype, k))
+        return water_filling_torch(f, q, budget, tolerance, FLOOR)
     f64, q64, b64, dtype = _prepare(f, q, budget)
     tolerance = sum_tolerance(dtype, f64.shape[1])
     return _water_filling_numpy(f64, q64, b64, tolerance).astype(dtype, copy=False)

@@ -195,3 +195,12 @@ def test_bad_probabilities_at_call():
         shield.wrap(lambda x: x, outputs="scores")
     with pytest.raises(TypeError, match=r"must be a torch\.nn\.Module"):
         shield.wrap(42)
+
+
+def test_entropy_terms_are_scipys_entr():
+    from scipy.special import entr
+
+    rows = np.array([[0.0, 0.25, 0.75], [-1.0, 0.5, 0.5], [np.nan, 0.5, 0.5]])
+    rows = np.vstack([rows, [[np.inf, 0.0, 0.0], [1.0, 0.0, 0.0]]])
+    expected = entr(rows).sum(axis=1)
+    np.testing.assert_array_equal(entropy(rows), expected)
