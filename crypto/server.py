@@ -20,12 +20,24 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .ckks import CKKSParams, TenSEALBackend, fingerprint, load_ciphertext, load_public
 from .evaluator import Evaluator, Value
 from .heval import HEWeights, forward
+from .heval_bert import BertWeights
+from .heval_bert import forward as bert_forward
 from .wire import Channel, Message, ProtocolError
 
 if TYPE_CHECKING:
+    from .conversion.model import HEBert
     from .model import HEFormer
 
 logger = logging.getLogger(__name__)
+
+
+def public_weights(model: HEFormer | HEBert) -> HEWeights | BertWeights:
+    """The public folded weights of an HEFormer or of a converted BERT."""
+    from .conversion.model import HEBert
+
+    if isinstance(model, HEBert):
+        return BertWeights.from_model(model)
+    return HEWeights.from_model(model)
 
 
 class _Closed(Exception):
@@ -51,8 +63,8 @@ class Server:
     ----------
     context : bytes or None
         The client's public context (or None: it arrives in a ``context`` message).
-    weights : HEWeights
-        The public folded weights.
+    weights : HEWeights or BertWeights
+        The public folded weights (of an HEFormer or of a converted BERT).
     params : CKKSParams
         The modulus chain the context was made with.
 
@@ -62,9 +74,17 @@ class Server:
         If the context holds a secret key or is not a TenSEAL context.
     """
 
-    def __init__(self, context: bytes | None, weights: HEWeights, params: CKKSParams):
-        if not isinstance(weights, HEWeights):
-            raise TypeError(f"weights must be HEWeights, got {type(weights).__name__}")
+    def __init__(
+        self,
+        context: bytes | None,
+        weights: HEWeights | BertWeights,
+        params: CKKSParams,
+    ):
+        if not isinstance(weights, HEWeights | BertWeights):
+            raise TypeError(
+                "weights must be HEWeights or BertWeights, got "
+                f"{type(weights).__name__}"
+            )
         if not isinstance(params, CKKSParams):
             raise TypeError(f"params must be CKKSParams, got {type(params).__name__}")
         self.weights = weights
@@ -79,10 +99,10 @@ class Server:
 
     @classmethod
     def for_model(
-        cls, context: bytes | None, model: HEFormer, params: CKKSParams
+        cls, context: bytes | None, model: HEFormer | HEBert, params: CKKSParams
     ) -> Server:
-        """A server for the public part of ``model``."""
-        return cls(context, HEWeights.from_model(model), params)
+        """A server for the public part of ``model`` (HEFormer or converted BERT)."""
+        return cls(context, public_weights(model), params)
 
     def _set_context(self, blob: bytes) -> None:
         self.context = load_public(blob)
@@ -217,7 +237,19 @@ class Server:
         ev = Evaluator(
             TenSEALBackend(), self.params.levels, refresh if interactive else None
         )
-        if interactive:
+        if isinstance(w, BertWeights):
+            if not interactive:
+                raise ProtocolError(
+                    "the converted BERT runs interactively only (its blocks need "
+                    "refreshes and rolls)"
+                )
+            if len(values) != d + n:
+                raise ProtocolError(
+                    f"expected {d} input and {n} key-weight ciphertexts, got "
+                    f"{len(values)}"
+                )
+            logits = bert_forward(ev, w, values[:d], values[d:], self._lora, roll)
+        elif interactive:
             if len(values) != d:
                 raise ProtocolError(
                     f"expected {d} input ciphertexts, got {len(values)}"

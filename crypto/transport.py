@@ -28,7 +28,9 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from .ckks import CKKSParams
+    from .conversion.model import HEBert
     from .heval import HEWeights
+    from .heval_bert import BertWeights
     from .model import HEFormer
 
 _FRAME = struct.Struct(">Q")
@@ -88,7 +90,7 @@ class Loopback:
 
     Parameters
     ----------
-    weights : HEWeights or None
+    weights : HEWeights, BertWeights or None
         The public weights an inference server is built from (sent to the child).
     params : CKKSParams or None
         The modulus chain.
@@ -103,7 +105,7 @@ class Loopback:
 
     def __init__(
         self,
-        weights: HEWeights | None = None,
+        weights: HEWeights | BertWeights | None = None,
         params: CKKSParams | None = None,
         start_timeout: float = 120.0,
         server: Serving | None = None,
@@ -138,11 +140,11 @@ class Loopback:
         self._channel = SocketChannel(self._sock)
 
     @classmethod
-    def for_model(cls, model: HEFormer, params: CKKSParams) -> Loopback:
-        """A server process for the public part of ``model``."""
-        from .heval import HEWeights
+    def for_model(cls, model: HEFormer | HEBert, params: CKKSParams) -> Loopback:
+        """A server process for the public part of ``model`` (HEFormer or HEBert)."""
+        from .server import public_weights
 
-        return cls(HEWeights.from_model(model), params)
+        return cls(public_weights(model), params)
 
     @property
     def pid(self) -> int | None:

@@ -1,0 +1,196 @@
+"""Encrypted inference of a converted BERT: the key owner's side of the protocol.
+
+:class:`BertClient` is the :class:`~crypto.protocol.Client` of a converted
+:class:`~crypto.conversion.model.HEBert`: it takes token ids (from the user's
+tokenizer, :func:`crypto.hf.encode`) and their 0/1 attention mask, embeds them on
+its side (exact LayerNorm, :meth:`HEBert.embed_tokens`), encrypts the packed
+features and the key weights of the mask (:mod:`crypto.bert_pack`) with its secret
+LoRA factors, and answers the server's refresh and roll requests. The session
+runs through the same bytes-only messages and transports (``InProcess``,
+``Loopback``) and the same checks: the public schedule is derived by running the
+program on zeros (:func:`crypto.bert_pack.inference_schedule`), every request is
+admitted before decryption and its decrypted slots are clipped to the
+encoding-safe bound (:mod:`crypto.session`). The converted model's blocks need
+refreshes and rolls, so only the interactive configuration exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from defenses.arrays import FloatArray
+from defenses.cost import count
+
+from .bert_pack import inference_schedule, pack_inputs
+from .heval_bert import lora_factors
+from .protocol import Client, Exchange
+from .schedule import Schedule
+from .server import InProcess, Server
+from .session import Refused, abort, follow
+from .wire import Channel, Message
+
+if TYPE_CHECKING:
+    from .ckks import CKKSParams
+    from .conversion.model import HEBert
+
+
+def _interactive(interactive: bool) -> None:
+    if interactive is not True:
+        raise ValueError(
+            "the converted BERT runs interactively only (its blocks need refreshes "
+            "and rolls of K and V by the key owner)"
+        )
+
+
+class BertClient(Client):
+    """The data owner of a converted BERT: secret key, token ids, LoRA factors.
+
+    Parameters
+    ----------
+    model : HEBert
+        The calibrated converted model (its base weights are public, its LoRA
+        factors are the client's secret).
+    params : CKKSParams
+        The modulus chain (at least 5 levels: the attention stage needs 5).
+    answer_floor : float
+        As for :class:`~crypto.protocol.Client`.
+    """
+
+    def __init__(self, model: HEBert, params: CKKSParams, answer_floor: float = 0.0):
+        from .conversion.model import HEBert
+
+        if not isinstance(model, HEBert):
+            raise TypeError(f"model must be an HEBert, got {type(model).__name__}")
+        if not model.calibration.calibrated:
+            raise ValueError("calibrate the converted model before encrypting with it")
+        super().__init__(model, params, None, answer_floor)  # type: ignore[arg-type]
+        self.bert = model
+
+    def schedule(self, interactive: bool = True) -> Schedule:
+        """The public schedule of one inference (derived once on zeros, cached)."""
+        _interactive(interactive)
+        if True not in self._schedules:
+            self._schedules[True] = inference_schedule(
+                self.bert, self.params, self._slots
+            )
+        return self._schedules[True]
+
+    def encrypt_inputs(
+        self,
+        X: npt.ArrayLike,
+        rolled: bool = False,
+        mask: npt.ArrayLike | None = None,
+    ) -> Message:
+        """An ``infer`` message: packed features, then the ``n`` key weights.
+
+        ``X`` holds token ids (batch, n_tokens); ``mask`` their 0/1 attention mask
+        (None: every position attended).
+        """
+        _interactive(not rolled)
+        z, masks, batch = pack_inputs(self.bert, X, mask, self._slots)
+        meta = {"interactive": True, "sequences": batch}
+        return self._encrypt("infer", z + masks, meta)
+
+    def encrypt_lora(self) -> Message:
+        """The secret LoRA factors of every block, one ciphertext per entry."""
+        factors = lora_factors(self.bert)
+        values = [np.full(self._slots, x) for M in factors.values() for x in M.ravel()]
+        meta = {
+            "names": list(factors),
+            "shapes": [list(M.shape) for M in factors.values()],
+        }
+        return self._encrypt("lora", values, meta)
+
+    def infer(
+        self,
+        connection: Channel,
+        X: FloatArray,
+        interactive: bool = True,
+        mask: npt.ArrayLike | None = None,
+    ) -> FloatArray:
+        """One packed batch of token ids over an open session."""
+        schedule = self.schedule(interactive)
+        message = self.encrypt_inputs(X, mask=mask)
+        batch = int(message.meta["sequences"])
+        session = follow(connection, schedule, message.encode(), self.answer)
+        try:
+            logits = self.decrypt_logits(session.reply, batch)
+        except Refused as err:
+            abort(connection, err)
+        counts = {
+            str(k): int(v)
+            for k, v in dict(session.reply.meta.get("counts", {})).items()
+        }
+        seconds = float(session.reply.meta.get("seconds", 0.0))
+        self.exchanges.append(
+            Exchange(
+                batch,
+                session.bytes_up,
+                session.bytes_down,
+                session.round_trips,
+                seconds,
+                counts,
+            )
+        )
+        for name, amount in (
+            ("ciphertext_bytes_up", session.bytes_up),
+            ("ciphertext_bytes_down", session.bytes_down),
+            ("round_trips", session.round_trips),
+            *counts.items(),
+        ):
+            count(name, amount)
+        return logits
+
+    def predict_texts(
+        self, server: Server | Channel, tokenizer: Any, texts: Sequence[str]
+    ) -> FloatArray:
+        """Tokenize ``texts`` with the user's tokenizer on the client, then predict.
+
+        :func:`crypto.hf.encode` refuses a tokenizer whose vocabulary does not fit
+        the embedding and texts longer than the converted length.
+        """
+        from .hf import encode
+
+        ids, mask = encode(tokenizer, texts, self.bert)
+        return self.predict(server, ids, mask=mask)
+
+    def predict(
+        self,
+        server: Server | Channel,
+        X: npt.ArrayLike,
+        interactive: bool = True,
+        mask: npt.ArrayLike | None = None,
+    ) -> FloatArray:
+        """Encrypted logits for token ids ``X`` (batched to fill the slots).
+
+        ``server`` is a :class:`~crypto.server.Server` (served in-process for this
+        call) or an open connection to one (``InProcess``, ``Loopback``). Bad ids,
+        a mask of the wrong shape or sequences outside the calibrated ranges are
+        refused before anything is uploaded.
+        """
+        _interactive(interactive)
+        ids_t, mask_t = self.bert.check_ids(X, mask)
+        ids = np.asarray(ids_t.numpy())
+        m = np.asarray(mask_t.numpy())
+        self.bert.predict_logits(ids, m, guard=True)  # refuse before any upload
+        per_batch = self._slots // self.bert.config.n_tokens
+        connection = InProcess(server) if isinstance(server, Server) else server
+        try:
+            self.open(connection)
+            out = [
+                self.infer(
+                    connection,
+                    ids[start : start + per_batch],
+                    mask=m[start : start + per_batch],
+                )
+                for start in range(0, ids.shape[0], per_batch)
+            ]
+        finally:
+            if isinstance(server, Server):
+                assert isinstance(connection, InProcess)
+                connection.close()
+        return np.concatenate(out)

@@ -1,0 +1,142 @@
+r"""The client's packing of a converted BERT's inputs, its simulation and schedule.
+
+The client embeds token ids with the public embedding (exact LayerNorm, on its
+side), and packs them feature-major (:func:`crypto.packing.pack`): slot ``b n + i``
+holds token ``i`` of sequence ``b``. The batch is *tiled* over every slot (slot
+group ``g`` holds sequence ``g mod B``), so no slot carries zeros that the
+polynomial LayerNorm would take outside its calibrated range (CKKS mixes all
+slots in one ciphertext's coefficients: one wild slot would spoil the others).
+The attention mask travels as ``n`` key-weight values
+:math:`M_s[bn+i] = m_{b,(i+s) \bmod n}/\sum_j m_{b,j}` (client data, encrypted).
+
+:func:`inference_schedule` derives the public request schedule by running
+:func:`crypto.heval_bert.forward` on zeros with a recording key owner, as
+:func:`crypto.schedule.inference_schedule` does for HEFormer: no value changes
+which requests the program makes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from defenses.arrays import FloatArray
+
+from .ckks import CKKSParams
+from .evaluator import Evaluator, NumpyBackend, Value
+from .heval_bert import BertWeights, forward, lora_factors
+from .packing import pack, roll_tokens, unit
+from .schedule import Recorder, Schedule, Step, safe_bound
+
+if TYPE_CHECKING:
+    from .conversion.model import HEBert
+
+
+def tiled(rows: FloatArray, slots: int, n: int) -> FloatArray:
+    """``rows`` (batch, n, ...) repeated to fill ``slots // n`` sequence groups."""
+    groups = slots // n
+    if rows.shape[0] > groups:
+        raise ValueError(
+            f"{rows.shape[0]} sequences of {n} tokens exceed {slots} slots"
+        )
+    out: FloatArray = rows[np.arange(groups) % rows.shape[0]]
+    return out
+
+
+def key_weights(mask: FloatArray, slots: int) -> list[FloatArray]:
+    r"""The ``n`` rolled key-weight vectors :math:`M_s` of a (batch, n) 0/1 mask."""
+    n = mask.shape[1]
+    weights = mask / mask.sum(axis=1, keepdims=True)
+    flat = tiled(weights, slots, n).reshape(-1)
+    out = np.zeros((n, slots))
+    out[:, : flat.size] = [roll_tokens(flat, n, s) for s in range(n)]
+    return list(out)
+
+
+def pack_inputs(
+    model: HEBert, ids: npt.ArrayLike, mask: npt.ArrayLike | None, slots: int
+) -> tuple[list[FloatArray], list[FloatArray], int]:
+    """(feature values, key-weight values, batch) of checked ids for ``slots``.
+
+    Refuses (``RangeError``) sequences that leave the calibrated ranges, as the
+    client does before encrypting.
+    """
+    import torch
+
+    model.predict_logits(ids, mask, guard=True)  # shapes, vocabulary, ranges
+    ids_t, mask_t = model.check_ids(ids, mask)
+    n = model.config.n_tokens
+    with torch.no_grad():
+        z = np.asarray(model.embed_tokens(ids_t).numpy(), dtype=np.float64)
+    m = np.asarray(mask_t.numpy(), dtype=np.float64)
+    return pack(tiled(z, slots, n), slots), key_weights(m, slots), ids_t.shape[0]
+
+
+def simulate(
+    model: HEBert,
+    ids: npt.ArrayLike,
+    mask: npt.ArrayLike | None = None,
+    max_level: int = 10**6,
+    noise: float = 0.0,
+    rng: np.random.Generator | None = None,
+) -> tuple[FloatArray, dict[str, int]]:
+    """The HE program in float64 (NumpyBackend): (CLS logits, operation counts).
+
+    With ``max_level`` the chain's levels, every refresh the server would ask for
+    is counted (``refresh_rounds``); ``noise`` adds CKKS-like Gaussian noise after
+    each operation.
+    """
+    w = BertWeights.from_model(model)
+    n = w.n_tokens
+    slots = model.check_ids(ids, mask)[0].shape[0] * n
+    z, masks, batch = pack_inputs(model, ids, mask, slots)
+    backend = NumpyBackend(noise, rng)
+
+    def fresh(values: list[Value]) -> list[Value]:
+        return [Value(backend._n(np.asarray(v.handle))) for v in values]
+
+    def roll(values: list[Value], count: int) -> list[list[Value]]:
+        return [
+            [Value(backend._n(roll_tokens(np.asarray(v.handle), n, s))) for v in values]
+            for s in range(count)
+        ]
+
+    ev = Evaluator(backend, max_level, fresh)
+    lora = {k: unit(lambda x: x, M) for k, M in lora_factors(model).items()}
+    logits = forward(
+        ev, w, [Value(v) for v in z], [Value(m) for m in masks], lora, roll
+    )
+    cls = np.stack([np.asarray(v.handle)[: batch * n : n] for v in logits], axis=1)
+    return cls, dict(ev.counts)
+
+
+def inference_schedule(model: HEBert, params: CKKSParams, slots: int) -> Schedule:
+    """The public schedule of one interactive encrypted inference of ``model``.
+
+    Derived on zeros (one sequence, zero LoRA factors of the model's shapes) with a
+    :class:`~crypto.schedule.Recorder`; ``slots`` is every ciphertext's length.
+    """
+    w = BertWeights.from_model(model)
+    n, d = w.n_tokens, w.d
+    rec = Recorder(n, safe_bound(params), lambda h: int(np.asarray(h).size))
+    ev = Evaluator(NumpyBackend(), params.levels, rec.refresh)
+    rec.ev = ev
+    shapes = {k: unit(lambda x: 0.0 * x, M) for k, M in lora_factors(model).items()}
+    zeros = [Value(np.zeros(n)) for _ in range(d)]
+    masks = [Value(np.full(n, 1.0 / n)) for _ in range(n)]
+    logits = forward(ev, w, zeros, masks, shapes, rec.roll)
+    steps = tuple(
+        Step(s.kind, s.stage, s.levels, (slots,) * len(s.levels), s.bounds, s.copies)
+        for s in rec.steps
+    )
+    reply = Step(
+        "logits",
+        "logits",
+        tuple(v.level for v in logits),
+        (slots,) * len(logits),
+        (math.inf,) * len(logits),
+    )
+    return Schedule(steps, reply, params)

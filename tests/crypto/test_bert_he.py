@@ -1,0 +1,151 @@
+"""Encrypted inference of a converted ``transformers`` BERT: program and protocol."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
+
+transformers = pytest.importorskip("transformers")
+
+from defense_suite.crypto.approx import RangeError  # noqa: E402
+from defense_suite.crypto.bert_client import BertClient  # noqa: E402
+from defense_suite.crypto.bert_pack import inference_schedule, simulate  # noqa: E402
+from defense_suite.crypto.ckks import INTERACTIVE, CKKSParams  # noqa: E402
+from defense_suite.crypto.conversion import HEBert, convert  # noqa: E402
+from defense_suite.crypto.evaluator import DepthError  # noqa: E402
+from defense_suite.crypto.heval_bert import BertWeights  # noqa: E402
+from defense_suite.crypto.hf import build_tokenizer, encode  # noqa: E402
+from defense_suite.crypto.protocol import Server  # noqa: E402
+from defense_suite.crypto.tasks import negation_texts  # noqa: E402
+from defense_suite.crypto.transport import Loopback  # noqa: E402
+
+N_TOKENS = 6
+ERROR_BOUND = 5e-3
+"""Largest |encrypted - plaintext| logit accepted on INTERACTIVE (N 8192, 2^30)."""
+
+
+def _texts() -> list[str]:
+    texts, _ = negation_texts(np.random.default_rng(0), 60, length=3)
+    return [*texts, "good film", "not bad", "awful"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> object:
+    return build_tokenizer(_texts(), vocab_size=120)
+
+
+@pytest.fixture(scope="module")
+def converted(tokenizer: object) -> HEBert:
+    """A tiny 2-layer BERT (width 8, 2 heads), converted, LoRA B made nonzero."""
+    torch.manual_seed(1)
+    config = transformers.BertConfig(
+        vocab_size=len(tokenizer),  # type: ignore[arg-type]
+        hidden_size=8,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=12,
+        max_position_embeddings=8,
+        num_labels=2,
+        initializer_range=0.3,
+    )
+    teacher: nn.Module = transformers.BertForSequenceClassification(config).eval()
+    he, _ = convert(
+        teacher, n_tokens=N_TOKENS, generator=torch.Generator().manual_seed(0)
+    )
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in he.lora_parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+    ids, mask = encode(tokenizer, _texts(), he)
+    he.calibrate(ids, mask)
+    return he
+
+
+def test_he_program_equals_the_plaintext_model(
+    converted: HEBert, tokenizer: object
+) -> None:
+    ids, mask = encode(tokenizer, _texts(), converted)
+    assert (mask == 0).any(), "the texts must exercise the padding mask"
+    plain = converted.predict_logits(ids, mask)
+    simulated, counts = simulate(converted, ids, mask)
+    assert np.max(np.abs(simulated - plain)) < 1e-9
+    assert counts["roll_rounds"] == 2  # one per block
+    # on a 5-level chain the program asks for refreshes; the result is unchanged
+    chained, counts = simulate(converted, ids, mask, max_level=INTERACTIVE.levels)
+    assert np.max(np.abs(chained - plain)) < 1e-9
+    schedule = inference_schedule(converted, INTERACTIVE, INTERACTIVE.slots)
+    kinds = [s.kind for s in schedule.steps]
+    assert kinds.count("refresh") == counts["refresh_rounds"] > 0
+    assert kinds.count("roll") == 2
+    assert len(schedule.reply.levels) == converted.config.n_classes
+    # CKKS-like noise moves the logits by about the noise, not more
+    noisy, _ = simulate(
+        converted, ids, mask, INTERACTIVE.levels, 1e-6, np.random.default_rng(0)
+    )
+    assert 0 < np.max(np.abs(noisy - plain)) < 1e-3
+
+
+def test_refusals(converted: HEBert, tokenizer: object) -> None:
+    ids, mask = encode(tokenizer, _texts()[:3], converted)
+    client = BertClient(converted, INTERACTIVE)
+    with pytest.raises(ValueError, match="interactively only"):
+        client.schedule(False)
+    with pytest.raises(ValueError, match="shape"):
+        client.encrypt_inputs(ids[:, :3])
+    narrow = copy.deepcopy(converted)
+    narrow.calibrate(ids[:1], mask[:1], margin=1.01)
+    with pytest.raises(RangeError, match="calibrated ranges"):
+        BertClient(narrow, INTERACTIVE).encrypt_inputs(ids[1:], mask=mask[1:])
+    short = CKKSParams(8192, (38, 30, 30, 30, 30, 30), 30)
+    with pytest.raises(DepthError, match="needs 5 levels"):
+        inference_schedule(converted, short, 8)
+    with pytest.raises(TypeError, match="HEBert"):
+        BertWeights.from_model(nn.Linear(2, 2))
+    raw, _ = convert(_teacher_like(converted), n_tokens=N_TOKENS)
+    with pytest.raises(ValueError, match="calibrate"):
+        BertClient(raw, INTERACTIVE)
+
+
+def _teacher_like(he: HEBert) -> nn.Module:
+    c = he.config
+    config = transformers.BertConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.d,
+        num_hidden_layers=c.n_layers,
+        num_attention_heads=c.heads,
+        intermediate_size=c.ffn,
+        max_position_embeddings=8,
+        num_labels=c.n_classes,
+    )
+    model: nn.Module = transformers.BertForSequenceClassification(config).eval()
+    return model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["in-process", "loopback"])
+def test_encrypted_inference_matches_the_converted_model(
+    converted: HEBert, tokenizer: object, transport: str
+) -> None:
+    texts = [*_texts()[:3], "good film"]
+    ids, mask = encode(tokenizer, texts, converted)
+    plain = converted.predict_logits(ids, mask)
+    client = BertClient(converted, INTERACTIVE)
+    if transport == "in-process":
+        server = Server.for_model(None, converted, INTERACTIVE)
+        encrypted = client.predict_texts(server, tokenizer, texts)
+        assert server.counts["roll_rounds"] == 2
+    else:
+        with Loopback.for_model(converted, INTERACTIVE) as connection:
+            encrypted = client.predict(connection, ids, mask=mask)
+    assert np.array_equal(encrypted.argmax(1), plain.argmax(1))
+    assert np.max(np.abs(encrypted - plain)) < ERROR_BOUND
+    exchange = client.exchanges[-1]
+    steps = client.schedule().requests
+    assert exchange.round_trips == 1 + steps
+    assert client.clipped == 0
