@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from defense_suite import __version__
 from defense_suite.locations import audit_dir, default_readme, resolve_spec, spec_dir
-from defense_suite.logs import configure
+from defense_suite.logs import configure, flower_level
 
 if TYPE_CHECKING:
     from defense_suite.runner import Plan
@@ -414,6 +414,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as stop:  # --help (0) or a bad flag (2, already printed)
         return int(stop.code or 0)
     configure(args.verbose, args.quiet)
+    with flower_level(args.quiet):
+        return _dispatch(args)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the chosen sub-command; a user error is one line and exit code 2."""
     try:
         return int(args.func(args))
     except KeyboardInterrupt:

@@ -57,6 +57,7 @@ from ..training import accuracy_of
 from . import records, runtime
 from .client import TimeAdaptiveClient
 from .config import AppConfig
+from .console import flower_once
 from .mod import TimeAdaptiveMod, node_privacy
 from .strategy import ClientFailure, TimeAdaptiveStrategy
 
@@ -170,6 +171,7 @@ def make_client_app(
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         """One round of local (DP-)SGD at the round the client granted."""
+        flower_once()
         cfg = own_config(context)
         pid, count = partition_of(context)
         agreement = privacy(context)
@@ -227,6 +229,7 @@ class AppRun:
 
 def serve(grid: Grid, config: AppConfig) -> AppRun:
     """The ServerApp's body: wrap FedAvg, train, evaluate on the test set."""
+    flower_once()  # Flower's lines once, though Opacus installs a root handler
     X_test, y_test, n_classes = test_set(config)
     n = config.min_nodes
     fedavg = FedAvg(
