@@ -19,11 +19,16 @@ model has two parts:
    :math:`t_k` includes its relinearisation and rescale: TenSEAL rescales after
    every product, so the rescalings are the multiplications and are not a
    separate term), and :class:`CostModel` fits the step's time as
-   :math:`T = (\alpha + \gamma \log_2 (d / d_0)) \sum_k t_k o_k + \beta` on
-   measured steps: :math:`\gamma` is what a step adds per operation as the width
-   doubles (uncounted additions and modulus switches, memory traffic). (Fitting
-   every :math:`t_k` freely from steps is ill-posed at small widths: the counts grow
-   together, and non-negative least squares sets some unit costs to zero.)
+   :math:`T = (\alpha + \gamma \log_2 (d / d_0)) \sum_k t_k o_k
+   + \sum_{k \in F} \kappa_k o_k + \beta` on measured steps: :math:`\gamma` is
+   what a step adds per operation as the width doubles, :math:`\kappa_k` what
+   one operation of a named set :math:`F` costs in a real step beyond
+   :math:`\alpha t_k` (work the counters do not see that comes with that
+   operation; the mix of operations differs between arms and widths, so a
+   common :math:`\alpha` cannot carry it). Fitting every :math:`t_k` freely from
+   steps is ill-posed at small widths: the counts grow together, and
+   non-negative least squares sets some unit costs to zero; one or two named
+   operations whose share differs between the arms are determined.
 
 Projecting to the paper's width evaluates both parts at :data:`PAPER` (BERT-base
 width, 128 tokens, 12 heads, batch 16) in this package's layout and ring.
@@ -33,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -204,14 +209,17 @@ class CostModel:
 
     .. math::
 
-        T = \Big(\alpha + \gamma \log_2 \frac{d}{d_0}\Big) \sum_k t_k o_k + \beta.
+        T = \Big(\alpha + \gamma \log_2 \frac{d}{d_0}\Big) \sum_k t_k o_k
+            + \sum_{k \in F} \kappa_k o_k + \beta.
 
     ``unit_s`` are the seconds :math:`t_k` of each operation of :data:`OPERATIONS`
     timed in isolation (one ring, one machine); ``scale`` (:math:`\alpha`) is what a
     real step adds on top of the bare operations at the reference width
     :math:`d_0` (``reference_d``: level bookkeeping, operand management,
     serialisation), ``growth`` (:math:`\gamma`) how much that share grows per
-    doubling of the width, ``overhead_s`` (:math:`\beta`) the fixed cost.
+    doubling of the width, ``extra_s`` (:math:`\kappa_k`, seconds per operation)
+    what each named operation :math:`k \in F` costs in a real step beyond
+    :math:`\alpha t_k`, ``overhead_s`` (:math:`\beta`) the fixed cost.
 
     What grows with the width at a fixed ring: the operations themselves (counted
     exactly, :class:`CountModel`), and per operation what the counters do not
@@ -219,8 +227,13 @@ class CostModel:
     TenSEAL makes when a fresh weight meets a deeper activation (an inverse and a
     forward NTT per prime), and the memory traffic of more live ciphertexts. The
     ring dimension and the depth of the step do not grow with the width in this
-    layout (one token of a sequence per slot, the same layer program), so the
-    growth is per operation, and :math:`\gamma = 0` is the model without it.
+    layout (one token of a sequence per slot, the same layer program). What the
+    counters miss can be common to every operation (:math:`\gamma`) or come with
+    one kind of operation, whose share of the step differs between arms and
+    widths (:math:`\kappa_k`: rotations are key switches under a different
+    Galois key for each of the :math:`\lceil\log_2(Bn)\rceil` steps, and the
+    full arm's gradients are slot sums); :math:`\gamma = 0` and :math:`F =
+    \emptyset` is the model without either.
     """
 
     unit_s: Mapping[str, float]
@@ -228,6 +241,7 @@ class CostModel:
     overhead_s: float = 0.0
     growth: float = 0.0
     reference_d: float = 1.0
+    extra_s: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("scale", "overhead_s", "growth"):
@@ -241,6 +255,12 @@ class CostModel:
                 f"CostModel.reference_d must be finite and > 0, got "
                 f"{self.reference_d!r}"
             )
+        for key, value in self.extra_s.items():
+            if key not in OPERATIONS or not (math.isfinite(value) and value >= 0):
+                raise ValueError(
+                    f"CostModel.extra_s: {key!r} = {value!r}; keys must be of "
+                    f"{OPERATIONS} and values finite and >= 0"
+                )
 
     @classmethod
     def fit(
@@ -249,20 +269,23 @@ class CostModel:
         ops: Sequence[Mapping[str, float]],
         seconds: Sequence[float],
         widths: Sequence[float] | None = None,
+        free: Sequence[str] = (),
     ) -> CostModel:
-        r"""Least squares (non-negative) of :math:`(\alpha, \gamma, \beta)`.
+        r"""Least squares (non-negative) of :math:`(\alpha, \gamma, \kappa, \beta)`.
 
         Minimises :math:`\sum_j (1 - \hat T_j / T_j)^2` with
         :math:`B_j = \sum_k t_k o_{jk}` the bare-operation seconds of step j. Without
         ``widths`` (or with a single width) :math:`\gamma = 0`; with them
-        :math:`d_0` is the narrowest width.
+        :math:`d_0` is the narrowest width. ``free`` names the operations
+        :math:`F` that get an extra cost :math:`\kappa_k` each (none by default).
 
         Raises
         ------
         ValueError
-            If there are fewer than two measured steps, a time is not positive
-            and finite, a width is not positive, or a unit cost is missing or
-            negative.
+            If there are fewer than two measured steps or fewer steps than
+            fitted coefficients, a time is not positive and finite, a width is not
+            positive, a unit cost is missing or negative, or ``free`` names an
+            unknown or repeated operation.
         """
         from scipy.optimize import nnls
 
@@ -278,25 +301,40 @@ class CostModel:
             raise ValueError(
                 f"CostModel.fit: unit_s needs a cost >= 0 for {OPERATIONS}"
             )
+        free = list(free)
+        if any(k not in OPERATIONS for k in free) or len(set(free)) < len(free):
+            raise ValueError(
+                f"CostModel.fit: free must name distinct operations of {OPERATIONS}, "
+                f"got {free}"
+            )
         bare = cls(unit_s)
         B = np.array([bare.predict(o) for o in ops])
-        if widths is None or len(set(widths)) < 2:
-            (scale, overhead), _ = nnls(
-                np.stack([B / T, 1.0 / T], axis=1), np.ones_like(T)
-            )
-            return cls(dict(unit_s), float(scale), float(overhead))
-        d = np.asarray(widths, dtype=np.float64)
-        if len(d) != len(T) or not np.all(np.isfinite(d) & (d > 0)):
+        columns = [B]
+        d0 = 1.0
+        grows = widths is not None and len(set(widths)) >= 2
+        if grows:
+            assert widths is not None
+            d = np.asarray(widths, dtype=np.float64)
+            if len(d) != len(T) or not np.all(np.isfinite(d) & (d > 0)):
+                raise ValueError(
+                    f"CostModel.fit: widths must be one positive width per step, "
+                    f"got {list(widths)}"
+                )
+            d0 = float(d.min())
+            columns.append(B * np.log2(d / d0))
+        columns += [np.array([float(o[k]) for o in ops]) for k in free]
+        columns.append(np.ones_like(T))
+        if len(T) < len(columns):
             raise ValueError(
-                f"CostModel.fit: widths must be one positive width per step, got "
-                f"{list(widths)}"
+                f"CostModel.fit: {len(columns)} coefficients need at least as many "
+                f"steps, got {len(T)}"
             )
-        d0 = float(d.min())
-        grow = B * np.log2(d / d0)
-        (scale, growth, overhead), _ = nnls(
-            np.stack([B / T, grow / T, 1.0 / T], axis=1), np.ones_like(T)
-        )
-        return cls(dict(unit_s), float(scale), float(overhead), float(growth), d0)
+        x, _ = nnls(np.stack(columns, axis=1) / T[:, None], np.ones_like(T))
+        coef = [float(v) for v in x]
+        scale, overhead = coef[0], coef[-1]
+        growth = coef[1] if grows else 0.0
+        extra = dict(zip(free, coef[1 + grows : -1], strict=True))
+        return cls(dict(unit_s), scale, overhead, growth, d0, extra)
 
     def predict(self, ops: Mapping[str, float], d: float | None = None) -> float:
         """Seconds of a step with these operations at width ``d``.
@@ -312,4 +350,5 @@ class CostModel:
                     f"got {d!r}"
                 )
             factor += self.growth * math.log2(d / self.reference_d)
-        return float(factor * bare + self.overhead_s)
+        extra = sum(v * float(ops[k]) for k, v in self.extra_s.items())
+        return float(factor * bare + extra + self.overhead_s)

@@ -13,7 +13,8 @@ step can reach on a laptop. This benchmark
    fitted on simulated steps of 15 small shapes and checked on larger ones;
 3. times each operation in isolation and fits how a real step scales the bare
    operations and how that scale grows with the width
-   (:class:`~crypto.costmodel.CostModel`) on the widths below ``held_out``, and
+   (:class:`~crypto.costmodel.CostModel`; with ``free_units``, an extra cost per
+   operation of the named kinds) on the widths below ``held_out``, and
    checks the model on every width from ``held_out`` up (the signed relative error
    :math:`e = (\hat T - T) / T` of each arm at each held-out width);
 4. projects each arm's step to :data:`~crypto.costmodel.PAPER` (and along a curve of
@@ -41,13 +42,16 @@ from defenses.harness import measurement
 from defenses.results import Result
 
 from ..ckks import TenSEALBackend
-from ..costmodel import PAPER, CostModel, CountModel, Shape, operations
+from ..costmodel import OPERATIONS, PAPER, CostModel, CountModel, Shape, operations
 from ..finetune import TRAIN_PARAMS, KeyOwner, encrypted_step, simulated_step
 from ..folding import Arm
 from ..model import HEFormer, ModelConfig
 from ..tasks import Sequences, digit_sequences
 from ..train import TrainConfig, pretrain
 from .finetune import ARM_NAMES, BASELINE
+from .heldout import bounds, interval
+
+__all__ = ["count_model", "finetune_sweep", "interval", "unit_costs"]
 
 COUNT_DESIGN = tuple(
     Shape(d, f, n, h, 2)
@@ -168,6 +172,12 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
         raise ValueError(
             f"benchmark parameter growth must be true or false, got {growth!r}"
         )
+    free = params.get("free_units", [])
+    if not isinstance(free, list) or any(k not in OPERATIONS for k in free):
+        raise ValueError(
+            f"benchmark parameter free_units must be a list of {OPERATIONS}, "
+            f"got {free!r}"
+        )
     batch = int_param(params, "batch", 4)
     ratio = int_param(params, "ffn_ratio", 1)
     epochs = int_param(params, "pretrain_epochs", 1)
@@ -215,29 +225,13 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
                     )
                     points.append((name, shape, got.cpu_seconds, got.counts, diff))
                     wall[name, shape] = got.seconds
-        fit = [p for p in points if p[1].d < held_out]
-        cost = CostModel.fit(
-            unit,
-            [operations(p[3], p[1]) for p in fit],
-            [p[2] for p in fit],
-            [p[1].d for p in fit] if growth else None,
-        )
-        held = {
-            (name, s): (cost.predict(operations(c, s), s.d) - t) / t
-            for name, s, t, c, _ in points
-            if s.d >= held_out
-        }
-        # the other model, as a diagnostic: its worst held-out error
-        other = CostModel.fit(
-            unit,
-            [operations(p[3], p[1]) for p in fit],
-            [p[2] for p in fit],
-            None if growth else [p[1].d for p in fit],
-        )
+        cost, held = _fitted(unit, points, held_out, growth, free)
+        # diagnostics: the same fit with the growth term toggled, and the flat model
         other_error = max(
-            abs(other.predict(operations(c, s), s.d) / t - 1)
-            for _, s, t, c, _ in points
-            if s.d >= held_out
+            map(abs, _fitted(unit, points, held_out, not growth, free)[1].values())
+        )
+        flat_error = max(
+            map(abs, _fitted(unit, points, held_out, False, [])[1].values())
         )
         base = {(s.d, s.n_tokens): t for name, s, t, _, _ in points if name == BASELINE}
         for name, shape, seconds, step_counts, diff in points:
@@ -271,67 +265,49 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
             )
         family = (ratio, max(tokens), batch)
         yield from _projection(
-            arms, counts, cost, points, held, held_out, family, seed, other_error
-        )
+            arms, counts, cost, points, held, held_out, family, seed,
+            (other_error, flat_error),
+        )  # fmt: skip
 
 
-def interval(
-    errors: Mapping[int, Sequence[float]], target: float
-) -> tuple[float, float]:
-    r"""The range of a signed relative error at width ``target``, from held-out widths.
-
-    ``errors[d]`` are the signed relative errors :math:`e = \hat x / x - 1` of a
-    quantity (one per arm or shape) measured at held-out width ``d``. The range is
-    :math:`[-E, E]` with :math:`E` the largest :math:`|e|` over every one of them
-    and, with two or more held-out widths, over the straight lines of each width's
-    least and largest error in :math:`\log_2 d` evaluated at ``target`` (an error
-    that grows with the width is carried on to the projection, not dropped). It is
-    symmetric: one held-out error's sign is no correction to trust, only its size.
-    The true value lies in :math:`[\hat x / (1 + E), \hat x / (1 - E)]` if the error
-    at ``target`` stays within :math:`E`; that is the assumption, the held-out
-    widths are its evidence.
-
-    Raises
-    ------
-    ValueError
-        If there is no error, one is not finite, or ``target`` is not positive.
-    """
-    values = [e for es in errors.values() for e in es]
-    if not values or not all(math.isfinite(e) for e in values):
-        raise ValueError(f"interval: needs finite errors, got {dict(errors)}")
-    if not (math.isfinite(target) and target > 0):
-        raise ValueError(f"interval: target must be a positive width, got {target!r}")
-    lo, hi = min(values), max(values)
-    widths = sorted(d for d, es in errors.items() if es)
-    if len(widths) >= 2:
-        x = np.log2(np.asarray(widths, dtype=np.float64))
-        for pick in (min, max):
-            y = np.array([pick(errors[d]) for d in widths])
-            slope, intercept = np.polyfit(x, y, 1)
-            at = float(slope * math.log2(target) + intercept)
-            lo, hi = min(lo, at), max(hi, at)
-    size = max(abs(lo), abs(hi))
-    return -size, size
+Point = tuple[str, Shape, float, dict[str, int], float]
+"""A measured step: arm, shape, CPU seconds, counts, largest weight difference."""
 
 
-def _bounds(value: float, errors: tuple[float, float]) -> tuple[float, float]:
-    """``value / (1 + e)`` over the error range; inf where the range reaches -1."""
-    lo, hi = errors
-    low = value / (1.0 + hi)
-    high = value / (1.0 + lo) if lo > -1.0 else math.inf
-    return low, high
+def _fitted(
+    unit: Mapping[str, float],
+    points: Sequence[Point],
+    held_out: int,
+    growth: bool,
+    free: Sequence[str],
+) -> tuple[CostModel, dict[tuple[str, Shape], float]]:
+    """The cost model fitted below ``held_out`` and its signed errors from there up."""
+    fit = [p for p in points if p[1].d < held_out]
+    cost = CostModel.fit(
+        unit,
+        [operations(p[3], p[1]) for p in fit],
+        [p[2] for p in fit],
+        [p[1].d for p in fit] if growth else None,
+        free,
+    )
+    held = {
+        (name, s): cost.predict(operations(c, s), s.d) / t - 1
+        for name, s, t, c, _ in points
+        if s.d >= held_out
+    }
+    return cost, held
 
 
 def _projection(
     arms: list[str],
     counts: Mapping[str, tuple[CountModel, float]],
     cost: CostModel,
-    points: list[tuple[str, Shape, float, dict[str, int], float]],
+    points: list[Point],
     held: Mapping[tuple[str, Shape], float],
     held_out: int,
     family: tuple[int, int, int],
     seed: int,
-    other_error: float | None = None,
+    diagnostics: tuple[float, float] | None = None,
 ) -> Iterable[Result]:
     widest = max(s.d for _, s, _, _, _ in points)
     longest = max(s.n_tokens for _, s, _, _, _ in points if s.d == widest)
@@ -368,8 +344,8 @@ def _projection(
         speedup = paper_base / seconds
         time_errors = interval({d: by_width[d][name] for d in held_widths}, PAPER.d)
         ratio_errors = interval(speedup_errors(name), PAPER.d)
-        t_low, t_high = _bounds(seconds, time_errors)
-        s_low, s_high = _bounds(speedup, ratio_errors)
+        t_low, t_high = bounds(seconds, time_errors)
+        s_low, s_high = bounds(speedup, ratio_errors)
         yield measurement(
             "crypto-finetune-sweep",
             f"paper-width {name}",
@@ -385,8 +361,11 @@ def _projection(
                 "heldout_error_all": max(abs(e) for e in held.values()),
                 **(
                     {}
-                    if other_error is None
-                    else {"heldout_error_other_model": other_error}
+                    if diagnostics is None
+                    else {
+                        "heldout_error_other_model": diagnostics[0],
+                        "heldout_error_flat_model": diagnostics[1],
+                    }
                 ),
                 **{
                     f"heldout_error_d{d}": max(
@@ -409,6 +388,7 @@ def _projection(
                 "model_scale": cost.scale,
                 "model_growth": cost.growth,
                 "model_overhead_s": cost.overhead_s,
+                **{f"model_extra_{k}_ms": 1000 * v for k, v in cost.extra_s.items()},
             },
             params={
                 "variant": name,

@@ -121,6 +121,60 @@ def test_cost_model_recovers_the_growth_with_width() -> None:
         CostModel(unit, growth=-1.0)
 
 
+def _two_mixes(
+    widths: list[int], per_rotation: float
+) -> tuple[dict[str, float], list[dict[str, float]], list[float]]:
+    """Two arms' steps: one with 3 rotations per product, one with 1/2 a rotation;
+    every rotation costs ``per_rotation`` seconds beyond its isolated time."""
+    unit = {"ct_ct_mul": 4e-3, "ct_pt_mul": 1e-3, "rotations": 3e-3}
+    unit |= {"polyval": 2e-2, "encryptions": 2.5e-3, "decryptions": 1e-3}
+    ops, seconds = [], []
+    for d in widths:
+        for rotations_per_mul in (3.0, 0.5):
+            o = {k: float(d * d) for k in OPERATIONS}
+            o["rotations"] = rotations_per_mul * d * d
+            ops.append(o)
+            bare = sum(unit[k] * o[k] for k in OPERATIONS)
+            seconds.append(0.9 * bare + per_rotation * o["rotations"] + 0.3)
+    return unit, ops, seconds
+
+
+def test_cost_model_recovers_an_extra_cost_per_named_operation() -> None:
+    unit, ops, seconds = _two_mixes([2, 3, 4], 5e-3)
+    model = CostModel.fit(unit, ops, seconds, free=["rotations"])
+    assert model.extra_s["rotations"] == pytest.approx(5e-3, rel=1e-6)
+    assert model.scale == pytest.approx(0.9, rel=1e-6)
+    assert model.overhead_s == pytest.approx(0.3, rel=1e-6)
+    # at a wider width both arms are predicted; the common scale alone cannot
+    # follow the arms' different mixes of operations
+    _, wide_ops, wide = _two_mixes([32], 5e-3)
+    flat = CostModel.fit(unit, ops, seconds)
+    for o, t in zip(wide_ops, wide, strict=True):
+        assert model.predict(o) == pytest.approx(t, rel=1e-9)
+    assert (
+        max(abs(flat.predict(o) / t - 1) for o, t in zip(wide_ops, wide, strict=True))
+        > 0.1
+    )
+    # with the growth term too: both are fitted, the growth comes out 0
+    both = CostModel.fit(unit, ops, seconds, [2, 2, 3, 3, 4, 4], ["rotations"])
+    assert both.growth == pytest.approx(0.0, abs=1e-6)
+    assert both.extra_s["rotations"] == pytest.approx(5e-3, rel=1e-5)
+
+
+def test_cost_model_refuses_bad_named_operations() -> None:
+    unit, ops, seconds = _two_mixes([2, 3], 5e-3)
+    with pytest.raises(ValueError, match="free must name distinct"):
+        CostModel.fit(unit, ops, seconds, free=["additions"])
+    with pytest.raises(ValueError, match="free must name distinct"):
+        CostModel.fit(unit, ops, seconds, free=["rotations", "rotations"])
+    with pytest.raises(ValueError, match="coefficients need at least"):
+        CostModel.fit(unit, ops[:3], seconds[:3], [2, 2, 3], ["rotations", "polyval"])
+    with pytest.raises(ValueError, match="extra_s"):
+        CostModel(unit, extra_s={"rotations": -1.0})
+    with pytest.raises(ValueError, match="extra_s"):
+        CostModel(unit, extra_s={"bootstraps": 1.0})
+
+
 def test_interval_carries_a_growing_error_to_the_target() -> None:
     # errors that grow by 5 points per doubling: the range at d = 768 must hold
     # the trend's value there, not only the errors seen
@@ -172,6 +226,8 @@ def test_unit_costs_are_positive() -> None:
         ({"widths": [2, 3, 4, 5], "held_out": 8}, "held_out"),
         ({"widths": [2, 3, 4, 5], "held_out": 4}, "three narrower"),
         ({"growth": 1}, "growth must be true or false"),
+        ({"free_units": ["additions"]}, "free_units must be a list"),
+        ({"free_units": "rotations"}, "free_units must be a list"),
         ({"arms": ["lora-gk"]}, "include full-softmax"),
         ({"widths": 3}, "non-empty list"),
         ({"tokens": [2, 3]}, "do not divide"),
