@@ -288,6 +288,20 @@ def forward(
     ``masks`` are the ``n`` key-weight values :math:`M_s` (module docstring);
     ``roll`` asks the key owner for rolled fresh copies of K and V.
     """
+    pooled = encode(ev, w, z, masks, lora, roll)
+    pooled = ev.ensure(pooled, 1, "classifier")
+    return affine(ev, pooled, w.classifier, w.classifier_bias)
+
+
+def encode(
+    ev: Evaluator,
+    w: BertWeights,
+    z: list[Value],
+    masks: list[Value],
+    lora: dict[str, list[list[Value]]],
+    roll: Roll,
+) -> list[Value]:
+    """The pooler's output on every slot (the encoder and the tanh pooler)."""
     d, n = w.d, w.n_tokens
     if len(z) != d:
         raise ValueError(f"expected {d} feature values, got {len(z)}")
@@ -303,6 +317,4 @@ def forward(
         ffn = affine(ev, hidden, bw.w2, bw.b2)
         out = [ev.add(a, b) for a, b in zip(h, ffn, strict=True)]
         z = layer_norm(ev, out, bw.norm2, w.newton_steps, f"layer {i} LayerNorm 2")
-    pooled = _mapped(ev, z, w.pool, w.pool_bias, w.tanh, "pooler")
-    pooled = ev.ensure(pooled, 1, "classifier")
-    return affine(ev, pooled, w.classifier, w.classifier_bias)
+    return _mapped(ev, z, w.pool, w.pool_bias, w.tanh, "pooler")

@@ -16,7 +16,16 @@ transformers = pytest.importorskip("transformers")
 from defense_suite.crypto.approx import RangeError  # noqa: E402
 from defense_suite.crypto.bert_client import BertClient  # noqa: E402
 from defense_suite.crypto.bert_pack import inference_schedule, simulate  # noqa: E402
-from defense_suite.crypto.ckks import INTERACTIVE, CKKSParams  # noqa: E402
+from defense_suite.crypto.bert_tuning import (  # noqa: E402
+    encrypted_head_step,
+    reference_head_step,
+    simulated_head_step,
+)
+from defense_suite.crypto.ckks import (  # noqa: E402
+    INTERACTIVE,
+    INTERACTIVE_WIDE,
+    CKKSParams,
+)
 from defense_suite.crypto.conversion import HEBert, convert  # noqa: E402
 from defense_suite.crypto.evaluator import DepthError  # noqa: E402
 from defense_suite.crypto.heval_bert import BertWeights  # noqa: E402
@@ -149,3 +158,49 @@ def test_encrypted_inference_matches_the_converted_model(
     steps = client.schedule().requests
     assert exchange.round_trips == 1 + steps
     assert client.clipped == 0
+
+
+def _adapter(he: HEBert) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(3)
+    c = he.config
+    return 0.3 * rng.normal(size=(c.d, 2)), 0.3 * rng.normal(size=(2, c.n_classes))
+
+
+def test_head_lora_step_program_equals_autograd(
+    converted: HEBert, tokenizer: object
+) -> None:
+    ids, mask = encode(tokenizer, _texts()[-4:], converted)
+    y = np.array([1, 0, 1, 0])
+    A, B = _adapter(converted)
+    ref = reference_head_step(converted, ids, y, A, B, 0.5, mask)
+    assert np.max(np.abs(ref.grad_a)) > 1e-3  # a real step, not a zero one
+    sim = simulated_head_step(converted, ids, y, A, B, 0.5, mask, max_level=5)
+    assert np.max(np.abs(sim.grad_a - ref.grad_a)) < 1e-9
+    assert np.max(np.abs(sim.b - ref.b)) < 1e-9
+    assert sim.counts["refresh_rounds"] > 0
+    assert sim.counts["slot_sums"] == 2 * (
+        converted.config.d + converted.config.n_classes
+    )
+    with pytest.raises(ValueError, match="labels for"):
+        simulated_head_step(converted, ids, y[:3], A, B, 0.5, mask)
+    with pytest.raises(ValueError, match="expected shapes"):
+        simulated_head_step(converted, ids, y, A.T, B, 0.5, mask)
+    with pytest.raises(ValueError, match="labels must lie"):
+        simulated_head_step(converted, ids, y + 5, A, B, 0.5, mask)
+
+
+STEP_BOUND = 1e-3
+"""Largest |encrypted - autograd| adapter entry accepted on INTERACTIVE_WIDE."""
+
+
+@pytest.mark.slow
+def test_encrypted_head_lora_step_equals_the_plaintext_step(
+    converted: HEBert, tokenizer: object
+) -> None:
+    ids, mask = encode(tokenizer, _texts()[-4:], converted)
+    y = np.array([1, 0, 1, 0])
+    A, B = _adapter(converted)
+    ref = reference_head_step(converted, ids, y, A, B, 0.5, mask)
+    enc = encrypted_head_step(converted, ids, y, A, B, 0.5, INTERACTIVE_WIDE, mask)
+    assert np.max(np.abs(enc.a - ref.a)) < STEP_BOUND
+    assert np.max(np.abs(enc.b - ref.b)) < STEP_BOUND

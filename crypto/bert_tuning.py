@@ -1,0 +1,286 @@
+r"""One encrypted LoRA step of a converted BERT's classifier, on the encrypted encoder.
+
+What is trained: a rank-``r`` LoRA adapter :math:`A B` on the classifier,
+:math:`\ell = p\,(W_c^T + A B) + b_c`, the client's secret, encrypted (one
+replicated ciphertext per entry). What runs encrypted: the whole frozen encoder
+(:func:`crypto.heval_bert.encode`, with the client's encrypted Q/K/V LoRA factors
+and mask, the key owner refreshing and rolling K and V), the adapted logits, the
+loss gradient and the adapter's gradient sums. What is not trained: the encoder's
+LoRA factors (their gradient would need backpropagation through both polynomial
+LayerNorms, the activation and the kernel attention of every block; the HEFormer
+fine-tuning of :mod:`crypto.backprop` does that for its one-block layer only).
+
+With the squared error on the CLS logits,
+:math:`L = \tfrac1{2B}\sum_b\lVert \ell_b - y_b\rVert^2`, and the public mask ``m``
+(``1/B`` on the CLS slots of the batch's first copy, 0 elsewhere),
+:math:`G = m\odot(\ell - Y)` and
+
+.. math::
+
+    \nabla B_{rc} = \textstyle\sum_t (pA)_r\, G_c, \qquad
+    \nabla A_{gr} = \textstyle\sum_t p_g\, (G B^T)_r
+
+(:math:`\sum_t` a slot sum: rotations with Galois keys). The server returns the
+encrypted gradients; the key owner decrypts them and updates its adapter,
+:math:`A \leftarrow A - \eta\nabla A`, :math:`B \leftarrow B - \eta\nabla B`
+(function-call path: the key owner's refresh, roll and decryption are calls, as
+in :func:`crypto.finetune.encrypted_step`). :func:`reference_head_step` is the
+same step by ``torch`` autograd on the plaintext polynomial model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from defenses.arrays import FloatArray
+from defenses.checks import check_real
+
+from .bert_pack import pack_inputs
+from .ckks import CKKSParams, TenSEALBackend, make_context
+from .evaluator import Backend, Evaluator, NumpyBackend, Value
+from .heval_bert import BertWeights, affine, encode, lora_factors
+from .packing import roll_tokens
+
+if TYPE_CHECKING:
+    from .conversion.model import HEBert
+
+
+@dataclass(frozen=True)
+class HeadStep:
+    """The adapter after one step, its gradients, seconds and operation counts."""
+
+    a: FloatArray
+    b: FloatArray
+    grad_a: FloatArray
+    grad_b: FloatArray
+    seconds: float
+    counts: dict[str, int]
+
+
+def head_gradients(
+    ev: Evaluator,
+    w: BertWeights,
+    pooled: list[Value],
+    A: list[list[Value]],
+    B: list[list[Value]],
+    Y: list[Value],
+    m: FloatArray,
+) -> tuple[list[list[Value]], list[list[Value]]]:
+    """Encrypted gradient sums (grad A, grad B) of the classifier adapter."""
+    rank = len(B)
+    pooled = ev.ensure(pooled, 2, "head LoRA forward")
+    low = [
+        ev.total([ev.mul(p, A[g][r]) for g, p in enumerate(pooled)])
+        for r in range(rank)
+    ]
+    base = affine(ev, pooled, w.classifier, w.classifier_bias)
+    logits = [
+        ev.add(base[c], ev.total([ev.mul(low[r], B[r][c]) for r in range(rank)]))
+        for c in range(len(base))
+    ]
+    diff = [ev.sub(a, y) for a, y in zip(logits, Y, strict=True)]
+    flat = ev.ensure(diff + low + pooled, 3, "head LoRA gradients")
+    C = len(diff)
+    G = [ev.mask(x, m) for x in flat[:C]]
+    low, pooled = flat[C : C + rank], flat[C + rank :]
+    grad_b = [[ev.slot_sum(ev.mul(low[r], g)) for g in G] for r in range(rank)]
+    gb = [ev.total([ev.mul(G[c], B[r][c]) for c in range(C)]) for r in range(rank)]
+    grad_a = [[ev.slot_sum(ev.mul(p, gb[r])) for r in range(rank)] for p in pooled]
+    return grad_a, grad_b
+
+
+def _check(
+    model: HEBert, y: npt.ArrayLike, A: npt.ArrayLike, B: npt.ArrayLike, lr: float
+) -> tuple[npt.NDArray[np.int64], FloatArray, FloatArray, float]:
+    c = model.config
+    a = np.asarray(A, dtype=np.float64)
+    b = np.asarray(B, dtype=np.float64)
+    if (
+        a.ndim != 2
+        or b.ndim != 2
+        or a.shape[0] != c.d
+        or b.shape
+        != (
+            a.shape[1],
+            c.n_classes,
+        )
+    ):
+        raise ValueError(
+            f"A, B: expected shapes ({c.d}, r) and (r, {c.n_classes}), got "
+            f"{a.shape} and {b.shape}"
+        )
+    labels = np.asarray(y)
+    if labels.dtype.kind not in "iu" or labels.ndim != 1:
+        raise ValueError("y: expected a 1-d array of integer labels")
+    if labels.size and (labels.min() < 0 or labels.max() >= c.n_classes):
+        raise ValueError(f"y: labels must lie in [0, {c.n_classes})")
+    return labels.astype(np.int64), a, b, check_real("lr", lr, 0.0)
+
+
+def _step(
+    model: HEBert,
+    ids: npt.ArrayLike,
+    mask: npt.ArrayLike | None,
+    y: npt.ArrayLike,
+    A: npt.ArrayLike,
+    B: npt.ArrayLike,
+    lr: float,
+    slots: int,
+    backend: Backend,
+    max_level: int,
+    encrypt: Callable[[FloatArray], Any],
+    decrypt: Callable[[Any], FloatArray],
+) -> HeadStep:
+    labels, a, b, lr = _check(model, y, A, B, lr)
+    start = time.perf_counter()
+    z, masks, batch = pack_inputs(model, ids, mask, slots)
+    if labels.size != batch:
+        raise ValueError(f"y: {labels.size} labels for {batch} sequences")
+    w = BertWeights.from_model(model)
+    n = w.n_tokens
+
+    def fresh(values: list[Value]) -> list[Value]:
+        return [Value(encrypt(_full(decrypt(v.handle), slots))) for v in values]
+
+    def roll(values: list[Value], copies: int) -> list[list[Value]]:
+        plain = [decrypt(v.handle) for v in values]
+        return [
+            [Value(encrypt(roll_tokens(p, n, s))) for p in plain] for s in range(copies)
+        ]
+
+    def enc(M: FloatArray) -> list[list[Value]]:
+        return [[Value(encrypt(np.full(slots, x))) for x in row] for row in M]
+
+    ev = Evaluator(backend, max_level, fresh)
+    lora = {k: enc(M) for k, M in lora_factors(model).items()}
+    onehot = np.zeros((batch, n, w.n_classes))
+    onehot[np.arange(batch), 0, labels] = 1.0
+    targets = np.zeros((w.n_classes, slots))
+    targets[:, : batch * n] = onehot.reshape(batch * n, -1).T
+    m = np.zeros(slots)
+    m[: batch * n : n] = 1.0 / batch
+    pooled = encode(
+        ev,
+        w,
+        [Value(encrypt(v)) for v in z],
+        [Value(encrypt(v)) for v in masks],
+        lora,
+        roll,
+    )
+    Y = [Value(encrypt(t)) for t in targets]
+    grad_a, grad_b = head_gradients(ev, w, pooled, enc(a), enc(b), Y, m)
+    ga = np.array([[decrypt(v.handle)[0] for v in row] for row in grad_a])
+    gb = np.array([[decrypt(v.handle)[0] for v in row] for row in grad_b])
+    seconds = time.perf_counter() - start
+    return HeadStep(a - lr * ga, b - lr * gb, ga, gb, seconds, dict(ev.counts))
+
+
+def _full(values: FloatArray, slots: int) -> FloatArray:
+    """A refreshed value, replicated when it is a one-slot sum."""
+    return np.full(slots, values[0]) if values.size == 1 else values
+
+
+def simulated_head_step(
+    model: HEBert,
+    ids: npt.ArrayLike,
+    y: npt.ArrayLike,
+    A: npt.ArrayLike,
+    B: npt.ArrayLike,
+    lr: float,
+    mask: npt.ArrayLike | None = None,
+    max_level: int = 10**6,
+) -> HeadStep:
+    """The step of the module docstring in float64 (the HE program, no encryption)."""
+    slots = model.check_ids(ids, mask)[0].shape[0] * model.config.n_tokens
+
+    def same(x: FloatArray) -> FloatArray:
+        return np.asarray(x, dtype=np.float64)
+
+    return _step(
+        model, ids, mask, y, A, B, lr, slots, NumpyBackend(), max_level, same, same
+    )
+
+
+def encrypted_head_step(
+    model: HEBert,
+    ids: npt.ArrayLike,
+    y: npt.ArrayLike,
+    A: npt.ArrayLike,
+    B: npt.ArrayLike,
+    lr: float,
+    params: CKKSParams,
+    mask: npt.ArrayLike | None = None,
+) -> HeadStep:
+    """The step under CKKS (TenSEAL, Galois keys for the slot sums)."""
+    import tenseal as ts
+
+    ctx = make_context(params, galois=True)
+    slots = params.slots - params.slots % model.config.n_tokens
+
+    def encrypt(x: FloatArray) -> Any:
+        return ts.ckks_vector(ctx, list(np.asarray(x, dtype=np.float64)))
+
+    def decrypt(handle: Any) -> FloatArray:
+        return np.asarray(handle.decrypt(), dtype=np.float64)
+
+    return _step(
+        model,
+        ids,
+        mask,
+        y,
+        A,
+        B,
+        lr,
+        slots,
+        TenSEALBackend(),
+        params.levels,
+        encrypt,
+        decrypt,
+    )
+
+
+def reference_head_step(
+    model: HEBert,
+    ids: npt.ArrayLike,
+    y: npt.ArrayLike,
+    A: npt.ArrayLike,
+    B: npt.ArrayLike,
+    lr: float,
+    mask: npt.ArrayLike | None = None,
+) -> HeadStep:
+    """The same step by ``torch`` autograd on the plaintext polynomial model."""
+    import torch
+
+    labels, a, b, lr = _check(model, y, A, B, lr)
+    ids_t, mask_t = model.check_ids(ids, mask)
+    start = time.perf_counter()
+    seen: list[torch.Tensor] = []
+    hook = model.classifier.register_forward_pre_hook(
+        lambda _m, args: seen.append(args[0].detach())
+    )
+    try:
+        with torch.no_grad():
+            model(ids_t, mask_t, poly=True)
+    finally:
+        hook.remove()
+    pooled = seen[0]
+    at = torch.tensor(a, requires_grad=True)
+    bt = torch.tensor(b, requires_grad=True)
+    weight = model.classifier.weight.detach().T
+    logits = pooled @ (weight + at @ bt) + model.classifier.bias.detach()
+    target = torch.nn.functional.one_hot(
+        torch.as_tensor(labels), model.config.n_classes
+    ).to(torch.float64)
+    loss = 0.5 * ((logits - target) ** 2).sum(1).mean()
+    loss.backward()  # type: ignore[no-untyped-call]
+    assert at.grad is not None
+    assert bt.grad is not None
+    ga, gb = at.grad.numpy(), bt.grad.numpy()
+    seconds = time.perf_counter() - start
+    return HeadStep(a - lr * ga, b - lr * gb, ga, gb, seconds, {})
