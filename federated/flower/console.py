@@ -3,17 +3,19 @@
 Flower prints its records itself: at import it adds a console handler to its
 ``"flwr"`` logger, which also propagates to the root logger. A root handler of
 class :class:`logging.StreamHandler` therefore prints every Flower line a second
-time. The app's processes get one without asking: Opacus's
+time. The app's processes got one without asking: Opacus's
 ``opacus.utils.module_utils`` calls :func:`logging.basicConfig` when it is
 imported (the first DP round), so from then on each line of ``flwr run --stream``
 appeared twice, once in Flower's format (``INFO :      ...``) and once in
-Opacus's (``%m/%d/%Y %H:%M:%S:INFO:...``).
+Opacus's (``%m/%d/%Y %H:%M:%S:INFO:...``), and Flower's DEBUG lines, which its own
+handler hides, appeared once.
 
-:func:`flower_once` imports Opacus now (its ``basicConfig`` runs now, not midway
-through a run) and gives every plain root stream handler a :class:`NotFlower`
-filter. Flower's own handler stays the one place its lines are printed, at its
-own level (``FLWR_LOG_LEVEL``); the propagation itself is kept, so handlers that
-collect records (pytest's ``caplog``, a user's file handler) still see them.
+:func:`flower_once` gives a process without root handlers one of its own first
+(the same as ``basicConfig``: stderr, no level), so that Opacus's ``basicConfig``
+is a no-op, and gives every plain root stream handler a :class:`NotFlower` filter.
+Flower's own handler stays the one place its lines are printed, at its own level
+(``FLWR_LOG_LEVEL``). The propagation itself is kept, so handlers that collect
+records (pytest's ``caplog``, a user's file handler) still see them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import logging
 
 FLOWER = "flwr"
+FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 
 class NotFlower(logging.Filter):
@@ -49,7 +52,14 @@ def filter_root_streams() -> int:
 
 
 def flower_once() -> None:
-    """Import Opacus (its import-time root handler), then filter the root streams."""
-    import opacus.utils.module_utils  # noqa: F401  (side effect: basicConfig)
+    """A root stderr handler if there is none, then filter the root streams.
 
+    Idempotent and cheap: the app calls it at the start of the ServerApp and of
+    every training round of the ClientApp, before Opacus is imported there.
+    """
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler()  # stderr, as basicConfig would
+        handler.setFormatter(logging.Formatter(FORMAT))
+        root.addHandler(handler)
     filter_root_streams()

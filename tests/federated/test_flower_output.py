@@ -81,11 +81,24 @@ def test_opacus_import_doubles_flower_lines_unless_the_app_filters_them():
     assert _count(raw, "flower-info-raw") == 2, raw  # the defect this guards
     fixed = _stderr(
         "from defense_suite.federated.flower.console import flower_once\n"
-        "flower_once()\nMARK = 'app'\n" + FLOWER_LINES
+        "flower_once()\nimport opacus.utils.module_utils\nflower_once()\n"
+        "MARK = 'app'\n" + FLOWER_LINES
     )
     assert _count(fixed, "flower-info-app") == 1, fixed
     assert _count(fixed, "flower-error-app") == 1, fixed
     assert _count(fixed, "suite-warning-app") == 1, fixed
+    assert "DEBUG" not in fixed  # Flower's DEBUG lines stay hidden, as Flower sets
+
+
+def test_flower_debug_lines_stay_hidden_when_opacus_comes_first():
+    out = _stderr(
+        "from defense_suite.federated.flower.console import flower_once\n"
+        "flower_once()\nimport logging\nimport opacus.utils.module_utils\n"
+        "from flwr.common.logger import log\nlog(logging.DEBUG, 'flower-debug')\n"
+        "logging.getLogger('defense_suite.probe').warning('suite-warning')\n"
+    )
+    assert "flower-debug" not in out, out
+    assert _count(out, "WARNING defense_suite.probe: suite-warning") == 1, out
 
 
 def test_capture_and_file_handlers_keep_flowers_records(tmp_path):
@@ -137,3 +150,4 @@ def test_a_real_flwr_run_prints_each_flower_line_once(tmp_path):
     for text in once:
         assert _count(out, text) == 1, (text, out[-4000:])
     assert ":INFO:" not in out  # no line in Opacus's basicConfig format
+    assert ":DEBUG:" not in out  # nor Flower's DEBUG lines (its handler hides them)
