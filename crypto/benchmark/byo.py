@@ -7,7 +7,11 @@ and trained as usual (AdamW, dropout); :func:`~crypto.conversion.convert`; then
 :func:`~crypto.distill.distill` on the first ``distill_train`` training rows with
 their labels. Three
 variants on the held-out split: ``none`` (the original model), ``converted``
-(polynomial form, calibrated, before distillation) and ``distilled``.
+(polynomial form, calibrated, before distillation) and ``distilled``; then the
+distilled model encrypted (:mod:`~crypto.benchmark.byo_he`): ``encrypted``
+(one packed batch of held-out sequences under CKKS) and ``lora_step`` (one
+encrypted LoRA step of the classifier adapter), when ``encrypted`` and
+``lora_step`` are > 0.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from defenses.checks import int_param
+from defenses.checks import check_int, int_param
 from defenses.harness import measurement
 from defenses.results import Result
 from defenses.threads import torch_threads
@@ -28,6 +32,7 @@ from ..conversion import convert
 from ..distill import DistillConfig, distill, teacher_logits
 from ..hf import build_tokenizer, encode
 from ..tasks import negation_texts
+from .byo_he import encrypted_rows
 
 
 def _teacher(settings: Mapping[str, Any], vocab: int, seed: int) -> torch.nn.Module:
@@ -140,7 +145,7 @@ def _run(settings: Mapping[str, Any], seed: int) -> list[Result]:
             student_ms,
         ),
     }
-    return [
+    plain = [
         measurement(
             "crypto-byo",
             variant,
@@ -155,6 +160,9 @@ def _run(settings: Mapping[str, Any], seed: int) -> list[Result]:
         )
         for variant, (acc, agree, out, extra, ms) in rows.items()
     ]
+    return plain + encrypted_rows(
+        student, ids[te], mask[te], y[te], settings, seed, common
+    )
 
 
 def byo_benchmark(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Result]:
@@ -175,6 +183,8 @@ def byo_benchmark(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resul
             ("distill_epochs", 10),
         )
     }
+    for name in ("encrypted", "lora_step"):  # 0: the row is not measured
+        settings[name] = check_int(name, params.get(name, 0), 0)
     settings["lr"] = float(params.get("lr", 2e-3))
     settings["distill_lr"] = float(params.get("distill_lr", 3e-3))
     settings["activation"] = str(params.get("activation", "relu"))

@@ -204,3 +204,30 @@ def test_encrypted_head_lora_step_equals_the_plaintext_step(
     enc = encrypted_head_step(converted, ids, y, A, B, 0.5, INTERACTIVE_WIDE, mask)
     assert np.max(np.abs(enc.a - ref.a)) < STEP_BOUND
     assert np.max(np.abs(enc.b - ref.b)) < STEP_BOUND
+
+
+def test_byo_encrypted_rows_are_off_by_default(converted: HEBert) -> None:
+    from defense_suite.crypto.benchmark.byo_he import encrypted_rows
+
+    ids = np.zeros((2, N_TOKENS), dtype=np.int64)
+    settings = {"encrypted": 0, "lora_step": 0}
+    assert encrypted_rows(converted, ids, ids + 1, np.zeros(2), settings, 0, {}) == []
+
+
+@pytest.mark.slow
+def test_byo_encrypted_row_measures_agreement_and_traffic(
+    converted: HEBert, tokenizer: object
+) -> None:
+    from defense_suite.crypto.benchmark.byo_he import encrypted_rows
+
+    ids, mask = encode(tokenizer, _texts()[:3], converted)
+    y = converted.predict_logits(ids, mask).argmax(1)
+    settings = {"encrypted": 3, "lora_step": 0}
+    [row] = encrypted_rows(converted, ids, mask, y, settings, 0, {})
+    assert row.defense == "encrypted"
+    assert row.utility["agreement"] == 1.0
+    assert row.utility["accuracy"] == 1.0  # the labels are the plaintext argmax
+    assert row.utility["max_abs_error"] < ERROR_BOUND
+    assert row.cost["mb_per_seq"] > 0
+    schedule = inference_schedule(converted, INTERACTIVE, INTERACTIVE.slots)
+    assert row.cost["round_trips"] == 1 + schedule.requests
