@@ -22,7 +22,8 @@ the core) and the minimum over repeats is kept:
   (the whole call under an L1 budget of 2, which covers every jump between two
   distributions, so every row takes the trivial branch: the labels, the trivial
   test and the write of :math:`q_y`, no projection); the projection's share is
-  ``ssd`` minus ``ssd_no_projection``;
+  ``ssd`` minus ``ssd_no_projection``; ``ssd_input_hash``: the whole call with
+  ``seeding="input-hash"``, hashing each row of ``f`` (keyed BLAKE2b) as its query;
 * ``art_reverse_sigmoid``, ``art_gaussian_noise``, ``art_rounded``,
   ``art_high_confidence``: IBM ART's post-processors at their defaults;
 * ``cvxpy``: :func:`~defenses.ssd.solver.solve_reference` on ``cvxpy_rows`` rows,
@@ -117,8 +118,7 @@ def _variants(
     f: FloatArray,
     q: FloatArray,
     budget: FloatArray,
-    shield: StealthyShield,
-    trivial: StealthyShield,
+    shields: dict[str, StealthyShield],
     torch_: bool,
 ) -> dict[str, Callable[[], object]]:
     from art.defences.postprocessor import (
@@ -128,12 +128,14 @@ def _variants(
         Rounded,
     )
 
+    shield, trivial, hashed = shields["ssd"], shields["trivial"], shields["hash"]
     gathered = shield.prototypes_[np.argmax(f, axis=1)]  # type: ignore[index]
     variants: dict[str, Callable[[], object]] = {
         "none": lambda: np.sort(f, axis=1),
         "one_pass": lambda: (f / gathered).sum(axis=1),
         "water_filling": lambda: water_filling(f, q, budget),
         "ssd": lambda: shield(f),
+        "ssd_input_hash": lambda: hashed(f),
         "ssd_labels": lambda: shield.pseudo_labels(f),
         "ssd_no_projection": lambda: trivial(f),
         "art_reverse_sigmoid": lambda: ReverseSigmoid()(f),
@@ -226,7 +228,11 @@ def _records(seed: int, setting: dict[str, Any]) -> Iterator[Result]:
     shield.fit(val, labels)
     parallel = StealthyShield(epsilon=epsilon, seed=seed).fit(val, labels)
     trivial = _WholeBudget(epsilon=2.0, seed=seed, n_threads=1).fit(val, labels)
-    variants = _variants(f, q, budget, shield, trivial, with_torch)
+    hashed = StealthyShield(
+        epsilon=epsilon, seed=seed, seeding="input-hash", n_threads=1
+    ).fit(val, labels)
+    shields = {"ssd": shield, "trivial": trivial, "hash": hashed}
+    variants = _variants(f, q, budget, shields, with_torch)
     best = dict.fromkeys(variants, np.inf)
     wall = {"ssd": np.inf, "ssd_threads": np.inf}
     with single_thread():

@@ -36,10 +36,13 @@ The whole call is one compiled row loop
 (:func:`~defenses.ssd.kernels.shield.shield_rows`): each row is read once into a
 row scratch that stays in cache while its budget, pseudo-label and projection are
 computed, and the answer is written once in the input's dtype, so the only memory
-beyond the input is the answer itself. Large batches are split into blocks of rows
-shared among threads (``n_threads``). Every row's uniform number comes from a
-counter-based stream (SplitMix64 at the row's index) or from the hash of its query,
-so the answers are the same, bit for bit, whatever the number of threads or blocks.
+beyond the input is the answer itself. At :math:`K \le 16` the same answers, bit for
+bit, come from a kernel that takes blocks of rows as its SIMD lanes
+(:func:`~defenses.ssd.kernels.small.shield_rows_small`). Large batches are split
+into blocks of rows shared among threads (``n_threads``). Every row's uniform
+number comes from a counter-based stream (SplitMix64 at the row's index) or from
+the hash of its query, so the answers are the same, bit for bit, whatever the
+number of threads or blocks.
 """
 
 from __future__ import annotations
@@ -54,8 +57,9 @@ from defenses.checks import check_choice, check_int, check_real
 from defenses.ssd.batch import as_rows, check_stats, run_blocks
 from defenses.ssd.budget import default_temperature, entropy
 from defenses.ssd.kernels.shield import shield_rows
+from defenses.ssd.kernels.small import SMALL_K, shield_rows_small
 from defenses.ssd.lazy import check_outputs, is_module, is_tensor, loaded_torch
-from defenses.ssd.seeding import SEEDINGS, Seeding, hash_uniforms, input_keys
+from defenses.ssd.seeding import SEEDINGS, Seeding, input_uniforms
 from defenses.ssd.waterfill import (
     FLOOR,
     MAX_NEWTON_STEPS,
@@ -296,18 +300,20 @@ class StealthyShield:
         n, k = rows.shape
         uniforms = np.empty(0)
         if self.seeding == "input-hash":
-            keys = input_keys(
-                probs if inputs is None else inputs, n, self.hash_resolution
+            uniforms = input_uniforms(
+                probs if inputs is None else inputs, n, self.hash_resolution, self.key_
             )
-            uniforms = hash_uniforms(keys, self.key_.tobytes())
         temperature = 0.0 if self.draws_from_probs else self.temperature_
         constant = float(self.epsilon) if self.constant_budget else -1.0
         settings = np.array([float(self.epsilon), constant, temperature, FLOOR])
         out = np.empty((n if answers else 0, k), dtype=rows.dtype)
         labels = np.empty(0 if answers else n, dtype=np.int64)
 
+        small = k <= min(SMALL_K, MAX_NEWTON_STEPS)
+        kernel = shield_rows_small if small else shield_rows
+
         def block(bounds: tuple[int, int]) -> FloatArray:
-            return shield_rows(
+            return kernel(
                 rows, prototypes, uniforms, self.key_, self.counter_, settings,
                 MAX_NEWTON_STEPS, bounds[0], bounds[1], out, labels,
             )  # fmt: skip

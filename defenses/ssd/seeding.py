@@ -24,6 +24,7 @@ import numpy as np
 
 from defenses.arrays import FloatArray
 from defenses.checks import as_numbers
+from defenses.ssd.kernels.blake2b import IV, blake2b_rows
 from defenses.ssd.lazy import is_sparse, is_tensor
 
 Seeding = Literal["random", "input-hash"]
@@ -80,7 +81,12 @@ def _sparse_keys(matrix: Any, resolution: float | None) -> list[bytes]:
     return keys
 
 
-def _array_keys(inputs: Any, resolution: float | None) -> list[bytes]:
+def _array_rows(inputs: Any, resolution: float | None) -> tuple[Any, int]:
+    """Each row's canonical bytes (float64 values, then off-grid tags) in one buffer.
+
+    Returns the buffer, zero-padded to whole 128-byte BLAKE2b blocks (at least one),
+    and the number of message bytes per row.
+    """
     if is_tensor(inputs):
         inputs = inputs.detach().cpu().numpy()
     array = np.asarray(inputs)
@@ -91,19 +97,21 @@ def _array_keys(inputs: Any, resolution: float | None) -> list[bytes]:
     )
     rows = rows.reshape(rows.shape[0], int(np.prod(rows.shape[1:])))
     values, off_grid = _grid(rows, resolution)
-    return [v.tobytes() + o.tobytes() for v, o in zip(values, off_grid, strict=True)]
+    n, d = rows.shape
+    length = 9 * d
+    buffer = np.zeros((n, max(1, -(-length // 128)) * 128), dtype=np.uint8)
+    buffer[:, : 8 * d] = np.ascontiguousarray(values).view(np.uint8).reshape(n, 8 * d)
+    buffer[:, 8 * d : length] = off_grid.view(np.uint8)
+    return buffer, length
 
 
-def input_keys(inputs: Any, n: int, resolution: float | None) -> list[bytes]:
-    """One canonical byte string per row of ``inputs`` (rounded to the grid if given).
+def _array_keys(inputs: Any, resolution: float | None) -> list[bytes]:
+    buffer, length = _array_rows(inputs, resolution)
+    return [row[:length].tobytes() for row in buffer]
 
-    Raises
-    ------
-    ValueError
-        If ``inputs`` does not have exactly ``n`` rows (one per probability row).
-    TypeError
-        If ``inputs`` is complex or not numeric (arrays; frames may hold anything).
-    """
+
+def _checked(inputs: Any, n: int) -> tuple[Any, str]:
+    """``inputs`` (an array if it had no shape) and its kind: frame, sparse or array."""
     module = type(inputs).__module__
     try:
         if not hasattr(inputs, "shape"):
@@ -116,10 +124,43 @@ def input_keys(inputs: Any, n: int, resolution: float | None) -> list[bytes]:
             f"inputs must have one row per row of probs ({n}), got shape {shape}"
         )
     if module.startswith("pandas"):
+        return inputs, "frame"
+    return inputs, "sparse" if is_sparse(inputs) else "array"
+
+
+def input_keys(inputs: Any, n: int, resolution: float | None) -> list[bytes]:
+    """One canonical byte string per row of ``inputs`` (rounded to the grid if given).
+
+    Raises
+    ------
+    ValueError
+        If ``inputs`` does not have exactly ``n`` rows (one per probability row).
+    TypeError
+        If ``inputs`` is complex or not numeric (arrays; frames may hold anything).
+    """
+    inputs, kind = _checked(inputs, n)
+    if kind == "frame":
         return _frame_keys(inputs, resolution)
-    if is_sparse(inputs):
+    if kind == "sparse":
         return _sparse_keys(inputs, resolution)
     return _array_keys(inputs, resolution)
+
+
+def input_uniforms(
+    inputs: Any, n: int, resolution: float | None, key: np.uint64
+) -> FloatArray:
+    """:func:`hash_uniforms` of :func:`input_keys`, arrays hashed in one compiled loop.
+
+    An array's rows all have the same length, so their keyed BLAKE2b-64 digests are
+    computed by :func:`~defenses.ssd.kernels.blake2b.blake2b_rows` over one buffer
+    (the same digests as :mod:`hashlib`'s, without a Python call per row); frames
+    and sparse rows go through :mod:`hashlib`. Raises as :func:`input_keys`.
+    """
+    inputs, kind = _checked(inputs, n)
+    if kind != "array":
+        return hash_uniforms(input_keys(inputs, n, resolution), key.tobytes())
+    buffer, length = _array_rows(inputs, resolution)
+    return blake2b_rows(buffer.view(np.uint64), length, key, IV)
 
 
 def hash_uniforms(keys: list[bytes], key: bytes) -> FloatArray:

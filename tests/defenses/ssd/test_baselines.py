@@ -64,6 +64,7 @@ def test_speed_benchmark_records():
         "water_filling",
         "ssd",
         "ssd_threads",
+        "ssd_input_hash",
         "ssd_labels",
         "ssd_no_projection",
         "art_reverse_sigmoid",
@@ -86,7 +87,7 @@ def test_speed_benchmark_records():
     assert ssd.cost["extra_memory_per_input_byte"] >= 1.0  # the answer itself
     assert results["ssd_threads"].cost["speedup_vs_one_thread"] > 0
     assert ssd.utility["target_passes"] == 4.0  # K = 4 <= 10
-    for part in ("ssd_labels", "ssd_no_projection"):
+    for part in ("ssd_labels", "ssd_no_projection", "ssd_input_hash"):
         assert results[part].cost["per_row_us"] > 0
         assert results[part].cost["ratio_to_one_pass"] > 0
 

@@ -30,21 +30,22 @@ def _splitmix(key: np.uint64, index: np.ndarray) -> np.ndarray:
     return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
-def test_threads_and_blocks_give_the_same_bits():
-    probs = np.random.default_rng(1).dirichlet(np.full(100, 0.3), 3000)
-    one = _shield(100, n_threads=1)(probs)
-    two = _shield(100, n_threads=2)(probs)
+@pytest.mark.parametrize(("k", "n"), [(100, 3000), (10, 30000)])
+def test_threads_and_blocks_give_the_same_bits(k, n):
+    probs = np.random.default_rng(1).dirichlet(np.full(k, 0.3), n)
+    one = _shield(k, n_threads=1)(probs)
+    two = _shield(k, n_threads=2)(probs)
     np.testing.assert_array_equal(one, two)
-    split = _shield(100, n_threads=1)
+    split = _shield(k, n_threads=1)
     halves = np.vstack([split(probs[:1234]), split(probs[1234:])])
     np.testing.assert_array_equal(one, halves)
-    again = _shield(100, n_threads=1)
+    again = _shield(k, n_threads=1)
     again(probs)
     assert not np.array_equal(again(probs), one)  # the stream moves on
 
 
-def test_the_draw_is_the_inverse_cdf_of_the_temperature_softmax():
-    k = 20
+@pytest.mark.parametrize("k", [20, 10])
+def test_the_draw_is_the_inverse_cdf_of_the_temperature_softmax(k):
     shield = _shield(k, temperature=0.3)
     probs = np.random.default_rng(2).dirichlet(np.full(k, 0.5), 4000)
     u = _splitmix(shield.key_, np.arange(4000))
@@ -68,8 +69,8 @@ def test_pseudo_labels_follow_sampling_probs():
     assert chisquare(counts, expected).pvalue > 1e-4
 
 
-def test_answers_are_the_projection_towards_the_drawn_prototype():
-    k = 30
+@pytest.mark.parametrize("k", [30, 10, 3])
+def test_answers_are_the_projection_towards_the_drawn_prototype(k):
     probs = np.random.default_rng(3).dirichlet(np.full(k, 0.3), 2000)
     labels = _shield(k, epsilon=0.4).pseudo_labels(probs)
     answers = _shield(k, epsilon=0.4)(probs)
