@@ -29,6 +29,7 @@ shapes ``curve <arm>`` and the fitted model along the measured shapes ``model
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -50,6 +51,8 @@ from ..tasks import Sequences, digit_sequences
 from ..train import TrainConfig, pretrain
 from .finetune import ARM_NAMES, BASELINE
 from .heldout import bounds, interval
+
+log = logging.getLogger(__name__)
 
 __all__ = ["count_model", "finetune_sweep", "interval", "unit_costs"]
 
@@ -224,6 +227,10 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
                         for k in got.weights
                     )
                     points.append((name, shape, got.cpu_seconds, got.counts, diff))
+                    log.info(
+                        "%s d=%d tokens=%d: %.2f CPU s (%.2f s wall), counts %s",
+                        name, d, n, got.cpu_seconds, got.seconds, got.counts,
+                    )  # fmt: skip
                     wall[name, shape] = got.seconds
         cost, held = _fitted(unit, points, held_out, growth, free)
         # diagnostics: the same fit with the growth term toggled, and the flat model
@@ -298,6 +305,11 @@ def _fitted(
     return cost, held
 
 
+def _finite(key: str, value: float) -> dict[str, float]:
+    """``{key: value}``, or nothing where ``value`` is infinite (an unbounded end)."""
+    return {key: value} if math.isfinite(value) else {}
+
+
 def _projection(
     arms: list[str],
     counts: Mapping[str, tuple[CountModel, float]],
@@ -353,7 +365,9 @@ def _projection(
             utility={
                 "projected_speedup": speedup,
                 "projected_speedup_low": s_low,
-                "projected_speedup_high": s_high,
+                # the interval's size E; without a finite upper end where E >= 1
+                "projected_speedup_interval_error": ratio_errors[1],
+                **_finite("projected_speedup_high", s_high),
                 "measured_speedup": measured[BASELINE] / measured[name],
                 "heldout_error": max(
                     abs(e) for es in by_width[widest].values() for e in es
@@ -382,7 +396,8 @@ def _projection(
             cost={
                 "projected_step_cpu_s": seconds,
                 "projected_step_cpu_s_low": t_low,
-                "projected_step_cpu_s_high": t_high,
+                "projected_step_cpu_s_interval_error": time_errors[1],
+                **_finite("projected_step_cpu_s_high", t_high),
                 **ops,
                 **{f"unit_{k}_ms": 1000 * v for k, v in cost.unit_s.items()},
                 "model_scale": cost.scale,
