@@ -30,9 +30,10 @@ from defense_suite.crypto.conversion import HEBert, convert  # noqa: E402
 from defense_suite.crypto.evaluator import DepthError  # noqa: E402
 from defense_suite.crypto.heval_bert import BertWeights  # noqa: E402
 from defense_suite.crypto.hf import build_tokenizer, encode  # noqa: E402
-from defense_suite.crypto.protocol import Server  # noqa: E402
+from defense_suite.crypto.protocol import InProcess, Refused, Server  # noqa: E402
 from defense_suite.crypto.tasks import negation_texts  # noqa: E402
 from defense_suite.crypto.transport import Loopback  # noqa: E402
+from defense_suite.crypto.wire import Channel, Message  # noqa: E402
 
 N_TOKENS = 6
 ERROR_BOUND = 5e-3
@@ -231,3 +232,32 @@ def test_byo_encrypted_row_measures_agreement_and_traffic(
     assert row.cost["mb_per_seq"] > 0
     schedule = inference_schedule(converted, INTERACTIVE, INTERACTIVE.slots)
     assert row.cost["round_trips"] == 1 + schedule.requests
+
+
+class _EarlyRoller:
+    """A malicious server: asks to roll the client's fresh inputs (level 0)."""
+
+    def serve(self, channel: Channel) -> None:
+        while True:
+            message = Message.decode(channel.recv())
+            if message.kind == "infer":
+                blobs = (message.blobs * 2)[: 2 * converted_width(message)]
+                channel.send(
+                    Message("roll", message.key, blobs, {"copies": N_TOKENS}).encode()
+                )
+                channel.recv()  # the client's abort
+                return
+
+
+def converted_width(message: Message) -> int:
+    return len(message.blobs) - N_TOKENS  # d input values, then n key weights
+
+
+def test_client_refuses_a_request_outside_the_schedule(
+    converted: HEBert, tokenizer: object
+) -> None:
+    ids, mask = encode(tokenizer, _texts()[:2], converted)
+    client = BertClient(converted, INTERACTIVE)
+    with pytest.raises(Refused, match="primes"):
+        client.predict(InProcess(_EarlyRoller()), ids, mask=mask)
+    assert client.decryptions == 0
