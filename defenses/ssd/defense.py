@@ -56,8 +56,6 @@ from defenses.arrays import FloatArray
 from defenses.checks import check_choice, check_int, check_real
 from defenses.ssd.batch import as_rows, check_stats, run_blocks
 from defenses.ssd.budget import default_temperature, entropy
-from defenses.ssd.kernels.shield import shield_rows
-from defenses.ssd.kernels.small import SMALL_K, shield_rows_small
 from defenses.ssd.lazy import check_outputs, is_module, is_tensor, loaded_torch
 from defenses.ssd.seeding import SEEDINGS, Seeding, input_uniforms
 from defenses.ssd.waterfill import (
@@ -308,6 +306,9 @@ class StealthyShield:
         settings = np.array([float(self.epsilon), constant, temperature, FLOOR])
         out = np.empty((n if answers else 0, k), dtype=rows.dtype)
         labels = np.empty(0 if answers else n, dtype=np.int64)
+
+        from defenses.ssd.kernels.shield import shield_rows  # imports numba
+        from defenses.ssd.kernels.small import SMALL_K, shield_rows_small
 
         small = k <= min(SMALL_K, MAX_NEWTON_STEPS)
         kernel = shield_rows_small if small else shield_rows

@@ -24,7 +24,6 @@ import numpy as np
 
 from defenses.arrays import FloatArray
 from defenses.checks import as_numbers
-from defenses.ssd.kernels.blake2b import IV, blake2b_rows
 from defenses.ssd.lazy import is_sparse, is_tensor
 
 Seeding = Literal["random", "input-hash"]
@@ -156,6 +155,8 @@ def input_uniforms(
     (the same digests as :mod:`hashlib`'s, without a Python call per row); frames
     and sparse rows go through :mod:`hashlib`. Raises as :func:`input_keys`.
     """
+    from defenses.ssd.kernels.blake2b import IV, blake2b_rows  # imports numba
+
     inputs, kind = _checked(inputs, n)
     if kind != "array":
         return hash_uniforms(input_keys(inputs, n, resolution), key.tobytes())

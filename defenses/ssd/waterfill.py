@@ -50,7 +50,6 @@ import numpy as np
 import numpy.typing as npt
 
 from defenses.arrays import FloatArray
-from defenses.ssd.kernels.projection import project_rows
 from defenses.ssd.lazy import is_tensor, is_torch_dtype, loaded_torch
 
 if TYPE_CHECKING:
@@ -174,6 +173,8 @@ def _water_filling_numpy(
     f: FloatArray, q: FloatArray, budget: FloatArray, tolerance: float
 ) -> FloatArray:
     """Solve every row in one compiled pass, then check the inputs' row statistics."""
+    from defenses.ssd.kernels.projection import project_rows  # imports numba
+
     out = np.empty_like(f)
     stats = np.empty((f.shape[0], 4))
     project_rows(f, q, FLOOR, 0.5 * budget, MAX_NEWTON_STEPS, stats, out)
