@@ -334,3 +334,31 @@ def test_projection_states_heldout_errors_and_an_interval_that_holds() -> None:
     # the interval holds the projection itself
     assert lora["projected_speedup_low"] <= lora["projected_speedup"]
     assert lora["projected_speedup"] <= lora["projected_speedup_high"]
+
+
+def test_an_interval_reaching_minus_one_has_no_finite_upper_end() -> None:
+    # held-out errors that fall fast with the width: the trend carried to
+    # d = 768 passes -100 %, so the true value has no finite upper bound; the
+    # record leaves the upper ends out and states the error size instead
+    from defense_suite.crypto.benchmark.sweep import _projection
+
+    arms = ["full-softmax", "lora-gk"]
+    counts = {name: count_model(Arm(*name.split("-"))) for name in arms}
+    unit = {"ct_ct_mul": 4e-3, "ct_pt_mul": 1e-3, "rotations": 3e-3}
+    unit |= {"polyval": 2e-2, "encryptions": 2.5e-3, "decryptions": 1e-3}
+    model = CostModel(unit)
+    points, held = [], {}
+    for d, error in ((2, 0.0), (3, 0.0), (4, 0.0), (6, -0.2), (8, -0.4)):
+        shape = Shape(d, d, 2, 1, 4)
+        for name in arms:
+            step = {k: round(v) for k, v in counts[name][0].predict(shape).items()}
+            predicted = model.predict(operations(step, shape))
+            points.append((name, shape, predicted / (1 + error), step, 0.0))
+            if d >= 6:
+                held[name, shape] = error
+    records = list(_projection(arms, counts, model, points, held, 6, (1, 2, 4), 0))
+    lora = next(r for r in records if r.defense == "paper-width lora-gk")
+    assert lora.cost["projected_step_cpu_s_interval_error"] > 1
+    assert "projected_step_cpu_s_high" not in lora.cost
+    assert lora.cost["projected_step_cpu_s_low"] < lora.cost["projected_step_cpu_s"]
+    assert all(math.isfinite(v) for v in (*lora.cost.values(), *lora.utility.values()))
