@@ -31,8 +31,8 @@ the core) and the minimum over repeats is kept:
 
 Each record carries its time per row, its ratios to the sort, to the memory pass
 and to ReverseSigmoid, and ``extra_memory_per_input_byte``: the peak of memory
-allocated during one call (numpy's allocations, traced by :mod:`tracemalloc`, the
-answer included) over the bytes of ``f``. The ``ssd`` record states the targets of
+allocated during one call (numpy's and the compiled kernels' allocations, traced by
+:mod:`tracemalloc`, the answer included) over the bytes of ``f``. The ``ssd`` record states the targets of
 the whole call: at most ReverseSigmoid's time, at most :func:`passes_target` memory
 passes (4 at K <= 10, 3 above), at most 1x the input's bytes in extra memory (1 = met,
 0 = not).
@@ -102,7 +102,7 @@ def _wall_time(function: Callable[[], object]) -> float:
 
 
 def _extra_memory(function: Callable[[], object], input_bytes: int) -> float:
-    """Peak bytes numpy allocates during one call, per byte of input."""
+    """Peak bytes allocated during one call (traced by tracemalloc), per input byte."""
     tracemalloc.start()
     try:
         tracemalloc.reset_peak()
