@@ -32,10 +32,10 @@ the core) and the minimum over repeats is kept:
 Each record carries its time per row, its ratios to the sort, to the memory pass
 and to ReverseSigmoid, and ``extra_memory_per_input_byte``: the peak of memory
 allocated during one call (numpy's and the compiled kernels' allocations, traced by
-:mod:`tracemalloc`, the answer included) over the bytes of ``f``. The ``ssd`` record states the targets of
-the whole call: at most ReverseSigmoid's time, at most :func:`passes_target` memory
-passes (4 at K <= 10, 3 above), at most 1x the input's bytes in extra memory (1 = met,
-0 = not).
+:mod:`tracemalloc`, the answer included) over the bytes of ``f``. The ``ssd``
+record states the targets of the whole call: at most ReverseSigmoid's time, at most
+:func:`passes_target` memory passes (4 at K <= 10, 3 above), at most 1x the input's
+bytes in extra memory (1 = met, 0 = not).
 """
 
 from __future__ import annotations
