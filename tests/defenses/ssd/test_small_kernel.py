@@ -86,3 +86,24 @@ def test_the_small_kernel_is_the_row_kernel_bit_for_bit(seed, answers):
         np.testing.assert_array_equal(out[~checked], row_out[~checked])
     else:
         np.testing.assert_array_equal(labels[checked], row_labels[checked])
+
+
+def test_rows_whose_projection_ends_at_its_start_agree():
+    # label 0 everywhere (u = 0), its prototype below the floor, budget 2: every row
+    # fails the trivial test (a raised entry) and ends at the floored prototype
+    f = np.random.default_rng(0).dirichlet(np.ones(3), 100)
+    prototypes = np.array([[0.0, 0.5, 0.5], [0.2, 0.3, 0.5], [0.6, 0.2, 0.2]])
+    case = {
+        "f": f,
+        "prototypes": prototypes,
+        "uniforms": np.zeros(100),
+        "key": np.uint64(1),
+        "counter": np.uint64(0),
+        "settings": np.array([2.0, 2.0, 0.5, FLOOR]),
+        "start": 0,
+        "stop": 100,
+    }
+    _, row_out, _ = _run(shield_rows, case, True)
+    _, out, _ = _run(shield_rows_small, case, True)
+    np.testing.assert_array_equal(out, row_out)
+    np.testing.assert_allclose(out, np.repeat([[FLOOR, 0.5, 0.5]], 100, axis=0))
