@@ -45,7 +45,8 @@ import numpy as np
 import torch
 
 from defenses.checks import check_choice, check_finite_module
-from defenses.ssd.lazy import check_outputs
+from defenses.ssd.lazy import OUTPUTS as OUTPUTS
+from defenses.ssd.lazy import check_outputs as check_outputs
 from defenses.ssd.seeding import SEEDINGS, Seeding
 from defenses.ssd.state import STATE_KEYS, load_shield_state, shield_state
 
