@@ -1,0 +1,142 @@
+"""The encrypted Q/K/V LoRA step of a converted BERT's last block."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
+
+transformers = pytest.importorskip("transformers")
+
+from defense_suite.crypto.bert_lora_step import (  # noqa: E402
+    NAMES,
+    apply_qkv_step,
+    current_factors,
+    encrypted_qkv_step,
+    reference_qkv_step,
+    simulated_qkv_step,
+)
+from defense_suite.crypto.ckks import INTERACTIVE_WIDE  # noqa: E402
+from defense_suite.crypto.conversion import HEBert, convert  # noqa: E402
+from defense_suite.crypto.hf import build_tokenizer, encode  # noqa: E402
+from defense_suite.crypto.tasks import negation_texts  # noqa: E402
+
+N_TOKENS = 6
+LABELS = np.array([1, 0, 1, 0])
+
+
+def _texts() -> list[str]:
+    texts, _ = negation_texts(np.random.default_rng(0), 60, length=3)
+    return [*texts, "good film", "not bad", "awful"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> object:
+    return build_tokenizer(_texts(), vocab_size=120)
+
+
+@pytest.fixture(scope="module")
+def converted(tokenizer: object) -> HEBert:
+    """A tiny 2-layer BERT (width 8, 2 heads), converted, LoRA B made nonzero."""
+    torch.manual_seed(1)
+    config = transformers.BertConfig(
+        vocab_size=len(tokenizer),  # type: ignore[arg-type]
+        hidden_size=8,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=12,
+        max_position_embeddings=8,
+        num_labels=2,
+        initializer_range=0.3,
+    )
+    teacher: nn.Module = transformers.BertForSequenceClassification(config).eval()
+    he, _ = convert(
+        teacher, n_tokens=N_TOKENS, generator=torch.Generator().manual_seed(0)
+    )
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in he.lora_parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+    ids, mask = encode(tokenizer, _texts(), he)
+    he.calibrate(ids, mask)
+    return he
+
+
+def _batch(he: HEBert, tokenizer: object) -> tuple[np.ndarray, np.ndarray]:
+    ids, mask = encode(tokenizer, _texts()[-4:], he)
+    assert (mask == 0).any(), "the batch must exercise the padding mask"
+    return ids, mask
+
+
+def _gap(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in NAMES)
+
+
+def test_qkv_step_program_equals_autograd(converted: HEBert, tokenizer: object) -> None:
+    ids, mask = _batch(converted, tokenizer)
+    ref = reference_qkv_step(converted, ids, LABELS, 0.5, mask)
+    assert ref.layer == 1
+    for k in NAMES:  # every factor gets a real gradient, not a zero one
+        assert np.max(np.abs(ref.grads[k])) > 1e-4, k
+    sim = simulated_qkv_step(converted, ids, LABELS, 0.5, mask)
+    assert _gap(sim.grads, ref.grads) < 1e-8
+    assert _gap(sim.factors, ref.factors) < 1e-8
+    assert sim.counts["roll_rounds"] == 2  # one per block
+    assert sim.counts["unroll_rounds"] == 1  # the last block's keys and values
+    assert "refresh_rounds" not in sim.counts
+    # on the 7-level chain the program asks for refreshes; the result is unchanged
+    chained = simulated_qkv_step(
+        converted, ids, LABELS, 0.5, mask, max_level=INTERACTIVE_WIDE.levels
+    )
+    assert chained.counts["refresh_rounds"] > 0
+    assert _gap(chained.grads, ref.grads) < 1e-8
+
+
+def test_qkv_step_updates_the_model_and_lowers_the_loss(
+    converted: HEBert, tokenizer: object
+) -> None:
+    ids, mask = _batch(converted, tokenizer)
+    before = current_factors(converted)
+    step = simulated_qkv_step(converted, ids, LABELS, 0.5, mask)
+    target = np.eye(converted.config.n_classes)[LABELS]
+
+    def loss() -> float:
+        logits = converted.predict_logits(ids, mask)
+        return float(0.5 * ((logits - target) ** 2).sum(1).mean())
+
+    start = loss()
+    try:
+        apply_qkv_step(converted, step)
+        assert _gap(current_factors(converted), step.factors) == 0.0
+        assert loss() < start
+    finally:
+        apply_qkv_step(converted, type(step)(step.layer, before, step.grads, 0.0, {}))
+    assert _gap(current_factors(converted), before) == 0.0
+
+
+def test_qkv_step_refuses_bad_labels(converted: HEBert, tokenizer: object) -> None:
+    ids, mask = _batch(converted, tokenizer)
+    with pytest.raises(ValueError, match="labels for"):
+        simulated_qkv_step(converted, ids, LABELS[:3], 0.5, mask)
+    with pytest.raises(ValueError, match="labels must lie"):
+        simulated_qkv_step(converted, ids, LABELS + 5, 0.5, mask)
+    with pytest.raises(ValueError, match="integer labels"):
+        reference_qkv_step(converted, ids, LABELS * 0.5, 0.5, mask)
+
+
+QKV_STEP_BOUND = 1e-3
+"""Largest |encrypted - autograd| factor entry accepted on INTERACTIVE_WIDE."""
+
+
+@pytest.mark.slow
+def test_encrypted_qkv_step_equals_the_plaintext_step(
+    converted: HEBert, tokenizer: object
+) -> None:
+    ids, mask = _batch(converted, tokenizer)
+    ref = reference_qkv_step(converted, ids, LABELS, 0.5, mask)
+    enc = encrypted_qkv_step(converted, ids, LABELS, 0.5, INTERACTIVE_WIDE, mask)
+    assert _gap(enc.factors, ref.factors) < QKV_STEP_BOUND
+    assert enc.counts["refresh_rounds"] > 0
