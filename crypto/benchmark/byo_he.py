@@ -8,7 +8,12 @@
 * ``lora_step``: one encrypted LoRA step of the classifier adapter
   (:func:`~crypto.bert_tuning.encrypted_head_step`, ``INTERACTIVE_WIDE``: the
   slot sums need its 60-bit special prime) on ``lora_step`` sequences, beside the
-  same step in plaintext (``torch`` autograd), and their largest difference.
+  same step in plaintext (``torch`` autograd), and their largest difference;
+* ``qkv_lora_step`` (setting ``qkv_lora_step``, 0 or absent: off): one encrypted
+  step of the last encoder block's Q/K/V LoRA factors
+  (:func:`~crypto.bert_lora_step.encrypted_qkv_step`, ``INTERACTIVE_WIDE``, the
+  earlier blocks frozen) on that many sequences, beside the same step by ``torch``
+  autograd, and their largest difference.
 
 Sequences the range guard refuses are left out of the encrypted batch (the client
 would refuse them before upload); their share is the row's ``out_of_range``.
@@ -26,6 +31,7 @@ from defenses.harness import measurement
 from defenses.results import Result
 
 from ..bert_client import BertClient
+from ..bert_lora_step import NAMES, encrypted_qkv_step, reference_qkv_step
 from ..bert_tuning import encrypted_head_step, reference_head_step
 from ..ckks import INTERACTIVE, INTERACTIVE_WIDE
 from ..server import Server
@@ -111,4 +117,40 @@ def encrypted_rows(
                 params={**common, "variant": "lora_step", "sequences": m},
             )
         )
+    m = min(int(settings.get("qkv_lora_step", 0)), ids.shape[0])
+    if m > 0:
+        rows.append(_qkv_row(student, ids[:m], mask[:m], y[:m], seed, common))
     return rows
+
+
+def _qkv_row(
+    student: HEBert,
+    ids: np.ndarray,
+    mask: np.ndarray,
+    y: np.ndarray,
+    seed: int,
+    common: Mapping[str, Any],
+) -> Result:
+    """The ``qkv_lora_step`` row: the encrypted step beside ``torch`` autograd's."""
+    lr = 0.1
+    labels = np.asarray(y, dtype=np.int64)
+    plain = reference_qkv_step(student, ids, labels, lr, mask)
+    enc = encrypted_qkv_step(student, ids, labels, lr, INTERACTIVE_WIDE, mask)
+    diff = max(float(np.max(np.abs(enc.factors[k] - plain.factors[k]))) for k in NAMES)
+    return measurement(
+        "crypto-byo",
+        "qkv_lora_step",
+        seed,
+        utility={"max_abs_update_error": diff},
+        cost={
+            "encrypted_step_s": enc.seconds,
+            "plaintext_step_ms": plain.seconds * 1e3,
+            "refresh_rounds": float(enc.counts.get("refresh_rounds", 0)),
+        },
+        params={
+            **common,
+            "variant": "qkv_lora_step",
+            "sequences": int(ids.shape[0]),
+            "trained_block": enc.layer,
+        },
+    )

@@ -140,3 +140,28 @@ def test_encrypted_qkv_step_equals_the_plaintext_step(
     enc = encrypted_qkv_step(converted, ids, LABELS, 0.5, INTERACTIVE_WIDE, mask)
     assert _gap(enc.factors, ref.factors) < QKV_STEP_BOUND
     assert enc.counts["refresh_rounds"] > 0
+
+
+def test_byo_qkv_row_is_wired_and_off_by_default(
+    converted: HEBert, tokenizer: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from defense_suite.crypto.benchmark import byo_he
+
+    ids, mask = _batch(converted, tokenizer)
+    off = {"encrypted": 0, "lora_step": 0}
+    assert byo_he.encrypted_rows(converted, ids, mask, LABELS, off, 0, {}) == []
+
+    def simulated(model: HEBert, ids, y, lr, params, mask):  # type: ignore[no-untyped-def]
+        assert params is INTERACTIVE_WIDE
+        return simulated_qkv_step(model, ids, y, lr, mask)
+
+    # the float64 program stands in for CKKS here (the slow test above runs CKKS)
+    monkeypatch.setattr(byo_he, "encrypted_qkv_step", simulated)
+    settings = {**off, "qkv_lora_step": 3}
+    [row] = byo_he.encrypted_rows(converted, ids, mask, LABELS, settings, 0, {})
+    assert row.defense == "qkv_lora_step"
+    params = row.params["benchmark"]
+    assert params["sequences"] == 3
+    assert params["trained_block"] == 1
+    assert row.utility["max_abs_update_error"] < 1e-8
+    assert row.cost["encrypted_step_s"] > 0
