@@ -230,10 +230,17 @@ class CostModel:
     layout (one token of a sequence per slot, the same layer program). What the
     counters miss can be common to every operation (:math:`\gamma`) or come with
     one kind of operation, whose share of the step differs between arms and
-    widths (:math:`\kappa_k`: rotations are key switches under a different
-    Galois key for each of the :math:`\lceil\log_2(Bn)\rceil` steps, and the
-    full arm's gradients are slot sums); :math:`\gamma = 0` and :math:`F =
-    \emptyset` is the model without either.
+    widths (:math:`\kappa_k`). :math:`\kappa_k` is empirical: it carries
+    whatever work scales with that operation's count, not necessarily the
+    operation itself. With ``rotations`` it stands for the work of every
+    slot-summed gradient entry of the full arm (its product, scalar step,
+    subtraction from the weight, refresh); a profile of that step shows the
+    rotations themselves cheaper than in isolation (lower levels), so
+    :math:`\kappa` is not a slower rotation. At one packing (fixed
+    :math:`Bn`) a cost per rotation and a cost per slot sum fit alike; they
+    part where :math:`\lceil\log_2(Bn)\rceil` changes (the paper's 2048 slots:
+    11 rotations per slot sum against 4 at 16 slots). :math:`\gamma = 0` and
+    :math:`F = \emptyset` is the model without either.
     """
 
     unit_s: Mapping[str, float]
