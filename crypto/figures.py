@@ -128,7 +128,12 @@ def _sweep(results: list[Result], path: Path) -> Path:
 
 
 def figures(results: list[Result], out_dir: Path) -> list[tuple[str, Path]]:
-    """Accuracy per arm (game), attention latency, LoRA vs full, the step sweep."""
+    """Accuracy per arm (game), attention latency, LoRA vs full, the step sweep.
+
+    The sweep gets one figure per spec (``crypto_sweep-quick.png``,
+    ``crypto_sweep-full.png``): each profile is fitted and projected on its own, so
+    their points and curves are never drawn on one axis.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     out: list[tuple[str, Path]] = []
     game: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -136,7 +141,7 @@ def figures(results: list[Result], out_dir: Path) -> list[tuple[str, Path]]:
         lambda: defaultdict(list)
     )
     lora: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    sweep: list[Result] = []
+    sweep: dict[str, list[Result]] = defaultdict(list)
     for r in results:
         spec = str(r.meta.get("spec", ""))
         if not spec.startswith("crypto"):
@@ -150,7 +155,7 @@ def figures(results: list[Result], out_dir: Path) -> list[tuple[str, Path]]:
             variant = str(r.params.get("benchmark", {}).get("variant", r.defense))
             attention[variant]["ms_per_sequence"].append(r.cost["ms_per_sequence"])
         elif r.scenario == "crypto-finetune-sweep":
-            sweep.append(r)
+            sweep[spec].append(r)
         elif r.scenario == "crypto-lora":
             p = r.params.get("benchmark", {})
             name = f"{p.get('variant', r.defense)} d={p.get('d', '?')}"
@@ -192,6 +197,6 @@ def figures(results: list[Result], out_dir: Path) -> list[tuple[str, Path]]:
                 path,
             )
         )
-    if sweep:
-        out.append((SWEEP_CAPTION, _sweep(sweep, out_dir / "crypto_sweep.png")))
+    for spec, rows in sorted(sweep.items()):
+        out.append((SWEEP_CAPTION, _sweep(rows, out_dir / f"{spec}.png")))
     return out

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -279,9 +280,15 @@ def test_sweep_figure(tmp_path: Path) -> None:
     for r in rows:
         r.meta["spec"] = "crypto_sweep-quick"
     [(caption, path)] = figures(rows, tmp_path)
-    assert path.name == "crypto_sweep.png"
+    assert path.name == "crypto_sweep-quick.png"
     assert path.stat().st_size > 0
     assert "projected" in caption
+    full = [dataclasses.replace(r, meta={"spec": "crypto_sweep-full"}) for r in rows]
+    made = figures(rows + full, tmp_path)
+    assert [path.name for _, path in made] == [
+        "crypto_sweep-full.png",
+        "crypto_sweep-quick.png",
+    ]
 
 
 def test_projection_states_heldout_errors_and_an_interval_that_holds() -> None:
