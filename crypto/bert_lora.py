@@ -1,9 +1,12 @@
-r"""Backpropagation of the converted BERT's last block to its Q/K/V LoRA factors.
+r"""Backpropagation of the converted BERT's blocks to their Q/K/V LoRA factors.
 
-The program of :func:`crypto.heval_bert.encode` with the *last* block's forward
-pass keeping what its backward pass reads, then the backward pass from the loss
-to the LoRA factors :math:`A_x, B_x` (:math:`x \in \{q, k, v\}`) of that block;
-the earlier blocks run frozen (:func:`frozen_block`, the forward pass only).
+The program of :func:`crypto.heval_bert.encode` with the trained blocks' forward
+passes keeping what their backward passes read, then the backward pass from the
+loss to the LoRA factors :math:`A_x, B_x` (:math:`x \in \{q, k, v\}`) of the last
+``trained`` blocks; the earlier blocks run frozen (:func:`frozen_block`, the
+forward pass only). Between two trained blocks the gradient of a block's input is
+the residual's plus :math:`\bar x' W_x^T + (\bar x' B_x^T) A_x^T` for each of
+Q, K, V (the rolled keys' and values' gradients rolled back first).
 Every stage is a slot-wise operation of the level-tracking
 :class:`~crypto.evaluator.Evaluator`, so the same program runs on NumpyBackend
 (float64) and on CKKS ciphertexts. Writing :math:`\bar x` for
@@ -171,29 +174,18 @@ def _poly_grad(
     return [ev.mul(a, b) for a, b in zip(dout, slope, strict=True)]
 
 
-def lora_gradients(
+def _block_forward(
     ev: Evaluator,
     w: BertWeights,
+    i: int,
     z: list[Value],
     masks: list[Value],
     lora: dict[str, list[list[Value]]],
     roll: Roll,
-    unroll: Unroll,
-    Y: list[Value],
-    m: FloatArray,
-) -> dict[str, list[list[Value]]]:
-    """Encrypted gradient sums of the last block's ``q_a, q_b, ..., v_b``.
-
-    ``Y`` holds the one-hot targets on the CLS slots, ``m`` the public loss mask
-    (module docstring); ``lora`` the folded factors of every block.
-    """
-    d, n, last = w.d, w.n_tokens, len(w.blocks) - 1
-    if len(z) != d or len(masks) != n:
-        raise ValueError(f"expected {d} feature and {n} key-weight values")
-    for i in range(last):
-        z = frozen_block(ev, w, i, z, masks, lora, roll)
-    bw, tag = w.blocks[last], f"layer {last}"
-    net = _kernel_net(w, bw)
+) -> tuple[list[Value], dict[str, Any]]:
+    """Block ``i``'s forward pass and what its backward pass reads."""
+    d, n = w.d, w.n_tokens
+    bw, tag = w.blocks[i], f"layer {i}"
     cache: dict[str, Any] = {}
     [z] = fit(ev, [z], 2, f"{tag} qkv")
     proj, low = {}, {}
@@ -212,7 +204,7 @@ def lora_gradients(
     for s, r in enumerate(rolled):
         vals, [mk] = fit(ev, [r[d:], [masks[s]]], 1, f"{tag} key weights")
         vs.append([ev.mul(x, mk) for x in vals])
-    att = gk_forward(ev, net, proj["q"], ks, vs, cache)
+    att = gk_forward(ev, _kernel_net(w, bw), proj["q"], ks, vs, cache)
     [att] = fit(ev, [att], 1, f"{tag} output projection")
     h = [ev.add(a, b) for a, b in zip(z, affine(ev, att, bw.wo, bw.bo), strict=True)]
     h, norm1 = norm_forward(ev, h, bw.norm1, w.newton_steps, f"{tag} LayerNorm 1")
@@ -221,26 +213,37 @@ def lora_gradients(
     [hid] = fit(ev, [[ev.poly(x, bw.act) for x in a]], 1, f"{tag} feed-forward out")
     out = [ev.add(x, f) for x, f in zip(h, affine(ev, hid, bw.w2, bw.b2), strict=True)]
     z2, norm2 = norm_forward(ev, out, bw.norm2, w.newton_steps, f"{tag} LayerNorm 2")
-    [z2] = fit(ev, [z2], 1, "pooler")
-    [t] = fit(ev, [affine(ev, z2, w.pool, w.pool_bias)], depth(w.tanh), "tanh")
-    [pooled] = fit(ev, [[ev.poly(x, w.tanh) for x in t]], 1, "classifier")
-    logits = affine(ev, pooled, w.classifier, w.classifier_bias)
-    # Backward.
-    [diff] = fit(
-        ev, [[ev.sub(a, y) for a, y in zip(logits, Y, strict=True)]], 1, "loss"
-    )
-    dlogits = [ev.mask(x, m) for x in diff]
-    [dlogits] = fit(ev, [dlogits], 1, "classifier grad")
-    dt = _poly_grad(ev, t, w.tanh, matmul_t(ev, dlogits, w.classifier), "tanh")
-    [dt] = fit(ev, [dt], 1, "pooler grad")
-    dz2 = matmul_t(ev, dt, w.pool)
-    dout = norm_backward(ev, bw.norm2, norm2, dz2, f"{tag} LayerNorm 2 grad")
+    cache.update(z=z, low=low, norm1=norm1, a=a, norm2=norm2)
+    return z2, cache
+
+
+def _block_backward(
+    ev: Evaluator,
+    w: BertWeights,
+    i: int,
+    cache: dict[str, Any],
+    dz: list[Value],
+    masks: list[Value],
+    lora: dict[str, list[list[Value]]],
+    unroll: Unroll,
+    want_input: bool,
+) -> tuple[dict[str, list[list[Value]]], list[Value] | None]:
+    r"""Block ``i``'s LoRA gradient sums and, if wanted, its input's gradient.
+
+    The input gradient is the residual's plus, for each of Q, K, V,
+    :math:`\bar x' W_x^T + (\bar x' B_x^T) A_x^T`.
+    """
+    d, n = w.d, w.n_tokens
+    bw, tag = w.blocks[i], f"layer {i}"
+    dout = norm_backward(ev, bw.norm2, cache["norm2"], dz, f"{tag} LayerNorm 2 grad")
     [dout] = fit(ev, [dout], 1, f"{tag} feed-forward grad")
+    a = cache["a"]
     da = _poly_grad(ev, a, bw.act, matmul_t(ev, dout, bw.w2), f"{tag} activation")
     [da] = fit(ev, [da], 1, f"{tag} feed-forward input grad")
     dh = [ev.add(x, y) for x, y in zip(dout, matmul_t(ev, da, bw.w1), strict=True)]
-    dh = norm_backward(ev, bw.norm1, norm1, dh, f"{tag} LayerNorm 1 grad")
+    dh = norm_backward(ev, bw.norm1, cache["norm1"], dh, f"{tag} LayerNorm 1 grad")
     [dh] = fit(ev, [dh], 1, f"{tag} output projection grad")
+    net = _kernel_net(w, bw)
     dq, dks, dvs = gk_backward(ev, net, matmul_t(ev, dh, bw.wo), cache)
     for s in range(n):
         vals, [mk] = fit(ev, [dvs[s], [masks[s]]], 1, f"{tag} key weights grad")
@@ -248,11 +251,78 @@ def lora_gradients(
     back = unroll([dks[s] + dvs[s] for s in range(n)])
     ev.note("unroll_rounds")
     grads: dict[str, list[list[Value]]] = {}
+    dz_in = dh if want_input else None
     for name, dx in (("q", dq), ("k", back[:d]), ("v", back[d:])):
-        B = lora[f"{tag} {name}_b"]
+        A, B = lora[f"{tag} {name}_a"], lora[f"{tag} {name}_b"]
         [dx] = fit(ev, [dx], 1, f"{tag} LoRA grad")
-        zz, gb = fit(ev, [z, matmul_t(ev, dx, B)], 1, f"{tag} LoRA A grad")
-        grads[f"{name}_a"] = outer_sums(ev, zz, gb)
-        lo, dx = fit(ev, [low[name], dx], 1, f"{tag} LoRA B grad")
-        grads[f"{name}_b"] = outer_sums(ev, lo, dx)
-    return {f"{x}_{f}": grads[f"{x}_{f}"] for x in LORA for f in "ab"}
+        zz, gb = fit(ev, [cache["z"], matmul_t(ev, dx, B)], 1, f"{tag} LoRA A grad")
+        grads[f"{tag} {name}_a"] = outer_sums(ev, zz, gb)
+        lo, dx = fit(ev, [cache["low"][name], dx], 1, f"{tag} LoRA B grad")
+        grads[f"{tag} {name}_b"] = outer_sums(ev, lo, dx)
+        if dz_in is not None:
+            W = getattr(bw, f"w{name}")
+            [gb] = fit(ev, [gb], 1, f"{tag} input grad")
+            part = [
+                ev.add(x, y)
+                for x, y in zip(matmul_t(ev, dx, W), matmul_t(ev, gb, A), strict=True)
+            ]
+            dz_in = [ev.add(x, y) for x, y in zip(dz_in, part, strict=True)]
+    return grads, dz_in
+
+
+def lora_gradients(
+    ev: Evaluator,
+    w: BertWeights,
+    z: list[Value],
+    masks: list[Value],
+    lora: dict[str, list[list[Value]]],
+    roll: Roll,
+    unroll: Unroll,
+    Y: list[Value],
+    m: FloatArray,
+    trained: int = 1,
+) -> dict[str, list[list[Value]]]:
+    """Encrypted gradient sums of the last ``trained`` blocks' Q/K/V factors.
+
+    Keys ``"layer {i} q_a"`` ... ``"layer {i} v_b"``; ``Y`` holds the one-hot
+    targets on the CLS slots, ``m`` the public loss mask (module docstring);
+    ``lora`` the folded factors of every block. Blocks before the trained ones run
+    frozen (forward only).
+    """
+    d, n, depth_ = w.d, w.n_tokens, len(w.blocks)
+    if len(z) != d or len(masks) != n:
+        raise ValueError(f"expected {d} feature and {n} key-weight values")
+    if not 1 <= trained <= depth_:
+        raise ValueError(f"trained: expected 1 to {depth_} blocks, got {trained}")
+    first = depth_ - trained
+    for i in range(first):
+        z = frozen_block(ev, w, i, z, masks, lora, roll)
+    caches = []
+    for i in range(first, depth_):
+        z, cache = _block_forward(ev, w, i, z, masks, lora, roll)
+        caches.append(cache)
+    [z] = fit(ev, [z], 1, "pooler")
+    [t] = fit(ev, [affine(ev, z, w.pool, w.pool_bias)], depth(w.tanh), "tanh")
+    [pooled] = fit(ev, [[ev.poly(x, w.tanh) for x in t]], 1, "classifier")
+    logits = affine(ev, pooled, w.classifier, w.classifier_bias)
+    # Backward.
+    diff = [ev.sub(a, y) for a, y in zip(logits, Y, strict=True)]
+    [diff] = fit(ev, [diff], 1, "loss")
+    dlogits = [ev.mask(x, m) for x in diff]
+    [dlogits] = fit(ev, [dlogits], 1, "classifier grad")
+    dt = _poly_grad(ev, t, w.tanh, matmul_t(ev, dlogits, w.classifier), "tanh")
+    [dt] = fit(ev, [dt], 1, "pooler grad")
+    dz: list[Value] | None = matmul_t(ev, dt, w.pool)
+    grads: dict[str, list[list[Value]]] = {}
+    for i in range(depth_ - 1, first - 1, -1):
+        assert dz is not None
+        found, dz = _block_backward(
+            ev, w, i, caches[i - first], dz, masks, lora, unroll, i > first
+        )
+        grads.update(found)
+    return {
+        f"layer {i} {x}_{f}": grads[f"layer {i} {x}_{f}"]
+        for i in range(first, depth_)
+        for x in LORA
+        for f in "ab"
+    }

@@ -1,15 +1,17 @@
-r"""One encrypted LoRA step on the Q, K, V of a converted BERT's last block.
+r"""One encrypted LoRA step on the Q, K, V of a converted BERT's last blocks.
 
 What is trained: the rank-``r`` LoRA factors :math:`A_x, B_x` (:math:`x \in
-\{q, k, v\}`) of the **last** encoder block; every earlier block, the embeddings,
-the public weights, the pooler and the classifier stay frozen. What runs
-encrypted: the whole encoder forward pass (the client's embeddings, mask and every
-block's LoRA factors encrypted), the last block's backward pass of
-:func:`crypto.bert_lora.lora_gradients` (through the tanh polynomial, both
-polynomial LayerNorms as evaluated, the activation polynomial and the
-Gaussian-kernel attention) and the gradient sums. The key owner refreshes, rolls
-and unrolls (function-call path, as :func:`crypto.finetune.encrypted_step`),
-decrypts the six gradient matrices and updates its factors,
+\{q, k, v\}`) of the last ``blocks`` encoder blocks (default 1: the **last**
+block only; ``blocks = n_layers``: every block); the earlier blocks, the
+embeddings, the public weights, the pooler and the classifier stay frozen. What
+runs encrypted: the whole encoder forward pass (the client's embeddings, mask and
+every block's LoRA factors encrypted), the backward pass of
+:func:`crypto.bert_lora.lora_gradients` through the trained blocks (the tanh
+polynomial, both polynomial LayerNorms as evaluated, the activation polynomial,
+the Gaussian-kernel attention and, between trained blocks, the residual and the
+Q/K/V projections) and the gradient sums. The key owner refreshes, rolls and
+unrolls (function-call path, as :func:`crypto.finetune.encrypted_step`), decrypts
+six gradient matrices per trained block and updates its factors,
 :math:`A \leftarrow A - \eta \bar A`, :math:`B \leftarrow B - \eta \bar B`, in the
 model's own convention (the program's :math:`A_q, A_k` carry the block's
 :math:`\kappa`, so :math:`\bar A = \kappa\, \bar A_{\text{folded}}`).
@@ -45,45 +47,64 @@ if TYPE_CHECKING:
     from .conversion.model import HEBert
 
 NAMES = tuple(f"{x}_{f}" for x in LORA for f in "ab")
-"""The trained factors: ``q_a, q_b, k_a, k_b, v_a, v_b`` of the last block."""
+"""The trained factors of one block: ``q_a, q_b, k_a, k_b, v_a, v_b``."""
 
 
 @dataclass(frozen=True)
 class QKVStep:
     r"""The last block's factors after one step, their gradients, seconds, counts.
 
-    ``factors`` and ``grads`` use the model's convention (``lora_a`` of shape
-    (d, r), ``lora_b`` (r, d), no :math:`\kappa`); ``layer`` is the trained block.
+    ``factors`` and ``grads`` are keyed ``"layer {i} q_a"`` ... and use the
+    model's convention (``lora_a`` of shape (d, r), ``lora_b`` (r, d), no
+    :math:`\kappa`); ``layers`` are the trained blocks.
     """
 
-    layer: int
+    layers: tuple[int, ...]
     factors: dict[str, FloatArray]
     grads: dict[str, FloatArray]
     seconds: float
     counts: dict[str, int]
 
 
-def current_factors(model: HEBert) -> dict[str, FloatArray]:
-    """The last block's LoRA factors, model convention (``q_a`` ... ``v_b``)."""
-    layer = model.block_list()[-1]
+def _parameters(model: HEBert, layers: tuple[int, ...]) -> dict[str, Any]:
+    """The LoRA parameters of ``layers``, keyed ``"layer {i} q_a"`` ..."""
     out = {}
-    for x, m in zip(LORA, (layer.query, layer.key, layer.value), strict=True):
-        out[f"{x}_a"] = np.asarray(m.lora_a.detach().numpy(), dtype=np.float64).copy()
-        out[f"{x}_b"] = np.asarray(m.lora_b.detach().numpy(), dtype=np.float64).copy()
+    for i in layers:
+        layer = model.block_list()[i]
+        for x, m in zip(LORA, (layer.query, layer.key, layer.value), strict=True):
+            out[f"layer {i} {x}_a"] = m.lora_a
+            out[f"layer {i} {x}_b"] = m.lora_b
     return out
 
 
+def trained_layers(model: HEBert, blocks: int) -> tuple[int, ...]:
+    """The last ``blocks`` block indices, or a clear error."""
+    total = len(model.block_list())
+    if isinstance(blocks, bool) or not isinstance(blocks, int):
+        raise TypeError(f"blocks must be an int, got {type(blocks).__name__}")
+    if not 1 <= blocks <= total:
+        raise ValueError(f"blocks: expected 1 to {total} trained blocks, got {blocks}")
+    return tuple(range(total - blocks, total))
+
+
+def current_factors(model: HEBert, blocks: int = 1) -> dict[str, FloatArray]:
+    """The last ``blocks`` blocks' LoRA factors, model convention."""
+    return {
+        k: np.asarray(p.detach().numpy(), dtype=np.float64).copy()
+        for k, p in _parameters(model, trained_layers(model, blocks)).items()
+    }
+
+
 def apply_qkv_step(model: HEBert, step: QKVStep) -> None:
-    """Write the step's factors into the model's last block (the client's update)."""
+    """Write the step's factors into the model (the client's update)."""
     import torch
 
-    layer = model.block_list()[-1]
-    if step.layer != len(model.block_list()) - 1:
-        raise ValueError(f"the step trained block {step.layer}, not the last one")
+    params = _parameters(model, step.layers)
+    if set(params) != set(step.factors):
+        raise ValueError("the step's factors do not match the model's blocks")
     with torch.no_grad():
-        for x, m in zip(LORA, (layer.query, layer.key, layer.value), strict=True):
-            m.lora_a.copy_(torch.as_tensor(step.factors[f"{x}_a"]))
-            m.lora_b.copy_(torch.as_tensor(step.factors[f"{x}_b"]))
+        for k, p in params.items():
+            p.copy_(torch.as_tensor(step.factors[k]))
 
 
 def _labels(model: HEBert, y: npt.ArrayLike, batch: int) -> npt.NDArray[np.int64]:
@@ -109,13 +130,15 @@ def _step(
     max_level: int,
     encrypt: Callable[[FloatArray], Any],
     decrypt: Callable[[Any], FloatArray],
+    blocks: int,
 ) -> QKVStep:
     lr = check_real("lr", lr, 0.0)
+    layers = trained_layers(model, blocks)
     start = time.perf_counter()
     z, masks, batch = pack_inputs(model, ids, mask, slots)
     labels = _labels(model, y, batch)
     w = BertWeights.from_model(model)
-    n, last = w.n_tokens, len(w.blocks) - 1
+    n = w.n_tokens
     services = _Services(encrypt, decrypt, n, slots)
     ev = Evaluator(backend, max_level, services.fresh)
     lora = {
@@ -136,18 +159,19 @@ def _step(
         services.unroll,
         [Value(encrypt(t)) for t in targets],
         m,
+        len(layers),
     )
-    kappa = w.blocks[last].kappa
     plain = {
         k: np.array([[decrypt(v.handle)[0] for v in row] for row in G])
         for k, G in grads.items()
     }
-    for x in ("q", "k"):
-        plain[f"{x}_a"] = plain[f"{x}_a"] * kappa
-    old = current_factors(model)
-    new = {k: old[k] - lr * plain[k] for k in NAMES}
+    for i in layers:
+        for x in ("q", "k"):
+            plain[f"layer {i} {x}_a"] *= w.blocks[i].kappa
+    old = current_factors(model, blocks)
+    new = {k: old[k] - lr * plain[k] for k in old}
     seconds = time.perf_counter() - start
-    return QKVStep(last, new, plain, seconds, dict(ev.counts))
+    return QKVStep(layers, new, plain, seconds, dict(ev.counts))
 
 
 def simulated_qkv_step(
@@ -157,17 +181,21 @@ def simulated_qkv_step(
     lr: float,
     mask: npt.ArrayLike | None = None,
     max_level: int = 10**6,
+    blocks: int = 1,
 ) -> QKVStep:
     """The step in float64 (the HE program on NumpyBackend, no encryption).
 
-    ``max_level`` set to a chain's levels counts the refreshes it would need.
+    ``max_level`` set to a chain's levels counts the refreshes it would need;
+    ``blocks`` is how many of the last blocks are trained.
     """
     slots = model.check_ids(ids, mask)[0].shape[0] * model.config.n_tokens
 
     def same(x: FloatArray) -> FloatArray:
         return np.array(x, dtype=np.float64)
 
-    return _step(model, ids, mask, y, lr, slots, NumpyBackend(), max_level, same, same)
+    return _step(
+        model, ids, mask, y, lr, slots, NumpyBackend(), max_level, same, same, blocks
+    )
 
 
 def encrypted_qkv_step(
@@ -177,6 +205,7 @@ def encrypted_qkv_step(
     lr: float,
     params: CKKSParams,
     mask: npt.ArrayLike | None = None,
+    blocks: int = 1,
 ) -> QKVStep:
     """The step under CKKS (TenSEAL, Galois keys for the slot sums)."""
     import tenseal as ts
@@ -201,6 +230,7 @@ def encrypted_qkv_step(
         params.levels,
         encrypt,
         decrypt,
+        blocks,
     )
 
 
@@ -210,31 +240,28 @@ def reference_qkv_step(
     y: npt.ArrayLike,
     lr: float,
     mask: npt.ArrayLike | None = None,
+    blocks: int = 1,
 ) -> QKVStep:
     """The same step by ``torch`` autograd on the polynomial-mode ``HEBert``."""
     import torch
 
     lr = check_real("lr", lr, 0.0)
+    layers = trained_layers(model, blocks)
     ids_t, mask_t = model.check_ids(ids, mask)
     labels = _labels(model, y, ids_t.shape[0])
     start = time.perf_counter()
-    layer = model.block_list()[-1]
-    params = {
-        f"{x}_{f}": getattr(m, f"lora_{f}")
-        for x, m in zip(LORA, (layer.query, layer.key, layer.value), strict=True)
-        for f in "ab"
-    }
+    params = _parameters(model, layers)
     logits = model(ids_t, mask_t, poly=True)
     target = torch.nn.functional.one_hot(
         torch.as_tensor(labels), model.config.n_classes
     ).to(torch.float64)
     loss = 0.5 * ((logits - target) ** 2).sum(1).mean()
-    found = torch.autograd.grad(loss, [params[k] for k in NAMES])
+    found = torch.autograd.grad(loss, list(params.values()))
     grads = {
         k: np.asarray(g.detach().numpy(), dtype=np.float64)
-        for k, g in zip(NAMES, found, strict=True)
+        for k, g in zip(params, found, strict=True)
     }
-    old = current_factors(model)
-    new = {k: old[k] - lr * grads[k] for k in NAMES}
+    old = current_factors(model, blocks)
+    new = {k: old[k] - lr * grads[k] for k in old}
     seconds = time.perf_counter() - start
-    return QKVStep(len(model.block_list()) - 1, new, grads, seconds, {})
+    return QKVStep(layers, new, grads, seconds, {})

@@ -1,4 +1,4 @@
-"""The encrypted Q/K/V LoRA step of a converted BERT's last block."""
+"""The encrypted Q/K/V LoRA step of a converted BERT's last block (or blocks)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
 transformers = pytest.importorskip("transformers")
 
 from defense_suite.crypto.bert_lora_step import (  # noqa: E402
-    NAMES,
     apply_qkv_step,
     current_factors,
     encrypted_qkv_step,
@@ -72,15 +71,17 @@ def _batch(he: HEBert, tokenizer: object) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _gap(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in NAMES)
+    assert set(a) == set(b)
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
 def test_qkv_step_program_equals_autograd(converted: HEBert, tokenizer: object) -> None:
     ids, mask = _batch(converted, tokenizer)
     ref = reference_qkv_step(converted, ids, LABELS, 0.5, mask)
-    assert ref.layer == 1
-    for k in NAMES:  # every factor gets a real gradient, not a zero one
-        assert np.max(np.abs(ref.grads[k])) > 1e-4, k
+    assert ref.layers == (1,)
+    assert len(ref.grads) == 6
+    for k, g in ref.grads.items():  # every factor gets a real gradient
+        assert np.max(np.abs(g)) > 1e-4, k
     sim = simulated_qkv_step(converted, ids, LABELS, 0.5, mask)
     assert _gap(sim.grads, ref.grads) < 1e-8
     assert _gap(sim.factors, ref.factors) < 1e-8
@@ -95,12 +96,33 @@ def test_qkv_step_program_equals_autograd(converted: HEBert, tokenizer: object) 
     assert _gap(chained.grads, ref.grads) < 1e-8
 
 
+def test_qkv_step_through_both_blocks_equals_autograd(
+    converted: HEBert, tokenizer: object
+) -> None:
+    ids, mask = _batch(converted, tokenizer)
+    ref = reference_qkv_step(converted, ids, LABELS, 0.5, mask, blocks=2)
+    assert ref.layers == (0, 1)
+    assert len(ref.grads) == 12
+    for k, g in ref.grads.items():
+        assert np.max(np.abs(g)) > 1e-4, k
+    sim = simulated_qkv_step(
+        converted, ids, LABELS, 0.5, mask, INTERACTIVE_WIDE.levels, blocks=2
+    )
+    assert _gap(sim.grads, ref.grads) < 1e-8
+    assert sim.counts["unroll_rounds"] == 2
+    last = simulated_qkv_step(converted, ids, LABELS, 0.5, mask)
+    for k, g in last.grads.items():  # the last block's gradients are the same
+        assert np.max(np.abs(g - sim.grads[k])) < 1e-12
+    with pytest.raises(ValueError, match="trained blocks"):
+        simulated_qkv_step(converted, ids, LABELS, 0.5, mask, blocks=3)
+
+
 def test_qkv_step_updates_the_model_and_lowers_the_loss(
     converted: HEBert, tokenizer: object
 ) -> None:
     ids, mask = _batch(converted, tokenizer)
-    before = current_factors(converted)
-    step = simulated_qkv_step(converted, ids, LABELS, 0.5, mask)
+    before = current_factors(converted, 2)
+    step = simulated_qkv_step(converted, ids, LABELS, 0.5, mask, blocks=2)
     target = np.eye(converted.config.n_classes)[LABELS]
 
     def loss() -> float:
@@ -110,11 +132,11 @@ def test_qkv_step_updates_the_model_and_lowers_the_loss(
     start = loss()
     try:
         apply_qkv_step(converted, step)
-        assert _gap(current_factors(converted), step.factors) == 0.0
+        assert _gap(current_factors(converted, 2), step.factors) == 0.0
         assert loss() < start
     finally:
-        apply_qkv_step(converted, type(step)(step.layer, before, step.grads, 0.0, {}))
-    assert _gap(current_factors(converted), before) == 0.0
+        apply_qkv_step(converted, type(step)(step.layers, before, step.grads, 0.0, {}))
+    assert _gap(current_factors(converted, 2), before) == 0.0
 
 
 def test_qkv_step_refuses_bad_labels(converted: HEBert, tokenizer: object) -> None:
@@ -136,8 +158,11 @@ def test_encrypted_qkv_step_equals_the_plaintext_step(
     converted: HEBert, tokenizer: object
 ) -> None:
     ids, mask = _batch(converted, tokenizer)
-    ref = reference_qkv_step(converted, ids, LABELS, 0.5, mask)
-    enc = encrypted_qkv_step(converted, ids, LABELS, 0.5, INTERACTIVE_WIDE, mask)
+    ref = reference_qkv_step(converted, ids, LABELS, 0.5, mask, blocks=2)
+    enc = encrypted_qkv_step(
+        converted, ids, LABELS, 0.5, INTERACTIVE_WIDE, mask, blocks=2
+    )
+    assert enc.layers == (0, 1)
     assert _gap(enc.factors, ref.factors) < QKV_STEP_BOUND
     assert enc.counts["refresh_rounds"] > 0
 
@@ -162,6 +187,6 @@ def test_byo_qkv_row_is_wired_and_off_by_default(
     assert row.defense == "qkv_lora_step"
     params = row.params["benchmark"]
     assert params["sequences"] == 3
-    assert params["trained_block"] == 1
+    assert params["trained_blocks"] == [1]
     assert row.utility["max_abs_update_error"] < 1e-8
     assert row.cost["encrypted_step_s"] > 0
