@@ -119,6 +119,58 @@ def _labels(model: HEBert, y: npt.ArrayLike, batch: int) -> npt.NDArray[np.int64
     return labels.astype(np.int64)
 
 
+def step_inputs(
+    model: HEBert,
+    ids: npt.ArrayLike,
+    mask: npt.ArrayLike | None,
+    y: npt.ArrayLike,
+    slots: int,
+) -> tuple[list[FloatArray], FloatArray, FloatArray, int]:
+    """The client's plaintexts of one step: inputs, targets, loss mask, batch.
+
+    The inputs are the packed features then the ``n`` key weights
+    (:func:`crypto.bert_pack.pack_inputs`); the targets are one-hot on the CLS
+    slots of the batch's first copy, where the mask :func:`loss_mask` is ``1/B``.
+    """
+    z, masks, batch = pack_inputs(model, ids, mask, slots)
+    labels = _labels(model, y, batch)
+    n = model.config.n_tokens
+    targets = np.zeros((model.config.n_classes, slots))
+    targets[labels, np.arange(batch) * n] = 1.0
+    return [*z, *masks], targets, loss_mask(batch, n, slots), batch
+
+
+def loss_mask(batch: int, n: int, slots: int) -> FloatArray:
+    """``1/B`` on the CLS slots of the batch's first copy, 0 elsewhere (public)."""
+    m = np.zeros(slots)
+    m[: batch * n : n] = 1.0 / batch
+    return m
+
+
+def updated(
+    model: HEBert,
+    grads: dict[str, FloatArray],
+    lr: float,
+    blocks: int,
+    seconds: float,
+    counts: dict[str, int],
+) -> QKVStep:
+    r"""The client's update from the decrypted (folded) gradient sums.
+
+    :math:`\bar A = \kappa\,\bar A_{\text{folded}}` for Q and K, then
+    :math:`A \leftarrow A - \eta \bar A`, :math:`B \leftarrow B - \eta \bar B`.
+    """
+    layers = trained_layers(model, blocks)
+    w = BertWeights.from_model(model)
+    plain = {k: np.array(v, dtype=np.float64) for k, v in grads.items()}
+    for i in layers:
+        for x in ("q", "k"):
+            plain[f"layer {i} {x}_a"] *= w.blocks[i].kappa
+    old = current_factors(model, blocks)
+    new = {k: old[k] - lr * plain[k] for k in old}
+    return QKVStep(layers, new, plain, seconds, counts)
+
+
 def _step(
     model: HEBert,
     ids: npt.ArrayLike,
@@ -135,25 +187,20 @@ def _step(
     lr = check_real("lr", lr, 0.0)
     layers = trained_layers(model, blocks)
     start = time.perf_counter()
-    z, masks, batch = pack_inputs(model, ids, mask, slots)
-    labels = _labels(model, y, batch)
+    inputs, targets, m, _ = step_inputs(model, ids, mask, y, slots)
     w = BertWeights.from_model(model)
-    n = w.n_tokens
-    services = _Services(encrypt, decrypt, n, slots)
+    services = _Services(encrypt, decrypt, w.n_tokens, slots)
     ev = Evaluator(backend, max_level, services.fresh)
     lora = {
         k: [[Value(encrypt(np.full(slots, x))) for x in row] for row in M]
         for k, M in lora_factors(model).items()
     }
-    targets = np.zeros((w.n_classes, slots))
-    targets[labels, np.arange(batch) * n] = 1.0
-    m = np.zeros(slots)
-    m[: batch * n : n] = 1.0 / batch
+    values = [Value(encrypt(v)) for v in inputs]
     grads = lora_gradients(
         ev,
         w,
-        [Value(encrypt(v)) for v in z],
-        [Value(encrypt(v)) for v in masks],
+        values[: w.d],
+        values[w.d :],
         lora,
         services.roll,
         services.unroll,
@@ -165,13 +212,8 @@ def _step(
         k: np.array([[decrypt(v.handle)[0] for v in row] for row in G])
         for k, G in grads.items()
     }
-    for i in layers:
-        for x in ("q", "k"):
-            plain[f"layer {i} {x}_a"] *= w.blocks[i].kappa
-    old = current_factors(model, blocks)
-    new = {k: old[k] - lr * plain[k] for k in old}
     seconds = time.perf_counter() - start
-    return QKVStep(layers, new, plain, seconds, dict(ev.counts))
+    return updated(model, plain, lr, blocks, seconds, dict(ev.counts))
 
 
 def simulated_qkv_step(

@@ -201,20 +201,19 @@ def tuning_schedule(
     return Schedule(tuple(rec.steps), reply, params)
 
 
-class TuningServer:
-    """The fine-tuning server: a :class:`TuningJob` and, later, a public context.
+class ProgramServer:
+    """A fine-tuning server of one encrypted program, on a channel of bytes.
 
-    :meth:`serve` answers one session on a channel of bytes: ``context``, then
-    ``train`` (answered by ``weights`` after asking for the round trips of the
-    steps), until ``close`` or ``abort``. It never holds a secret key.
+    :meth:`serve` answers one session: ``context``, then ``train`` (answered by
+    ``weights`` after asking the key owner, by message, for the program's round
+    trips), until ``close`` or ``abort``. It never holds a secret key. Subclasses
+    implement :meth:`_train` (the program), using :meth:`services` for the round
+    trips.
     """
 
-    def __init__(self, job: TuningJob, params: CKKSParams):
-        if not isinstance(job, TuningJob):
-            raise TypeError(f"job must be a TuningJob, got {type(job).__name__}")
+    def __init__(self, params: CKKSParams):
         if not isinstance(params, CKKSParams):
             raise TypeError(f"params must be CKKSParams, got {type(params).__name__}")
-        self.job = job
         self.params = params
         self.context: Any = None
         self.key = ""
@@ -276,6 +275,39 @@ class TuningServer:
             raise ProtocolError(f"expected {ANSWERS[kind]!r}, got {reply.kind!r}")
         return self._load(reply)
 
+    def services(self, channel: Channel) -> tuple[Fresh, Roll, Unroll]:
+        """The refresh, roll and unroll round trips, each one request on ``channel``."""
+
+        def refresh(vals: list[Value]) -> list[Value]:
+            return self._ask(channel, "refresh", vals)
+
+        def roll(vals: list[Value], copies: int) -> list[list[Value]]:
+            fresh = self._ask(channel, "roll", vals, copies=copies)
+            m = len(vals)
+            return [fresh[s * m : (s + 1) * m] for s in range(copies)]
+
+        def unroll(shifted: list[list[Value]]) -> list[Value]:
+            flat = [v for row in shifted for v in row]
+            return self._ask(channel, "unroll", flat, copies=len(shifted))
+
+        return refresh, roll, unroll
+
+    def _train(self, channel: Channel, message: Message) -> Message:
+        raise NotImplementedError
+
+
+class TuningServer(ProgramServer):
+    """The HEFormer fine-tuning server: a :class:`TuningJob` and a public context.
+
+    Its ``train`` runs :func:`sgd_steps` (see :class:`ProgramServer`).
+    """
+
+    def __init__(self, job: TuningJob, params: CKKSParams):
+        if not isinstance(job, TuningJob):
+            raise TypeError(f"job must be a TuningJob, got {type(job).__name__}")
+        super().__init__(params)
+        self.job = job
+
     def _train(self, channel: Channel, message: Message) -> Message:
         start = time.perf_counter()
         job = self.job
@@ -292,17 +324,7 @@ class TuningServer:
         for (rows, cols), name in zip(job.shapes(), net.trained, strict=True):
             net.mats[name] = [[next(at) for _ in range(cols)] for _ in range(rows)]
 
-        def refresh(vals: list[Value]) -> list[Value]:
-            return self._ask(channel, "refresh", vals)
-
-        def roll(vals: list[Value], copies: int) -> list[list[Value]]:
-            fresh = self._ask(channel, "roll", vals, copies=copies)
-            m = len(vals)
-            return [fresh[s * m : (s + 1) * m] for s in range(copies)]
-
-        def unroll(shifted: list[list[Value]]) -> list[Value]:
-            flat = [v for row in shifted for v in row]
-            return self._ask(channel, "unroll", flat, copies=len(shifted))
+        refresh, roll, unroll = self.services(channel)
 
         ev = Evaluator(TenSEALBackend(), self.params.levels, refresh)
         sgd_steps(

@@ -1,0 +1,169 @@
+"""The converted BERT's encrypted Q/K/V LoRA step over the bytes-only protocol."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
+
+pytest.importorskip("transformers")
+
+from defense_suite.crypto.bert_lora_step import (
+    reference_qkv_step,
+    simulated_qkv_step,
+    step_inputs,
+    updated,
+)
+from defense_suite.crypto.bert_tuning_protocol import (
+    BertTuningClient,
+    BertTuningServer,
+    QKVJob,
+    qkv_program,
+    qkv_schedule,
+    step_slots,
+)
+from defense_suite.crypto.ckks import INTERACTIVE, INTERACTIVE_WIDE
+from defense_suite.crypto.conversion import HEBert
+from defense_suite.crypto.evaluator import Evaluator, NumpyBackend, Value
+from defense_suite.crypto.heval_bert import lora_factors
+from defense_suite.crypto.schedule import Recorder, safe_bound
+from defense_suite.crypto.server import InProcess
+from defense_suite.crypto.session import Refused
+from defense_suite.crypto.transport import Loopback
+from defense_suite.crypto.wire import Channel, Message, ProtocolError
+from tests.crypto import test_bert_lora as shared
+from tests.crypto.test_bert_lora import LABELS, QKV_STEP_BOUND, _batch, _gap
+
+converted, tokenizer = shared.converted, shared.tokenizer  # the shared fixtures
+
+
+def _honest_run(
+    he: HEBert, ids: np.ndarray, mask: np.ndarray, blocks: int
+) -> tuple[Recorder, dict[str, np.ndarray]]:
+    """The server's program on the client's real values, float64, recorded."""
+    params = INTERACTIVE_WIDE
+    job = QKVJob.public(he, blocks)
+    slots = step_slots(params, he.config.n_tokens)
+    inputs, targets, _, batch = step_inputs(he, ids, mask, LABELS, slots)
+    factors = [np.full(slots, x) for M in lora_factors(he).values() for x in M.ravel()]
+    rec = Recorder(he.config.n_tokens, safe_bound(params), lambda h: 0)
+    ev = Evaluator(NumpyBackend(), params.levels, rec.refresh)
+    rec.ev = ev
+    values = [Value(v) for v in [*inputs, *targets, *factors]]
+    flat = qkv_program(ev, job, values, batch, slots, rec.roll, rec.unroll)
+    shapes = {k: (r, c) for k, r, c in job.shapes}
+    grads, at = {}, 0
+    for name in job.trained:
+        r, c = shapes[name]
+        grads[name] = np.array([v.handle[0] for v in flat[at : at + r * c]])
+        grads[name] = grads[name].reshape(r, c)
+        at += r * c
+    return rec, grads
+
+
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_schedule_on_zeros_is_what_an_honest_run_requests(
+    converted: HEBert, tokenizer: object, blocks: int
+) -> None:
+    ids, mask = _batch(converted, tokenizer)
+    job = QKVJob.public(converted, blocks)
+    schedule = qkv_schedule(job, INTERACTIVE_WIDE)
+    rec, grads = _honest_run(converted, ids, mask, blocks)
+    assert schedule.requests > 0
+    assert tuple(rec.steps) == schedule.steps
+    kinds = [s.kind for s in schedule.steps]
+    assert kinds.count("roll") == 2
+    assert kinds.count("unroll") == blocks
+    assert len(schedule.reply.levels) == sum(
+        r * c for k, r, c in job.shapes if k in job.trained
+    )
+    assert len(job.trained) == 6 * blocks
+    # the message layout carries the same step as the function-call path
+    sim = simulated_qkv_step(converted, ids, LABELS, 0.5, mask, blocks=blocks)
+    step = updated(converted, grads, 0.5, blocks, 0.0, {})
+    assert _gap(step.grads, sim.grads) < 1e-10
+    assert _gap(step.factors, sim.factors) < 1e-10
+
+
+def test_job_and_server_refuse_bad_input(converted: HEBert) -> None:
+    with pytest.raises(ValueError, match="trained blocks"):
+        QKVJob.public(converted, 3)
+    with pytest.raises(TypeError, match="QKVJob"):
+        BertTuningServer(object(), INTERACTIVE_WIDE)  # type: ignore[arg-type]
+    job = QKVJob.public(converted)
+    ev = Evaluator(NumpyBackend(), 10**6, None)
+    with pytest.raises(ProtocolError, match="ciphertexts"):
+        qkv_program(ev, job, [], 1, 12, lambda v, c: [], lambda s: [])
+    zeros = [Value(np.zeros(12)) for _ in range(job.uploads())]
+    with pytest.raises(ProtocolError, match="do not fit"):
+        qkv_program(ev, job, zeros, 3, 12, lambda v, c: [], lambda s: [])
+
+
+class _Deviant:
+    """A malicious server: its first request breaks the schedule."""
+
+    def __init__(self, kind: str, count: int, copies: int) -> None:
+        self.kind, self.count, self.copies = kind, count, copies
+        self.answered = ""
+
+    def serve(self, channel: Channel) -> None:
+        while True:
+            message = Message.decode(channel.recv())
+            if message.kind == "train":
+                blobs = message.blobs[: self.count]
+                meta = {"copies": self.copies}
+                channel.send(Message(self.kind, message.key, blobs, meta).encode())
+                self.answered = Message.decode(channel.recv()).kind
+                return
+
+
+@pytest.mark.parametrize("kind", ["same", "weights"])
+def test_client_refuses_a_request_outside_the_schedule(
+    converted: HEBert, tokenizer: object, kind: str
+) -> None:
+    ids, mask = _batch(converted, tokenizer)
+    client = BertTuningClient(converted, INTERACTIVE)
+    first = client.schedule(QKVJob.public(converted)).steps[0]
+    # the first request's kind with one ciphertext too many, or an early reply
+    extra = first.kind if kind == "same" else kind
+    server = _Deviant(extra, len(first.levels) + 1, first.copies)
+    connection = InProcess(server)
+    with pytest.raises(Refused, match="ciphertexts" if kind == "same" else "weights"):
+        client.step(connection, ids, LABELS, 0.5, mask)
+    connection.close()
+    assert client.decryptions == 0
+    assert server.answered == "abort"
+
+
+def test_client_refuses_bad_input(converted: HEBert, tokenizer: object) -> None:
+    ids, mask = _batch(converted, tokenizer)
+    with pytest.raises(TypeError, match="HEBert"):
+        BertTuningClient(object(), INTERACTIVE)  # type: ignore[arg-type]
+    client = BertTuningClient(converted, INTERACTIVE)
+    server = BertTuningServer(QKVJob.public(converted), INTERACTIVE)
+    with pytest.raises(ValueError, match="labels for"):
+        client.step(server, ids, LABELS[:3], 0.5, mask)
+    assert client.encryptions == 0
+
+
+@pytest.mark.slow
+def test_message_path_step_equals_autograd(
+    converted: HEBert, tokenizer: object
+) -> None:
+    ids, mask = _batch(converted, tokenizer)
+    params = INTERACTIVE_WIDE
+    ref = reference_qkv_step(converted, ids, LABELS, 0.5, mask)
+    job = QKVJob.public(converted)
+    schedule = qkv_schedule(job, params)
+    local = BertTuningClient(converted, params)
+    over_inprocess = local.step(BertTuningServer(job, params), ids, LABELS, 0.5, mask)
+    assert over_inprocess.layers == (1,)
+    assert _gap(over_inprocess.factors, ref.factors) < QKV_STEP_BOUND
+    assert local.counts["round_trips"] == 1 + schedule.requests
+    assert local.decryptions > 0
+    remote = BertTuningClient(converted, params)
+    with Loopback(server=BertTuningServer(job, params)) as channel:
+        over_loopback = remote.step(channel, ids, LABELS, 0.5, mask)
+    assert _gap(over_loopback.factors, ref.factors) < QKV_STEP_BOUND
+    assert remote.counts["refresh_rounds"] > 0
