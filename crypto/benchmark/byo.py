@@ -9,9 +9,10 @@ their labels. Three
 variants on the held-out split: ``none`` (the original model), ``converted``
 (polynomial form, calibrated, before distillation) and ``distilled``; then the
 distilled model encrypted (:mod:`~crypto.benchmark.byo_he`): ``encrypted``
-(one packed batch of held-out sequences under CKKS) and ``lora_step`` (one
-encrypted LoRA step of the classifier adapter), when ``encrypted`` and
-``lora_step`` are > 0.
+(one packed batch of held-out sequences under CKKS), ``lora_step`` (one
+encrypted LoRA step of the classifier adapter) and ``qkv_lora_step`` (one
+encrypted step of the last block's Q/K/V LoRA factors), each when its setting
+is > 0.
 """
 
 from __future__ import annotations
@@ -183,7 +184,7 @@ def byo_benchmark(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resul
             ("distill_epochs", 10),
         )
     }
-    for name in ("encrypted", "lora_step"):  # 0: the row is not measured
+    for name in ("encrypted", "lora_step", "qkv_lora_step"):  # 0: not measured
         settings[name] = check_int(name, params.get(name, 0), 0)
     settings["lr"] = float(params.get("lr", 2e-3))
     settings["distill_lr"] = float(params.get("distill_lr", 3e-3))
