@@ -7,7 +7,9 @@ The SGD steps of :mod:`crypto.finetune` with the round trips on a
 * the key owner (:class:`TuningClient`) sends the public context (Galois keys
   included) and one ``train`` message: its embedded batch (feature-major), the
   one-hot targets on the CLS slots and every trained weight entry, encrypted;
-* the server (:class:`TuningServer`) holds only a :class:`TuningJob`: the frozen
+* the server (:class:`TuningServer`, a :class:`ProgramServer`: the session loop
+  and the round trips, shared with :mod:`crypto.bert_tuning_protocol`'s converted
+  BERT step) holds only a :class:`TuningJob`: the frozen
   public matrices, the public fold factors, the learning rate, the step count and
   the batch size (the trained matrices are zeros there, their shapes only). It
   runs :func:`sgd_steps` and asks for each refresh, roll of K and V and unroll of
