@@ -1,6 +1,8 @@
-"""Shared fixtures: one tiny trained model for the crypto tests."""
+"""Shared fixtures: one tiny trained model for the crypto tests, and a tiny BERT."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -9,6 +11,10 @@ import torch
 from defense_suite.crypto.model import HEFormer, ModelConfig
 from defense_suite.crypto.tasks import Sequences, client_transform, digit_sequences
 from defense_suite.crypto.train import TrainConfig, personalise, pretrain
+from tests.crypto.tiny_bert import N_TOKENS, texts
+
+if TYPE_CHECKING:
+    from defense_suite.crypto.conversion import HEBert
 
 
 @pytest.fixture(scope="session")
@@ -79,3 +85,43 @@ def micro_head() -> HEFormer:
 def micro_inputs() -> np.ndarray:
     """Sequences in the micro model's calibrated ranges (its training inputs)."""
     return np.random.default_rng(0).random((64, 2, 3))
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> object:
+    """A WordPiece tokenizer trained on the tiny BERT's corpus."""
+    pytest.importorskip("transformers")
+    from defense_suite.crypto.hf import build_tokenizer
+
+    return build_tokenizer(texts(), vocab_size=120)
+
+
+@pytest.fixture(scope="module")
+def converted(tokenizer: object) -> HEBert:
+    """A tiny 2-layer BERT (width 8, 2 heads), converted, LoRA B made nonzero."""
+    transformers = pytest.importorskip("transformers")
+    from defense_suite.crypto.conversion import convert
+    from defense_suite.crypto.hf import encode
+
+    torch.manual_seed(1)
+    config = transformers.BertConfig(
+        vocab_size=len(tokenizer),  # type: ignore[arg-type]
+        hidden_size=8,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=12,
+        max_position_embeddings=8,
+        num_labels=2,
+        initializer_range=0.3,
+    )
+    teacher: torch.nn.Module = transformers.BertForSequenceClassification(config).eval()
+    he, _ = convert(
+        teacher, n_tokens=N_TOKENS, generator=torch.Generator().manual_seed(0)
+    )
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in he.lora_parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+    ids, mask = encode(tokenizer, texts(), he)
+    he.calibrate(ids, mask)
+    return he

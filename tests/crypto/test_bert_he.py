@@ -6,9 +6,9 @@ import copy
 
 import numpy as np
 import pytest
-import torch
 from torch import nn
 
+from tests.crypto.tiny_bert import N_TOKENS, texts
 from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
 
 transformers = pytest.importorskip("transformers")
@@ -29,58 +29,19 @@ from defense_suite.crypto.ckks import (  # noqa: E402
 from defense_suite.crypto.conversion import HEBert, convert  # noqa: E402
 from defense_suite.crypto.evaluator import DepthError  # noqa: E402
 from defense_suite.crypto.heval_bert import BertWeights  # noqa: E402
-from defense_suite.crypto.hf import build_tokenizer, encode  # noqa: E402
+from defense_suite.crypto.hf import encode  # noqa: E402
 from defense_suite.crypto.protocol import InProcess, Refused, Server  # noqa: E402
-from defense_suite.crypto.tasks import negation_texts  # noqa: E402
 from defense_suite.crypto.transport import Loopback  # noqa: E402
 from defense_suite.crypto.wire import Channel, Message  # noqa: E402
 
-N_TOKENS = 6
 ERROR_BOUND = 5e-3
 """Largest |encrypted - plaintext| logit accepted on INTERACTIVE (N 8192, 2^30)."""
-
-
-def _texts() -> list[str]:
-    texts, _ = negation_texts(np.random.default_rng(0), 60, length=3)
-    return [*texts, "good film", "not bad", "awful"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> object:
-    return build_tokenizer(_texts(), vocab_size=120)
-
-
-@pytest.fixture(scope="module")
-def converted(tokenizer: object) -> HEBert:
-    """A tiny 2-layer BERT (width 8, 2 heads), converted, LoRA B made nonzero."""
-    torch.manual_seed(1)
-    config = transformers.BertConfig(
-        vocab_size=len(tokenizer),  # type: ignore[arg-type]
-        hidden_size=8,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=12,
-        max_position_embeddings=8,
-        num_labels=2,
-        initializer_range=0.3,
-    )
-    teacher: nn.Module = transformers.BertForSequenceClassification(config).eval()
-    he, _ = convert(
-        teacher, n_tokens=N_TOKENS, generator=torch.Generator().manual_seed(0)
-    )
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for p in he.lora_parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=torch.float64))
-    ids, mask = encode(tokenizer, _texts(), he)
-    he.calibrate(ids, mask)
-    return he
 
 
 def test_he_program_equals_the_plaintext_model(
     converted: HEBert, tokenizer: object
 ) -> None:
-    ids, mask = encode(tokenizer, _texts(), converted)
+    ids, mask = encode(tokenizer, texts(), converted)
     assert (mask == 0).any(), "the texts must exercise the padding mask"
     plain = converted.predict_logits(ids, mask)
     simulated, counts = simulate(converted, ids, mask)
@@ -102,7 +63,7 @@ def test_he_program_equals_the_plaintext_model(
 
 
 def test_refusals(converted: HEBert, tokenizer: object) -> None:
-    ids, mask = encode(tokenizer, _texts()[:3], converted)
+    ids, mask = encode(tokenizer, texts()[:3], converted)
     client = BertClient(converted, INTERACTIVE)
     with pytest.raises(ValueError, match="interactively only"):
         client.schedule(False)
@@ -142,13 +103,13 @@ def _teacher_like(he: HEBert) -> nn.Module:
 def test_encrypted_inference_matches_the_converted_model(
     converted: HEBert, tokenizer: object, transport: str
 ) -> None:
-    texts = [*_texts()[:3], "good film"]
-    ids, mask = encode(tokenizer, texts, converted)
+    sentences = [*texts()[:3], "good film"]
+    ids, mask = encode(tokenizer, sentences, converted)
     plain = converted.predict_logits(ids, mask)
     client = BertClient(converted, INTERACTIVE)
     if transport == "in-process":
         server = Server.for_model(None, converted, INTERACTIVE)
-        encrypted = client.predict_texts(server, tokenizer, texts)
+        encrypted = client.predict_texts(server, tokenizer, sentences)
         assert server.counts["roll_rounds"] == 2
     else:
         with Loopback.for_model(converted, INTERACTIVE) as connection:
@@ -170,7 +131,7 @@ def _adapter(he: HEBert) -> tuple[np.ndarray, np.ndarray]:
 def test_head_lora_step_program_equals_autograd(
     converted: HEBert, tokenizer: object
 ) -> None:
-    ids, mask = encode(tokenizer, _texts()[-4:], converted)
+    ids, mask = encode(tokenizer, texts()[-4:], converted)
     y = np.array([1, 0, 1, 0])
     A, B = _adapter(converted)
     ref = reference_head_step(converted, ids, y, A, B, 0.5, mask)
@@ -198,7 +159,7 @@ STEP_BOUND = 1e-3
 def test_encrypted_head_lora_step_equals_the_plaintext_step(
     converted: HEBert, tokenizer: object
 ) -> None:
-    ids, mask = encode(tokenizer, _texts()[-4:], converted)
+    ids, mask = encode(tokenizer, texts()[-4:], converted)
     y = np.array([1, 0, 1, 0])
     A, B = _adapter(converted)
     ref = reference_head_step(converted, ids, y, A, B, 0.5, mask)
@@ -221,7 +182,7 @@ def test_byo_encrypted_row_measures_agreement_and_traffic(
 ) -> None:
     from defense_suite.crypto.benchmark.byo_he import encrypted_rows
 
-    ids, mask = encode(tokenizer, _texts()[:3], converted)
+    ids, mask = encode(tokenizer, texts()[:3], converted)
     y = converted.predict_logits(ids, mask).argmax(1)
     settings = {"encrypted": 3, "lora_step": 0}
     [row] = encrypted_rows(converted, ids, mask, y, settings, 0, {})
@@ -256,7 +217,7 @@ def converted_width(message: Message) -> int:
 def test_client_refuses_a_request_outside_the_schedule(
     converted: HEBert, tokenizer: object
 ) -> None:
-    ids, mask = encode(tokenizer, _texts()[:2], converted)
+    ids, mask = encode(tokenizer, texts()[:2], converted)
     client = BertClient(converted, INTERACTIVE)
     with pytest.raises(Refused, match="primes"):
         client.predict(InProcess(_EarlyRoller()), ids, mask=mask)

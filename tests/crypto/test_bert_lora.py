@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
 
+from tests.crypto.tiny_bert import texts
 from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
 
 transformers = pytest.importorskip("transformers")
@@ -19,53 +18,14 @@ from defense_suite.crypto.bert_lora_step import (  # noqa: E402
     simulated_qkv_step,
 )
 from defense_suite.crypto.ckks import INTERACTIVE_WIDE  # noqa: E402
-from defense_suite.crypto.conversion import HEBert, convert  # noqa: E402
-from defense_suite.crypto.hf import build_tokenizer, encode  # noqa: E402
-from defense_suite.crypto.tasks import negation_texts  # noqa: E402
+from defense_suite.crypto.conversion import HEBert  # noqa: E402
+from defense_suite.crypto.hf import encode  # noqa: E402
 
-N_TOKENS = 6
 LABELS = np.array([1, 0, 1, 0])
 
 
-def _texts() -> list[str]:
-    texts, _ = negation_texts(np.random.default_rng(0), 60, length=3)
-    return [*texts, "good film", "not bad", "awful"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> object:
-    return build_tokenizer(_texts(), vocab_size=120)
-
-
-@pytest.fixture(scope="module")
-def converted(tokenizer: object) -> HEBert:
-    """A tiny 2-layer BERT (width 8, 2 heads), converted, LoRA B made nonzero."""
-    torch.manual_seed(1)
-    config = transformers.BertConfig(
-        vocab_size=len(tokenizer),  # type: ignore[arg-type]
-        hidden_size=8,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=12,
-        max_position_embeddings=8,
-        num_labels=2,
-        initializer_range=0.3,
-    )
-    teacher: nn.Module = transformers.BertForSequenceClassification(config).eval()
-    he, _ = convert(
-        teacher, n_tokens=N_TOKENS, generator=torch.Generator().manual_seed(0)
-    )
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for p in he.lora_parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=torch.float64))
-    ids, mask = encode(tokenizer, _texts(), he)
-    he.calibrate(ids, mask)
-    return he
-
-
 def _batch(he: HEBert, tokenizer: object) -> tuple[np.ndarray, np.ndarray]:
-    ids, mask = encode(tokenizer, _texts()[-4:], he)
+    ids, mask = encode(tokenizer, texts()[-4:], he)
     assert (mask == 0).any(), "the batch must exercise the padding mask"
     return ids, mask
 

@@ -32,10 +32,7 @@ from defense_suite.crypto.server import InProcess
 from defense_suite.crypto.session import Refused
 from defense_suite.crypto.transport import Loopback
 from defense_suite.crypto.wire import Channel, Message, ProtocolError
-from tests.crypto import test_bert_lora as shared
 from tests.crypto.test_bert_lora import LABELS, QKV_STEP_BOUND, _batch, _gap
-
-converted, tokenizer = shared.converted, shared.tokenizer  # the shared fixtures
 
 
 def _honest_run(
