@@ -39,7 +39,7 @@ from defenses.checks import check_real
 
 from .bert_lora import lora_gradients
 from .bert_pack import pack_inputs
-from .ckks import CKKSParams, TenSEALBackend, make_context
+from .ckks import CKKSParams, TenSEALBackend, local_key_owner
 from .evaluator import Backend, Evaluator, NumpyBackend, Value
 from .finetune import _Services
 from .heval_bert import LORA, BertWeights, lora_factors
@@ -251,16 +251,8 @@ def encrypted_qkv_step(
     blocks: int = 1,
 ) -> QKVStep:
     """The step under CKKS (TenSEAL, Galois keys for the slot sums)."""
-    import tenseal as ts
-
-    ctx = make_context(params, galois=True)
+    encrypt, decrypt = local_key_owner(params, galois=True)
     slots = params.slots - params.slots % model.config.n_tokens
-
-    def encrypt(x: FloatArray) -> Any:
-        return ts.ckks_vector(ctx, list(np.asarray(x, dtype=np.float64)))
-
-    def decrypt(handle: Any) -> FloatArray:
-        return np.asarray(handle.decrypt(), dtype=np.float64)
 
     return _step(
         model,

@@ -23,7 +23,7 @@ every rescale). TenSEAL is imported lazily.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,6 +157,29 @@ def make_context(params: CKKSParams, galois: bool = False) -> Any:
     if galois:
         ctx.generate_galois_keys()
     return ctx
+
+
+def local_key_owner(
+    params: CKKSParams, galois: bool = True
+) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+    """Encrypt and decrypt of a key owner in this process (a fresh private context).
+
+    The function-call paths of the encrypted steps use it in place of a client
+    over a channel: ``encrypt(values)`` encodes float64 values at the context's
+    scale, ``decrypt(vector)`` returns them as a float64 array.
+    """
+    import numpy as np
+
+    ts = _ts()
+    ctx = make_context(params, galois=galois)
+
+    def encrypt(values: Any) -> Any:
+        return ts.ckks_vector(ctx, list(np.asarray(values, dtype=np.float64)))
+
+    def decrypt(vector: Any) -> Any:
+        return np.asarray(vector.decrypt(), dtype=np.float64)
+
+    return encrypt, decrypt
 
 
 def public_bytes(ctx: Any) -> bytes:
