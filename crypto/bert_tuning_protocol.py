@@ -50,7 +50,7 @@ from .heval_bert import BertWeights, lora_factors
 from .schedule import Recorder, Schedule, Step, safe_bound
 from .server import InProcess
 from .session import Refused, abort, follow
-from .tuning import ProgramServer, Roll, Unroll
+from .tuning import ProgramServer, Roll, Unroll, chunked
 from .tuning_client import TuningClient
 from .wire import Channel, Message, ProtocolError
 
@@ -157,7 +157,7 @@ def qkv_schedule(job: QKVJob, params: CKKSParams) -> Schedule:
     n = job.weights.n_tokens
     slots = step_slots(params, n)
     rec = Recorder(n, safe_bound(params), lambda h: 0)
-    ev = Evaluator(NumpyBackend(), params.levels, rec.refresh)
+    ev = Evaluator(NumpyBackend(), params.levels, chunked(rec.refresh))
     rec.ev = ev
     w = job.weights
     values = [Value(np.zeros(slots)) for _ in range(job.uploads())]
@@ -183,13 +183,14 @@ class BertTuningServer(ProgramServer):
         super().__init__(params)
         self.job = job
 
-    def _train(self, channel: Channel, message: Message) -> Message:
+    def _train(
+        self, channel: Channel, values: list[Value], meta: dict[str, Any]
+    ) -> Message:
         start = time.perf_counter()
-        values = self._load(message)
         refresh, roll, unroll = self.services(channel)
         ev = Evaluator(TenSEALBackend(), self.params.levels, refresh)
         slots = step_slots(self.params, self.job.weights.n_tokens)
-        batch = message.meta.get("sequences")
+        batch = meta.get("sequences")
         if isinstance(batch, bool) or not isinstance(batch, int):
             raise ProtocolError("train message: meta 'sequences' must be an int")
         flat = qkv_program(ev, self.job, values, batch, slots, roll, unroll)
@@ -279,9 +280,13 @@ class BertTuningClient(TuningClient):
             np.full(self.slots, x) for M in lora_factors(self.model).values()
             for x in M.ravel()
         ]  # fmt: skip
-        upload = self._encrypt("train", [*inputs, *targets, *factors])
-        upload = Message(upload.kind, upload.key, upload.blobs, {"sequences": batch})
-        session = follow(connection, schedule, upload.encode(), self.answer)
+
+        def upload() -> bytes:
+            sealed = self._encrypt("train", [*inputs, *targets, *factors])
+            meta = {"sequences": batch}
+            return Message(sealed.kind, sealed.key, sealed.blobs, meta).encode()
+
+        session = follow(connection, schedule, upload, self.answer)
         self.bytes_up += session.bytes_up
         try:
             flat = self._open(schedule.reply, session.reply)

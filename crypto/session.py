@@ -125,10 +125,16 @@ class Session:
 def follow(
     connection: Channel,
     schedule: Schedule,
-    first: bytes,
+    first: bytes | Callable[[], bytes],
     answer: Callable[[Message, Step], Message],
 ) -> Session:
     """Send ``first``, answer the server's requests step by step, return its reply.
+
+    ``first`` may be a function making the first message, called once: its bytes
+    are then dropped once sent, where bytes passed in stay alive with the caller
+    (a fine-tuning upload is every trained weight, encrypted). Each message is
+    dropped once sent or parsed, so the session holds no copy of what is in
+    transit beside the ciphertexts in use.
 
     The ``k``-th request is answered only as ``schedule.steps[k]``; a request
     beyond the schedule, a reply before its end, a malformed message or a
@@ -141,8 +147,10 @@ def follow(
     ProtocolError, RuntimeError
         When the server reports an error (bad input or a failure of its own).
     """
-    connection.send(first)
-    up, down, trips, served = len(first), 0, 1, 0
+    data = first() if callable(first) else first
+    connection.send(data)
+    up, down, trips, served = len(data), 0, 1, 0
+    del data, first
     while True:
         raw = connection.recv()
         down += len(raw)
@@ -150,6 +158,7 @@ def follow(
             message = Message.decode(raw)
         except ValueError as err:
             abort(connection, Refused(f"malformed server message ({err})"))
+        del raw
         if message.kind == "error":
             kind = ProtocolError if message.meta.get("value_error") else RuntimeError
             raise kind(f"the server refused the request: {message.meta.get('error')}")
@@ -167,6 +176,8 @@ def follow(
             out = answer(message, schedule.steps[served]).encode()
         except Refused as err:
             abort(connection, err)
+        del message
         served += 1
         connection.send(out)
         up, trips = up + len(out), trips + 1
+        del out

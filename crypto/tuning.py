@@ -55,6 +55,28 @@ Fresh = Callable[[list[Value]], list[Value]]
 Roll = Callable[[list[Value], int], list[list[Value]]]
 Unroll = Callable[[list[list[Value]]], list[Value]]
 
+REFRESH_VALUES = 256
+"""Ciphertexts per refresh request of a fine-tuning session (about 100 MB of fresh
+answers): a refresh of every weight's gradient goes in several requests, so that
+neither side holds the whole batch in serialised form beside its ciphertexts."""
+
+
+def chunked(refresh: Fresh) -> Fresh:
+    """``refresh`` asked in consecutive requests of at most :data:`REFRESH_VALUES`.
+
+    The server's round trips and the schedule's recording key owner are both
+    wrapped, so the public schedule lists the same requests the server makes.
+    """
+
+    def in_chunks(values: list[Value]) -> list[Value]:
+        out: list[Value] = []
+        size = REFRESH_VALUES
+        for at in range(0, len(values), size):
+            out += refresh(values[at : at + size])
+        return out
+
+    return in_chunks
+
 
 def sgd_steps(
     ev: Evaluator,
@@ -91,11 +113,14 @@ def sgd_steps(
             ev.mask(ev.sub(lg, t), mask) for lg, t in zip(logits, targets, strict=True)
         ]
         grads = backward(ev, net, cache, dlog, unroll)
+        del logits, cache, dlog  # the activations are not needed past the backward
         flat = [v for G in grads.values() for row in G for v in row]
         [flat] = fit(ev, [flat], 2, "SGD update")
         at = iter(flat)
         grads = {k: [[next(at) for _ in row] for row in G] for k, G in grads.items()}
-        for name, G in grads.items():
+        del flat, at
+        while grads:
+            name, G = grads.popitem()
             scale = np.broadcast_to(
                 np.asarray(fold[name], dtype=float), (len(G), len(G[0]))
             )
@@ -170,7 +195,8 @@ def tuning_schedule(
     """
     n, slots = job.net.n_tokens, job.slots
     rec = Recorder(n, safe_bound(params), lambda h: 0)
-    ev = Evaluator(NumpyBackend(), params.levels, rec.refresh)
+    refresh = chunked(rec.refresh)
+    ev = Evaluator(NumpyBackend(), params.levels, refresh)
     rec.ev = ev
     net = copy.deepcopy(job.net)
     for (rows, cols), name in zip(job.shapes(), net.trained, strict=True):
@@ -188,7 +214,7 @@ def tuning_schedule(
         job.mask,
         job.lr,
         job.steps,
-        rec.refresh,
+        refresh,
         rec.roll,
         rec.unroll,
     )
@@ -239,7 +265,9 @@ class ProgramServer:
                     self.context = load_public(message.blobs[0])
                     self.key = fingerprint(self.context)
                 elif message.kind == "train":
-                    channel.send(self._train(channel, message).encode())
+                    values, meta = self._load(message), message.meta
+                    del message  # the ciphertexts are kept, not also their bytes
+                    channel.send(self._train(channel, values, meta).encode())
                 else:
                     raise ProtocolError(f"unexpected {message.kind!r} message")
             except _Ended:
@@ -268,7 +296,10 @@ class ProgramServer:
         self, channel: Channel, kind: str, values: list[Value], **meta: Any
     ) -> list[Value]:
         blobs = tuple(v.handle.serialize() for v in values)
-        channel.send(Message(kind, self.key, blobs, meta).encode())
+        request = Message(kind, self.key, blobs, meta).encode()
+        del blobs
+        channel.send(request)
+        del request
         reply = Message.decode(channel.recv())
         self.inbound.append(reply.kind)
         if reply.kind in ("close", "abort"):
@@ -278,7 +309,10 @@ class ProgramServer:
         return self._load(reply)
 
     def services(self, channel: Channel) -> tuple[Fresh, Roll, Unroll]:
-        """The refresh, roll and unroll round trips, each one request on ``channel``."""
+        """The refresh, roll and unroll round trips on ``channel``.
+
+        A roll or unroll is one request; a refresh is :func:`chunked`.
+        """
 
         def refresh(vals: list[Value]) -> list[Value]:
             return self._ask(channel, "refresh", vals)
@@ -292,9 +326,16 @@ class ProgramServer:
             flat = [v for row in shifted for v in row]
             return self._ask(channel, "unroll", flat, copies=len(shifted))
 
-        return refresh, roll, unroll
+        return chunked(refresh), roll, unroll
 
-    def _train(self, channel: Channel, message: Message) -> Message:
+    def _train(
+        self, channel: Channel, values: list[Value], meta: dict[str, Any]
+    ) -> Message:
+        """Run the program on the ``train`` message's ``values`` and ``meta``.
+
+        The program owns ``values``: it may empty the list once it holds what it
+        needs, so that no ciphertext outlives its use.
+        """
         raise NotImplementedError
 
 
@@ -310,12 +351,13 @@ class TuningServer(ProgramServer):
         super().__init__(params)
         self.job = job
 
-    def _train(self, channel: Channel, message: Message) -> Message:
+    def _train(
+        self, channel: Channel, values: list[Value], meta: dict[str, Any]
+    ) -> Message:
         start = time.perf_counter()
         job = self.job
         d = len(job.net.centre)
         classes = np.asarray(job.net.mats["classifier"]).shape[1]
-        values = self._load(message)
         if len(values) != d + classes + job.entries():
             raise ProtocolError(
                 f"train message: expected {d + classes + job.entries()} ciphertexts "
@@ -325,6 +367,8 @@ class TuningServer(ProgramServer):
         at = iter(values[d + classes :])
         for (rows, cols), name in zip(job.shapes(), net.trained, strict=True):
             net.mats[name] = [[next(at) for _ in range(cols)] for _ in range(rows)]
+        inputs, targets = values[:d], values[d : d + classes]
+        values.clear()  # each weight is freed once the step has replaced it
 
         refresh, roll, unroll = self.services(channel)
 
@@ -333,8 +377,8 @@ class TuningServer(ProgramServer):
             ev,
             net,
             job.fold,
-            values[:d],
-            values[d : d + classes],
+            inputs,
+            targets,
             job.mask,
             job.lr,
             job.steps,
@@ -342,11 +386,16 @@ class TuningServer(ProgramServer):
             roll,
             unroll,
         )
-        flat = [v for name in net.trained for row in net.mats[name] for v in row]
+        blobs: list[bytes] = []
+        for name in net.trained:
+            updated = net.mats[name]
+            assert not isinstance(updated, np.ndarray)
+            net.mats[name] = []  # each ciphertext is freed once serialised
+            blobs += [v.handle.serialize() for row in updated for v in row]
+            del updated
         seconds = time.perf_counter() - start
-        blobs = tuple(v.handle.serialize() for v in flat)
         return Message(
-            "weights", self.key, blobs, {"counts": ev.counts, "seconds": seconds}
+            "weights", self.key, tuple(blobs), {"counts": ev.counts, "seconds": seconds}
         )
 
 

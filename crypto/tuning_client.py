@@ -120,8 +120,11 @@ class TuningClient:
             for name in job.net.trained
             for x in secret[name].ravel()
         ]
-        upload = self._encrypt("train", [*packed, *targets, *entries])
-        session = follow(connection, schedule, upload.encode(), self.answer)
+
+        def upload() -> bytes:
+            return self._encrypt("train", [*packed, *targets, *entries]).encode()
+
+        session = follow(connection, schedule, upload, self.answer)
         self.bytes_up += session.bytes_up
         try:
             flat = self._open(schedule.reply, session.reply)

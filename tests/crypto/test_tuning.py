@@ -7,6 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from defense_suite.crypto import tuning
+from defense_suite.crypto.evaluator import Value
 from defense_suite.crypto.finetune import (
     TRAIN_PARAMS,
     _prepare,
@@ -71,8 +73,9 @@ class MaliciousTuner(TuningServer):
     threshold = 0.0
     reply = b""
 
-    def _train(self, channel: Channel, message: Message) -> Message:
-        values = self._load(message)
+    def _train(
+        self, channel: Channel, values: list[Value], meta: dict[str, Any]
+    ) -> Message:
         d, classes = len(self.job.net.centre), 2
         weights = values[d + classes :]
         if self.mode == "first":  # a refresh of the secret weights, at once
@@ -133,8 +136,9 @@ def test_tuning_weights_reply_checked_before_decryption(
     micro_model: HEFormer,
 ) -> None:
     class EarlyWeights(TuningServer):
-        def _train(self, channel: Channel, message: Message) -> Message:
-            values = self._load(message)
+        def _train(
+            self, channel: Channel, values: list[Value], meta: dict[str, Any]
+        ) -> Message:
             return Message(
                 "weights", self.key, tuple(v.handle.serialize() for v in values[:3])
             )
@@ -151,3 +155,26 @@ def test_tuning_weights_reply_checked_before_decryption(
     finally:
         connection.close()
     assert client.decryptions == 0
+
+
+def test_refresh_requests_are_chunked_alike_on_both_sides(
+    micro_model: HEFormer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refresh beyond REFRESH_VALUES goes in several requests, each scheduled."""
+    X, y = _batch()
+    arm = Arm("lora")
+    net, fold, _, _, b = _prepare(micro_model, X, y, arm)
+    job = TuningJob.public(net, fold, 0.5, 2, b)
+    whole = tuning_schedule(job, TRAIN_PARAMS, 2, 2)
+    monkeypatch.setattr(tuning, "REFRESH_VALUES", 3)
+    parts = tuning_schedule(job, TRAIN_PARAMS, 2, 2)
+    assert parts.requests > whole.requests
+    for kind in ("refresh", "roll", "unroll"):
+        levels = [lv for s in whole.steps if s.kind == kind for lv in s.levels]
+        assert [lv for s in parts.steps if s.kind == kind for lv in s.levels] == levels
+    assert all(len(s.levels) <= 3 for s in parts.steps if s.kind == "refresh")
+    step = encrypted_step(micro_model, X, y, 0.5, arm, steps=2)
+    want = simulated_step(micro_model, X, y, 0.5, arm, steps=2)
+    for name in arm.names:
+        assert np.max(np.abs(step.weights[name] - want.weights[name])) < 1e-5
+    assert step.counts["round_trips"] == parts.requests + 1
