@@ -32,7 +32,12 @@ def recording() -> Iterator[defaultdict[str, float]]:
         yield costs
     finally:
         _current.reset(token)
-        costs["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        costs["peak_rss_mb"] = peak_rss_mb()
+
+
+def peak_rss_mb() -> float:
+    """The process's peak resident memory so far, in MiB (``ru_maxrss``)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 @contextlib.contextmanager

@@ -8,7 +8,9 @@ step can reach on a laptop. This benchmark
    arm over a grid of widths and sequence lengths, one after the other in one
    process and under one key per sequence length; the model is fitted on the CPU
    seconds of this process (wall seconds are recorded beside them: on a shared
-   machine they measure the other processes too);
+   machine they measure the other processes too), with the process's peak resident
+   memory so far (``peak_rss_mb``: widths listed in increasing order make it the
+   peak of the widest step yet);
 2. counts each arm's operations exactly: :class:`~crypto.costmodel.CountModel` is
    fitted on simulated steps of 15 small shapes and checked on larger ones;
 3. times each operation in isolation and fits how a real step scales the bare
@@ -39,6 +41,7 @@ import numpy as np
 import torch
 
 from defenses.checks import int_param
+from defenses.cost import peak_rss_mb
 from defenses.harness import measurement
 from defenses.results import Result
 
@@ -210,6 +213,7 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
         counts = {name: count_model(_arm(name), seed) for name in arms}
         points = []
         wall: dict[tuple[str, Shape], float] = {}
+        peak: dict[tuple[str, Shape], float] = {}
         unit: dict[str, float] = {}
         for n in tokens:
             data = _tokens(digits.subset(order[:300]), n)
@@ -227,6 +231,7 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
                         for k in got.weights
                     )
                     points.append((name, shape, got.cpu_seconds, got.counts, diff))
+                    peak[name, shape] = peak_rss_mb()
                     log.info(
                         "%s d=%d tokens=%d: %.2f CPU s (%.2f s wall), counts %s",
                         name, d, n, got.cpu_seconds, got.seconds, got.counts,
@@ -256,6 +261,7 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
                 cost={
                     "step_cpu_s": seconds,
                     "step_s": wall[name, shape],
+                    "peak_rss_mb": peak[name, shape],
                     "model_step_cpu_s": predicted,
                     **ops,
                     "rescalings": ops["ct_ct_mul"] + ops["ct_pt_mul"],
