@@ -59,7 +59,11 @@ def log_row(x: FloatArray, out: FloatArray, spare: FloatArray, bits: IntArray) -
     ``bits`` holds three integer views, of ``x``, ``out`` and the scratch row
     ``spare`` (made once by the caller: a view per row costs more than a short
     row's arithmetic); ``out`` must not be ``x``. Subnormal inputs give a log too
-    large by up to 36, which in :math:`x \ln x` is below ``1e-305``.
+    large by up to 36, which in :math:`x \ln x` is below ``1e-305``. The reduction
+    to :math:`[\sqrt{1/2}, \sqrt 2)` selects ``m / 2`` and ``e + 1`` rather than
+    multiplying by a 0/1 float made from the comparison: that conversion compiled to
+    a mask-to-vector sequence that made the loop 4.5x slower on the test machine
+    (5.1 against 1.1 ns an entry at K = 1000).
     """
     k = x.shape[0]
     for j in range(k):
@@ -69,9 +73,9 @@ def log_row(x: FloatArray, out: FloatArray, spare: FloatArray, bits: IntArray) -
     for j in range(k):
         m = out[j]
         e = spare[j] - 4503599627371519.0
-        big = np.float64(m > SQRT2)
-        m = m * (1.0 - 0.5 * big)
-        e = e + big
+        big = m > SQRT2
+        m = 0.5 * m if big else m
+        e = e + 1.0 if big else e
         g = m - 1.0
         s = g / (2.0 + g)
         z = s * s
@@ -93,7 +97,7 @@ def exp_row(a: FloatArray, out: FloatArray, spare: FloatArray, scale: IntArray) 
     k = a.shape[0]
     for j in range(k):
         v = a[j]
-        inside = np.float64(v >= EXP_FLOOR)
+        inside = v >= EXP_FLOOR
         v = max(v, EXP_FLOOR)
         n = np.floor(v * LOG2E + 0.5)
         high = v - n * LN2_HI
@@ -102,7 +106,7 @@ def exp_row(a: FloatArray, out: FloatArray, spare: FloatArray, scale: IntArray) 
         t = r * r
         c = r - t * (P1 + t * (P2 + t * (P3 + t * (P4 + t * P5))))
         p = 1.0 - ((low - (r * c) / (2.0 - c)) - high)
-        out[j] = p * inside
+        out[j] = p if inside else 0.0
         spare[j] = n + ROUNDING
     for j in range(k):
         scale[j] = ((scale[j] - 0x4338000000000000) + 1023) << 52
