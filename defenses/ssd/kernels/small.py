@@ -27,6 +27,15 @@ A Newton step that does not end the iteration removes at least one index from an
 active set of at most K, so the iteration ends within K steps; the caller uses this
 kernel only for :math:`K \le` ``max_steps``, where the row kernel never falls back
 to sorting either.
+
+Memory: a block's scratch, (5 K + 31) x 64 floats (41 KB at K = 10), would be 5 %
+of a 10,000-row input. With answers it lives instead in the answer's rows that are
+written last: the 64-row blocks run up to the last :func:`tail_rows` rows of the
+range and keep their scratch there; those rows run in 8-row blocks the same way
+(scratch of (5 K + 31) x 8 floats in the last rows again), and the last few rows
+(65 at K = 10 in float64) in the row kernel, which needs only 7 K floats. Each
+thread's range is done so within itself, so a call allocates the answer and a few
+hundred bytes.
 """
 
 from __future__ import annotations
@@ -35,15 +44,39 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from numba.misc.special import literally
 
 from defenses.arrays import FloatArray, IntArray
 from defenses.ssd.kernels import simd, simd_inlined
 from defenses.ssd.kernels.elementary import counter_uniform, exp_row, log_row
+from defenses.ssd.kernels.shield import shield_rows
 
 SMALL_K = 16
 """Largest K served by this kernel (above it the row kernel is faster)."""
 BLOCK_ROWS = 64
-"""Rows per block: the lanes of every loop (scratch of 8 x 64 x K floats, in L1)."""
+"""Rows per block: the lanes of every loop (a scratch of (5 K + 31) x 64 floats)."""
+TAIL_BLOCK_ROWS = 8
+"""Rows per block for the rows whose answers hold the 64-row blocks' scratch."""
+PER_ROW = 31
+"""Per-row vectors of a block in the scratch (sums, lockstep lanes, labels, levels)."""
+
+
+@simd_inlined
+def scratch_words(k: int, block_rows: int) -> int:
+    """Float64 entries of a block's scratch: five K x ``block_rows`` blocks, vectors."""
+    return (5 * k + PER_ROW) * block_rows
+
+
+@simd_inlined
+def tail_rows(k: int, itemsize: int, block_rows: int) -> int:
+    """Answer rows (of ``itemsize`` bytes per entry) that hold one block's scratch.
+
+    The scratch starts at the first 8-byte boundary of the answer (counted from the
+    answer's start) at or after the tail's first row, hence one float64 more.
+    """
+    per_word = 8 // itemsize
+    entries = (scratch_words(k, block_rows) + 1) * per_word
+    return -(-entries // k)
 
 
 @simd_inlined
@@ -52,6 +85,7 @@ def _sums(
     other: FloatArray,
     acc: FloatArray,
     k: int,
+    block_rows: int,
     m: int,
     out: FloatArray,
     negate: bool,
@@ -68,7 +102,7 @@ def _sums(
             acc[j, r] = 0.0
     for c in range(k):
         j = c % 4 if c < lanes else 0
-        base = c * BLOCK_ROWS
+        base = c * block_rows
         for r in range(m):
             v = values[base + r]
             if product:
@@ -91,12 +125,13 @@ def _level_lockstep(
     level: FloatArray,
     work: FloatArray,
     k: int,
+    block_rows: int,
     m: int,
     max_steps: int,
 ) -> None:
     r"""One level (``sign`` 1: :math:`w_A`, -1: :math:`w_B`) for ``m`` rows at once.
 
-    ``alive`` (K x BLOCK_ROWS, 0/1) is each row's active set; ``lanes`` holds per
+    ``alive`` (K x ``block_rows``, 0/1) is each row's active set; ``lanes`` holds per
     row its size, its sums of ``fs`` and ``qs`` and whether the row is done (1.0:
     ``level`` is final and kept). The step is :func:`~.projection._level`'s: the
     level from the sums, then the indices with :math:`\operatorname{sign}(r_i - w)
@@ -123,7 +158,7 @@ def _level_lockstep(
             new_q[i] = 0.0
             kept[i] = 0.0
         for c in range(k):
-            base = c * BLOCK_ROWS
+            base = c * block_rows
             for i in range(m):
                 keep = alive[base + i] * np.float64(
                     sign * (ratio[base + i] - trial[i]) < 0.0
@@ -148,7 +183,7 @@ def _level_lockstep(
 
 
 @simd
-def shield_rows_small(
+def _lanes(
     f: npt.NDArray[np.floating[Any]],
     prototypes: FloatArray,
     uniforms: FloatArray,
@@ -158,70 +193,78 @@ def shield_rows_small(
     max_steps: int,
     start: int,
     stop: int,
+    block_rows: int,
+    scratch: FloatArray,
     out: npt.NDArray[np.floating[Any]],
     labels: IntArray,
 ) -> FloatArray:
-    """SSD on rows ``start:stop`` of ``f``: :func:`~.shield.shield_rows`, row-batched.
+    """Rows ``start:stop`` in blocks of ``block_rows`` rows (see ``shield_rows_small``).
 
-    Same arguments, answers, labels and returned statistics, bit for bit, for
-    ``K <= min(SMALL_K, max_steps)``.
+    ``scratch`` (float64, at least :func:`scratch_words` entries) holds the block and
+    every per-row vector; its contents on entry do not matter. ``block_rows`` is
+    compiled in as a constant (one specialization per value): as a runtime stride it
+    cost 1.6x the time of every column loop.
     """
+    literally(block_rows)
     k = f.shape[1]
     epsilon = settings[0]
     constant = settings[1]
     temperature = settings[2]
     floor = settings[3]
-    width = k * BLOCK_ROWS
-    block = np.ones((3, width))
+    width = k * block_rows
+    scratch[: 5 * width] = 1.0
+    scratch[5 * width : scratch_words(k, block_rows)] = 0.0
+    block = scratch[: 3 * width].reshape((3, width))
     xs = block[0]
     work = block[1]
     spare = block[2]
     bits = block.view(np.int64)
     spare_bits = bits[2]
-    matrices = np.ones((2, width))
-    qs = matrices[0]
-    ratio = matrices[1]
+    qs = scratch[3 * width : 4 * width]
+    ratio = scratch[4 * width : 5 * width]
     lower = work  # free once the labels are drawn
     upper = spare
-    none = np.empty(0)
-    acc = np.empty((4, BLOCK_ROWS))
-    per_row = np.zeros((14, BLOCK_ROWS))
-    largest = per_row[0]
-    negatives = per_row[1]
-    usable = per_row[2]
-    entropy = per_row[3]
-    threshold = per_row[4]
-    running = per_row[5]
-    finished = per_row[6]
-    half = per_row[7]
-    raised = per_row[8]
-    level_start = per_row[9]
-    trivial = per_row[10]
-    w_a = per_row[11]
-    w_b = per_row[12]
-    below = per_row[13]
-    lanes_a = np.zeros((4, BLOCK_ROWS))
-    lanes_b = np.zeros((4, BLOCK_ROWS))
-    level_work = np.empty((4, BLOCK_ROWS))
-    label = np.empty(BLOCK_ROWS, dtype=np.int64)
+    none = scratch[:0]
+    vectors = scratch[5 * width : scratch_words(k, block_rows)].reshape(
+        (PER_ROW, block_rows)
+    )
+    acc = vectors[0:4]
+    lanes_a = vectors[4:8]
+    lanes_b = vectors[8:12]
+    level_work = vectors[12:16]
+    label = vectors[16].view(np.int64)
+    largest = vectors[17]
+    negatives = vectors[18]
+    usable = vectors[19]
+    entropy = vectors[20]
+    threshold = vectors[21]
+    running = vectors[22]
+    finished = vectors[23]
+    half = vectors[24]
+    raised = vectors[25]
+    level_start = vectors[26]
+    trivial = vectors[27]
+    w_a = vectors[28]
+    w_b = vectors[29]
+    below = vectors[30]
     worst = 0.0
     worst_row = start
     negative = 0.0
-    for lo in range(start, stop, BLOCK_ROWS):
-        m = min(BLOCK_ROWS, stop - lo)
+    for lo in range(start, stop, block_rows):
+        m = min(block_rows, stop - lo)
         for r in range(m):
             for c in range(k):
-                xs[c * BLOCK_ROWS + r] = np.float64(f[lo + r, c])
+                xs[c * block_rows + r] = np.float64(f[lo + r, c])
         for r in range(m):
             largest[r] = -np.inf
             negatives[r] = 0.0
         for c in range(k):
-            base = c * BLOCK_ROWS
+            base = c * block_rows
             for r in range(m):
                 v = xs[base + r]
                 largest[r] = max(largest[r], v)
                 negatives[r] += np.float64(v < 0.0)
-        _sums(xs, none, acc, k, m, running, False)
+        _sums(xs, none, acc, k, block_rows, m, running, False)
         for r in range(m):
             total = running[r]
             if negatives[r] > 0.0:
@@ -236,19 +279,19 @@ def shield_rows_small(
                 worst = abs(total - 1.0)
                 worst_row = lo + r
         log_row(xs, work, spare, bits)
-        _sums(xs, work, acc, k, m, entropy, True)
+        _sums(xs, work, acc, k, block_rows, m, entropy, True)
         if temperature > 0.0:
             for c in range(k):
-                base = c * BLOCK_ROWS
+                base = c * block_rows
                 for r in range(m):
                     work[base + r] = (xs[base + r] - largest[r]) / temperature
             exp_row(work, work, spare, spare_bits)
         else:
             for c in range(k):
-                base = c * BLOCK_ROWS
+                base = c * block_rows
                 for r in range(m):
                     work[base + r] = max(xs[base + r], 0.0)
-        _sums(work, none, acc, k, m, threshold, False)
+        _sums(work, none, acc, k, block_rows, m, threshold, False)
         for r in range(m):
             u = (
                 uniforms[lo + r]
@@ -260,7 +303,7 @@ def shield_rows_small(
             label[r] = -1
             finished[r] = 0.0
         for c in range(k):
-            base = c * BLOCK_ROWS
+            base = c * block_rows
             for r in range(m):
                 w = work[base + r]
                 running[r] += w
@@ -276,7 +319,7 @@ def shield_rows_small(
             if label[r] < 0:
                 best = 0
                 for c in range(1, k):
-                    if xs[c * BLOCK_ROWS + r] > xs[best * BLOCK_ROWS + r]:
+                    if xs[c * block_rows + r] > xs[best * block_rows + r]:
                         best = c
                 label[r] = best
             if labels.shape[0]:
@@ -290,7 +333,7 @@ def shield_rows_small(
             below[r] = 0.0
             running[r] = 0.0
         for c in range(k):
-            base = c * BLOCK_ROWS
+            base = c * block_rows
             for r in range(m):
                 qv = prototypes[label[r], c]
                 fv = xs[base + r]
@@ -306,7 +349,7 @@ def shield_rows_small(
         for r in range(m):
             level_start[r] = 0.0
         for c in range(k):
-            base = c * BLOCK_ROWS
+            base = c * block_rows
             for r in range(m):
                 qv = max(qs[base + r], floor)
                 qs[base + r] = qv
@@ -325,7 +368,7 @@ def shield_rows_small(
         sum_fb = lanes_b[1]
         sum_qb = lanes_b[2]
         for c in range(k):
-            base = c * BLOCK_ROWS
+            base = c * block_rows
             for r in range(m):
                 rv = ratio[base + r]
                 low = np.float64(rv < level_start[r])
@@ -347,10 +390,34 @@ def shield_rows_small(
             lanes_a[3, r] = np.float64(skip)
             lanes_b[3, r] = np.float64(skip)
         _level_lockstep(
-            ratio, xs, qs, lower, lanes_a, half, 1.0, w_a, level_work, k, m, max_steps
+            ratio,
+            xs,
+            qs,
+            lower,
+            lanes_a,
+            half,
+            1.0,
+            w_a,
+            level_work,
+            k,
+            block_rows,
+            m,
+            max_steps,
         )
         _level_lockstep(
-            ratio, xs, qs, upper, lanes_b, half, -1.0, w_b, level_work, k, m, max_steps
+            ratio,
+            xs,
+            qs,
+            upper,
+            lanes_b,
+            half,
+            -1.0,
+            w_b,
+            level_work,
+            k,
+            block_rows,
+            m,
+            max_steps,
         )
         for r in range(m):
             if usable[r] == 0.0:
@@ -362,14 +429,114 @@ def shield_rows_small(
                     out[row, c] = q[c]
             elif trivial[r] == 2.0:
                 for c in range(k):
-                    out[row, c] = qs[c * BLOCK_ROWS + r] * level_start[r]
+                    out[row, c] = qs[c * block_rows + r] * level_start[r]
             else:
                 for c in range(k):
-                    qv = qs[c * BLOCK_ROWS + r]
-                    fv = xs[c * BLOCK_ROWS + r]
+                    qv = qs[c * block_rows + r]
+                    fv = xs[c * block_rows + r]
                     out[row, c] = min(max(fv, w_a[r] * qv), w_b[r] * qv)
     result = np.empty(3)
     result[0] = worst
     result[1] = worst_row
     result[2] = negative
+    return result
+
+
+@simd_inlined
+def _merge(total: FloatArray, part: FloatArray) -> None:
+    """Fold the statistics of a later range of rows into ``total``, in row order.
+
+    The first NaN stays; else the larger deviation (the earlier row on a tie); any
+    negative entry.
+    """
+    if np.isfinite(total[0]) and (not np.isfinite(part[0]) or part[0] > total[0]):
+        total[0] = part[0]
+        total[1] = part[1]
+    total[2] = min(total[2], part[2])
+
+
+@simd_inlined
+def _tail_phase(
+    f: npt.NDArray[np.floating[Any]],
+    prototypes: FloatArray,
+    uniforms: FloatArray,
+    key: np.uint64,
+    counter: np.uint64,
+    settings: FloatArray,
+    max_steps: int,
+    start: int,
+    stop: int,
+    block_rows: int,
+    out: npt.NDArray[np.floating[Any]],
+    labels: IntArray,
+    result: FloatArray,
+) -> int:
+    """Blocks of ``block_rows`` rows from ``start`` up to the scratch's tail rows.
+
+    The scratch is the answer's rows from ``stop - tail_rows(...)`` on, which no
+    block writes; the statistics are folded into ``result``. Returns the first row
+    left (``start`` if the range is too short for a tail).
+    """
+    k = f.shape[1]
+    tail = tail_rows(k, out.itemsize, block_rows)
+    if stop - start <= tail:
+        return start
+    per_word = 8 // out.itemsize
+    first = -(-(stop - tail) * k // per_word) * per_word
+    words = scratch_words(k, block_rows)
+    scratch = out.reshape(-1)[first : first + words * per_word].view(np.float64)
+    part = _lanes(
+        f, prototypes, uniforms, key, counter, settings, max_steps, start,
+        stop - tail, block_rows, scratch, out, labels,
+    )  # fmt: skip
+    _merge(result, part)
+    return stop - tail
+
+
+@simd
+def shield_rows_small(
+    f: npt.NDArray[np.floating[Any]],
+    prototypes: FloatArray,
+    uniforms: FloatArray,
+    key: np.uint64,
+    counter: np.uint64,
+    settings: FloatArray,
+    max_steps: int,
+    start: int,
+    stop: int,
+    out: npt.NDArray[np.floating[Any]],
+    labels: IntArray,
+) -> FloatArray:
+    """SSD on rows ``start:stop`` of ``f``: :func:`~.shield.shield_rows`, row-batched.
+
+    Same arguments, answers, labels and returned statistics, bit for bit, for
+    ``K <= min(SMALL_K, max_steps)``. With answers, the blocks' scratch lives in the
+    answer rows not yet written: 64-row blocks up to the last :func:`tail_rows`
+    rows, whose answers hold their scratch; then 8-row blocks the same way; the
+    last few rows by the row kernel. Nothing of the size of a block is allocated.
+    Without answers (labels only) one 64-row scratch is allocated.
+    """
+    k = f.shape[1]
+    if not out.shape[0]:
+        scratch = np.empty(scratch_words(k, BLOCK_ROWS))
+        return _lanes(
+            f, prototypes, uniforms, key, counter, settings, max_steps, start, stop,
+            BLOCK_ROWS, scratch, out, labels,
+        )  # fmt: skip
+    result = np.zeros(3)
+    result[1] = start
+    lo = _tail_phase(
+        f, prototypes, uniforms, key, counter, settings, max_steps, start, stop,
+        BLOCK_ROWS, out, labels, result,
+    )  # fmt: skip
+    lo = _tail_phase(
+        f, prototypes, uniforms, key, counter, settings, max_steps, lo, stop,
+        TAIL_BLOCK_ROWS, out, labels, result,
+    )  # fmt: skip
+    if lo < stop:
+        part = shield_rows(
+            f, prototypes, uniforms, key, counter, settings, max_steps, lo, stop,
+            out, labels,
+        )  # fmt: skip
+        _merge(result, part)
     return result

@@ -5,16 +5,27 @@ with :func:`~defenses.ssd.kernels.shield.shield_rows` on every answer, label and
 returned statistic, for every branch: trivial and non-trivial rows, rows whose
 projection ends at its start, prototypes raised to the floor, the ablations (no
 temperature, constant budget), given uniforms (input-hash seeding), float32 input,
-rows that fail the checks, partial blocks and sub-ranges of rows.
+rows that fail the checks, partial blocks and sub-ranges of rows, and ranges
+shorter than, as long as and longer than the answer rows that hold the blocks'
+scratch.
 """
 
 from __future__ import annotations
+
+import tracemalloc
 
 import numpy as np
 import pytest
 
 from defenses.ssd.kernels.shield import shield_rows
-from defenses.ssd.kernels.small import BLOCK_ROWS, SMALL_K, shield_rows_small
+from defenses.ssd.kernels.small import (
+    BLOCK_ROWS,
+    SMALL_K,
+    TAIL_BLOCK_ROWS,
+    scratch_words,
+    shield_rows_small,
+    tail_rows,
+)
 from defenses.ssd.waterfill import FLOOR, MAX_NEWTON_STEPS
 
 
@@ -107,3 +118,102 @@ def test_rows_whose_projection_ends_at_its_start_agree():
     _, out, _ = _run(shield_rows_small, case, True)
     np.testing.assert_array_equal(out, row_out)
     np.testing.assert_allclose(out, np.repeat([[FLOOR, 0.5, 0.5]], 100, axis=0))
+
+
+def _tail_lengths(k: int, itemsize: int) -> list[int]:
+    """Row counts below, at and above each phase's tail (64- and 8-row blocks)."""
+    lengths = {1, BLOCK_ROWS}
+    for block_rows in (BLOCK_ROWS, TAIL_BLOCK_ROWS):
+        tail = tail_rows(k, itemsize, block_rows)
+        lengths |= {tail - 1, tail, tail + 1, tail + 2, tail + block_rows + 3}
+    return sorted(lengths)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 10, 16])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_rows_around_the_scratch_tails_agree(k, dtype):
+    # with answers the blocks' scratch is the answer's last rows: ranges shorter
+    # than, as long as and longer than each tail, starting inside the array (a
+    # thread's chunk), give the row kernel's bits
+    rng = np.random.default_rng(k)
+    prototypes = np.maximum(rng.dirichlet(np.full(k, 0.3), k), FLOOR)
+    prototypes /= prototypes.sum(axis=1, keepdims=True)
+    for n in _tail_lengths(k, np.dtype(dtype).itemsize):
+        f = rng.dirichlet(np.full(k, 0.3), n + 40).astype(dtype)
+        case = {
+            "f": f,
+            "prototypes": prototypes,
+            "uniforms": np.empty(0),
+            "key": np.uint64(3),
+            "counter": np.uint64(n),
+            "settings": np.array([0.5, -1.0, 0.3, FLOOR]),
+            "start": 17,
+            "stop": 17 + n,
+        }
+        row_stats, row_out, _ = _run(shield_rows, case, True)
+        stats, out, _ = _run(shield_rows_small, case, True)
+        np.testing.assert_array_equal(stats, row_stats)
+        np.testing.assert_array_equal(out, row_out)
+        assert (out[:17] == -7.0).all()
+        assert (out[17 + n :] == -7.0).all()
+
+
+@pytest.mark.parametrize("nan_in_tail", [False, True])
+def test_the_checks_fold_across_the_phases(nan_in_tail):
+    # the largest deviation and the first NaN row come out of whichever phase
+    # holds them (at K = 10, float64: rows 0-1480 in 64-row blocks, 1481-1934 in
+    # 8-row blocks, the last 65 in the row kernel)
+    k, n = 10, 2000
+    f = np.random.default_rng(5).dirichlet(np.full(k, 0.3), n)
+    f[100] *= 1.001
+    f[n - 3] *= 1.002
+    valid = f.copy()
+    f[n - 300 if nan_in_tail else 50, 0] = np.nan
+    case = {
+        "f": f,
+        "prototypes": np.full((k, k), 1.0 / k),
+        "uniforms": np.empty(0),
+        "key": np.uint64(3),
+        "counter": np.uint64(0),
+        "settings": np.array([0.5, -1.0, 0.3, FLOOR]),
+        "start": 0,
+        "stop": n,
+    }
+    row_stats, _, _ = _run(shield_rows, case, True)
+    stats, _, _ = _run(shield_rows_small, case, True)
+    np.testing.assert_array_equal(stats, row_stats)
+    assert stats[1] == (n - 300 if nan_in_tail else 50)
+    case["f"] = valid
+    row_stats, _, _ = _run(shield_rows, case, True)
+    stats, _, _ = _run(shield_rows_small, case, True)
+    np.testing.assert_array_equal(stats, row_stats)
+    assert stats[1] == n - 3
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_answer_holds_the_scratch(dtype):
+    # nothing of a block's size is allocated: the 8-row scratch alone would be
+    # scratch_words(10, 8) floats
+    k, n = 10, 10_000
+    case = _case(0) | {
+        "f": np.random.default_rng(6).dirichlet(np.full(k, 0.3), n).astype(dtype),
+        "prototypes": np.full((k, k), 1.0 / k),
+        "uniforms": np.empty(0),
+        "start": 0,
+        "stop": n,
+    }
+    _run(shield_rows_small, case, True)
+    out = np.empty((n, k), dtype=dtype)
+    labels = np.empty(0, dtype=np.int64)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        shield_rows_small(
+            case["f"], case["prototypes"], case["uniforms"], case["key"],
+            case["counter"], case["settings"], MAX_NEWTON_STEPS, 0, n, out, labels,
+        )  # fmt: skip
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * scratch_words(k, TAIL_BLOCK_ROWS) / 2
