@@ -51,7 +51,7 @@ from .schedule import Recorder, Schedule, Step, safe_bound
 from .server import InProcess
 from .session import Refused, abort, follow
 from .tuning import ProgramServer, Roll, Unroll, chunked
-from .tuning_client import TuningClient
+from .tuning_client import TuningClient, clock, since
 from .wire import Channel, Message, ProtocolError
 
 if TYPE_CHECKING:
@@ -275,7 +275,7 @@ class BertTuningClient(TuningClient):
         connection.send(
             Message("context", self.key, (public_bytes(self.context),)).encode()
         )
-        self.started = (time.perf_counter(), time.process_time())
+        self.started = clock()
         factors = [
             np.full(self.slots, x) for M in lora_factors(self.model).values()
             for x in M.ravel()
@@ -309,6 +309,5 @@ class BertTuningClient(TuningClient):
             round_trips=session.round_trips,
         )
         self.counts = counts
-        wall, cpu = self.started
-        self.elapsed = (time.perf_counter() - wall, time.process_time() - cpu)
+        self.elapsed = since(self.started)
         return updated(self.model, grads, lr, job.blocks, self.elapsed[0], counts)

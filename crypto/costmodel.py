@@ -50,6 +50,7 @@ OPERATIONS = (
     "ct_pt_mul",
     "rotations",
     "polyval",
+    "replications",
     "encryptions",
     "decryptions",
 )
@@ -58,6 +59,7 @@ COUNTERS = (
     "ct_pt_mul",
     "slot_sums",
     "polyval",
+    "replications",
     "encryptions",
     "decryptions",
     "refreshed_values",
@@ -147,6 +149,7 @@ def operations(counts: Mapping[str, float], shape: Shape) -> dict[str, float]:
         "ct_pt_mul": c["ct_pt_mul"],
         "rotations": c["slot_sums"] * math.ceil(math.log2(shape.slots)),
         "polyval": c["polyval"],
+        "replications": c["replications"],
         "encryptions": c["encryptions"],
         "decryptions": c["decryptions"],
     }

@@ -137,10 +137,17 @@ class NumpyBackend:
 
 @dataclass
 class Value:
-    """A packed value (array or ciphertext) and the levels it has consumed."""
+    """A packed value (array or ciphertext) and the levels it has consumed.
+
+    ``one_slot`` marks a slot sum and what is computed from slot sums alone:
+    TenSEAL's slot sum leaves a one-slot vector, and an operation that meets a
+    full vector first replicates it (rotations and a mask that the product
+    counters do not see), counted as ``replications``.
+    """
 
     handle: Any
     level: int = 0
+    one_slot: bool = False
 
 
 Refresh = Callable[[list[Value]], list[Value]]
@@ -203,46 +210,63 @@ class Evaluator:
         self.stage = stage
         return self.refresh(values)
 
+    def _both(self, a: Value, b: Value) -> bool:
+        """Whether ``a (op) b`` is one-slot.
+
+        A one-slot operand meeting a full one is replicated first (counted).
+        """
+        if a.one_slot != b.one_slot:
+            self.note("replications")
+        return a.one_slot and b.one_slot
+
     def add(self, a: Value, b: Value) -> Value:
         """A + b."""
-        return Value(self.backend.add(a.handle, b.handle), max(a.level, b.level))
+        one = self._both(a, b)
+        return Value(self.backend.add(a.handle, b.handle), max(a.level, b.level), one)
 
     def sub(self, a: Value, b: Value) -> Value:
         """A - b."""
-        return Value(self.backend.sub(a.handle, b.handle), max(a.level, b.level))
+        one = self._both(a, b)
+        return Value(self.backend.sub(a.handle, b.handle), max(a.level, b.level), one)
 
     def mul(self, a: Value, b: Value) -> Value:
         """A * b (ciphertext-ciphertext)."""
         self.note("ct_ct_mul")
-        return Value(self.backend.mul(a.handle, b.handle), max(a.level, b.level) + 1)
+        one = self._both(a, b)
+        level = max(a.level, b.level) + 1
+        return Value(self.backend.mul(a.handle, b.handle), level, one)
 
     def square(self, a: Value) -> Value:
         """A * a."""
         self.note("ct_ct_mul")
-        return Value(self.backend.square(a.handle), a.level + 1)
+        return Value(self.backend.square(a.handle), a.level + 1, a.one_slot)
 
     def scale(self, a: Value, c: float) -> Value:
         """A * c."""
         self.note("ct_pt_mul")
-        return Value(self.backend.mul_scalar(a.handle, float(c)), a.level + 1)
+        out = self.backend.mul_scalar(a.handle, float(c))
+        return Value(out, a.level + 1, a.one_slot)
 
     def neg(self, a: Value) -> Value:
         """-a (no level)."""
-        return Value(self.backend.neg(a.handle), a.level)
+        return Value(self.backend.neg(a.handle), a.level, a.one_slot)
 
     def mask(self, a: Value, m: FloatArray) -> Value:
-        """A * m for a public vector m (one level)."""
+        """A * m for a public vector m (one level; a one-slot ``a`` is replicated)."""
         self.note("ct_pt_mul")
+        if a.one_slot:
+            self.note("replications")
         return Value(self.backend.mul_plain(a.handle, m), a.level + 1)
 
     def slot_sum(self, a: Value) -> Value:
         """Sum over the slots, replicated (rotations with Galois keys; no level)."""
         self.note("slot_sums")
-        return Value(self.backend.sum_slots(a.handle), a.level)
+        return Value(self.backend.sum_slots(a.handle), a.level, True)
 
     def shift(self, a: Value, c: float) -> Value:
         """A + c."""
-        return Value(self.backend.add_scalar(a.handle, float(c)), a.level)
+        out = self.backend.add_scalar(a.handle, float(c))
+        return Value(out, a.level, a.one_slot)
 
     def poly(self, a: Value, coefficients: Sequence[float] | FloatArray) -> Value:
         r"""p(a); consumes :math:`\\lceil\\log_2(\\deg+1)\\rceil` levels."""
@@ -251,6 +275,7 @@ class Evaluator:
         return Value(
             self.backend.polyval(a.handle, [float(c) for c in coefficients]),
             a.level + math.ceil(math.log2(degree + 1)),
+            a.one_slot,
         )
 
     def total(self, values: Sequence[Value]) -> Value:

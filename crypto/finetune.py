@@ -69,13 +69,16 @@ class StepResult:
     """Updated weights (model parametrisation), operation counts and seconds.
 
     ``seconds`` is the step's wall time, ``cpu_seconds`` the CPU time this process
-    spent on it (all threads), which a loaded machine inflates far less.
+    spent on it (all threads), which a loaded machine inflates far less, and
+    ``system_seconds`` the kernel's part of it (page faults and memory mapping,
+    which grow with the process's footprint).
     """
 
     weights: dict[str, FloatArray]
     counts: dict[str, int]
     seconds: float
     cpu_seconds: float = 0.0
+    system_seconds: float = 0.0
 
 
 class KeyOwner:
@@ -328,10 +331,10 @@ def encrypted_step(
             folded, counts = client.train(local, job, secret, packed, onehot)
         finally:
             local.close()
-    seconds, cpu = client.elapsed
+    seconds, cpu, system = client.elapsed
     if owner is not None:
         owner.bytes_up += client.bytes_up
-    return StepResult(_unfold(folded, fold, lr), counts, seconds, cpu)
+    return StepResult(_unfold(folded, fold, lr), counts, seconds, cpu, system)
 
 
 def reference_step(

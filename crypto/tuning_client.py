@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from defenses.arrays import FloatArray
+from defenses.cost import system_cpu_s
 
 from .ckks import CKKSParams, fingerprint, make_context, public_bytes
 from .packing import roll_tokens
@@ -22,6 +23,17 @@ from .schedule import ANSWERS, Step
 from .session import Refused, abort, admit, clip, follow
 from .tuning import TuningJob, tuning_schedule
 from .wire import Channel, Message
+
+
+def clock() -> tuple[float, float, float]:
+    """Wall, process CPU and system CPU seconds now."""
+    return time.perf_counter(), time.process_time(), system_cpu_s()
+
+
+def since(start: tuple[float, float, float]) -> tuple[float, float, float]:
+    """The :func:`clock` readings elapsed since ``start``."""
+    now = clock()
+    return now[0] - start[0], now[1] - start[1], now[2] - start[2]
 
 
 class TuningClient:
@@ -47,9 +59,10 @@ class TuningClient:
         self.encryptions = 0
         self.clipped = 0
         self.bytes_up = 0
-        self.started = (0.0, 0.0)
-        self.elapsed = (0.0, 0.0)
-        """Wall and CPU seconds of the last step, setup excluded."""
+        self.started = (0.0, 0.0, 0.0)
+        self.elapsed = (0.0, 0.0, 0.0)
+        """Wall, CPU and system CPU seconds of the last step, setup excluded (the
+        system share is included in the CPU seconds)."""
 
     def _encrypt(self, kind: str, values: list[FloatArray]) -> Message:
         import tenseal as ts
@@ -114,7 +127,7 @@ class TuningClient:
             Message("context", self.key, (public_bytes(self.context),)).encode()
         )
         # the step's clock starts after the session's setup (the public context)
-        self.started = (time.perf_counter(), time.process_time())
+        self.started = clock()
         entries = [
             np.full(job.slots, x)
             for name in job.net.trained
@@ -143,6 +156,5 @@ class TuningClient:
         counts["encryptions"] = self.encryptions
         counts["decryptions"] = self.decryptions
         counts["round_trips"] = session.round_trips
-        wall, cpu = self.started
-        self.elapsed = (time.perf_counter() - wall, time.process_time() - cpu)
+        self.elapsed = since(self.started)
         return out, counts

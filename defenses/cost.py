@@ -35,6 +35,15 @@ def recording() -> Iterator[defaultdict[str, float]]:
         costs["peak_rss_mb"] = peak_rss_mb()
 
 
+def system_cpu_s() -> float:
+    """CPU seconds the kernel has spent for this process so far (all threads).
+
+    The part of :func:`time.process_time` that is page faults, memory mapping and
+    other system calls, not the process's own computation.
+    """
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
+
+
 def peak_rss_mb() -> float:
     """The process's peak resident memory so far, in MiB (``ru_maxrss``)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -24,6 +24,7 @@ from defense_suite.crypto.costmodel import (
     Shape,
     operations,
 )
+from defense_suite.crypto.evaluator import Evaluator, NumpyBackend, Value
 from defense_suite.crypto.figures import figures
 from defense_suite.crypto.finetune import TRAIN_PARAMS, KeyOwner
 from defense_suite.crypto.folding import Arm
@@ -69,7 +70,8 @@ def test_count_model_refuses_an_undetermined_design() -> None:
 def test_cost_model_recovers_scale_and_overhead() -> None:
     rng = np.random.default_rng(0)
     unit = {"ct_ct_mul": 4e-3, "ct_pt_mul": 1e-3, "rotations": 3e-3}
-    unit |= {"polyval": 2e-2, "encryptions": 2.5e-3, "decryptions": 1e-3}
+    unit |= {"polyval": 2e-2, "replications": 7e-3}
+    unit |= {"encryptions": 2.5e-3, "decryptions": 1e-3}
     ops = [{k: float(rng.integers(10, 5000)) for k in OPERATIONS} for _ in range(6)]
     bare = [sum(unit[k] * o[k] for k in OPERATIONS) for o in ops]
     seconds = [1.7 * b + 0.4 for b in bare]
@@ -90,7 +92,8 @@ def _growing_steps(
 ) -> tuple[dict[str, float], list[dict[str, float]], list[float]]:
     """Steps whose per-operation time grows by ``growth`` per doubling of d."""
     unit = {"ct_ct_mul": 4e-3, "ct_pt_mul": 1e-3, "rotations": 3e-3}
-    unit |= {"polyval": 2e-2, "encryptions": 2.5e-3, "decryptions": 1e-3}
+    unit |= {"polyval": 2e-2, "replications": 7e-3}
+    unit |= {"encryptions": 2.5e-3, "decryptions": 1e-3}
     ops = [
         {k: float(d * d * (i + 1)) for i, k in enumerate(OPERATIONS)} for d in widths
     ]
@@ -128,7 +131,8 @@ def _two_mixes(
     """Two arms' steps: one with 3 rotations per product, one with 1/2 a rotation;
     every rotation costs ``per_rotation`` seconds beyond its isolated time."""
     unit = {"ct_ct_mul": 4e-3, "ct_pt_mul": 1e-3, "rotations": 3e-3}
-    unit |= {"polyval": 2e-2, "encryptions": 2.5e-3, "decryptions": 1e-3}
+    unit |= {"polyval": 2e-2, "replications": 7e-3}
+    unit |= {"encryptions": 2.5e-3, "decryptions": 1e-3}
     ops, seconds = [], []
     for d in widths:
         for rotations_per_mul in (3.0, 0.5):
@@ -300,7 +304,8 @@ def test_projection_states_heldout_errors_and_an_interval_that_holds() -> None:
     arms = ["full-softmax", "lora-gk"]
     counts = {name: count_model(Arm(*name.split("-"))) for name in arms}
     unit = {"ct_ct_mul": 4e-3, "ct_pt_mul": 1e-3, "rotations": 3e-3}
-    unit |= {"polyval": 2e-2, "encryptions": 2.5e-3, "decryptions": 1e-3}
+    unit |= {"polyval": 2e-2, "replications": 7e-3}
+    unit |= {"encryptions": 2.5e-3, "decryptions": 1e-3}
     truth = CostModel(unit, scale=1.2, overhead_s=0.3, growth=0.1, reference_d=2.0)
     points = []
     for d in (2, 3, 4, 6, 8):
@@ -352,7 +357,8 @@ def test_an_interval_reaching_minus_one_has_no_finite_upper_end() -> None:
     arms = ["full-softmax", "lora-gk"]
     counts = {name: count_model(Arm(*name.split("-"))) for name in arms}
     unit = {"ct_ct_mul": 4e-3, "ct_pt_mul": 1e-3, "rotations": 3e-3}
-    unit |= {"polyval": 2e-2, "encryptions": 2.5e-3, "decryptions": 1e-3}
+    unit |= {"polyval": 2e-2, "replications": 7e-3}
+    unit |= {"encryptions": 2.5e-3, "decryptions": 1e-3}
     model = CostModel(unit)
     points, held = [], {}
     for d, error in ((2, 0.0), (3, 0.0), (4, 0.0), (6, -0.2), (8, -0.4)):
@@ -369,3 +375,21 @@ def test_an_interval_reaching_minus_one_has_no_finite_upper_end() -> None:
     assert "projected_step_cpu_s_high" not in lora.cost
     assert lora.cost["projected_step_cpu_s_low"] < lora.cost["projected_step_cpu_s"]
     assert all(math.isfinite(v) for v in (*lora.cost.values(), *lora.utility.values()))
+
+
+def test_replications_are_counted_where_a_slot_sum_meets_a_full_vector() -> None:
+    ev = Evaluator(NumpyBackend(), 3)
+    full = Value(np.arange(4.0))
+    total = ev.slot_sum(full)
+    assert total.one_slot
+    assert not full.one_slot
+    both = ev.add(total, ev.scale(ev.slot_sum(full), 2.0))
+    assert both.one_slot
+    assert ev.counts.get("replications", 0) == 0
+    mixed = ev.sub(full, ev.square(both))
+    assert not mixed.one_slot
+    assert ev.counts["replications"] == 1
+    ev.mul(total, full)
+    ev.mask(total, np.ones(4))
+    assert ev.counts["replications"] == 3
+    assert operations(ev.counts, Shape(2, 1, 2, 1, 2))["replications"] == 3
