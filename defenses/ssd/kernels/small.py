@@ -234,6 +234,7 @@ def _lanes(
     level_work = vectors[12:16]
     label = vectors[16].view(np.int64)
     largest = vectors[17]
+    drawn = largest  # free once the weights are made
     negatives = vectors[18]
     usable = vectors[19]
     entropy = vectors[20]
@@ -300,18 +301,19 @@ def _lanes(
             )
             threshold[r] = u * threshold[r]
             running[r] = 0.0
-            label[r] = -1
+            drawn[r] = -1.0
             finished[r] = 0.0
         for c in range(k):
             base = c * block_rows
+            column = np.float64(c)
             for r in range(m):
                 w = work[base + r]
                 running[r] += w
-                take = np.float64(w > 0.0) * (1.0 - finished[r])
-                label[r] = c if take > 0.0 else label[r]
-                finished[r] = max(
-                    finished[r], take * np.float64(running[r] > threshold[r])
-                )
+                take = (w > 0.0) & (finished[r] == 0.0)
+                drawn[r] = column if take else drawn[r]
+                finished[r] = 1.0 if take & (running[r] > threshold[r]) else finished[r]
+        for r in range(m):
+            label[r] = int(drawn[r])
         for r in range(m):
             if usable[r] == 0.0:
                 label[r] = 0
