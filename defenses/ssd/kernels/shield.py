@@ -13,8 +13,9 @@ the caller's dtype; nothing of size N K is allocated:
    :math:`\operatorname{softmax}(f / T)` up to a common factor) or
    :math:`w_i = f_i` for the ablation without temperature;
 4. the projection towards ``prototypes[y]`` within :math:`\varepsilon H`: first the
-   trivial case's test, :math:`\sum_i (q_i - f_i)_+ \le B / 2` (the answer is
-   :math:`q_y`, no division), else :func:`~.projection.project_row`.
+   trivial case's test, :math:`\sum_i (q_i - f_i)_+ \le B / 2`, in the same pass
+   as the write of :math:`q_y` (the answer if the test holds, no division;
+   :func:`_written_if_trivial`), else :func:`~.projection.project_row`.
 """
 
 from __future__ import annotations
@@ -25,9 +26,116 @@ import numpy as np
 import numpy.typing as npt
 
 from defenses.arrays import FloatArray, IntArray
-from defenses.ssd.kernels import simd
+from defenses.ssd.kernels import simd, simd_inlined
 from defenses.ssd.kernels.elementary import counter_uniform, exp_row, log_row
 from defenses.ssd.kernels.projection import project_row
+
+UNIT_ROUNDOFF = 2.0**-53
+"""Half the distance from 1.0 to the next float64."""
+
+
+@simd_inlined
+def _reference_excess(f_row: FloatArray, q: FloatArray) -> float:
+    r""":math:`\sum_i (q_i - f_i)_+`: two sums over :math:`f_i < q_i`, column order.
+
+    The order that defines every kernel's trivial test (one accumulator each).
+    """
+    below_f = 0.0
+    below_q = 0.0
+    for col in range(f_row.shape[0]):
+        qv = q[col]
+        fv = f_row[col]
+        inside = np.float64(fv < qv)
+        below_f += fv * inside
+        below_q += qv * inside
+    return below_q - below_f
+
+
+@simd_inlined
+def _written_if_trivial(
+    f_row: FloatArray,
+    q: FloatArray,
+    floor: float,
+    half: float,
+    out_row: npt.NDArray[np.floating[Any]],
+) -> bool:
+    r"""The trivial test, no ``q_i < floor`` and :math:`\sum_i (q_i - f_i)_+ \le h`.
+
+    ``q`` is written to ``out_row`` in the same pass (the answer if the row is
+    trivial; the projection overwrites it otherwise), and the test is decided as
+    :func:`_reference_excess` decides it, from sums the compiler vectorizes (the
+    reference's single accumulators are chains of dependent additions; the row
+    kernel at K = 1000 took 7.2-7.7 µs a row with them and a separate write, 6.4-6.5
+    µs with this, side by side). Here :math:`E' = \sum_i \operatorname{fl}(\max(q_i
+    - f_i, 0))` in eight interleaved accumulators. With :math:`u = 2^{-53}`,
+    :math:`S = \sum_{f_i < q_i} (q_i + |f_i|) \le B = \sum_i (q_i + |f_i|)`, and a
+    sum whose terms each pass through at most :math:`m` rounded additions within
+    :math:`\gamma_m S = m u S / (1 - m u)` of the exact sum (Higham, *Accuracy and
+    Stability of Numerical Algorithms*, 2002, sec. 4.2): each term's subtraction
+    costs :math:`u S`, the accumulators and their combination
+    :math:`\gamma_{K/8 + 11}` (at :math:`K < 8` all terms share one accumulator and
+    the combination adds zeros: :math:`\gamma_{K-1}`), the reference's
+    :math:`\tilde Q - \tilde F` is within :math:`\gamma_{K-1} S` of the exact
+    excess, and the total is below :math:`4 K u B` at every :math:`K \ge 1`. When
+    :math:`E'` clears :math:`h` by that margin (plus :math:`2 u |h|`, a unit in the
+    last place of :math:`h`, for the reference's rounded difference) its verdict is
+    the reference's; otherwise the reference sums decide. Whether some :math:`q_i` is
+    below ``floor`` is order-free (the least :math:`q_i`).
+    """
+    k = f_row.shape[0]
+    lanes = k - k % 8
+    e0 = e1 = e2 = e3 = e4 = e5 = e6 = e7 = 0.0
+    b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = 0.0
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.inf
+    for col in range(0, lanes, 8):
+        e0 += max(q[col + 0] - f_row[col + 0], 0.0)
+        b0 += q[col + 0] + abs(f_row[col + 0])
+        m0 = min(m0, q[col + 0])
+        out_row[col + 0] = q[col + 0]
+        e1 += max(q[col + 1] - f_row[col + 1], 0.0)
+        b1 += q[col + 1] + abs(f_row[col + 1])
+        m1 = min(m1, q[col + 1])
+        out_row[col + 1] = q[col + 1]
+        e2 += max(q[col + 2] - f_row[col + 2], 0.0)
+        b2 += q[col + 2] + abs(f_row[col + 2])
+        m2 = min(m2, q[col + 2])
+        out_row[col + 2] = q[col + 2]
+        e3 += max(q[col + 3] - f_row[col + 3], 0.0)
+        b3 += q[col + 3] + abs(f_row[col + 3])
+        m3 = min(m3, q[col + 3])
+        out_row[col + 3] = q[col + 3]
+        e4 += max(q[col + 4] - f_row[col + 4], 0.0)
+        b4 += q[col + 4] + abs(f_row[col + 4])
+        m4 = min(m4, q[col + 4])
+        out_row[col + 4] = q[col + 4]
+        e5 += max(q[col + 5] - f_row[col + 5], 0.0)
+        b5 += q[col + 5] + abs(f_row[col + 5])
+        m5 = min(m5, q[col + 5])
+        out_row[col + 5] = q[col + 5]
+        e6 += max(q[col + 6] - f_row[col + 6], 0.0)
+        b6 += q[col + 6] + abs(f_row[col + 6])
+        m6 = min(m6, q[col + 6])
+        out_row[col + 6] = q[col + 6]
+        e7 += max(q[col + 7] - f_row[col + 7], 0.0)
+        b7 += q[col + 7] + abs(f_row[col + 7])
+        m7 = min(m7, q[col + 7])
+        out_row[col + 7] = q[col + 7]
+    for col in range(lanes, k):
+        e0 += max(q[col] - f_row[col], 0.0)
+        b0 += q[col] + abs(f_row[col])
+        m0 = min(m0, q[col])
+        out_row[col] = q[col]
+    least = min(min(min(m0, m1), min(m2, m3)), min(min(m4, m5), min(m6, m7)))
+    if least < floor:
+        return False
+    excess = ((e0 + e1) + (e2 + e3)) + ((e4 + e5) + (e6 + e7))
+    bound = ((b0 + b1) + (b2 + b3)) + ((b4 + b5) + (b6 + b7))
+    margin = 4.0 * k * UNIT_ROUNDOFF * bound + 2.0 * UNIT_ROUNDOFF * abs(half) + 1e-300
+    if excess + margin < half:
+        return True
+    if excess - margin > half:
+        return False
+    return _reference_excess(f_row, q) <= half
 
 
 @simd
@@ -168,19 +276,7 @@ def shield_rows(
             continue
         half = 0.5 * (constant if constant >= 0.0 else epsilon * entropy)
         q = prototypes[label]
-        below_f = 0.0
-        below_q = 0.0
-        raised = 0.0
-        for col in range(k):
-            qv = q[col]
-            fv = row_f[col]
-            inside = np.float64(fv < qv)
-            below_f += fv * inside
-            below_q += qv * inside
-            raised += np.float64(qv < floor)
-        if raised == 0.0 and below_q - below_f <= half:
-            for col in range(k):
-                out[row, col] = q[col]
+        if _written_if_trivial(row_f, q, floor, half, out[row]):
             continue
         project_row(row_f, q, floor, half, max_steps, scratch, below, above, out[row])
     result = np.empty(3)

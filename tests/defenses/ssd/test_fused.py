@@ -12,7 +12,8 @@ from scipy.stats import chisquare
 
 from defenses.ssd.defense import StealthyShield, entropy
 from defenses.ssd.kernels.elementary import GOLDEN, exp_row, log_row
-from defenses.ssd.waterfill import water_filling
+from defenses.ssd.kernels.shield import shield_rows
+from defenses.ssd.waterfill import FLOOR, MAX_NEWTON_STEPS, water_filling
 
 
 def _shield(k: int, **kwargs) -> StealthyShield:
@@ -150,3 +151,39 @@ def test_row_log_and_exp_are_within_one_ulp_of_numpy():
     a = np.concatenate([-rng.uniform(0, 708, 50000), -rng.uniform(0, 1, 50000), [0.0]])
     assert (np.abs(_exp(a) - np.exp(a)) / np.spacing(np.exp(a))).max() <= 1.0
     assert _exp(np.array([-708.5, -1e300]))[0] == 0.0
+
+
+def _reference_trivial(f_row: np.ndarray, q: np.ndarray, half: float) -> bool:
+    below_f = below_q = 0.0
+    for fv, qv in zip(f_row.tolist(), q.tolist(), strict=True):
+        if fv < qv:
+            below_f += fv
+            below_q += qv
+    return below_q - below_f <= half
+
+
+@pytest.mark.parametrize("k", [17, 100, 1000])
+def test_the_trivial_test_at_its_boundary_is_the_reference_sums(k):
+    # the row kernel decides the trivial test from vectorized sums unless they are
+    # within their rounding bound of the budget; a budget equal to the reference's
+    # excess (and one float below it) must give the reference's verdict
+    rng = np.random.default_rng(k)
+    prototypes = np.maximum(rng.dirichlet(np.full(k, 0.3), k), 2 * FLOOR)
+    prototypes /= prototypes.sum(axis=1, keepdims=True)
+    for _ in range(5):
+        f = rng.dirichlet(np.full(k, 0.3), 1)
+        settings = np.array([0.5, -1.0, 0.3, FLOOR])
+        run = (f, prototypes, np.zeros(1), np.uint64(0), np.uint64(0))
+        labels = np.empty(1, dtype=np.int64)
+        shield_rows(*run, settings, MAX_NEWTON_STEPS, 0, 1, np.empty((0, k)), labels)
+        q = prototypes[labels[0]]
+        excess = sum(qv for fv, qv in zip(f[0], q, strict=True) if fv < qv) - sum(
+            fv for fv, qv in zip(f[0], q, strict=True) if fv < qv
+        )
+        for half in (excess, np.nextafter(excess, -np.inf)):
+            settings[1] = 2.0 * half
+            out = np.empty((1, k))
+            shield_rows(*run, settings, MAX_NEWTON_STEPS, 0, 1, out, labels)
+            trivial = _reference_trivial(f[0], q, half)
+            assert trivial == (half == excess)
+            assert np.array_equal(out[0], q) == trivial
