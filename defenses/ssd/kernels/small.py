@@ -253,9 +253,10 @@ def _lanes(
     negative = 0.0
     for lo in range(start, stop, block_rows):
         m = min(block_rows, stop - lo)
-        for r in range(m):
-            for c in range(k):
-                xs[c * block_rows + r] = np.float64(f[lo + r, c])
+        for c in range(k):
+            base = c * block_rows
+            for r in range(m):
+                xs[base + r] = np.float64(f[lo + r, c])
         for r in range(m):
             largest[r] = -np.inf
             negatives[r] = 0.0
