@@ -8,13 +8,12 @@ import numpy as np
 import pytest
 
 from defense_suite.crypto.benchmark.sweep import (
-    COUNT_CHECK,
-    COUNT_DESIGN,
     count_model,
     finetune_sweep,
     interval,
     unit_costs,
 )
+from defense_suite.crypto.benchmark.sweep_units import COUNT_CHECK, COUNT_DESIGN
 from defense_suite.crypto.costmodel import (
     MONOMIALS,
     OPERATIONS,

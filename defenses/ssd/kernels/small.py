@@ -17,11 +17,11 @@ step is a loop over the block's rows with no branch:
 3. the trivial test :math:`\sum_i (q_i - f_i)_+ \le B/2` against the drawn
    prototypes;
 4. for the rows left, the projection in lockstep: both levels' Newton iterations
-   (:mod:`.projection`) run for all those rows at once, with 0/1 masks for the
-   active sets instead of compacted index lists; a row whose iteration has ended
-   keeps its level while the others go on. Every sum adds the same terms in the
-   same order as the row kernel (a masked-out term adds an exact zero), so each
-   row's answer is the row kernel's.
+   (:mod:`.projection`'s, as :func:`.lockstep.level_lockstep`) run for all those rows at
+   once, with 0/1 masks for the active sets instead of compacted index lists; a row
+   whose iteration has ended keeps its level while the others go on. Every sum adds the
+   same terms in the same order as the row kernel (a masked-out term adds an exact
+   zero), so each row's answer is the row kernel's.
 
 A Newton step that does not end the iteration removes at least one index from an
 active set of at most K, so the iteration ends within K steps; the caller uses this
@@ -49,6 +49,7 @@ from numba.misc.special import literally
 from defenses.arrays import FloatArray, IntArray
 from defenses.ssd.kernels import simd, simd_inlined
 from defenses.ssd.kernels.elementary import counter_uniform, exp_row, log_row
+from defenses.ssd.kernels.lockstep import block_sums, level_lockstep
 from defenses.ssd.kernels.shield import shield_rows
 
 SMALL_K = 16
@@ -77,109 +78,6 @@ def tail_rows(k: int, itemsize: int, block_rows: int) -> int:
     per_word = 8 // itemsize
     entries = (scratch_words(k, block_rows) + 1) * per_word
     return -(-entries // k)
-
-
-@simd_inlined
-def _sums(
-    values: FloatArray,
-    other: FloatArray,
-    acc: FloatArray,
-    k: int,
-    block_rows: int,
-    m: int,
-    out: FloatArray,
-    negate: bool,
-) -> None:
-    """Row sums of ``values`` (times ``other``, if it has entries), negated if asked.
-
-    The row kernel's order: four accumulators by column modulo 4, the last
-    ``k % 4`` columns in the first, combined as ``(a0 + a1) + (a2 + a3)``.
-    """
-    lanes = k - k % 4
-    product = other.shape[0] > 0
-    for j in range(4):
-        for r in range(m):
-            acc[j, r] = 0.0
-    for c in range(k):
-        j = c % 4 if c < lanes else 0
-        base = c * block_rows
-        for r in range(m):
-            v = values[base + r]
-            if product:
-                v = v * other[base + r]
-            acc[j, r] += v
-    for r in range(m):
-        total = (acc[0, r] + acc[1, r]) + (acc[2, r] + acc[3, r])
-        out[r] = -total if negate else total
-
-
-@simd_inlined
-def _level_lockstep(
-    ratio: FloatArray,
-    fs: FloatArray,
-    qs: FloatArray,
-    alive: FloatArray,
-    lanes: FloatArray,
-    h: FloatArray,
-    sign: float,
-    level: FloatArray,
-    work: FloatArray,
-    k: int,
-    block_rows: int,
-    m: int,
-    max_steps: int,
-) -> None:
-    r"""One level (``sign`` 1: :math:`w_A`, -1: :math:`w_B`) for ``m`` rows at once.
-
-    ``alive`` (K x ``block_rows``, 0/1) is each row's active set; ``lanes`` holds per
-    row its size, its sums of ``fs`` and ``qs`` and whether the row is done (1.0:
-    ``level`` is final and kept). The step is :func:`~.projection._level`'s: the
-    level from the sums, then the indices with :math:`\operatorname{sign}(r_i - w)
-    < 0` kept; a row ends when a step keeps all its indices or none. Every loop
-    runs over the rows with no branch, so that the compiler vectorizes it.
-    """
-    count = lanes[0]
-    sum_f = lanes[1]
-    sum_q = lanes[2]
-    done = lanes[3]
-    new_f = work[0]
-    new_q = work[1]
-    kept = work[2]
-    trial = work[3]
-    for i in range(m):
-        empty = done[i] == 0.0 and count[i] == 0.0
-        if empty:
-            level[i] = 0.0 if sign > 0.0 else np.inf
-            done[i] = 1.0
-    for _ in range(max_steps):
-        for i in range(m):
-            trial[i] = (sum_f[i] + sign * h[i]) / sum_q[i]
-            new_f[i] = 0.0
-            new_q[i] = 0.0
-            kept[i] = 0.0
-        for c in range(k):
-            base = c * block_rows
-            for i in range(m):
-                keep = alive[base + i] * np.float64(
-                    sign * (ratio[base + i] - trial[i]) < 0.0
-                )
-                alive[base + i] = keep
-                kept[i] += keep
-                new_f[i] += fs[base + i] * keep
-                new_q[i] += qs[base + i] * keep
-        left = 0.0
-        for i in range(m):
-            end = np.float64((kept[i] == count[i]) | (kept[i] == 0.0))
-            going = 1.0 - done[i]
-            level[i] = trial[i] if going * end > 0.0 else level[i]
-            done[i] = max(done[i], end)
-            more = going * (1.0 - end)
-            count[i] = kept[i] if more > 0.0 else count[i]
-            sum_f[i] = new_f[i] if more > 0.0 else sum_f[i]
-            sum_q[i] = new_q[i] if more > 0.0 else sum_q[i]
-            left += more
-        if left == 0.0:
-            return
 
 
 @simd
@@ -266,7 +164,7 @@ def _lanes(
                 v = xs[base + r]
                 largest[r] = max(largest[r], v)
                 negatives[r] += np.float64(v < 0.0)
-        _sums(xs, none, acc, k, block_rows, m, running, False)
+        block_sums(xs, none, acc, k, block_rows, m, running, False)
         for r in range(m):
             total = running[r]
             if negatives[r] > 0.0:
@@ -281,7 +179,7 @@ def _lanes(
                 worst = abs(total - 1.0)
                 worst_row = lo + r
         log_row(xs, work, spare, bits)
-        _sums(xs, work, acc, k, block_rows, m, entropy, True)
+        block_sums(xs, work, acc, k, block_rows, m, entropy, True)
         if temperature > 0.0:
             for c in range(k):
                 base = c * block_rows
@@ -293,7 +191,7 @@ def _lanes(
                 base = c * block_rows
                 for r in range(m):
                     work[base + r] = max(xs[base + r], 0.0)
-        _sums(work, none, acc, k, block_rows, m, threshold, False)
+        block_sums(work, none, acc, k, block_rows, m, threshold, False)
         for r in range(m):
             u = (
                 uniforms[lo + r]
@@ -392,7 +290,7 @@ def _lanes(
             trivial[r] = 2.0 if early and trivial[r] == 0.0 else trivial[r]
             lanes_a[3, r] = np.float64(skip)
             lanes_b[3, r] = np.float64(skip)
-        _level_lockstep(
+        level_lockstep(
             ratio,
             xs,
             qs,
@@ -407,7 +305,7 @@ def _lanes(
             m,
             max_steps,
         )
-        _level_lockstep(
+        level_lockstep(
             ratio,
             xs,
             qs,

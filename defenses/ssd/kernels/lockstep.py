@@ -1,0 +1,115 @@
+r"""Sums and Newton iterations over a block of rows in lockstep, for :mod:`.small`.
+
+A block is column-major (entry ``(c, r)`` at ``c * block_rows + r``), so every loop
+runs over the block's rows, the SIMD lanes, with no branch that depends on the data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from defenses.arrays import FloatArray
+from defenses.ssd.kernels import simd_inlined
+
+
+@simd_inlined
+def block_sums(
+    values: FloatArray,
+    other: FloatArray,
+    acc: FloatArray,
+    k: int,
+    block_rows: int,
+    m: int,
+    out: FloatArray,
+    negate: bool,
+) -> None:
+    """Row sums of ``values`` (times ``other``, if it has entries), negated if asked.
+
+    The row kernel's order: four accumulators by column modulo 4, the last
+    ``k % 4`` columns in the first, combined as ``(a0 + a1) + (a2 + a3)``.
+    """
+    lanes = k - k % 4
+    product = other.shape[0] > 0
+    for j in range(4):
+        for r in range(m):
+            acc[j, r] = 0.0
+    for c in range(k):
+        j = c % 4 if c < lanes else 0
+        base = c * block_rows
+        for r in range(m):
+            v = values[base + r]
+            if product:
+                v = v * other[base + r]
+            acc[j, r] += v
+    for r in range(m):
+        total = (acc[0, r] + acc[1, r]) + (acc[2, r] + acc[3, r])
+        out[r] = -total if negate else total
+
+
+@simd_inlined
+def level_lockstep(
+    ratio: FloatArray,
+    fs: FloatArray,
+    qs: FloatArray,
+    alive: FloatArray,
+    lanes: FloatArray,
+    h: FloatArray,
+    sign: float,
+    level: FloatArray,
+    work: FloatArray,
+    k: int,
+    block_rows: int,
+    m: int,
+    max_steps: int,
+) -> None:
+    r"""One level (``sign`` 1: :math:`w_A`, -1: :math:`w_B`) for ``m`` rows at once.
+
+    ``alive`` (K x ``block_rows``, 0/1) is each row's active set; ``lanes`` holds per
+    row its size, its sums of ``fs`` and ``qs`` and whether the row is done (1.0:
+    ``level`` is final and kept). The step is :func:`~.projection._level`'s: the
+    level from the sums, then the indices with :math:`\operatorname{sign}(r_i - w)
+    < 0` kept; a row ends when a step keeps all its indices or none. Every loop
+    runs over the rows with no branch, so that the compiler vectorizes it.
+    """
+    count = lanes[0]
+    sum_f = lanes[1]
+    sum_q = lanes[2]
+    done = lanes[3]
+    new_f = work[0]
+    new_q = work[1]
+    kept = work[2]
+    trial = work[3]
+    for i in range(m):
+        empty = done[i] == 0.0 and count[i] == 0.0
+        if empty:
+            level[i] = 0.0 if sign > 0.0 else np.inf
+            done[i] = 1.0
+    for _ in range(max_steps):
+        for i in range(m):
+            trial[i] = (sum_f[i] + sign * h[i]) / sum_q[i]
+            new_f[i] = 0.0
+            new_q[i] = 0.0
+            kept[i] = 0.0
+        for c in range(k):
+            base = c * block_rows
+            for i in range(m):
+                keep = alive[base + i] * np.float64(
+                    sign * (ratio[base + i] - trial[i]) < 0.0
+                )
+                alive[base + i] = keep
+                kept[i] += keep
+                new_f[i] += fs[base + i] * keep
+                new_q[i] += qs[base + i] * keep
+        left = 0.0
+        for i in range(m):
+            end = np.float64((kept[i] == count[i]) | (kept[i] == 0.0))
+            going = 1.0 - done[i]
+            level[i] = trial[i] if going * end > 0.0 else level[i]
+            done[i] = max(done[i], end)
+            more = going * (1.0 - end)
+            count[i] = kept[i] if more > 0.0 else count[i]
+            sum_f[i] = new_f[i] if more > 0.0 else sum_f[i]
+            sum_q[i] = new_q[i] if more > 0.0 else sum_q[i]
+            left += more
+        if left == 0.0:
+            return
