@@ -31,6 +31,9 @@ SEEDINGS: tuple[str, ...] = ("random", "input-hash")
 
 GRID_LIMIT = 2.0**52
 """Above this many grid steps an entry keeps its own value (no fraction to round)."""
+HASH_BUFFER_BYTES = 2**18
+"""Rows' canonical bytes are built and hashed in buffers of about this size, so the
+extra memory of input-hash seeding does not grow with the batch."""
 
 
 def _grid(values: FloatArray, resolution: float | None) -> tuple[FloatArray, Any]:
@@ -80,12 +83,8 @@ def _sparse_keys(matrix: Any, resolution: float | None) -> list[bytes]:
     return keys
 
 
-def _array_rows(inputs: Any, resolution: float | None) -> tuple[Any, int]:
-    """Each row's canonical bytes (float64 values, then off-grid tags) in one buffer.
-
-    Returns the buffer, zero-padded to whole 128-byte BLAKE2b blocks (at least one),
-    and the number of message bytes per row.
-    """
+def _numeric_rows(inputs: Any) -> FloatArray:
+    """``inputs`` as a real 2-D array, one row per query (TypeError otherwise)."""
     if is_tensor(inputs):
         inputs = inputs.detach().cpu().numpy()
     array = np.asarray(inputs)
@@ -94,7 +93,21 @@ def _array_rows(inputs: Any, resolution: float | None) -> tuple[Any, int]:
     rows = as_numbers(
         "inputs (or a DataFrame, or a sparse matrix)", array, error=TypeError
     )
-    rows = rows.reshape(rows.shape[0], int(np.prod(rows.shape[1:])))
+    out: FloatArray = rows.reshape(rows.shape[0], int(np.prod(rows.shape[1:])))
+    return out
+
+
+def _array_rows(inputs: Any, resolution: float | None) -> tuple[Any, int]:
+    """:func:`_row_buffer` of the whole of ``inputs``."""
+    return _row_buffer(_numeric_rows(inputs), resolution)
+
+
+def _row_buffer(rows: FloatArray, resolution: float | None) -> tuple[Any, int]:
+    """Each row's canonical bytes (float64 values, then off-grid tags) in one buffer.
+
+    Returns the buffer, zero-padded to whole 128-byte BLAKE2b blocks (at least one),
+    and the number of message bytes per row.
+    """
     values, off_grid = _grid(rows, resolution)
     n, d = rows.shape
     length = 9 * d
@@ -151,17 +164,26 @@ def input_uniforms(
     """:func:`hash_uniforms` of :func:`input_keys`, arrays hashed in one compiled loop.
 
     An array's rows all have the same length, so their keyed BLAKE2b-64 digests are
-    computed by :func:`~defenses.ssd.kernels.blake2b.blake2b_rows` over one buffer
-    (the same digests as :mod:`hashlib`'s, without a Python call per row); frames
-    and sparse rows go through :mod:`hashlib`. Raises as :func:`input_keys`.
+    computed by :func:`~defenses.ssd.kernels.blake2b.blake2b_rows` over buffers of
+    about :data:`HASH_BUFFER_BYTES` (the same digests as :mod:`hashlib`'s, without
+    a Python call per row); frames and sparse rows go through :mod:`hashlib`.
+    Raises as :func:`input_keys`.
     """
     from defenses.ssd.kernels.blake2b import IV, blake2b_rows  # imports numba
 
     inputs, kind = _checked(inputs, n)
     if kind != "array":
         return hash_uniforms(input_keys(inputs, n, resolution), key.tobytes())
-    buffer, length = _array_rows(inputs, resolution)
-    return blake2b_rows(buffer.view(np.uint64), length, key, IV)
+    rows = _numeric_rows(inputs)
+    padded = max(1, -(-9 * rows.shape[1] // 128)) * 128
+    step = max(1, HASH_BUFFER_BYTES // padded)
+    out = np.empty(rows.shape[0])
+    for start in range(0, rows.shape[0], step):
+        buffer, length = _row_buffer(rows[start : start + step], resolution)
+        out[start : start + step] = blake2b_rows(
+            buffer.view(np.uint64), length, key, IV
+        )
+    return out
 
 
 def hash_uniforms(keys: list[bytes], key: bytes) -> FloatArray:

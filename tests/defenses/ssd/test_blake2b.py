@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import tracemalloc
 
 import numpy as np
 import pytest
 import scipy.sparse
 import torch
 
+from defenses.ssd import seeding
 from defenses.ssd.kernels.blake2b import IV, blake2b_rows
 from defenses.ssd.seeding import hash_uniforms, input_keys, input_uniforms
 
@@ -63,3 +65,24 @@ def test_input_uniforms_are_the_hash_of_the_input_keys(inputs, resolution):
 def test_input_uniforms_check_the_row_count():
     with pytest.raises(ValueError, match="one row per row"):
         input_uniforms(np.zeros((3, 2)), 4, None, np.uint64(1))
+
+
+@pytest.mark.parametrize("resolution", [None, 0.25])
+def test_input_uniforms_in_small_buffers_are_the_same(monkeypatch, resolution):
+    """Rows hashed in buffers of a few rows give the one-buffer uniforms."""
+    rng = np.random.default_rng(3)
+    inputs = rng.normal(size=(23, 10))
+    key = np.uint64(12345)
+    want = hash_uniforms(input_keys(inputs, 23, resolution), key.tobytes())
+    monkeypatch.setattr(seeding, "HASH_BUFFER_BYTES", 3 * 128)
+    np.testing.assert_array_equal(input_uniforms(inputs, 23, resolution, key), want)
+
+
+def test_input_uniforms_memory_does_not_grow_with_the_batch():
+    inputs = np.random.default_rng(4).random((20_000, 100))  # 16 MB
+    input_uniforms(inputs[:10], 10, None, np.uint64(1))  # compile outside the trace
+    tracemalloc.start()
+    input_uniforms(inputs, 20_000, None, np.uint64(1))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 4 * seeding.HASH_BUFFER_BYTES + 8 * 20_000 < inputs.nbytes / 8
