@@ -41,6 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from defenses.checks import check_real
+from defenses.cost import clock, since
 
 from .bert_lora import lora_gradients
 from .bert_lora_step import QKVStep, loss_mask, step_inputs, trained_layers, updated
@@ -51,7 +52,7 @@ from .schedule import Recorder, Schedule, Step, safe_bound
 from .server import InProcess
 from .session import Refused, abort, follow
 from .tuning import ProgramServer, Roll, Unroll, chunked
-from .tuning_client import TuningClient, clock, since
+from .tuning_client import TuningClient
 from .wire import Channel, Message, ProtocolError
 
 if TYPE_CHECKING:

@@ -9,13 +9,12 @@ allows (each admitted before decryption, clipped, answered fresh), and checks th
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
 from defenses.arrays import FloatArray
-from defenses.cost import system_cpu_s
+from defenses.cost import clock, since
 
 from .ckks import CKKSParams, fingerprint, make_context, public_bytes
 from .packing import roll_tokens
@@ -23,17 +22,6 @@ from .schedule import ANSWERS, Step
 from .session import Refused, abort, admit, clip, follow
 from .tuning import TuningJob, tuning_schedule
 from .wire import Channel, Message
-
-
-def clock() -> tuple[float, float, float]:
-    """Wall, process CPU and system CPU seconds now."""
-    return time.perf_counter(), time.process_time(), system_cpu_s()
-
-
-def since(start: tuple[float, float, float]) -> tuple[float, float, float]:
-    """The :func:`clock` readings elapsed since ``start``."""
-    now = clock()
-    return now[0] - start[0], now[1] - start[1], now[2] - start[2]
 
 
 class TuningClient:

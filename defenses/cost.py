@@ -35,13 +35,21 @@ def recording() -> Iterator[defaultdict[str, float]]:
         costs["peak_rss_mb"] = peak_rss_mb()
 
 
-def system_cpu_s() -> float:
-    """CPU seconds the kernel has spent for this process so far (all threads).
+def clock() -> tuple[float, float, float]:
+    """Wall, process CPU and system CPU seconds now (all threads).
 
-    The part of :func:`time.process_time` that is page faults, memory mapping and
-    other system calls, not the process's own computation.
+    The system seconds are the part of :func:`time.process_time` that the kernel
+    spent for the process (page faults, memory mapping, other system calls), not
+    the process's own computation.
     """
-    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
+    system = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+    return time.perf_counter(), time.process_time(), system
+
+
+def since(start: tuple[float, float, float]) -> tuple[float, float, float]:
+    """The :func:`clock` readings elapsed since ``start``."""
+    now = clock()
+    return now[0] - start[0], now[1] - start[1], now[2] - start[2]
 
 
 def peak_rss_mb() -> float:

@@ -9,8 +9,7 @@ step can reach on a laptop. This benchmark
    process and under one key per sequence length; the model is fitted on the user
    CPU seconds of this process (``step_cpu_s``: the computation), with the
    system CPU seconds beside them (``step_system_s``: page faults and memory
-   mapping, which grow with the process's footprint, not with the operations:
-   the full arm's share rises from 5 % at d = 8 to 11 % at d = 16), the wall
+   mapping, which follow the process's footprint, not the operations), the wall
    seconds (on a shared machine they measure the other processes too) and the
    process's peak resident memory so far (``peak_rss_mb``: widths listed in
    increasing order make it the peak of the widest step yet);
@@ -126,9 +125,7 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
         order = np.random.default_rng(seed).permutation(len(digits))
         counts = {name: count_model(_arm(name), seed) for name in arms}
         points = []
-        wall: dict[tuple[str, Shape], float] = {}
-        peak: dict[tuple[str, Shape], float] = {}
-        system: dict[tuple[str, Shape], float] = {}
+        recorded: dict[tuple[str, Shape], dict[str, float]] = {}
         unit: dict[str, float] = {}
         for n in tokens:
             data = _tokens(digits.subset(order[:300]), n)
@@ -147,14 +144,16 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
                     )
                     user = got.cpu_seconds - got.system_seconds
                     points.append((name, shape, user, got.counts, diff))
-                    peak[name, shape] = peak_rss_mb()
-                    system[name, shape] = got.system_seconds
+                    recorded[name, shape] = {
+                        "step_system_s": got.system_seconds,
+                        "step_s": got.seconds,
+                        "peak_rss_mb": peak_rss_mb(),
+                    }
                     log.info(
                         "%s d=%d tokens=%d: %.2f user CPU s + %.2f system "
                         "(%.2f s wall), counts %s",
                         name, d, n, user, got.system_seconds, got.seconds, got.counts,
                     )  # fmt: skip
-                    wall[name, shape] = got.seconds
         cost, held = _fitted(unit, points, held_out, growth, free)
         # diagnostics: the same fit with the growth term toggled, and the flat model
         other_error = max(
@@ -178,9 +177,7 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
                 },
                 cost={
                     "step_cpu_s": seconds,
-                    "step_system_s": system[name, shape],
-                    "step_s": wall[name, shape],
-                    "peak_rss_mb": peak[name, shape],
+                    **recorded[name, shape],
                     "model_step_cpu_s": predicted,
                     **ops,
                     "rescalings": ops["ct_ct_mul"] + ops["ct_pt_mul"],
