@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup bench bench-full test lint typecheck unit docs clean
+.PHONY: setup bench bench-full test test-explore lint typecheck unit docs clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,10 @@ unit: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider
 
 test: lint typecheck unit
+
+# nightly-style: every tier, with hypothesis drawing fresh examples (ten times as many)
+test-explore: $(STAMP)
+	HYPOTHESIS_PROFILE=explore $(BIN)/pytest -q -p no:cacheprovider --runslow
 
 # the API reference from the docstrings (mkdocs.yml), into build/api-site/
 docs: $(STAMP)
