@@ -1,17 +1,21 @@
 r"""Local DP-SGD on one client: Poisson sampling, per-example clipping, Gaussian noise.
 
 One step at sampling rate :math:`q`, noise multiplier :math:`\sigma`, clip norm
-:math:`C` on a client holding :math:`n` records (Abadi et al., 2016):
+:math:`C` on a client holding :math:`n` records whose public count is :math:`N`
+(Abadi et al., 2016):
 
 .. math::
 
     B \sim \text{Poisson}(q)\ \text{over}\ [n], \quad
-    \bar g = \frac{1}{qn}\Big(\sum_{i\in B} g_i \min(1, C/\lVert g_i\rVert)
-             + \mathcal N(0, \sigma^2 C^2 I)\Big), \quad
-    w \leftarrow w - \eta \bar g .
+    \bar g = \frac{1}{qN}\Big(\sum_{i\in B} \tilde g_i \min(1, C/\lVert \tilde g_i
+             \rVert) + \mathcal N(0, \sigma^2 C^2 I)\Big), \quad
+    w \leftarrow w - \eta \bar g ,
 
-Dividing by the *expected* batch size :math:`qn` keeps the release a function of the
-clipped sum alone, which is what the subsampled-Gaussian accountant assumes. Two
+where :math:`\tilde g_i` is :math:`g_i` if finite, else 0 (:mod:`federated.release`,
+the one release path: sanitize, clip, noise, check, normalize). Dividing by the
+*expected* batch size :math:`qN` of a *public* count keeps the release a function
+of the clipped sum alone, which is what the subsampled-Gaussian accountant assumes,
+and keeps the private size out of the noise scale. Two
 backends: numpy for multinomial logistic regression (exact per-example gradients
 :math:`\tilde x \otimes (p - e_y)`) and torch + Opacus (``GradSampleModule`` and
 ``DPOptimizer``) for an MLP. ``sampling="fixed"`` replaces Poisson sampling by
@@ -33,6 +37,14 @@ import numpy.typing as npt
 from defenses.arrays import FloatArray, IntArray
 from defenses.checks import check_int, check_real
 from defenses.data import check_labelled
+
+from .release import (
+    clip_factors,
+    expected_batch,
+    finite_release,
+    noised_sum,
+    sanitize_rows,
+)
 
 Params = list[FloatArray]
 Sampling = Literal["poisson", "fixed"]
@@ -95,9 +107,12 @@ def privatize(
     expected_batch: float,
     rng: np.random.Generator,
 ) -> FloatArray:
-    """Gaussian mechanism on a clipped gradient sum, divided by the expected batch."""
-    noise = rng.normal(0.0, sigma * clip, size=clipped_sum.shape)
-    return np.asarray((clipped_sum + noise) / expected_batch, dtype=np.float64)
+    """Gaussian mechanism on a clipped sum, divided by the public expected batch.
+
+    The noised sum is finite for every input (:func:`federated.release.noised_sum`);
+    ``expected_batch`` is :math:`q N` for a public count :math:`N`.
+    """
+    return noised_sum(clipped_sum, sigma, clip, rng) / expected_batch
 
 
 @dataclass(frozen=True)
@@ -168,19 +183,27 @@ def _softmax_step(
     y: IntArray,
     clip: float | None,
 ) -> tuple[FloatArray, FloatArray]:
-    r"""Summed (clipped) per-example gradients of the cross-entropy.
+    r"""Summed (sanitized, clipped) per-example gradients of the cross-entropy.
 
     The per-example gradient is the rank-one pair :math:`(x_i r_i^T, r_i)` with
     residual :math:`r_i = p_i - e_{y_i}`, so its norm is
     :math:`\lVert r_i\rVert \sqrt{\lVert x_i\rVert^2 + 1}` and the clipped sum
-    is :math:`X^T (s \odot R)` without materialising per-example gradients.
+    is :math:`X^T (s \odot R)` without materialising per-example gradients. With
+    ``clip`` (DP), a residual that is not finite (the server's weights overflowed
+    that record's logits) is replaced by zero before clipping, and a norm that
+    overflows gets factor 0 (:mod:`federated.release`): every record contributes
+    a finite vector of norm at most ``clip``.
     """
-    residual = _softmax(X @ W + b)
-    residual[np.arange(y.size), y] -= 1.0
-    if clip is not None:
-        norms = np.linalg.norm(residual, axis=1) * np.sqrt((X * X).sum(axis=1) + 1.0)
-        residual *= np.minimum(1.0, clip / np.maximum(norms, 1e-300))[:, None]
-    return X.T @ residual, residual.sum(axis=0)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        residual = _softmax(X @ W + b)
+        residual[np.arange(y.size), y] -= 1.0
+        if clip is not None:
+            residual = sanitize_rows(residual)
+            norms = np.linalg.norm(residual, axis=1) * np.sqrt(
+                (X * X).sum(axis=1) + 1.0
+            )
+            residual *= clip_factors(norms, clip)[:, None]
+        return X.T @ residual, residual.sum(axis=0)
 
 
 def _train_softmax(
@@ -191,6 +214,7 @@ def _train_softmax(
     clip: float,
     rng: np.random.Generator,
     sampling: Sampling,
+    public_count: int,
 ) -> Params:
     W, b = params[0].copy(), params[1].copy()
     n = len(data)
@@ -204,11 +228,11 @@ def _train_softmax(
             b -= lr * gb / index.size
             continue
         gW, gb = _softmax_step(W, b, X, y, clip)
-        flat = privatize(
-            np.concatenate([gW.ravel(), gb]), plan.sigma, clip, plan.rate * n, rng
-        )
-        W -= lr * flat[: W.size].reshape(W.shape)
-        b -= lr * flat[W.size :]
+        scale = expected_batch(plan.rate, public_count)
+        flat = privatize(np.concatenate([gW.ravel(), gb]), plan.sigma, clip, scale, rng)
+        with np.errstate(over="ignore", invalid="ignore"):
+            W -= lr * flat[: W.size].reshape(W.shape)
+            b -= lr * flat[W.size :]
     return [W, b]
 
 
@@ -220,10 +244,12 @@ def _train_mlp(
     clip: float,
     rng: np.random.Generator,
     sampling: Sampling,
+    public_count: int,
 ) -> Params:
     import torch
     from opacus import GradSampleModule
-    from opacus.optimizers import DPOptimizer
+
+    from .private_optimizer import SanitizingDPOptimizer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -254,13 +280,14 @@ def _train_mlp(
         else:
             generator = torch.Generator().manual_seed(int(rng.integers(2**63 - 1)))
             model = GradSampleModule(net, loss_reduction="sum")
-            # Opacus returns the noisy clipped *sum*; lr / (q n) divides it by the
-            # expected batch size, as in the numpy backend.
-            optimizer = DPOptimizer(
-                torch.optim.SGD(model.parameters(), lr=lr / (plan.rate * n)),
+            # Opacus returns the noisy clipped *sum*; lr / (q N) divides it by the
+            # public expected batch size, as in the numpy backend.
+            scale = expected_batch(plan.rate, public_count)
+            optimizer = SanitizingDPOptimizer(
+                torch.optim.SGD(model.parameters(), lr=lr / scale),
                 noise_multiplier=plan.sigma,
                 max_grad_norm=clip,
-                expected_batch_size=max(1, round(plan.rate * n)),
+                expected_batch_size=max(1, round(scale)),
                 loss_reduction="sum",
                 generator=generator,
             )
@@ -281,6 +308,25 @@ def _train_mlp(
     return [np.asarray(a, dtype=np.float64) for a in out]
 
 
+def _check_shapes(current: Params, data: LocalData) -> None:
+    """Refuse weights whose shapes do not fit the public (d, classes) of ``data``.
+
+    Checked before any record is touched: a label beyond the server's output
+    width must not turn into an error that only sampled records trigger.
+    """
+    d, k = int(data.X.shape[1]), int(data.n_classes)
+    shapes = [p.shape for p in current]
+    ok = len(shapes) == 2 and shapes == [(d, k), (k,)]
+    if len(shapes) == 4:
+        h = shapes[0][1] if len(shapes[0]) == 2 else -1
+        ok = shapes == [(d, h), (h,), (h, k), (k,)]
+    if not ok:
+        raise ValueError(
+            f"params must be softmax [(d, k), (k,)] or MLP [(d, h), (h,), (h, k), "
+            f"(k,)] arrays for d={d} features and k={k} classes, got {shapes}"
+        )
+
+
 def local_train(
     params: Sequence[FloatArray],
     data: LocalData,
@@ -290,34 +336,44 @@ def local_train(
     clip: float,
     rng: np.random.Generator,
     sampling: Sampling = "poisson",
+    public_count: int | None = None,
 ) -> Params:
     """Run one round of local (DP-)SGD from ``params``; return the new weights.
 
     The model is told apart by the number of arrays: 2 is softmax regression (numpy
     backend), 4 is the one-hidden-layer ReLU MLP (torch + Opacus backend).
+
+    A DP round (``plan.sigma`` set) is one release path for every input
+    (:mod:`federated.release`): non-finite per-example gradients contribute zero
+    before clipping, the noised sums are finite, the normalizer is
+    ``plan.rate * public_count`` and the returned weights are finite
+    (post-processing), so it never raises because of the records or of the
+    weights' values. ``public_count`` is the client's public record count
+    (default ``len(data)``: only for research loops where the size is public).
+    Shapes are checked first (they are public).
     """
     if sampling not in SAMPLINGS:
         raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
     check_real("lr", lr, 0.0, open_low=True)
     check_real("clip", clip, 0.0, open_low=True)
+    count = len(data) if public_count is None else public_count
+    check_int("public_count", count, 1)
     current = [np.asarray(p, dtype=np.float64) for p in params]
-    if current and (current[0].ndim != 2 or current[0].shape[0] != data.X.shape[1]):
-        raise ValueError(
-            f"LocalData.X has {data.X.shape[1]} features but params[0] has shape "
-            f"{current[0].shape}"
-        )
-    if len(current) == 2:
-        new = _train_softmax(current, data, plan, lr, clip, rng, sampling)
-    elif len(current) == 4:
-        new = _train_mlp(current, data, plan, lr, clip, rng, sampling)
-    else:
+    if len(current) not in (2, 4):
         raise ValueError(
             f"params must hold 2 (softmax) or 4 (MLP) arrays, got {len(current)}"
         )
+    _check_shapes(current, data)
+    if len(current) == 2:
+        new = _train_softmax(current, data, plan, lr, clip, rng, sampling, count)
+    else:
+        new = _train_mlp(current, data, plan, lr, clip, rng, sampling, count)
+    if plan.sigma is not None:
+        return finite_release(new)
     if not all(np.isfinite(p).all() for p in new):
         raise ValueError(
             f"local training diverged (non-finite weights) with lr={lr}, "
-            f"clip={clip}, sigma={plan.sigma}, rate={plan.rate}; lower lr or sigma, "
+            f"clip={clip}, rate={plan.rate} (non-private training); lower lr, "
             "or rescale the features X"
         )
     return new
