@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 DESCRIPTION = """\
 Run the defense-suite benchmarks and report their results.
 
-  defense-suite list                              what is registered
+  defense-suite list [--components] [--json]      the shipped specs
   defense-suite run SPEC --out FILE               run one spec into a results file
   defense-suite table FILE... [--delta]           Markdown table of results
   defense-suite plot FILE... --x M --y M --out P  scatter of two metrics
@@ -81,20 +81,9 @@ def _say(args: argparse.Namespace, message: str) -> None:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from defense_suite.extras import EXTRAS, install_line, missing_for
-    from defenses.registry import KINDS, available, skipped
+    from defense_suite.listing import listing
 
-    listing = {kind: available(kind) for kind in KINDS}  # fails before printing
-    for module, library in skipped().items():
-        extras = [name for name, libs in EXTRAS.items() if library in libs]
-        fix = install_line(extras) if extras else f"pip install {library}"
-        print(f"not loaded: {module} (no module {library!r}: {fix})")
-    for kind, names in listing.items():
-        print(f"{kind}:")
-        for name in names:
-            lacking = missing_for(name)
-            note = f"  (not installed: {install_line(lacking)})" if lacking else ""
-            print(f"  {name}{note}")
+    print(listing(spec_dir(), args.components, args.json))
     return 0
 
 
@@ -188,11 +177,15 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _result_files(results_dir: Path) -> list[Path]:
-    if not results_dir.is_dir():
-        raise UserError(f"--results {results_dir}: no such folder")
-    files = sorted(results_dir.glob("*.jsonl"))
+    files = sorted(results_dir.glob("*.jsonl")) if results_dir.is_dir() else []
     if not files:
-        raise UserError(f"--results {results_dir}: no result files (*.jsonl)")
+        where = "no such folder" if not results_dir.is_dir() else "no *.jsonl files"
+        raise UserError(
+            f"--results {results_dir}: {where}, so nothing to report yet; run a "
+            f"spec first (defense-suite run reference-quick --out "
+            f"{results_dir / 'reference-quick.jsonl'}; the folder is created) or "
+            "pass --results FOLDER holding result files"
+        )
     return files
 
 
@@ -312,9 +305,14 @@ def build_parser(audit: bool = True) -> argparse.ArgumentParser:
         help="errors only: no progress, warnings or status lines",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("list", help="list registered components").set_defaults(
-        func=_cmd_list
+    listed = sub.add_parser("list", help="the shipped specs (--components: more)")
+    listed.add_argument(
+        "--components",
+        action="store_true",
+        help="registered scenarios, attacks, defenses (imports every package)",
     )
+    listed.add_argument("--json", action="store_true", help="as one JSON object")
+    listed.set_defaults(func=_cmd_list)
 
     run = sub.add_parser("run", help="run one spec into a results file")
     run.add_argument(

@@ -63,13 +63,37 @@ def resolve_spec(text: str, shipped: Path, what: str = "spec") -> Path:
         if candidate.is_file():
             return candidate
         names = sorted(p.stem for p in shipped.glob("*.toml"))
-        close = difflib.get_close_matches(stem, names, n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ValueError(
-            f"{what} {text}: no such file, and no shipped {what} of that name in "
-            f"{shipped}{hint}"
+            f"{what} {text}: no such file, and no shipped {what} of that name"
+            f"{suggest(stem, names, what)}"
         )
     raise ValueError(f"{what} {text}: no such file")
+
+
+def nearest(name: str, names: list[str], n: int = 5) -> list[str]:
+    """The names closest to ``name``: those it starts or is part of, then difflib's.
+
+    ``ssd`` gives the ``ssd-*`` and ``ssd_*`` specs; ``ssd-quik`` gives
+    ``ssd-quick`` (:func:`difflib.get_close_matches`, ratio >= 0.5); a name close to
+    none of them gives the three nearest all the same.
+    """
+    contains = [other for other in names if name and name in other]
+    close = difflib.get_close_matches(name, names, n=n, cutoff=0.5)
+    found = list(dict.fromkeys([*close, *contains]))[:n]
+    return found or difflib.get_close_matches(name, names, n=3, cutoff=0.0)
+
+
+def suggest(name: str, names: list[str], what: str = "spec") -> str:
+    """``; did you mean a, b?`` with the nearest names, and where to see them all.
+
+    Never a folder path: the shipped specs live inside the installed package, a
+    path the user neither chose nor needs.
+    """
+    close = nearest(name, names)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    if what != "spec":  # a handful of example audits: name them all
+        return f"{hint} (shipped: {', '.join(names) or 'none'})"
+    return f"{hint} (defense-suite list shows them all)"
 
 
 def default_readme() -> Path:

@@ -241,11 +241,12 @@ def test_run_logs_one_line_per_arm_and_seed_off_a_terminal(tmp_path, capsys, cap
     assert "\r" not in capsys.readouterr().err  # no progress bar
 
 
-def test_list_shows_registered_components(capsys):
-    assert main(["list"]) == 0
+def test_list_components_shows_registered_components(capsys):
+    assert main(["list", "--components"]) == 0
     listing = capsys.readouterr().out
-    assert "digits-membership" in listing
-    assert "loss-mia" in listing
+    assert "  digits-membership\n" in listing
+    assert "  loss-mia\n" in listing
+    assert "ssd-quick" not in listing  # the specs are plain `list`'s
 
 
 def test_bench_writes_only_under_results(tmp_path, capsys):

@@ -148,7 +148,7 @@ def test_a_spec_whose_extra_is_missing_is_refused_before_the_first_game(tmp_path
 
 
 def test_list_marks_what_cannot_run_and_the_rest_is_unmarked(tmp_path):
-    done = _blocked(["tenseal"], ["list"], tmp_path)
+    done = _blocked(["tenseal"], ["list", "--components"], tmp_path)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     marked = [line.split()[0] for line in lines if "not installed" in line]
@@ -183,7 +183,7 @@ def test_without_flower_list_leaves_out_only_the_flower_app_and_names_its_extra(
 ):
     """Discovery leaves out a built-in package whose optional library is missing
     (docs/suite.md): list shows every other component and the pip line."""
-    done = _blocked(["flwr"], ["list"], tmp_path)
+    done = _blocked(["flwr"], ["list", "--components"], tmp_path)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     assert (

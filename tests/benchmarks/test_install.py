@@ -149,7 +149,9 @@ def test_a_fresh_install_works_beside_stray_packages_of_those_names(installed):
     )
     version = installed.run(installed.script, "--version").stdout.split()[-1]
     assert version == importlib.metadata.version("defense-suite")
-    listing = installed.run(installed.script, "list").stdout
+    specs = installed.run(installed.script, "list").stdout
+    assert "  ssd-quick " in specs  # the shipped specs, by name, with their titles
+    listing = installed.run(installed.script, "list", "--components").stdout
     for name in (
         "digits-membership",
         "federated-membership",
