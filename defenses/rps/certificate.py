@@ -37,12 +37,21 @@ from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.checks import check_int
 
 TIE = 1e-10
-"""Scores closer than this are treated as equal in certificate comparisons.
+"""A class out of the set is certified to stay out only if its score bound is below
+the threshold bound by more than this.
 
-Vote scores take finitely many values, and a bound of a test score often equals a
-threshold bound *exactly* while the two are computed along different paths and
-differ in the last bits. Comparisons treat such near-ties as ties, the direction in
-which the certificate stays sound (distinct vote scores differ by far more).
+Every comparison of the certificate leans to the safe side: a class in the set is
+kept by a part only when its lower score bound reaches the part's upper threshold
+bound *exactly* (``low >= cut``, no tolerance), and a class out of it is surely
+left out only when its upper bound lies more than ``TIE`` below the lower
+threshold bound (``high < cut - TIE``). A tolerance can therefore only shrink a
+radius, never grow one. Exact ties between a bound and a threshold are common
+(vote scores are discrete), and bounds are computed along other paths than the
+scores: a tie computed one ulp off may lose a certificate on the inclusion side
+(the kernels compute both from one canonical sum, so equal vote vectors give
+equal bits), and on the exclusion side ``TIE`` keeps a tie that rounding puts an
+ulp below the threshold from being certified as out. Distinct vote scores may lie
+as close as 2.4e-11 (Issue 39); that only costs exclusion certificates.
 """
 
 
@@ -140,8 +149,8 @@ class ProbaGeometry:
     ) -> IntArray:
         """0 everywhere: a single model certifies nothing beyond radius 0.
 
-        From radius 1 on its bounds are [0, 1], and no threshold bound of scores in
-        [0, 1] lies below 0 or above 1 by more than ``TIE``.
+        From radius 1 on its bounds are [0, 1]: a lower bound 0 reaches no upper
+        threshold bound above 0, an upper bound 1 is below no threshold bound.
         """
         return np.zeros(self.size, dtype=np.int64)
 
@@ -206,9 +215,10 @@ class PartThresholds:
 
         In the set: at least :math:`\hat\tau + 1 + r_c` parts surely keep it, i.e.
         the lower score bound reaches the :math:`(\hat\tau + r_c + 1)`-th smallest
-        upper threshold bound. Out of it: at least :math:`k_c - \hat\tau + r_c`
-        parts surely leave it out, i.e. the upper score bound is below the
-        :math:`(\hat\tau - r_c + 1)`-th smallest lower threshold bound.
+        upper threshold bound (exactly: ``low >= cut``). Out of it: at least
+        :math:`k_c - \hat\tau + r_c` parts surely leave it out, i.e. the upper
+        score bound is below the :math:`(\hat\tau - r_c + 1)`-th smallest lower
+        threshold bound by more than :data:`TIE`. Both lean to the safe side.
         """
         chosen = np.arange(geometry.size) if rows is None else rows
         n = chosen.shape[0]
@@ -223,7 +233,7 @@ class PartThresholds:
         if pick.size:
             cut = self.upper[keep_at[pick], r_t[pick]]
             low = geometry.lower(r_t[pick], rows=chosen[pick])
-            ok[pick] = low >= cut - TIE
+            ok[pick] = low >= cut
         pick = np.flatnonzero(allowed & ~member & (drop_at >= 0))
         if pick.size:
             cut = self.lower[drop_at[pick], r_t[pick]]
@@ -241,7 +251,7 @@ class PartThresholds:
         k_c = self.n_parts
         inside = np.flatnonzero(in_set)
         low = geometry.lower(train_radius, rows=inside)
-        sure_in = np.searchsorted(self.upper[:, train_radius], low + TIE, side="right")
+        sure_in = np.searchsorted(self.upper[:, train_radius], low, side="right")
         out[inside] = sure_in - self.tau_hat - 1
         outside = np.flatnonzero(~in_set)
         high = geometry.upper(train_radius, rows=outside)

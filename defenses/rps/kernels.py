@@ -33,9 +33,8 @@ def _entry_sums(
     r"""Fill ``tail`` for one entry and return the number of other votes.
 
     ``tail[c]`` is :math:`\sum_{i \ge c} e^{o_i / k_t}`, added from class ``m - 1``
-    to ``c`` (``tail[m] = 0``), and ``tail[m + 1 + c]`` is
-    :math:`\sum_{1 \le i \le c} e^{o_i / k_t}`, added from class 1 to ``c``. The
-    order of the additions is fixed, so equal entries get bit-identical bounds.
+    to ``c`` (``tail[m] = 0``): the smallest first, the canonical order (see
+    :func:`upper_bound`).
     """
     m = others.shape[1]
     room = 0
@@ -45,11 +44,6 @@ def _entry_sums(
         room += others[entry, c]
         total += table[others[entry, c]]
         tail[c] = total
-    head = 0.0
-    tail[m + 1] = 0.0
-    for c in range(1, m):
-        head += table[others[entry, c]]
-        tail[m + 1 + c] = head
     return room
 
 
@@ -65,7 +59,15 @@ def upper_bound(
     softmax: bool,
     radius: int,
 ) -> float:
-    """Largest score of the entry after ``radius`` changed votes."""
+    """Largest score of the entry after ``radius`` changed votes.
+
+    Every score and bound is ``mine / (mine + rest)`` with ``mine = table[own]``
+    and ``rest`` the other classes' terms added one at a time in ascending order
+    of their votes, starting from 0.0 (the canonical sum). So a bound equals, bit
+    for bit, the score of the vote vector it reaches, and two bounds (or a bound
+    and a score) that reach equal vote vectors are equal: an exact tie between a
+    test point's bound and a threshold bound is computed as a tie.
+    """
     m = others.shape[1]
     own = own_votes + min(radius, n_voters - own_votes)
     if not softmax:
@@ -79,7 +81,12 @@ def upper_bound(
     kept = top - moved
     level = kept // j
     high = kept - j * level
-    rest = (j - high) * table[level] + high * table[level + 1] + tail[j]
+    # ascending: the untouched others (tail[j]), then level, then level + 1
+    rest = tail[j]
+    for _ in range(j - high):
+        rest += table[level]
+    for _ in range(high):
+        rest += table[level + 1]
     mine = table[own]
     return float(mine / (mine + rest))
 
@@ -96,7 +103,7 @@ def lower_bound(
     softmax: bool,
     radius: int,
 ) -> float:
-    """Smallest score of the entry after ``radius`` changed votes."""
+    """Smallest score of the entry after ``radius`` changed votes (canonical sum)."""
     m = others.shape[1]
     first = min(radius, own_votes)
     own = own_votes - first
@@ -117,10 +124,16 @@ def lower_bound(
         while emptied < length and before + others[entry, m - 1 - emptied] <= drained:
             before += others[entry, m - 1 - emptied]
             emptied += 1
-    rest = table[top] + float(emptied)
+    # ascending: the emptied classes (e^0 = 1), the partly drained one, the
+    # untouched ones, the largest
+    rest = 0.0
+    for _ in range(emptied):
+        rest += 1.0
     if emptied < length:
-        partial = others[entry, m - 1 - emptied] - (drained - before)
-        rest += table[partial] + tail[m + 1 + (m - 2 - emptied)]
+        rest += table[others[entry, m - 1 - emptied] - (drained - before)]
+        for c in range(m - 2 - emptied, 0, -1):
+            rest += table[others[entry, c]]
+    rest += table[top]
     mine = table[own]
     return float(mine / (mine + rest))
 
@@ -138,7 +151,7 @@ def bounds(
     out: FloatArray,
 ) -> None:
     """``out[i]``: the upper (or lower) bound of entry ``rows[i]`` at ``radius[i]``."""
-    tail = np.empty(2 * others.shape[1] + 1)
+    tail = np.empty(others.shape[1] + 1)
     for i in range(rows.shape[0]):
         entry = rows[i]
         room = _entry_sums(others, entry, table, tail)
@@ -187,7 +200,10 @@ def _certified(
     guard: int,
     tie: float,
 ) -> bool:
-    """:meth:`PartThresholds.certified` for one entry (``r_t`` within the tables)."""
+    """:meth:`PartThresholds.certified` for one entry (``r_t`` within the tables).
+
+    Kept: ``low >= cut`` exactly; left out: ``high < cut - tie`` (the safe sides).
+    """
     if r_c > 0 and r_c > guard:
         return False
     if member:
@@ -197,7 +213,7 @@ def _certified(
         low = lower_bound(
             own_votes, others, entry, room, tail, n_voters, table, softmax, r_t
         )
-        return bool(low >= upper[keep_at, r_t] - tie)
+        return bool(low >= upper[keep_at, r_t])
     drop_at = tau_hat - r_c
     if drop_at < 0:
         return False
@@ -230,7 +246,7 @@ def largest_radius(
     fails, then bisection; radius 0 is always certified and ``ceiling[i]`` (at most
     the tables' last column) bounds the search.
     """
-    tail = np.empty(2 * others.shape[1] + 1)
+    tail = np.empty(others.shape[1] + 1)
     for entry in range(own.shape[0]):
         lo = 0
         hi = ceiling[entry] + 1

@@ -38,12 +38,28 @@ the majority set when it is in more than :math:`\hat\tau` part sets, with
     :math:`1 - \alpha` with no assumption on the dependence of the parts.
 
 Scores are assumed continuous; ties only make every rule more conservative.
+
+Every rank is computed exactly. The level is the decimal the user wrote: for a
+float ``alpha``, :func:`exact_alpha` is one minus the shortest decimal that rounds
+to the float ``1 - alpha`` (the ``confidence_level``), so ``confidence_level=0.9``
+means :math:`\alpha = 1/10` exactly, although ``1 - 0.9`` is
+``0.09999999999999998`` in binary floating point. Ranks such as
+:math:`\lfloor (n + 1)\alpha \rfloor` and the binomial rule of :math:`\hat\tau`
+then use integer and fraction arithmetic: at levels where :math:`(n + 1)\alpha`
+is a whole number the rank is that number, never one below (a floating-point
+product ``1.9999999999999996`` once gave rank 1 for ``n = 19``). The one
+comparison computed by quadrature (the ``"exact"`` rule's miscoverage with
+:math:`k_c > 1` parts) keeps a rank only when its miscoverage is at most
+:math:`\alpha - ` :data:`QUADRATURE_MARGIN`, a margin that can only lower a rank
+(larger sets); with one part the miscoverage is :math:`j / (n + 1)` and the rank
+is the textbook one, exactly.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from fractions import Fraction
 from typing import Literal, get_args
 
 import numpy as np
@@ -58,6 +74,11 @@ QUANTILE_MODES: tuple[str, ...] = get_args(QuantileMode)
 _PANELS = 64
 _NODES = 16
 
+QUADRATURE_MARGIN = 1e-9
+"""The ``"exact"`` rule keeps a rank only if its quadrature miscoverage is at most
+``alpha - QUADRATURE_MARGIN`` (the quadrature's error is below 1e-12 on the tested
+grid, ``tests/defenses/rps/test_quantile.py``): the margin can only lower a rank."""
+
 
 def check_alpha(alpha: float) -> float:
     """Return ``alpha`` as a float in (0, 1), or raise ValueError."""
@@ -65,33 +86,72 @@ def check_alpha(alpha: float) -> float:
 
 
 @functools.cache
-def majority_threshold(n_parts: int, alpha: float) -> int:
-    r"""The majority threshold :math:`\hat\tau(\alpha, k_c)`.
+def exact_alpha(alpha: float) -> Fraction:
+    r"""The miscoverage level as an exact fraction: the level the user wrote.
 
-    A tolerance of 1e-12 keeps the edge case :math:`k_c = 1` (where
-    :math:`F(0) = \alpha` exactly) from falling out through rounding.
+    One minus the shortest decimal that rounds to the float ``1 - alpha`` (the
+    ``confidence_level``): ``exact_alpha(1 - 0.9) == Fraction(1, 10)``. If that
+    decimal is 0 or 1 (``alpha`` below the float spacing near 1), the float
+    ``alpha`` itself, exactly.
     """
     a = check_alpha(alpha)
+    level = Fraction(repr(1.0 - a))
+    exact = 1 - level
+    if not 0 < exact < 1:
+        return Fraction(a)
+    return exact
+
+
+@functools.cache
+def majority_threshold(n_parts: int, alpha: float) -> int:
+    r"""The majority threshold :math:`\hat\tau(\alpha, k_c)`, computed exactly.
+
+    :math:`F_{\mathrm{Bin}}(t; k_c, 1 - \alpha) \le \alpha` is decided in integer
+    arithmetic with :math:`\alpha = p / q` (:func:`exact_alpha`):
+    :math:`\sum_{i \le t} \binom{k_c}{i} (q - p)^i p^{k_c - i} \le p\, q^{k_c - 1}`.
+    At :math:`k_c = 1`, :math:`F(0) = \alpha` exactly and :math:`\hat\tau = 0`.
+    """
+    a = exact_alpha(alpha)
     check_int("n_parts", n_parts, 1)
-    cdf = stats.binom.cdf(np.arange(n_parts + 1), n_parts, 1.0 - a)
-    return int(np.flatnonzero(cdf <= a + 1e-12).max())
+    p, q = a.numerator, a.denominator
+    bound = p * q ** (n_parts - 1)
+    total = 0
+    tau = -1
+    for t in range(n_parts + 1):
+        total += math.comb(n_parts, t) * (q - p) ** t * p ** (n_parts - t)
+        if total > bound:
+            break
+        tau = t
+    if tau < 0:  # pragma: no cover - F(0) = alpha^k_c <= alpha always holds
+        raise AssertionError("no majority threshold")
+    return tau
+
+
+def _rank_at(n: int, alpha: Fraction) -> int:
+    """``min(floor((n + 1) alpha), n)`` in exact arithmetic."""
+    return min(math.floor((n + 1) * alpha), n)
 
 
 def textbook_rank(n: int, alpha: float) -> int:
     r"""The split-conformal rank :math:`\min(\lfloor (n + 1)\alpha \rfloor, n)`.
 
-    The cap matters only when :math:`\alpha > n / (n + 1)` (a confidence level
-    below :math:`1 / (n + 1)`): the largest score is then the threshold.
+    Exact (:func:`exact_alpha`): at ``n = 19`` and ``confidence_level = 0.9`` the
+    rank is 2. The cap matters only when :math:`\alpha > n / (n + 1)` (a
+    confidence level below :math:`1 / (n + 1)`): the largest score is then the
+    threshold.
     """
-    return min(math.floor((n + 1) * alpha + 1e-9), n)
+    return _rank_at(n, exact_alpha(alpha))
 
 
 def official_rank(n: int, alpha: float) -> int:
-    """The official code's rank (``np.quantile(..., method="lower")``), 1-based."""
-    q_level = math.floor((n + 1) * alpha - 1) / n
-    if q_level < 0:
+    """The official code's rank (``np.quantile(..., method="lower")``), 1-based.
+
+    ``floor(q (n - 1)) + 1`` with ``q = (floor((n + 1) alpha) - 1) / n``, exactly.
+    """
+    numerator = math.floor((n + 1) * exact_alpha(alpha)) - 1
+    if numerator < 0:
         return 0
-    return min(math.floor(q_level * (n - 1)) + 1, n)
+    return min(math.floor(Fraction(numerator * (n - 1), n)) + 1, n)
 
 
 @functools.cache
@@ -156,10 +216,18 @@ def _homogeneous_miss(rank: int, n: int, n_parts: int, tau: int) -> float:
 
 @functools.cache
 def exact_rank(n: int, alpha: float, n_parts: int) -> int:
-    """Largest rank with exact majority miscoverage <= alpha (parts of size n)."""
-    tau = majority_threshold(n_parts, alpha)
+    """Largest rank with exact majority miscoverage <= alpha (parts of size n).
+
+    One part: the miscoverage of rank j is j / (n + 1), so the rank is the textbook
+    one, in exact arithmetic. Several: the quadrature's miscoverage must be at most
+    ``alpha - QUADRATURE_MARGIN`` (the margin only lowers a rank).
+    """
     rank = textbook_rank(n, alpha)
-    while rank > 0 and _homogeneous_miss(rank, n, n_parts, tau) > alpha:
+    if n_parts == 1:
+        return rank
+    tau = majority_threshold(n_parts, alpha)
+    limit = float(exact_alpha(alpha)) - QUADRATURE_MARGIN
+    while rank > 0 and _homogeneous_miss(rank, n, n_parts, tau) > limit:
         rank -= 1
     return rank
 
@@ -172,7 +240,7 @@ def part_rank(n: int, alpha: float, n_parts: int, mode: QuantileMode) -> int:
         return official_rank(n, alpha)
     if mode == "markov":
         tau = majority_threshold(n_parts, alpha)
-        return textbook_rank(n, alpha * (n_parts - tau) / n_parts)
+        return _rank_at(n, exact_alpha(alpha) * (n_parts - tau) / n_parts)
     raise ValueError(f"quantile mode must be one of {QUANTILE_MODES}, got {mode!r}")
 
 

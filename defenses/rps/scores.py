@@ -229,9 +229,9 @@ def _check_votes(votes: npt.ArrayLike, n_voters: int, abstain: bool) -> IntArray
 def _tie_exact(votes: IntArray) -> IntArray:
     """Votes shifted so that their smallest class has none (the softmax is unchanged).
 
-    The certificate treats a bound within ``TIE`` of a threshold as reaching it,
-    which is sound only if scores that are *mathematically* equal are also equal in
-    floating point. Without abstentions every row sums to ``k_t``, so equal scores
+    The sets compare scores with thresholds exactly, which decides a tie correctly
+    only if scores that are *mathematically* equal are also equal in floating
+    point. Without abstentions every row sums to ``k_t``, so equal scores
     come from equal vote multisets and are bit-identical. With abstentions, rows
     that differ by a constant, e.g. (2, 1) and (1, 0) of 3 parts, have the same
     softmax computed along different roundings; a score could then miss a
@@ -247,21 +247,17 @@ def smoothed_scores(
 ) -> FloatArray:
     """Scores s(x, y) of shape (n, K) from vote counts.
 
-    The softmax denominator is summed over the votes in sorted order, so the score
-    is a bit-exact function of (own votes, multiset of votes): equal vote vectors
-    give equal scores whatever the class order. ``abstain=True`` accepts rows that
-    sum to less than ``n_voters`` (abstaining parts count for no class); see
-    :func:`_tie_exact` for why those rows are shifted first.
+    The other classes' terms are summed smallest first (:func:`canonical_scores`),
+    so the score is a bit-exact function of (own votes, multiset of the others'
+    votes), equal to the bounds that reach that vote vector. ``abstain=True``
+    accepts rows that sum to less than ``n_voters`` (abstaining parts count for no
+    class); see :func:`_tie_exact` for why those rows are shifted first.
     """
     v = _check_votes(votes, n_voters, abstain)
     if not softmax:
         return np.asarray(v / n_voters, dtype=np.float64)
-    if abstain:
-        v = _tie_exact(v)
-    fractions = v / n_voters
-    ordered = -np.sort(-v, axis=1)
-    denominator = np.exp(ordered / n_voters).sum(axis=1, keepdims=True)
-    return np.asarray(np.exp(fractions) / denominator, dtype=np.float64)
+    geometry = vote_geometry(v, n_voters, softmax=True, abstain=abstain)
+    return np.asarray(geometry.scores[geometry.index], dtype=np.float64)
 
 
 def vote_geometry(
@@ -279,11 +275,9 @@ def vote_geometry(
     ordered = descending_rows(v)
     rows, inverse = _distinct_rows(ordered, n_voters)
     own, others, index, point, position = vote_entries(ordered, rows, inverse, v)
+    del point, position
     if softmax:
-        distinct = ordered[rows]
-        shifted = _tie_exact(distinct) if abstain else distinct
-        denominator = np.exp(shifted / n_voters).sum(axis=1)
-        entry_scores = np.exp(shifted[point, position] / n_voters) / denominator[point]
+        entry_scores = canonical_scores(own, others, n_voters, abstain)
     else:
         entry_scores = own / n_voters
     return VoteGeometry(
@@ -294,6 +288,31 @@ def vote_geometry(
         n_voters,
         softmax,
     )
+
+
+def canonical_scores(
+    own: IntArray, others: IntArray, n_voters: int, abstain: bool = False
+) -> FloatArray:
+    r"""Softmax scores of entries, summed in the canonical order of the kernels.
+
+    :math:`s = m / (m + \text{rest})` with :math:`m = e^{v_y / k_t}` and rest the
+    other classes' :math:`e^{v_c / k_t}` added smallest first (the bounds'
+    radius-0 value, :func:`defenses.rps.kernels.upper_bound`), so a score equals
+    bit for bit every bound that reaches its vote vector. With abstentions the
+    entry is first shifted by its smallest vote (:func:`_tie_exact`).
+    """
+    if abstain:
+        low = np.minimum(own, others.min(axis=1))
+        own = own - low
+        others = others - low[:, None]
+    own = np.ascontiguousarray(own, dtype=np.int64)
+    others = np.ascontiguousarray(others, dtype=np.int64)
+    table = np.exp(np.arange(n_voters + 2, dtype=np.float64) / n_voters)
+    out = np.empty(own.shape[0])
+    rows = np.arange(own.shape[0], dtype=np.int64)
+    zero = np.zeros(own.shape[0], dtype=np.int64)
+    bounds(own, others, rows, zero, n_voters, table, True, True, out)
+    return out
 
 
 def _distinct_rows(ordered: IntArray, n_voters: int) -> tuple[IntArray, IntArray]:
