@@ -1,35 +1,31 @@
-r"""Interval bound propagation (IBP): the box domain and the rule of every layer.
+r"""Interval bound propagation (IBP): the rule of every ``torch.nn`` layer.
 
-A box :math:`[l, u]` is carried as centre :math:`c = (u + l)/2` and radius
-:math:`r = (u - l)/2`. For an affine layer :math:`f(x) = Wx + b` (Linear, Conv2d,
-ConvTranspose2d are all of this form) the image of the box lies in
-
-.. math::  [\,Wc + b - |W| r,\; Wc + b + |W| r\,],
-
-(Gowal et al., "On the effectiveness of interval bound propagation", 2018). A
-monotone non-decreasing elementwise map :math:`g` (ReLU, LeakyReLU with a
-non-negative slope, Sigmoid, Tanh, Softplus, ELU with alpha >= 0, Hardtanh) maps the
-box to :math:`[g(l), g(u)]`. So does every map that is non-decreasing in each input:
-max and average pooling, nearest and (bi/tri)linear upsampling (convex combinations
-of inputs), eval-mode Dropout (the identity) and reshapes.
+Boxes and the generic rules are in :mod:`defenses.civet.box`: an affine layer
+:math:`f(x) = Wx + b` (Linear, Conv1d/2d, ConvTranspose1d/2d) sends the box with
+centre :math:`c` and radius :math:`r` into :math:`[Wc + b - |W| r, Wc + b + |W| r]`
+(Gowal et al., 2018); a monotone non-decreasing elementwise map :math:`g` (ReLU,
+LeakyReLU with a non-negative slope, Sigmoid, Tanh, ELU with alpha >= 0, Hardtanh,
+ReLU6) maps it to :math:`[g(l), g(u)]`. So does every map that is non-decreasing in
+each input: max and average pooling with a positive divisor (an average pool with
+a negative ``divisor_override`` is non-increasing and takes the ends swapped),
+nearest and (bi/tri)linear upsampling (convex combinations of inputs), eval-mode
+Dropout (the identity) and reshapes.
 
 *Per-channel affine maps* (BatchNorm in eval mode,
 :math:`y = s \odot x + t` with :math:`s = \gamma / \sqrt{\hat\sigma^2 + \epsilon}`
 and :math:`t = \beta - s\hat\mu`) take :math:`[\min(s l, s u) + t,
-\max(s l, s u) + t]`, exact for either sign of :math:`s`.
+\max(s l, s u) + t]`, exact for either sign of :math:`s`. The unimodal activations
+(SiLU, GELU, LeakyReLU and ELU with a negative slope) and Softplus, which jumps at
+its threshold, have their own rules (:mod:`defenses.civet.activations`).
 
-*Unimodal activations* fall, then rise, around their minimiser :math:`x^\ast`: SiLU
-:math:`x\,\sigma(x)` (:math:`x^\ast \approx -1.2785`), GELU :math:`x\,\Phi(x)`
-(:math:`x^\ast \approx -0.7518`, and the tanh approximation), LeakyReLU with a
-negative slope and ELU with a negative alpha (:math:`x^\ast = 0`). Over
-:math:`[l, u]` the maximum is :math:`\max(g(l), g(u))` and the minimum is
-:math:`g(x^\ast)` if :math:`l \le x^\ast \le u`, else :math:`\min(g(l), g(u))`:
-both exact.
-
-Every rule is differentiable in the parameters, so the bounds can be trained through
-(certified training, Xu et al., "Support is All You Need for Certified VAE
-Training", ICLR 2025). :mod:`defenses.civet.graph` applies these rules along a
-module's traced graph; a layer outside this list raises
+Every layer class with a rule is a key of :data:`LAYER_RULES` (exact classes: a
+user's subclass may compute something else, and fx traces into it instead); each
+rule has a property test against dense sampling
+(``tests/defenses/civet/soundness``), and a test over this registry fails for a
+class without one. Every rule is differentiable in the parameters, so the bounds
+can be trained through (certified training, Xu et al., "Support is All You Need
+for Certified VAE Training", ICLR 2025). :mod:`defenses.civet.graph` applies these
+rules along a module's traced graph; a layer outside the registry raises
 :class:`UnsupportedLayerError` naming it: an unsupported layer never yields a
 silently unsound bound.
 """
@@ -37,177 +33,51 @@ silently unsound bound.
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from scipy import optimize, special
 from torch import nn
+from torch.nn.utils import parametrize
 
+from defenses.civet.activations import (
+    GELU_MIN,
+    SILU_MIN,
+    sloped,
+    softplus,
+    unimodal,
+)
+from defenses.civet.box import (
+    Box,
+    Rule,
+    UnsupportedLayerError,
+    affine,
+    monotone,
+    scale_shift,
+)
 
-class UnsupportedLayerError(TypeError):
-    """Bound propagation met a layer it has no sound rule for."""
+__all__ = [
+    "GELU_MIN",
+    "LAYER_RULES",
+    "LINEAR_MODES",
+    "POOLS",
+    "SILU_MIN",
+    "Box",
+    "Rule",
+    "UnsupportedLayerError",
+    "affine",
+    "batch_norm_affine",
+    "channel_affine",
+    "check_supported",
+    "layer_rule",
+    "monotone",
+    "out_of_place",
+    "pooled",
+    "scale_shift",
+    "unimodal",
+]
 
-
-@dataclass(frozen=True)
-class Box:
-    """An axis-aligned box ``[lower, upper]`` of a batch of tensors.
-
-    Parameters
-    ----------
-    lower, upper : torch.Tensor
-        Same shape, ``lower <= upper`` elementwise, no NaN (checked by
-        :meth:`validate`, which :func:`ibp` calls once on its input box; the
-        boxes built inside the propagation are sound by construction).
-    """
-
-    lower: torch.Tensor
-    upper: torch.Tensor
-
-    def validate(self) -> Box:
-        """Return ``self`` after checking dtypes, shapes, finiteness and order.
-
-        Raises
-        ------
-        TypeError
-            If the bounds are not floating-point tensors of one dtype.
-        ValueError
-            If the bounds differ in shape, hold NaN or inf, or cross.
-        """
-        if self.lower.shape != self.upper.shape:
-            raise ValueError(
-                f"Box bounds must have the same shape, got {tuple(self.lower.shape)} "
-                f"and {tuple(self.upper.shape)}"
-            )
-        for end in (self.lower, self.upper):
-            if not isinstance(end, torch.Tensor) or not end.is_floating_point():
-                raise TypeError(
-                    "Box bounds must be floating-point tensors, got "
-                    f"{getattr(end, 'dtype', type(end).__name__)}"
-                )
-        if self.lower.dtype != self.upper.dtype:
-            raise TypeError(
-                f"Box bounds must share a dtype, got {self.lower.dtype} and "
-                f"{self.upper.dtype}"
-            )
-        if not bool(
-            torch.isfinite(self.lower).all() & torch.isfinite(self.upper).all()
-        ):
-            raise ValueError("Box bounds hold NaN or inf")
-        if bool((self.lower > self.upper).any()):
-            gap = float((self.lower - self.upper).max())
-            raise ValueError(f"Box needs lower <= upper; lower exceeds upper by {gap}")
-        return self
-
-    @classmethod
-    def linf_ball(
-        cls, x: torch.Tensor, eps: float, domain: tuple[float, float] | None = None
-    ) -> Box:
-        """The L-infinity ball of radius ``eps`` around ``x``, cut to ``domain``."""
-        lower, upper = x - eps, x + eps
-        if domain is not None:
-            lower, upper = lower.clamp(*domain), upper.clamp(*domain)
-        return cls(lower, upper)
-
-    @property
-    def center(self) -> torch.Tensor:
-        """Midpoint ``(upper + lower) / 2``."""
-        return (self.upper + self.lower) / 2
-
-    @property
-    def radius(self) -> torch.Tensor:
-        """Half-width ``(upper - lower) / 2``."""
-        return (self.upper - self.lower) / 2
-
-    def contains(self, x: torch.Tensor, tol: float = 0.0) -> torch.Tensor:
-        """Per-row flag: every coordinate of ``x`` lies in the box, up to ``tol``."""
-        inside = (x >= self.lower - tol) & (x <= self.upper + tol)
-        return inside.reshape(inside.shape[0], -1).all(dim=1)
-
-
-Rule = Callable[[Box], Box]
-
-
-def monotone(box: Box, fn: Callable[[torch.Tensor], torch.Tensor]) -> Box:
-    """Image of ``box`` under a map that is non-decreasing in every input."""
-    return Box(fn(box.lower), fn(box.upper))
-
-
-def affine(
-    box: Box,
-    apply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-) -> Box:
-    """Image of ``box`` under ``x -> apply(x, weight, bias)``, linear in ``x``.
-
-    Centre :math:`Wc + b`, radius :math:`|W| r`.
-    """
-    center = apply(box.center, weight, bias)
-    radius = apply(box.radius, weight.abs(), None)
-    return Box(center - radius, center + radius)
-
-
-def scale_shift(box: Box, scale: torch.Tensor, shift: torch.Tensor | float) -> Box:
-    """Image of ``box`` under the elementwise map ``scale * x + shift`` (any sign)."""
-    a, b = box.lower * scale, box.upper * scale
-    return Box(torch.minimum(a, b) + shift, torch.maximum(a, b) + shift)
-
-
-def unimodal(
-    box: Box,
-    fn: Callable[[torch.Tensor], torch.Tensor],
-    argmin: float,
-    minimum: float,
-) -> Box:
-    r"""Exact image of ``box`` under an elementwise map falling then rising.
-
-    ``fn`` decreases on :math:`(-\infty, x^\ast]` and increases on
-    :math:`[x^\ast, \infty)`, with :math:`x^\ast` = ``argmin`` and
-    :math:`g(x^\ast)` = ``minimum``.
-    """
-    low, high = fn(box.lower), fn(box.upper)
-    inside = (box.lower <= argmin) & (box.upper >= argmin)
-    floor = torch.where(inside, torch.full_like(low, minimum), torch.minimum(low, high))
-    return Box(floor, torch.maximum(low, high))
-
-
-def _stationary(
-    derivative: Callable[[float], float], value: Callable[[float], float]
-) -> tuple[float, float]:
-    """The minimiser on [-3, -0.1] (a root of the derivative) and the minimum."""
-    point = float(optimize.brentq(derivative, -3.0, -0.1, xtol=1e-15, rtol=1e-15))
-    return point, float(value(point))
-
-
-def _silu_slope(x: float) -> float:
-    s = float(special.expit(x))
-    return s * (1.0 + x * (1.0 - s))
-
-
-def _gelu_slope(x: float) -> float:
-    return float(special.ndtr(x)) + x * math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
-
-
-_C, _A = math.sqrt(2.0 / math.pi), 0.044715
-
-
-def _gelu_tanh(x: float) -> float:
-    return 0.5 * x * (1.0 + math.tanh(_C * (x + _A * x**3)))
-
-
-def _gelu_tanh_slope(x: float) -> float:
-    t = math.tanh(_C * (x + _A * x**3))
-    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _C * (1.0 + 3.0 * _A * x * x)
-
-
-SILU_MIN = _stationary(_silu_slope, lambda x: x * float(special.expit(x)))
-GELU_MIN = {
-    "none": _stationary(_gelu_slope, lambda x: x * float(special.ndtr(x))),
-    "tanh": _stationary(_gelu_tanh_slope, _gelu_tanh),
-}
 LINEAR_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear", "area")
 
 POOLS: tuple[type[nn.Module], ...] = (
@@ -222,18 +92,6 @@ POOLS: tuple[type[nn.Module], ...] = (
 )
 """The pooling layers (max and average, fixed and adaptive, 1-d and 2-d)."""
 
-_MONOTONE: tuple[type[nn.Module], ...] = (
-    nn.ReLU,
-    nn.Sigmoid,
-    nn.Tanh,
-    nn.Softplus,
-    nn.Hardtanh,
-    nn.ReLU6,
-    nn.Identity,
-    nn.Flatten,
-    nn.Unflatten,
-    *POOLS,
-)
 _DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.AlphaDropout)
 _BATCHNORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
@@ -317,54 +175,130 @@ def _batch_norm(layer: nn.modules.batchnorm._BatchNorm) -> Rule:
     return rule
 
 
-def _activation(layer: nn.Module) -> Rule | None:
-    """Rules of the elementwise activations, monotone or unimodal."""
-    if isinstance(layer, nn.SiLU):
-        return lambda box: unimodal(box, layer, *SILU_MIN)
-    if isinstance(layer, nn.GELU) and layer.approximate in GELU_MIN:
-        return lambda box: unimodal(box, layer, *GELU_MIN[layer.approximate])
-    if isinstance(layer, nn.LeakyReLU | nn.ELU):
-        slope = layer.negative_slope if isinstance(layer, nn.LeakyReLU) else layer.alpha
-        if slope >= 0:
-            return lambda box: monotone(box, layer)
-        return lambda box: unimodal(box, layer, 0.0, 0.0)
-    if isinstance(layer, nn.Hardtanh) and layer.min_val > layer.max_val:
-        return None
-    if isinstance(layer, _MONOTONE):
-        return lambda box: monotone(box, layer)
-    return None
+def pooled(box: Box, fn: Callable[[torch.Tensor], torch.Tensor], divisor: Any) -> Box:
+    """A pooling map: monotone, or non-increasing for a negative divisor override."""
+    if divisor is not None and divisor < 0:
+        return Box(fn(box.upper), fn(box.lower))
+    return monotone(box, fn)
+
+
+def _pool(layer: nn.Module) -> Rule:
+    if getattr(layer, "return_indices", False):
+        raise UnsupportedLayerError(f"{layer!r}: pooling indices are not bounded")
+    divisor = getattr(layer, "divisor_override", None)
+    return lambda box: pooled(box, layer, divisor)
+
+
+def _monotone(layer: nn.Module) -> Rule:
+    return lambda box: monotone(box, layer)
+
+
+def _hardtanh(layer: nn.Hardtanh) -> Rule:
+    if layer.min_val > layer.max_val:
+        raise UnsupportedLayerError(f"{layer!r}: min_val exceeds max_val")
+    return _monotone(layer)
+
+
+def _softplus(layer: nn.Softplus) -> Rule:
+    beta, threshold = float(layer.beta), float(layer.threshold)
+    softplus(Box(torch.zeros(1), torch.zeros(1)), beta, threshold)  # validates
+    return lambda box: softplus(box, beta, threshold)
+
+
+def _leaky(layer: nn.LeakyReLU | nn.ELU) -> Rule:
+    slope = layer.negative_slope if isinstance(layer, nn.LeakyReLU) else layer.alpha
+    fn = F.leaky_relu if isinstance(layer, nn.LeakyReLU) else F.elu
+    return sloped(fn, float(slope))
+
+
+def _silu(layer: nn.SiLU) -> Rule:
+    return lambda box: unimodal(box, F.silu, *SILU_MIN)
+
+
+def _gelu(layer: nn.GELU) -> Rule:
+    if layer.approximate not in GELU_MIN:
+        raise UnsupportedLayerError(f"{layer!r}: approximation {layer.approximate!r}")
+    minimum = GELU_MIN[layer.approximate]
+    return lambda box: unimodal(box, layer, *minimum)
+
+
+def _linear(layer: nn.Linear) -> Rule:
+    return lambda box: affine(box, F.linear, layer.weight, layer.bias)
+
+
+def _zero_padded(layer: nn.Conv1d | nn.Conv2d) -> Rule:
+    if layer.padding_mode != "zeros":
+        raise UnsupportedLayerError(
+            f"{layer!r}: padding_mode {layer.padding_mode!r} (only 'zeros')"
+        )
+    return _conv(layer)
+
+
+def _dropout(layer: nn.Module) -> Rule:
+    if layer.training:
+        raise UnsupportedLayerError(f"{layer!r} in training mode is random")
+    return lambda box: box
+
+
+def _upsample(layer: nn.Upsample) -> Rule:
+    if layer.mode not in LINEAR_MODES:
+        raise UnsupportedLayerError(
+            f"{layer!r}: mode {layer.mode!r} has negative weights"
+        )
+    return _monotone(layer)
+
+
+LAYER_RULES: dict[type[nn.Module], Callable[[Any], Rule]] = {
+    nn.Linear: _linear,
+    nn.Conv1d: _zero_padded,
+    nn.Conv2d: _zero_padded,
+    nn.ConvTranspose1d: _conv_transpose,
+    nn.ConvTranspose2d: _conv_transpose,
+    **dict.fromkeys(_BATCHNORM, _batch_norm),
+    **dict.fromkeys(_DROPOUT, _dropout),
+    **dict.fromkeys(POOLS, _pool),
+    nn.Upsample: _upsample,
+    nn.ReLU: _monotone,
+    nn.ReLU6: _monotone,
+    nn.Sigmoid: _monotone,
+    nn.Tanh: _monotone,
+    nn.Identity: _monotone,
+    nn.Flatten: _monotone,
+    nn.Unflatten: _monotone,
+    nn.Hardtanh: _hardtanh,
+    nn.Softplus: _softplus,
+    nn.LeakyReLU: _leaky,
+    nn.ELU: _leaky,
+    nn.SiLU: _silu,
+    nn.GELU: _gelu,
+}
+"""Rule factory of every supported layer class (exact classes, see above)."""
+
+
+def layer_class(layer: nn.Module) -> type[nn.Module]:
+    """The layer's class, or the original class of a parametrized layer."""
+    cls = type(layer)
+    if parametrize.is_parametrized(layer):
+        cls = cls.__bases__[0]
+    return cls
 
 
 def layer_rule(layer: nn.Module) -> Rule:
     """The rule of one leaf layer, or :class:`UnsupportedLayerError` naming it."""
-    if isinstance(layer, nn.Linear):
-        return lambda box: affine(box, F.linear, layer.weight, layer.bias)
-    if isinstance(layer, nn.Conv1d | nn.Conv2d) and layer.padding_mode == "zeros":
-        return _conv(layer)
-    if isinstance(layer, nn.ConvTranspose1d | nn.ConvTranspose2d):
-        return _conv_transpose(layer)
-    if isinstance(layer, _BATCHNORM):
-        return _batch_norm(layer)
-    if isinstance(layer, _DROPOUT) and not layer.training:
-        return lambda box: box
-    if getattr(layer, "return_indices", False):
-        raise UnsupportedLayerError(f"{layer!r}: pooling indices are not bounded")
-    if getattr(layer, "inplace", False):
+    factory = LAYER_RULES.get(layer_class(layer))
+    if factory is not None and getattr(layer, "inplace", False):
         raise UnsupportedLayerError(
             f"{layer!r} works in place; bound a copy with inplace=False"
         )
-    if isinstance(layer, nn.Upsample) and layer.mode in LINEAR_MODES:
-        return lambda box: monotone(box, layer)
-    rule = _activation(layer)
-    if rule is not None:
-        return rule
+    if factory is not None:
+        return factory(layer)
     raise UnsupportedLayerError(
         f"interval bound propagation has no sound rule for layer {layer!r} "
         f"({type(layer).__name__}); supported: Linear, Conv1d/Conv2d (zero "
         "padding), ConvTranspose1d/2d, BatchNorm1d/2d/3d and Dropout in eval mode, "
         "Avg/Max/Adaptive pooling, Upsample (nearest, linear modes), Flatten, "
         "Unflatten, Identity, the monotone activations (ReLU, ReLU6, Sigmoid, Tanh, "
-        "Softplus, Hardtanh) and SiLU, GELU, LeakyReLU, ELU"
+        "Hardtanh), Softplus and SiLU, GELU, LeakyReLU, ELU"
     )
 
 

@@ -182,6 +182,55 @@ def _centre(
     return sse(out, x)
 
 
+def _user_loss(
+    user: VAEInterface,
+    xs: torch.Tensor,
+    nus: torch.Tensor,
+    targets: torch.Tensor,
+    rows: torch.Tensor,
+    names: Sequence[str],
+) -> torch.Tensor:
+    """The user's module's own error (its dtype, eval mode) at the given points.
+
+    Raises :class:`CrossCheckError` naming the row, the point and the dtype if an
+    output is NaN or inf there.
+    """
+    dtype = user.dtype
+    with evaluation(user.module):
+        out = user.reconstruct(xs.to(dtype), nus.to(dtype))
+    finite = torch.isfinite(out).reshape(out.shape[0], -1).all(dim=1)
+    if not bool(finite.all()):
+        i = _first(finite)
+        raise CrossCheckError(
+            f"model: its reconstruction in its own dtype ({dtype}) is NaN or inf at "
+            f"a sampled point of row {int(rows[i])} ({names[i]}) inside the input "
+            "ball and the noise box: the certificate would bound a float64 copy, "
+            "not the model as it runs; no certificate"
+        )
+    return sse(out.to(targets.dtype), targets)
+
+
+def _user_within(
+    loss: torch.Tensor,
+    required: torch.Tensor,
+    rows: torch.Tensor,
+    names: Sequence[str],
+    dtype: torch.dtype,
+    slack: float,
+) -> None:
+    """Refuse if the user's module's own error exceeds its bound (dtype slack)."""
+    loose = max(slack, 1e3 * torch.finfo(dtype).eps)
+    bad = ~(loss <= required + loose * (1.0 + required.abs()))
+    if bool(bad.any()):
+        i = _first(~bad)
+        raise CrossCheckError(
+            f"model: in its own dtype ({dtype}) its error at a sampled point of row "
+            f"{int(rows[i])} ({names[i]}), {float(loss[i]):.6g}, exceeds the "
+            f"certified bound {float(required[i]):.6g}: the bound is wrong for "
+            "the model as it runs; no certificate"
+        )
+
+
 def _inside(nu: torch.Tensor, widths: torch.Tensor, slack: float) -> torch.Tensor:
     """``(levels, m)`` flags: point ``i`` lies in level ``j``'s noise box."""
     return (nu.abs()[None] <= widths * (1.0 + slack)).all(dim=2)
@@ -300,9 +349,12 @@ def cross_check(
                     f"{float(required[i]):.6g}: the bound is wrong for this module; "
                     "no certificate"
                 )
+            theirs = _user_loss(user, xs, nus, x[rows], rows, names)
+            worst = torch.cat([worst, theirs / required])
+            _user_within(theirs, required, rows, names, user.dtype, slack)
     attack = centre
     if config.steps:
-        attack = _attack(exact, x, ball, widths[p_index], config.steps, g)
+        attack, point = _attack(exact, x, ball, widths[p_index], config.steps, g)
         _finite("the reconstruction at the attack's point", attack[:, None], "model")
         required = torch.minimum(bounds[p_index], ceiling)
         worst = torch.cat([worst, attack / required])
@@ -315,6 +367,11 @@ def cross_check(
                 f"{float(required[row]):.6g}: the bound is wrong for this module; "
                 "no certificate"
             )
+        with torch.no_grad():
+            what = ["the short joint attack's point"] * n
+            theirs = _user_loss(user, *point, x, torch.arange(n), what)
+        _user_within(theirs, required, torch.arange(n), what, user.dtype, slack)
+        worst = torch.cat([worst, theirs / required])
     ratios = worst[torch.isfinite(worst)]
     return CheckReport(
         points=n * (1 + config.samples + (1 if config.steps else 0)),
@@ -331,8 +388,8 @@ def _attack(
     widths: torch.Tensor,
     steps: int,
     g: torch.Generator,
-) -> torch.Tensor:
-    """Error at the best point of a joint signed-gradient ascent, per row."""
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Error at the best point of a joint signed-gradient ascent, and the point."""
     corner = torch.randint(0, 2, widths.shape, generator=g).to(x.dtype) * 2 - 1
 
     def objective(v: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -340,11 +397,11 @@ def _attack(
 
     span = float((ball.upper - ball.lower).max()) / 2
     with torch.enable_grad():
-        _, best = projected_ascent(
+        point, best = projected_ascent(
             objective,
             [x, widths * corner],
             [(ball.lower, ball.upper), (-widths, widths)],
             [2.5 * span / steps, 2.5 * float(widths.max()) / steps],
             steps,
         )
-    return best.detach()
+    return best.detach(), (point[0].detach(), point[1].detach())

@@ -23,15 +23,19 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from defenses.civet.bounds import Box, UnsupportedLayerError
 from defenses.civet.graph import ibp
+
+RELAXATIONS = {nn.ReLU: "relu_relaxation", nn.Linear: "exact"}
+"""Layer classes CROWN relaxes (exact classes): ReLU's lines, Linear exactly."""
 
 
 def _flatten(modules: Sequence[nn.Module]) -> list[nn.Module]:
     out: list[nn.Module] = []
     for module in modules:
-        if isinstance(module, nn.Sequential):
+        if type(module) is nn.Sequential:
             out.extend(_flatten(list(module)))
         else:
             out.append(module)
@@ -41,25 +45,33 @@ def _flatten(modules: Sequence[nn.Module]) -> list[nn.Module]:
 def _split(layers: list[nn.Module]) -> tuple[list[nn.Module], list[nn.Module]]:
     """The Linear/ReLU core (ending in a Linear) and the trailing layers."""
     end = max(
-        (i for i, layer in enumerate(layers) if isinstance(layer, nn.Linear)),
+        (i for i, layer in enumerate(layers) if type(layer) is nn.Linear),
         default=-1,
     )
     if end < 0:
         raise UnsupportedLayerError("CROWN needs at least one Linear layer")
     core, tail = layers[: end + 1], layers[end + 1 :]
     for layer in core:
-        if not isinstance(layer, nn.Linear | nn.ReLU):
+        if type(layer) not in RELAXATIONS or getattr(layer, "inplace", False):
             raise UnsupportedLayerError(
                 f"CROWN supports Linear and ReLU layers before the last Linear, got "
                 f"{layer!r} ({type(layer).__name__}); use interval propagation instead"
             )
+        if parametrize.is_parametrized(layer):
+            raise UnsupportedLayerError(
+                f"CROWN does not support the parametrized layer {layer!r}"
+            )
     return core, tail
 
 
-def _relaxation(
+def relu_relaxation(
     box: Box,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Upper slope, upper intercept and lower slope of ReLU over ``box``."""
+    r"""Upper slope, upper intercept and lower slope of ReLU over ``box``.
+
+    For every :math:`z \in [l, u]`: ``lower_slope * z <= relu(z) <= upper_slope *
+    z + intercept`` (the chord above, a line through 0 of slope 0 or 1 below).
+    """
     lower, upper = box.lower, box.upper
     active, dead = lower >= 0, upper <= 0
     unstable = ~(active | dead)
@@ -76,7 +88,7 @@ def _backward(
     core: list[nn.Module], pre: list[Box], box: Box, upper: bool
 ) -> torch.Tensor:
     last = core[-1]
-    assert isinstance(last, nn.Linear)
+    assert type(last) is nn.Linear
     n = box.lower.shape[0]
     A = last.weight.unsqueeze(0).expand(n, -1, -1)
     c = (
@@ -86,12 +98,12 @@ def _backward(
     )
     relus = iter(reversed(pre))
     for layer in reversed(core[:-1]):
-        if isinstance(layer, nn.Linear):
+        if type(layer) is nn.Linear:
             if layer.bias is not None:
                 c = c + A @ layer.bias
             A = A @ layer.weight
             continue
-        chord, intercept, low_slope = _relaxation(next(relus))
+        chord, intercept, low_slope = relu_relaxation(next(relus))
         pos, neg = A.clamp(min=0), A.clamp(max=0)
         if upper:
             c = c + (pos * intercept.unsqueeze(1)).sum(dim=2)

@@ -34,6 +34,10 @@ from defenses.civet.bounds import Box, UnsupportedLayerError, layer_rule, out_of
 from defenses.civet.operations import FUNCTIONS, METHODS, SHAPE_METHODS, holds_box
 
 
+class PropagationError(UnsupportedLayerError):
+    """An operation raised while bounds were propagated through it (named)."""
+
+
 class _Method(nn.Module):
     """``module.<method>(x)`` as a module, so that fx can trace any method."""
 
@@ -60,12 +64,13 @@ def trace(
     root = module if method == "forward" else _Method(module, method)
     try:
         graph = fx.Tracer().trace(root)
+        traced = fx.GraphModule(root, graph)
     except Exception as error:
         raise TypeError(
-            f"{owner}.{method} could not be traced by torch.fx ({error}); interval "
-            "bounds need a method without control flow on tensor values"
+            f"{owner}.{method} could not be traced by torch.fx "
+            f"({type(error).__name__}: {error}); interval bounds need a method "
+            "without control flow on tensor values"
         ) from error
-    traced = fx.GraphModule(root, graph)
     if root is not module:  # layers are named as the user's module names them
         traced.meta[PREFIX] = "module."
     return traced
@@ -89,13 +94,10 @@ def propagate(graph: fx.GraphModule, *inputs: Any) -> Any:
             target = str(node.target)
             env[node] = functools.reduce(getattr, target.split("."), graph)
             continue
-        args = fx.node.map_arg(node.args, env.__getitem__)
-        kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
-        if not holds_box((args, kwargs)):
-            env[node] = _concrete(graph, node, args, kwargs)
-            continue
         try:
-            env[node] = _bound(graph, node, args, kwargs)
+            env[node] = _step(graph, node, env)
+        except PropagationError:
+            raise
         except UnsupportedLayerError as error:
             if str(error).startswith(("interval bound propagation", "layer ")):
                 raise
@@ -104,6 +106,23 @@ def propagate(graph: fx.GraphModule, *inputs: Any) -> Any:
                 f"{describe(node, graph)}: {error}"
             ) from error
     raise UnsupportedLayerError("the traced graph has no output")
+
+
+def _step(graph: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
+    """One node's value (a box if it depends on one); other errors are named."""
+    try:
+        args = fx.node.map_arg(node.args, env.__getitem__)
+        kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+        if not holds_box((args, kwargs)):
+            return _concrete(graph, node, args, kwargs)
+        return _bound(graph, node, args, kwargs)
+    except UnsupportedLayerError:
+        raise
+    except Exception as error:
+        raise PropagationError(
+            f"interval bound propagation failed at {describe(node, graph)}: "
+            f"{type(error).__name__}: {error}; CIVET cannot bound this module"
+        ) from error
 
 
 def _concrete(graph: fx.GraphModule, node: fx.Node, args: Any, kwargs: Any) -> Any:
@@ -228,6 +247,13 @@ def ibp(module: nn.Module, box: Box) -> Box:
         )
     try:
         out = _forward(module, box)
+    except PropagationError as error:
+        if not isinstance(error.__cause__, RuntimeError):
+            raise
+        raise ValueError(
+            f"box of shape {tuple(box.lower.shape)} does not fit "
+            f"{type(module).__name__}: {error.__cause__}"
+        ) from error
     except RuntimeError as error:
         raise ValueError(
             f"box of shape {tuple(box.lower.shape)} does not fit "
@@ -242,7 +268,7 @@ def ibp(module: nn.Module, box: Box) -> Box:
 
 
 def _forward(module: nn.Module, box: Box) -> Any:
-    if isinstance(module, nn.Sequential):
+    if type(module) is nn.Sequential:
         for layer in module:
             box = _forward(layer, box)
         return box

@@ -32,18 +32,17 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
+from defenses.civet.activations import GELU_MIN, SILU_MIN, sloped, softplus, unimodal
 from defenses.civet.bounds import (
-    GELU_MIN,
     LINEAR_MODES,
-    SILU_MIN,
     Box,
     UnsupportedLayerError,
     affine,
     batch_norm_affine,
     channel_affine,
     monotone,
+    pooled,
     scale_shift,
-    unimodal,
 )
 
 FunctionRule = Callable[..., Any]
@@ -129,7 +128,7 @@ def _neg(a: Box) -> Box:
 
 def _add(a: Any, b: Any, *, alpha: float = 1) -> Box:
     if alpha != 1:
-        b = _mul(b, alpha)
+        b = _mul(b, alpha) if isinstance(b, Box) else b * alpha
     if isinstance(a, Box) and isinstance(b, Box):
         return Box(a.lower + b.lower, a.upper + b.upper)
     if isinstance(a, Box):
@@ -240,9 +239,23 @@ def _sloped(
 
     def rule(x: Box, *args: Any, **kwargs: Any) -> Box:
         slope = float(args[0] if args else kwargs.get(keyword, default))
-        if slope >= 0:
-            return monotone(x, lambda t: fn(t, slope))
-        return unimodal(x, lambda t: fn(t, slope), 0.0, 0.0)
+        return sloped(fn, slope)(x)
+
+    return rule
+
+
+def _softplus(x: Box, beta: float = 1.0, threshold: float = 20.0) -> Box:
+    return softplus(x, beta, threshold)
+
+
+def _avg_pool(fn: Callable[..., torch.Tensor], position: int) -> FunctionRule:
+    """Average pooling: ``divisor_override`` (argument ``position``) may be < 0."""
+
+    def rule(*args: Any, **kwargs: Any) -> Box:
+        box, rest = _box_first(args, kwargs)
+        index = position - 1
+        divisor = rest[index] if len(rest) > index else kwargs.get("divisor_override")
+        return pooled(box, lambda t: fn(t, *rest, **kwargs), divisor)
 
     return rule
 
@@ -296,6 +309,9 @@ FUNCTIONS: dict[Callable[..., Any], FunctionRule] = {
     F.gelu: _gelu,
     F.leaky_relu: _sloped(F.leaky_relu, "negative_slope", 0.01),
     F.elu: _sloped(F.elu, "alpha", 1.0),
+    F.softplus: _softplus,
+    F.avg_pool1d: _both(F.avg_pool1d),
+    F.avg_pool2d: _avg_pool(F.avg_pool2d, 6),
 }
 for _fn in (
     torch.relu,
@@ -307,11 +323,8 @@ for _fn in (
     torch.exp,
     torch.clamp,
     torch.clip,
-    F.softplus,
     F.relu6,
     F.hardtanh,
-    F.avg_pool1d,
-    F.avg_pool2d,
     F.adaptive_avg_pool1d,
     F.adaptive_avg_pool2d,
     F.pad,

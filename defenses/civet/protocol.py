@@ -37,6 +37,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from defenses.checks import check_finite_module, check_real
 from defenses.civet.bounds import Box, UnsupportedLayerError
 from defenses.civet.graph import output_range, parameter_dtype, propagate, trace
+from defenses.civet.state import check_hooks, check_stateless, snapshot
 
 PROTOCOL = (
     "a torch.nn.Module with encode(x) -> (mu, logvar), two tensors of shape "
@@ -254,7 +255,10 @@ def as_vae(
         If ``model`` is not a module, lacks a method, or a method breaks the
         contract (the message says which and what it returned).
     UnsupportedLayerError
-        If a BatchNorm layer keeps no running statistics (it is named).
+        If a BatchNorm layer keeps no running statistics, a layer carries a
+        forward hook (old-style weight_norm / spectral_norm included), or a
+        method writes state on the module (each named; :mod:`defenses.civet.
+        state`).
     ValueError
         If ``x`` or ``domain`` is invalid, or a parameter, a buffer or an output on
         the first row holds NaN or inf (named).
@@ -272,9 +276,11 @@ def as_vae(
     high = check_real("domain[1]", span[1], low, open_low=True)
     check_finite_module("model", model)
     _batch_statistics(model)
+    check_hooks(model)
     dtype = parameter_dtype(model)
     row = check_inputs(x, None, (low, high), dtype)[:1]
     with torch.no_grad(), evaluation(model):
+        before = snapshot(model)
         try:
             out = getattr(model, encode)(row)
         except Exception as error:
@@ -296,6 +302,7 @@ def as_vae(
                 f"model.{encode}(x) must return (mu, logvar), got "
                 f"{type(out).__name__}; CIVET needs {PROTOCOL}"
             )
+        check_stateless(model, before, encode)
         mu, logvar = out
         if mu.ndim != 2 or mu.shape != logvar.shape or mu.shape[0] != 1:
             raise TypeError(
@@ -303,7 +310,9 @@ def as_vae(
                 f"(n, latent_dim); got {tuple(mu.shape)} and {tuple(logvar.shape)} "
                 f"for x of shape {tuple(row.shape)}"
             )
+        before = snapshot(model)
         x_hat = getattr(model, decode)(mu)
+        check_stateless(model, before, decode)
         if not isinstance(x_hat, torch.Tensor) or x_hat.shape != row.shape:
             got = tuple(x_hat.shape) if isinstance(x_hat, torch.Tensor) else x_hat
             raise TypeError(

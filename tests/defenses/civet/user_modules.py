@@ -149,7 +149,7 @@ REFUSED = {
     "augmented-alias": (AugmentedAlias, "traced graph of model.decode differs"),
     "functional-dropout": (FunctionalDropout, "dropout"),
     "buffer-in-forward": (BufferInForward, "batch statistics"),
-    "call-counter": (CallCounter, "differs"),
+    "call-counter": (CallCounter, "writes state on the module: 'calls'"),
     "frozen-noise": (FrozenNoise, "traced graph of model.decode differs"),
     "batch-coupled": (BatchCoupled, "couples the rows of a batch"),
     "nan-output": (NaNOutput, "nan or inf"),
