@@ -52,6 +52,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _NormBase
 
 from defenses.s3t.eligibility import admit
+from defenses.s3t.snapshot import capture
 
 LoRA = tuple[Tensor, Tensor]
 """``(A, B)`` of one target layer."""
@@ -243,6 +244,8 @@ class AdaptedModel:
                 )
         params = dict(self.module.named_parameters())
         self.base_head: dict[str, Tensor] = {n: params[n] for n in self.head_names}
+        self.pristine = capture(self.module)
+        """The copy's state before S3T ran anything (see :mod:`.conformance`)."""
 
     def fresh(
         self, targets: Sequence[str], rank: int, gen: torch.Generator

@@ -26,7 +26,7 @@ from defenses.cost import count, phase
 from defenses.s3t import inputs, partition, store
 from defenses.s3t.adapters import Targets, fingerprint, target_groups, updating_stats
 from defenses.s3t.backbone import adapt
-from defenses.s3t.conformance import check_conformance
+from defenses.s3t.conformance import Conformance
 from defenses.s3t.defense.holder import StateHolder
 from defenses.s3t.defense.state import (
     AllShardsDeadError,
@@ -174,27 +174,31 @@ class Unlearner(StateHolder):
 
         Before training, a conformance pass (:mod:`defenses.s3t.conformance`)
         refuses a backbone whose forward is random (functional dropout) or whose
-        parameters or buffers move during a training step (buffers updated in
-        forward), naming the cause.
+        state moves (parameters, buffers, plain attributes through containers,
+        hooks' closures, class attributes and globals its code names, the global
+        random generators) during S3T's first forward passes, a pass over every
+        row and a training step, naming the cause and the state.
         """
-        features = self._inputs(X, None)
-        n = features.shape[0]
-        classes, labels = inputs.encode_labels(y, n)
-        idx, source = inputs.fit_ids(ids, groups, n)
-        if self.shards * self.slices > n:
-            raise ValueError(
-                f"shards x slices = {self.shards * self.slices} exceeds the "
-                f"{n} samples; every slice needs data"
+        probe = Conformance(self.model, self.shared_state)
+        with probe:  # sees S3T's first forward passes on the module, too
+            features = self._inputs(X, None)
+            n = features.shape[0]
+            classes, labels = inputs.encode_labels(y, n)
+            idx, source = inputs.fit_ids(ids, groups, n)
+            if self.shards * self.slices > n:
+                raise ValueError(
+                    f"shards x slices = {self.shards * self.slices} exceeds the "
+                    f"{n} samples; every slice needs data"
+                )
+            self.model.check(features[:2], classes.size, self.config.rank)
+            probe.run(
+                features[:8],
+                torch.as_tensor(labels[:8]),
+                self.config.rank,
+                self.config.lr,
+                features,
             )
-        self.model.check(features[:2], classes.size, self.config.rank)
-        check_conformance(
-            self.model,
-            features[:8],
-            torch.as_tensor(labels[:8]),
-            self.config.rank,
-            self.config.lr,
-            self.shared_state,
-        )
+        probe.verdict()
         data = partition_data(
             features.numpy(), labels, idx, source, self.salt, self.shards, self.slices
         )
