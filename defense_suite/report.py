@@ -215,10 +215,13 @@ def write_report(
             "Mean ± standard deviation over seeds (a number alone: no spread); the "
             "paired Δ is defended minus undefended at the same seed. The verdict "
             "compares the measured change with the direction and size the paper "
-            "claims: *reproduced*, *partly* (the right direction, less than "
-            "claimed), *not reproduced*; *projected* where the numbers come from "
-            "a model extrapolating measurements (the measured range is stated), "
-            "never a measurement at the paper's scale.",
+            "claims: *reproduced* (the right direction, significant over seeds, "
+            "and, where the paper states a size, a mean change that reaches it), "
+            "*direction reproduced, magnitude not* (ours against the paper's "
+            "number is stated), *partly* (the right direction, less than "
+            "claimed or not significant), *not reproduced*; *projected* where the "
+            "numbers come from a model extrapolating measurements (the measured "
+            "range is stated), never a measurement at the paper's scale.",
             "",
             summary,
             "",

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from defense_suite.magnitude import MAGNITUDE_KEYS, magnitude_problem
+
 TOP_KEYS = {
     "title",
     "claim",
@@ -71,7 +73,11 @@ SUMMARY_KEYS = {
     "basis",
     "measured_range",
     "interval",
+    "paper_baseline",
+    "paper_defended",
+    "paper_ratio",
 }
+
 METRIC_SECTIONS = ("utility", "success", "cost", "certificate")
 """The sections of a result record a metric path (``section.key``) can name."""
 
@@ -159,6 +165,15 @@ class SummarySettings:
     ``measured_range`` (what the measurements cover) and what the projection would
     give; ``interval`` (two metric paths, low and high, of the defended arm) adds
     the projection's interval to that statement.
+
+    Where the paper states a size, the row carries it and the verdict checks it
+    (:func:`defense_suite.summary.magnitude`): ``paper_baseline`` and
+    ``paper_defended``, the paper's values of the metric without and with the
+    defense (BREP-MI accuracy 26.8 % -> 1.8 %: 0.268 and 0.018), claim the relative
+    change :math:`c = (d_p - b_p) / |b_p|`; ``paper_defended`` alone claims that
+    value itself; ``paper_ratio`` (a speed-up such as 6.94x) claims :math:`b / d`
+    (``direction = "lower"``) or :math:`d / b` (``"higher"``) of at least that.
+    *Reproduced* then also needs the measured change to reach the stated size.
     """
 
     threat: str
@@ -175,6 +190,14 @@ class SummarySettings:
     basis: str = "measured"
     measured_range: str = ""
     interval: list[str] = field(default_factory=list)
+    paper_baseline: float | None = None
+    paper_defended: float | None = None
+    paper_ratio: float | None = None
+
+    @property
+    def has_magnitude(self) -> bool:
+        """Whether the claim states a size (one of :data:`MAGNITUDE_KEYS` is set)."""
+        return any(getattr(self, key) is not None for key in MAGNITUDE_KEYS)
 
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:
@@ -221,6 +244,11 @@ class SummarySettings:
                 )
             for metric in self.interval:
                 check_metric("report.summary.interval", metric)
+        problem = magnitude_problem(
+            self.direction, self.paper_baseline, self.paper_defended, self.paper_ratio
+        )
+        if problem:
+            raise SpecError(f"report.summary.{problem}")
 
 
 @dataclass(frozen=True)
@@ -393,10 +421,9 @@ def _summary(name: str, raw: Any) -> SummarySettings | None:
     ):
         if key in raw:
             _expect(f"{where}.{key}", raw[key], str, "a string")
-    if "relative_change" in raw:
-        _expect(
-            f"{where}.relative_change", raw["relative_change"], (int, float), "a number"
-        )
+    for key in ("relative_change", *MAGNITUDE_KEYS):
+        if key in raw:
+            _expect(f"{where}.{key}", raw[key], (int, float), "a number")
     peers = _str_list(f"{where}.peers", raw.get("peers", []))
     interval = _str_list(f"{where}.interval", raw.get("interval", []))
     try:

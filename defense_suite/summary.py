@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from defense_suite.magnitude import Magnitude, check
 from defense_suite.spec import Spec, SummarySettings
 from defense_suite.tables import show
 from defenses.results import Interval, Result, Summary, describe, paired_interval
@@ -14,6 +15,43 @@ REPRODUCED = "reproduced"
 PARTLY = "partly"
 NOT_REPRODUCED = "not reproduced"
 PROJECTED = "projected"
+DIRECTION_ONLY = "direction reproduced, magnitude not"
+"""The direction is reproduced (by at least ``relative_change``), but the change
+falls short of the size the paper states (:mod:`defense_suite.magnitude`)."""
+
+
+def magnitude_of(settings: SummarySettings) -> Magnitude | None:
+    """The size the row's claim states, or None when it states none."""
+    if not settings.has_magnitude:
+        return None
+    return Magnitude(
+        settings.direction,
+        settings.paper_baseline,
+        settings.paper_defended,
+        settings.paper_ratio,
+    )
+
+
+def with_magnitude(
+    settings: SummarySettings,
+    outcome: str,
+    defended: float,
+    undefended: float,
+    interval: Interval | None = None,
+) -> tuple[str, str]:
+    """The verdict and its note once the claim's stated size is checked.
+
+    *Reproduced* stays only where the measured change reaches the stated size;
+    otherwise it becomes :data:`DIRECTION_ONLY`. Other verdicts stand; the note
+    compares ours with the paper's either way (empty for a claim without a size).
+    """
+    magnitude = magnitude_of(settings)
+    if magnitude is None:
+        return outcome, ""
+    met, note = check(magnitude, defended, undefended, interval)
+    if outcome == REPRODUCED and not met:
+        return DIRECTION_ONLY, f"direction reproduced; {note}"
+    return outcome, note
 
 
 @dataclass(frozen=True)
@@ -100,7 +138,10 @@ def projection_note(
     """
     if settings.basis != PROJECTED:
         return ""
-    outcome = _outcome(settings, defended, undefended)
+    outcome, sized = with_magnitude(
+        settings, _outcome(settings, defended, undefended), defended, undefended
+    )
+    outcome += f" ({sized})" if sized else ""
     bounds = [_values(runs, metric) for metric in settings.interval]
     span = ""
     if settings.interval and all(bounds):
@@ -181,6 +222,11 @@ def summary_row(spec: Spec, results: Sequence[Result]) -> SummaryRow | None:
             defended, undefended, settings.metric, settings.direction
         )
         outcome = interval_verdict(outcome, paired)
+    note = projection_note(settings, d.mean, u.mean, defended)
+    if outcome != PROJECTED:
+        outcome, note = with_magnitude(
+            settings, outcome, d.mean, u.mean, paired[0] if paired else None
+        )
     return SummaryRow(
         spec=spec.name,
         title=spec.title,
@@ -194,7 +240,7 @@ def summary_row(spec: Spec, results: Sequence[Result]) -> SummaryRow | None:
         guarantee=guarantee,
         verdict=outcome,
         utility_cost=utility_cost,
-        note=projection_note(settings, d.mean, u.mean, defended),
+        note=note,
         interval=paired[0] if paired is not None else None,
     )
 

@@ -1,7 +1,10 @@
+import re
+
 import pytest
 
 from defense_suite.spec import SpecError, SummarySettings, parse
 from defense_suite.summary import (
+    DIRECTION_ONLY,
     NOT_REPRODUCED,
     PARTLY,
     REPRODUCED,
@@ -197,3 +200,141 @@ def test_the_verdict_follows_the_paired_interval(defended, expected):
     assert row.interval.n == 4
     assert row.verdict == expected
     assert f"(paired Δ {row.interval})" in markdown_summary([row], ["attack_acc"])
+
+
+def _sized_row(values, **claim):
+    """A summary row over paired seeds: ``values`` are (baseline, defended) pairs."""
+    results = []
+    for seed, (base, defended) in enumerate(values):
+        results += [run("none", seed, base), run("ssd", seed, defended)]
+    summary = {
+        "threat": "inversion",
+        "metric": "success.attack_acc",
+        "defense": "ssd",
+        "attack": "atk",
+        "relative_change": 0.5,
+        **claim,
+    }
+    spec = parse(
+        {"scenario": "s", "attacks": ["atk"], "report": {"summary": summary}},
+        "ssd-quick",
+    )
+    return summary_row(spec, results)
+
+
+# the ssd-quick run of issue 40: 0.987 -> 0.387 over three seeds, paper 0.268 -> 0.018
+SSD_QUICK = [(1.0, 0.2), (1.0, 0.48), (0.96, 0.48)]
+
+
+def test_a_stated_size_the_change_falls_short_of_is_direction_only():
+    row = _sized_row(SSD_QUICK, paper_baseline=0.268, paper_defended=0.018)
+    assert row.verdict == DIRECTION_ONLY
+    assert row.note.startswith("direction reproduced; 0.387 against the paper's 0.018")
+    assert "magnitude not reproduced" in row.note
+    assert "paper 0.268 -> 0.018, -93%; ours 0.987 -> 0.387, -61%" in row.note
+    cell = markdown_summary([row], ["success.attack_acc"])
+    assert "**direction reproduced, magnitude not**" in cell
+    without = _sized_row(SSD_QUICK)  # the same numbers, no stated size
+    assert without.verdict == REPRODUCED  # what the report said before
+    assert without.note == ""
+
+
+def test_a_stated_size_that_is_reached_keeps_reproduced():
+    row = _sized_row(
+        [(1.0, 0.05), (0.9, 0.06), (0.95, 0.05)],
+        paper_baseline=0.268,
+        paper_defended=0.018,
+    )
+    assert row.verdict == REPRODUCED
+    assert row.note.endswith("magnitude reproduced")
+
+
+@pytest.mark.parametrize(
+    ("claim", "defended", "met"),
+    [
+        ({"paper_defended": 0.1}, 0.1, True),  # exactly at the value
+        ({"paper_defended": 0.1}, 0.11, False),
+        ({"paper_ratio": 4.0}, 0.25, True),  # 4x less
+        ({"paper_ratio": 4.0}, 0.26, False),
+        ({"paper_baseline": 0.5, "paper_defended": 0.2}, 0.4, True),  # -60 %
+        ({"paper_baseline": 0.5, "paper_defended": 0.2}, 0.41, False),
+    ],
+)
+def test_the_mean_must_reach_the_stated_size(claim, defended, met):
+    row = _sized_row([(1.0, defended), (1.0, defended)], **claim)
+    assert (row.verdict == REPRODUCED) is met
+    assert row.verdict in (REPRODUCED, DIRECTION_ONLY)
+
+
+def test_a_size_within_the_interval_but_missed_on_the_mean_says_more_seeds_could_tell():
+    row = _sized_row([(1.0, 0.0), (1.0, 0.9)], paper_defended=0.2)
+    assert row.verdict != REPRODUCED  # never reproduced on an interval alone
+    assert "within the paired 95 % interval" in row.note
+
+
+def test_a_higher_claim_with_a_speed_up():
+    results = [run("none", 0, 1.0), run("ssd", 0, 2.4)]
+    spec = parse(
+        {
+            "scenario": "s",
+            "attacks": ["atk"],
+            "report": {
+                "summary": {
+                    "threat": "t",
+                    "metric": "success.attack_acc",
+                    "defense": "ssd",
+                    "direction": "higher",
+                    "relative_change": 0.5,
+                    "paper_ratio": 2.3,
+                }
+            },
+        },
+        "x",
+    )
+    row = summary_row(spec, results)
+    assert row.verdict == REPRODUCED
+    assert row.note == "2.4x against the paper's 2.3x: magnitude reproduced"
+
+
+@pytest.mark.parametrize(
+    ("claim", "match"),
+    [
+        ({"paper_ratio": 0.5}, "paper_ratio must be > 1"),
+        ({"paper_ratio": 2.0, "paper_defended": 0.1}, "paper_ratio states the size"),
+        ({"paper_baseline": 0.2}, "paper_baseline needs paper_defended"),
+        ({"paper_baseline": 0.2, "paper_defended": 0.3}, "must move lower"),
+        ({"paper_baseline": 0.0, "paper_defended": -0.3}, "non-zero baseline"),
+        ({"paper_defended": "0.1"}, "paper_defended must be a number"),
+        ({"paper_defended": float("nan")}, "paper_defended must be a finite number"),
+        ({"paper_defended": 0.1, "direction": "same"}, "needs direction"),
+    ],
+)
+def test_stated_sizes_are_checked_naming_the_key(claim, match):
+    summary = {"threat": "t", "metric": "success.auc", "defense": "d", **claim}
+    with pytest.raises(SpecError, match=match):
+        parse({"scenario": "s", "attacks": ["a"], "report": {"summary": summary}}, "x")
+
+
+SIZED = re.compile(r"\d+(?:\.\d+)?\s*%\s*(?:->|to)\s*\d|\d+(?:\.\d+)?x faster")
+EXEMPT = {
+    # measures the LoRA part alone; the paper's 6.94x is the whole step's (cited)
+    "crypto_lora-quick": "the suite's own target",
+}
+
+
+def test_every_shipped_claim_that_states_a_size_carries_it():
+    """A claim of '26.8% -> 1.8%' or '6.94x faster' is checked at that size."""
+    from pathlib import Path
+
+    from defense_suite.spec import load_spec
+
+    specs = Path(__file__).resolve().parents[2] / "benchmarks" / "specs"
+    sized = []
+    for path in sorted(specs.glob("*.toml")):
+        summary = load_spec(path).report.summary
+        if summary is None or not SIZED.search(summary.paper):
+            continue
+        sized.append(path.stem)
+        if path.stem not in EXEMPT:
+            assert summary.has_magnitude, path.name
+    assert {"ssd-quick", "crypto_finetune-quick"} <= set(sized)
