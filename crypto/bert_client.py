@@ -5,7 +5,8 @@
 tokenizer, :func:`crypto.hf.encode`) and their 0/1 attention mask, embeds them on
 its side (exact LayerNorm, :meth:`HEBert.embed_tokens`), encrypts the packed
 features and the key weights of the mask (:mod:`crypto.bert_pack`) with its secret
-LoRA factors, and answers the server's refresh and roll requests. The session
+LoRA factors (the range guard advisory, :mod:`crypto.shadow`), and answers the
+server's refresh and roll requests. The session
 runs through the same bytes-only messages and transports (``InProcess``,
 ``Loopback``) and the same checks: the public schedule is derived by running the
 program on zeros (:func:`crypto.bert_pack.inference_schedule`), every request is
@@ -31,6 +32,8 @@ from .protocol import Client, Exchange
 from .schedule import Schedule
 from .server import InProcess, Server
 from .session import Refused, abort, follow
+from .shadow import flag_ids, pack_ids, report
+from .timing import Floor
 from .wire import Channel, Message
 
 if TYPE_CHECKING:
@@ -56,11 +59,11 @@ class BertClient(Client):
         factors are the client's secret).
     params : CKKSParams
         The modulus chain (at least 5 levels: the attention stage needs 5).
-    answer_floor : float
-        As for :class:`~crypto.protocol.Client`.
+    answer_floor : float or "auto"
+        As for :class:`~crypto.protocol.Client` (default ``"auto"``).
     """
 
-    def __init__(self, model: HEBert, params: CKKSParams, answer_floor: float = 0.0):
+    def __init__(self, model: HEBert, params: CKKSParams, answer_floor: Floor = "auto"):
         from .conversion.model import HEBert
 
         if not isinstance(model, HEBert):
@@ -84,14 +87,18 @@ class BertClient(Client):
         X: npt.ArrayLike,
         rolled: bool = False,
         mask: npt.ArrayLike | None = None,
+        *,
+        guard: bool = True,
     ) -> Message:
         """An ``infer`` message: packed features, then the ``n`` key weights.
 
         ``X`` holds token ids (batch, n_tokens); ``mask`` their 0/1 attention mask
-        (None: every position attended).
+        (None: every position attended). ``guard=False`` leaves the range verdict
+        to :meth:`predict`'s advisory check (the session path).
         """
         _interactive(not rolled)
-        z, masks, batch = pack_inputs(self.bert, X, mask, self._slots)
+        packing = pack_inputs if guard else pack_ids
+        z, masks, batch = packing(self.bert, X, mask, self._slots)
         meta = {"interactive": True, "sequences": batch}
         return self._encrypt("infer", z + masks, meta)
 
@@ -114,7 +121,7 @@ class BertClient(Client):
     ) -> FloatArray:
         """One packed batch of token ids over an open session."""
         schedule = self.schedule(interactive)
-        message = self.encrypt_inputs(X, mask=mask)
+        message = self.encrypt_inputs(X, mask=mask, guard=False)
         batch = int(message.meta["sequences"])
         session = follow(connection, schedule, message.encode(), self.answer)
         try:
@@ -168,15 +175,16 @@ class BertClient(Client):
         """Encrypted logits for token ids ``X`` (batched to fill the slots).
 
         ``server`` is a :class:`~crypto.server.Server` (served in-process for this
-        call) or an open connection to one (``InProcess``, ``Loopback``). Bad ids,
-        a mask of the wrong shape or sequences outside the calibrated ranges are
-        refused before anything is uploaded.
+        call) or an open connection to one (``InProcess``, ``Loopback``). Bad ids
+        or a mask of the wrong shape are refused before anything is uploaded;
+        the range guard is advisory (``flagged``, logged), as for
+        :meth:`crypto.protocol.Client.predict`.
         """
         _interactive(interactive)
         ids_t, mask_t = self.bert.check_ids(X, mask)
         ids = np.asarray(ids_t.numpy())
         m = np.asarray(mask_t.numpy())
-        self.bert.predict_logits(ids, m, guard=True)  # refuse before any upload
+        flags = flag_ids(self.bert, ids, m)  # advisory: changes no message
         per_batch = self._slots // self.bert.config.n_tokens
         connection = InProcess(server) if isinstance(server, Server) else server
         try:
@@ -193,4 +201,5 @@ class BertClient(Client):
             if isinstance(server, Server):
                 assert isinstance(connection, InProcess)
                 connection.close()
+        self.flagged = report(flags, "sequences")
         return np.concatenate(out)

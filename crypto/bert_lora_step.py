@@ -39,10 +39,12 @@ from defenses.checks import check_real
 
 from .bert_lora import lora_gradients
 from .bert_pack import pack_inputs
+from .bounds import DEFAULT_BOUNDS, UpdateBounds, bound_update
 from .ckks import CKKSParams, TenSEALBackend, local_key_owner
 from .evaluator import Backend, Evaluator, NumpyBackend, Value
 from .finetune import _Services
 from .heval_bert import LORA, BertWeights, lora_factors
+from .shadow import flag_ids, pack_ids, report
 
 if TYPE_CHECKING:
     from .conversion.model import HEBert
@@ -57,7 +59,9 @@ class QKVStep:
 
     ``factors`` and ``grads`` are keyed ``"layer {i} q_a"`` ... and use the
     model's convention (``lora_a`` of shape (d, r), ``lora_b`` (r, d), no
-    :math:`\kappa`); ``layers`` are the trained blocks.
+    :math:`\kappa`); ``layers`` are the trained blocks. ``factors`` are within
+    ``bounds`` of the factors before the step (:mod:`crypto.bounds`);
+    ``clipped`` counts the entries the bounds changed (0 in an honest step).
     """
 
     layers: tuple[int, ...]
@@ -65,6 +69,8 @@ class QKVStep:
     grads: dict[str, FloatArray]
     seconds: float
     counts: dict[str, int]
+    bounds: UpdateBounds = DEFAULT_BOUNDS
+    clipped: int = 0
 
 
 def _parameters(model: HEBert, layers: tuple[int, ...]) -> dict[str, Any]:
@@ -97,15 +103,25 @@ def current_factors(model: HEBert, blocks: int = 1) -> dict[str, FloatArray]:
 
 
 def apply_qkv_step(model: HEBert, step: QKVStep) -> None:
-    """Write the step's factors into the model (the client's update)."""
+    """Write the step's factors into the model (the client's update).
+
+    The factors are bounded again against the model's current ones
+    (:func:`crypto.bounds.bound_update` with ``step.bounds``: idempotent for a
+    step made from this model), so whatever a step holds, the model moves by at
+    most the public bounds and never to a non-finite value.
+    """
     import torch
 
     params = _parameters(model, step.layers)
     if set(params) != set(step.factors):
         raise ValueError("the step's factors do not match the model's blocks")
+    old = {
+        k: np.asarray(p.detach().numpy(), dtype=np.float64) for k, p in params.items()
+    }
+    new, _ = bound_update(old, step.factors, step.bounds)
     with torch.no_grad():
         for k, p in params.items():
-            p.copy_(torch.as_tensor(step.factors[k]))
+            p.copy_(torch.as_tensor(new[k]))
 
 
 def _labels(model: HEBert, y: npt.ArrayLike, batch: int) -> npt.NDArray[np.int64]:
@@ -126,14 +142,22 @@ def step_inputs(
     mask: npt.ArrayLike | None,
     y: npt.ArrayLike,
     slots: int,
+    guard: bool = True,
 ) -> tuple[list[FloatArray], FloatArray, FloatArray, int]:
     """The client's plaintexts of one step: inputs, targets, loss mask, batch.
 
     The inputs are the packed features then the ``n`` key weights
     (:func:`crypto.bert_pack.pack_inputs`); the targets are one-hot on the CLS
     slots of the batch's first copy, where the mask :func:`loss_mask` is ``1/B``.
+    ``guard=False``: the range verdict is advisory (logged, :mod:`crypto.shadow`)
+    instead of a ``RangeError`` (the encrypted steps: a refusal there would
+    depend on weights an earlier step let the server influence).
     """
-    z, masks, batch = pack_inputs(model, ids, mask, slots)
+    if guard:
+        z, masks, batch = pack_inputs(model, ids, mask, slots)
+    else:
+        report(flag_ids(model, ids, mask), "sequences of the step")
+        z, masks, batch = pack_ids(model, ids, mask, slots)
     labels = _labels(model, y, batch)
     n = model.config.n_tokens
     targets = np.zeros((model.config.n_classes, slots))
@@ -155,11 +179,15 @@ def updated(
     blocks: int,
     seconds: float,
     counts: dict[str, int],
+    bounds: UpdateBounds = DEFAULT_BOUNDS,
 ) -> QKVStep:
     r"""The client's update from the decrypted (folded) gradient sums.
 
     :math:`\bar A = \kappa\,\bar A_{\text{folded}}` for Q and K, then
-    :math:`A \leftarrow A - \eta \bar A`, :math:`B \leftarrow B - \eta \bar B`.
+    :math:`A \leftarrow A - \eta \bar A`, :math:`B \leftarrow B - \eta \bar B`,
+    each matrix's change bounded by the public ``bounds`` (non-finite entries of
+    the change to 0, then per entry and in norm: :func:`crypto.bounds.
+    bound_update`) before it is returned, whatever the gradients hold.
     """
     layers = trained_layers(model, blocks)
     w = BertWeights.from_model(model)
@@ -168,8 +196,10 @@ def updated(
         for x in ("q", "k"):
             plain[f"layer {i} {x}_a"] *= w.blocks[i].kappa
     old = current_factors(model, blocks)
-    new = {k: old[k] - lr * plain[k] for k in old}
-    return QKVStep(layers, new, plain, seconds, counts)
+    with np.errstate(over="ignore", invalid="ignore"):
+        raw = {k: old[k] - lr * plain[k] for k in old}
+    new, clipped = bound_update(old, raw, bounds)
+    return QKVStep(layers, new, plain, seconds, counts, bounds, clipped)
 
 
 def _step(
@@ -188,7 +218,7 @@ def _step(
     lr = check_real("lr", lr, 0.0)
     layers = trained_layers(model, blocks)
     start = time.perf_counter()
-    inputs, targets, m, _ = step_inputs(model, ids, mask, y, slots)
+    inputs, targets, m, _ = step_inputs(model, ids, mask, y, slots, guard=False)
     w = BertWeights.from_model(model)
     services = _Services(encrypt, decrypt, w.n_tokens, slots)
     ev = Evaluator(backend, max_level, services.fresh)

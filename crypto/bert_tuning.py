@@ -22,7 +22,8 @@ With the squared error on the CLS logits,
 
 (:math:`\sum_t` a slot sum: rotations with Galois keys). The server returns the
 encrypted gradients; the key owner decrypts them and updates its adapter,
-:math:`A \leftarrow A - \eta\nabla A`, :math:`B \leftarrow B - \eta\nabla B`
+:math:`A \leftarrow A - \eta\nabla A`, :math:`B \leftarrow B - \eta\nabla B`,
+each change bounded by public bounds first (:mod:`crypto.bounds`)
 (function-call path: the key owner's refresh, roll and decryption are calls, as
 in :func:`crypto.finetune.encrypted_step`). :func:`reference_head_step` is the
 same step by ``torch`` autograd on the plaintext polynomial model.
@@ -41,11 +42,12 @@ import numpy.typing as npt
 from defenses.arrays import FloatArray
 from defenses.checks import check_real
 
-from .bert_pack import pack_inputs
+from .bounds import DEFAULT_BOUNDS, UpdateBounds, bound_update
 from .ckks import CKKSParams, TenSEALBackend, local_key_owner
 from .evaluator import Backend, Evaluator, NumpyBackend, Value
 from .heval_bert import BertWeights, affine, encode, lora_factors
 from .packing import roll_tokens
+from .shadow import flag_ids, pack_ids, report
 
 if TYPE_CHECKING:
     from .conversion.model import HEBert
@@ -53,7 +55,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class HeadStep:
-    """The adapter after one step, its gradients, seconds and operation counts."""
+    """The adapter after one step, its gradients, seconds and operation counts.
+
+    ``a`` and ``b`` are within the step's public bounds of the adapter before it
+    (:mod:`crypto.bounds`); ``clipped`` counts the entries the bounds changed.
+    """
 
     a: FloatArray
     b: FloatArray
@@ -61,6 +67,7 @@ class HeadStep:
     grad_b: FloatArray
     seconds: float
     counts: dict[str, int]
+    clipped: int = 0
 
 
 def head_gradients(
@@ -136,10 +143,14 @@ def _step(
     max_level: int,
     encrypt: Callable[[FloatArray], Any],
     decrypt: Callable[[Any], FloatArray],
+    bounds: UpdateBounds = DEFAULT_BOUNDS,
 ) -> HeadStep:
     labels, a, b, lr = _check(model, y, A, B, lr)
+    if not np.all(np.isfinite(a)) or not np.all(np.isfinite(b)):
+        raise ValueError("A, B: the adapter must be finite")
     start = time.perf_counter()
-    z, masks, batch = pack_inputs(model, ids, mask, slots)
+    report(flag_ids(model, ids, mask), "sequences of the step")  # advisory
+    z, masks, batch = pack_ids(model, ids, mask, slots)
     if labels.size != batch:
         raise ValueError(f"y: {labels.size} labels for {batch} sequences")
     w = BertWeights.from_model(model)
@@ -178,7 +189,11 @@ def _step(
     ga = np.array([[decrypt(v.handle)[0] for v in row] for row in grad_a])
     gb = np.array([[decrypt(v.handle)[0] for v in row] for row in grad_b])
     seconds = time.perf_counter() - start
-    return HeadStep(a - lr * ga, b - lr * gb, ga, gb, seconds, dict(ev.counts))
+    with np.errstate(over="ignore", invalid="ignore"):
+        raw = {"a": a - lr * ga, "b": b - lr * gb}
+    new, clipped = bound_update({"a": a, "b": b}, raw, bounds)
+    counts = dict(ev.counts)
+    return HeadStep(new["a"], new["b"], ga, gb, seconds, counts, clipped)
 
 
 def _full(values: FloatArray, slots: int) -> FloatArray:
@@ -216,8 +231,13 @@ def encrypted_head_step(
     lr: float,
     params: CKKSParams,
     mask: npt.ArrayLike | None = None,
+    bounds: UpdateBounds = DEFAULT_BOUNDS,
 ) -> HeadStep:
-    """The step under CKKS (TenSEAL, Galois keys for the slot sums)."""
+    """The step under CKKS (TenSEAL, Galois keys for the slot sums).
+
+    The updated adapter is bounded (``bounds``, :mod:`crypto.bounds`) against the
+    one before the step; the range guard on the ids is advisory (logged).
+    """
     encrypt, decrypt = local_key_owner(params, galois=True)
     slots = params.slots - params.slots % model.config.n_tokens
 
@@ -234,6 +254,7 @@ def encrypted_head_step(
         params.levels,
         encrypt,
         decrypt,
+        bounds,
     )
 
 

@@ -19,7 +19,8 @@ The step of :mod:`crypto.bert_lora_step` with the key owner's help on a
   (:func:`qkv_schedule`: the same program on zeros with a recording key owner),
   admits each request before decrypting, clips it to the chain's encoding-safe
   bound, answers fresh encryptions, checks the ``weights`` reply (count, level)
-  before decrypting it and updates its factors,
+  before decrypting it and updates its factors, the change of each bounded by
+  the public :class:`~crypto.bounds.UpdateBounds` first,
   :math:`A \leftarrow A - \eta\kappa\bar A_{\text{folded}}` for Q and K and
   :math:`A \leftarrow A - \eta\bar A` for V, :math:`B \leftarrow B - \eta\bar B`
   (:func:`crypto.bert_lora_step.updated`). Anything else gets the one ``abort``.
@@ -45,12 +46,14 @@ from defenses.cost import clock, since
 
 from .bert_lora import lora_gradients
 from .bert_lora_step import QKVStep, loss_mask, step_inputs, trained_layers, updated
+from .bounds import DEFAULT_BOUNDS, UpdateBounds
 from .ckks import CKKSParams, TenSEALBackend, public_bytes
 from .evaluator import Evaluator, NumpyBackend, Value
 from .heval_bert import BertWeights, lora_factors
 from .schedule import Recorder, Schedule, Step, safe_bound
 from .server import InProcess
-from .session import Refused, abort, follow
+from .session import follow
+from .timing import Floor
 from .tuning import ProgramServer, Roll, Unroll, chunked
 from .tuning_client import TuningClient
 from .wire import Channel, Message, ProtocolError
@@ -212,16 +215,31 @@ class BertTuningClient(TuningClient):
         The chain (Galois keys are generated: the server's slot sums rotate).
     context : TenSEAL context or None
         An existing private context with Galois keys.
+    bounds : UpdateBounds
+        The public bounds every step's change of each factor is clipped to before
+        the step is returned (:mod:`crypto.bounds`; part of the agreement).
+    answer_floor : float or "auto"
+        As for :class:`~crypto.tuning_client.TuningClient`.
     """
 
-    def __init__(self, model: HEBert, params: CKKSParams, context: Any = None):
+    def __init__(
+        self,
+        model: HEBert,
+        params: CKKSParams,
+        context: Any = None,
+        bounds: UpdateBounds = DEFAULT_BOUNDS,
+        answer_floor: Floor = "auto",
+    ):
         from .conversion.model import HEBert
 
         if not isinstance(model, HEBert):
             raise TypeError(f"model must be an HEBert, got {type(model).__name__}")
         if not model.calibration.calibrated:
             raise ValueError("calibrate the converted model before encrypting with it")
-        super().__init__(params, model.config.n_tokens, context)
+        if not isinstance(bounds, UpdateBounds):
+            raise TypeError(f"bounds must be UpdateBounds, got {type(bounds).__name__}")
+        super().__init__(params, model.config.n_tokens, context, answer_floor)
+        self.bounds = bounds
         self.model = model
         self.counts: dict[str, int] = {}
 
@@ -240,9 +258,12 @@ class BertTuningClient(TuningClient):
     ) -> QKVStep:
         """One encrypted step over ``server`` (hosted in-process) or a channel.
 
-        Returns the updated factors and the decrypted gradients (model
-        convention, as :func:`crypto.bert_lora_step.encrypted_qkv_step`); the
-        model itself is not changed (:func:`~crypto.bert_lora_step.apply_qkv_step`).
+        Returns the updated factors, bounded (:attr:`bounds`), and the decrypted
+        gradients (model convention, as :func:`crypto.bert_lora_step.
+        encrypted_qkv_step`); the model itself is not changed
+        (:func:`~crypto.bert_lora_step.apply_qkv_step`). The range guard on the
+        ids is advisory (logged): a refusal would depend on factors an earlier
+        step let the server influence.
 
         Raises
         ------
@@ -253,7 +274,9 @@ class BertTuningClient(TuningClient):
         lr = check_real("lr", lr, 0.0)
         job = QKVJob.public(self.model, blocks)
         self.slots = step_slots(self.params, self.n)
-        inputs, targets, _, batch = step_inputs(self.model, ids, mask, y, self.slots)
+        inputs, targets, _, batch = step_inputs(
+            self.model, ids, mask, y, self.slots, guard=False
+        )
         schedule = self.schedule(job)
         if not isinstance(server, ProgramServer):
             return self._session(server, job, schedule, inputs, targets, batch, lr)
@@ -289,10 +312,7 @@ class BertTuningClient(TuningClient):
 
         session = follow(connection, schedule, upload, self.answer)
         self.bytes_up += session.bytes_up
-        try:
-            flat = self._open(schedule.reply, session.reply)
-        except Refused as err:
-            abort(connection, err)
+        flat = self.open_reply(connection, schedule.reply, session.reply)
         grads, at = {}, 0
         sizes = {k: (r, c) for k, r, c in job.shapes}
         for name in job.trained:
@@ -311,4 +331,6 @@ class BertTuningClient(TuningClient):
         )
         self.counts = counts
         self.elapsed = since(self.started)
-        return updated(self.model, grads, lr, job.blocks, self.elapsed[0], counts)
+        return updated(
+            self.model, grads, lr, job.blocks, self.elapsed[0], counts, self.bounds
+        )

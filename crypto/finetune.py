@@ -42,6 +42,7 @@ from defenses.arrays import FloatArray
 from defenses.checks import check_int, check_real
 
 from .backprop import forward
+from .bounds import DEFAULT_BOUNDS, UpdateBounds, bound_update
 from .ckks import (
     CKKSParams,
     load_public,
@@ -54,6 +55,7 @@ from .model import HEFormer
 from .net import Net
 from .packing import pack, roll_tokens
 from .server import InProcess
+from .shadow import flag_sequences, report
 from .tasks import check_labels, check_sequences
 from .train import predict_logits
 from .transport import Loopback
@@ -79,6 +81,8 @@ class StepResult:
     seconds: float
     cpu_seconds: float = 0.0
     system_seconds: float = 0.0
+    clipped: int = 0
+    """Entries the public update bounds changed (encrypted step; 0 if honest)."""
 
 
 class KeyOwner:
@@ -149,12 +153,15 @@ class _Services:
 
 
 def _check_batch(
-    model: HEFormer, X: npt.ArrayLike, y: npt.ArrayLike
+    model: HEFormer, X: npt.ArrayLike, y: npt.ArrayLike, guard: bool = True
 ) -> tuple[FloatArray, npt.NDArray[np.int64]]:
     c = model.config
     arr = check_sequences(X, c.n_tokens, c.token_dim)
     labels = check_labels(y, arr.shape[0], c.n_classes)
-    predict_logits(model, arr, guard=True)  # the polynomials' calibrated ranges
+    if guard:
+        predict_logits(model, arr, guard=True)  # the polynomials' calibrated ranges
+    else:  # advisory (logged): the weights may carry an earlier step's update
+        report(flag_sequences(model, arr), "sequences of the step")
     slots = arr.shape[0] * c.n_tokens
     if slots & (slots - 1):
         raise ValueError(
@@ -173,10 +180,10 @@ def _check_step(lr: float, steps: int, arm: Arm) -> tuple[float, int]:
 
 
 def _prepare(
-    model: HEFormer, X: FloatArray, y: npt.ArrayLike, arm: Arm
+    model: HEFormer, X: FloatArray, y: npt.ArrayLike, arm: Arm, guard: bool = True
 ) -> tuple[Net, dict[str, Any], list[FloatArray], FloatArray, int]:
     """The client's side: folded net, fold factors, packed batch, targets, batch."""
-    X, labels = _check_batch(model, X, y)
+    X, labels = _check_batch(model, X, y, guard)
     c = model.config
     b, n = X.shape[0], c.n_tokens
     net, fold = plain_net(model, arm, X)
@@ -188,12 +195,13 @@ def _prepare(
 
 
 def _unfold(
-    folded: dict[str, FloatArray], fold: dict[str, Any], lr: float
+    folded: dict[str, FloatArray], fold: dict[str, Any], lr: float, strict: bool = True
 ) -> dict[str, FloatArray]:
     out = {}
     for name, W in folded.items():
-        out[name] = W / np.asarray(fold[name], dtype=float)
-        if not np.all(np.isfinite(out[name])):
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            out[name] = W / np.asarray(fold[name], dtype=float)
+        if strict and not np.all(np.isfinite(out[name])):
             raise ValueError(
                 f"lr = {lr!r} made the step diverge ({name} is not finite); "
                 "use a smaller lr"
@@ -293,19 +301,23 @@ def encrypted_step(
     params: CKKSParams = TRAIN_PARAMS,
     owner: KeyOwner | None = None,
     transport: str = "inprocess",
+    bounds: UpdateBounds = DEFAULT_BOUNDS,
 ) -> StepResult:
     """``steps`` encrypted SGD steps (TenSEAL) as messages with a public-context server.
 
     The server (:class:`~crypto.tuning.TuningServer`, public weights only) runs in
     a thread (``transport="inprocess"``) or another process (``"loopback"``); the
     key owner answers only the public schedule of refreshes, rolls and unrolls
-    (:func:`~crypto.tuning.tuning_schedule`). ``owner`` lends its key.
+    (:func:`~crypto.tuning.tuning_schedule`). ``owner`` lends its key. The
+    returned weights' change is bounded by the public ``bounds`` (non-finite to 0,
+    per entry, in norm: :mod:`crypto.bounds`) and the range guard is advisory
+    (logged), so nothing the client does next depends on what the server sent.
     """
     if transport not in ("inprocess", "loopback"):
         raise ValueError(
             f"transport must be 'inprocess' or 'loopback', got {transport!r}"
         )
-    X, _ = _check_batch(model, X, y)
+    X, _ = _check_batch(model, X, y, guard=False)
     check_real("lr", lr, 0.0, open_low=True)
     check_int("steps", steps, 1)
     if not isinstance(arm, Arm):
@@ -316,7 +328,9 @@ def encrypted_step(
             f"{params.slots} slots"
         )
     lr, steps = _check_step(lr, steps, arm)
-    net, fold, packed, onehot, b = _prepare(model, X, y, arm)
+    if not isinstance(bounds, UpdateBounds):
+        raise TypeError(f"bounds must be UpdateBounds, got {type(bounds).__name__}")
+    net, fold, packed, onehot, b = _prepare(model, X, y, arm, guard=False)
     job = TuningJob.public(net, fold, lr, steps, b)
     secret = {name: np.asarray(net.mats[name]) for name in net.trained}
     client = TuningClient(
@@ -334,7 +348,28 @@ def encrypted_step(
     seconds, cpu, system = client.elapsed
     if owner is not None:
         owner.bytes_up += client.bytes_up
-    return StepResult(_unfold(folded, fold, lr), counts, seconds, cpu, system)
+    returned = _unfold(folded, fold, lr, strict=False)
+    weights, clipped = bound_update(_unfold(secret, fold, lr), returned, bounds)
+    return StepResult(weights, counts, seconds, cpu, system, clipped)
+
+
+def apply_step(model: HEFormer, result: StepResult) -> None:
+    """Write a step's weights (model parametrisation) into ``model``, in place.
+
+    A merged Q, K or V weight (the ``full`` arm's ``wq``, ...) is written as
+    :math:`W - AB`, so that the layer's effective weight is the step's.
+    """
+    with torch.no_grad():
+        for name, W in result.weights.items():
+            value = torch.as_tensor(np.asarray(W, dtype=np.float64))
+            if name in ("wq", "wk", "wv"):
+                layer = getattr(model, name[1])
+                layer.weight.copy_(value - layer.lora_a @ layer.lora_b)
+            elif name[1:] in ("_a", "_b"):
+                layer = getattr(model, name[0])
+                (layer.lora_a if name.endswith("a") else layer.lora_b).copy_(value)
+            else:
+                getattr(model, "out" if name == "wo" else name).copy_(value)
 
 
 def reference_step(

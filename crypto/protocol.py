@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from defenses.arrays import FloatArray
-from defenses.checks import check_int, check_real
+from defenses.checks import check_int
 from defenses.cost import count
 
 from .ckks import CKKSParams, fingerprint, make_context, public_bytes
@@ -41,12 +41,14 @@ from .schedule import (
     Schedule,
     Step,
     calibrate,
-    check_batch,
+    exceeds,
     inference_schedule,
 )
 from .server import InProcess, Server, Transcript
 from .session import Refused, abort, admit, clip, follow
+from .shadow import flag_sequences, report
 from .tasks import check_sequences
+from .timing import Floor, check_floor, pad, resolve_floor, units
 from .wire import Channel, Message, ProtocolError
 
 if TYPE_CHECKING:
@@ -100,10 +102,13 @@ class Client:
         before upload. Without it the clip bound is the chain's encoding-safe
         magnitude (:func:`crypto.schedule.safe_bound`).
 
-    answer_floor : float
-        Seconds per requested ciphertext that every answer to a refresh or roll
-        is padded to (0: no padding). Above the time the answer really takes, the
-        answer's timing shows nothing of the plaintext; the excess, if any, does.
+    answer_floor : float or "auto"
+        Seconds per unit (:mod:`crypto.timing`: one decryption and one
+        encryption) that every answer to a refresh or roll, and the decryption of
+        the logits, is padded to; 0: no padding; ``"auto"`` (default): twice the
+        slowest unit of the client's own worst case, measured once when the first
+        session opens. Below the floor, the answer's timing shows nothing of the
+        plaintext; an overrun shows its excess.
 
     Attributes
     ----------
@@ -111,6 +116,20 @@ class Client:
         Ciphertexts decrypted so far (a refused request adds none).
     clipped : int
         Decrypted slots the public bounds changed (0 in an honest run).
+    flagged : ndarray of bool
+        The advisory range verdict of the last :meth:`predict`, one per sequence
+        (:mod:`crypto.shadow`): True where the plaintext shadow left the
+        calibrated ranges, so the encrypted logits may be wrong. It never changes
+        what the client sends; acting on it where the server can see is acting
+        on a decryption (see the IND-CPA^D rules in ``docs/crypto.md``).
+
+    Notes
+    -----
+    The client's rule: every message it sends (kind, count, size, timing class)
+    and every refusal depends only on public values (the schedule, the model's
+    shape, the calibration ranges, the floor, what the server sent) and on the
+    caller's own arguments' shapes and finiteness, never on a decryption or on
+    weights a server influenced.
     """
 
     def __init__(
@@ -118,7 +137,7 @@ class Client:
         model: HEFormer,
         params: CKKSParams,
         calibration: npt.ArrayLike | None = None,
-        answer_floor: float = 0.0,
+        answer_floor: Floor = "auto",
     ):
         if not isinstance(params, CKKSParams):
             raise TypeError(f"params must be CKKSParams, got {type(params).__name__}")
@@ -132,7 +151,8 @@ class Client:
         self.refreshed = 0
         self.decryptions = 0
         self.clipped = 0
-        self.answer_floor = check_real("answer_floor", answer_floor, 0.0)
+        self.answer_floor = check_floor(answer_floor)
+        self.flagged = np.zeros(0, dtype=np.bool_)
         self.setup_bytes = 0
         self.exchanges: list[Exchange] = []
         self._schedules: dict[bool, Schedule] = {}
@@ -189,27 +209,35 @@ class Client:
         c = self.model.config
         return check_sequences(X, c.n_tokens, c.token_dim)
 
-    def embed(self, X: npt.ArrayLike) -> FloatArray:
-        """Public embedding z = x W_e + P, after the range guard on the plaintext."""
+    def embed(self, X: npt.ArrayLike, guard: bool = True) -> FloatArray:
+        """Public embedding z = x W_e + P, after the range guard on the plaintext.
+
+        ``guard=False`` leaves the range verdict to :meth:`predict`'s advisory
+        check (the session path: a refusal there would depend on the weights).
+        """
         import torch
 
         from .train import predict_logits
 
         X = self.check_inputs(X)
-        predict_logits(self.model, X, guard=True)
+        if guard:
+            predict_logits(self.model, X, guard=True)
         with torch.no_grad():
             z = self.model.embed_tokens(torch.as_tensor(X, dtype=torch.float64))
         return np.asarray(z.numpy(), dtype=np.float64)
 
-    def encrypt_inputs(self, X: npt.ArrayLike, rolled: bool = False) -> Message:
+    def encrypt_inputs(
+        self, X: npt.ArrayLike, rolled: bool = False, *, guard: bool = True
+    ) -> Message:
         """An ``infer`` message: the batch (feature-major), with ``rolled`` its copies.
 
         ``rolled`` selects the non-interactive configuration (the server gets the n
-        rolled copies up front and sends no requests).
+        rolled copies up front and sends no requests); ``guard`` as for
+        :meth:`embed`.
         """
         X = self.check_inputs(X)
         n = self.model.config.n_tokens
-        packed = pack(self.embed(X), self._slots)
+        packed = pack(self.embed(X, guard), self._slots)
         if rolled:
             packed = packed + [roll_tokens(p, n, s) for s in range(n) for p in packed]
         meta = {"interactive": not rolled, "sequences": int(X.shape[0])}
@@ -241,6 +269,7 @@ class Client:
         if not isinstance(request, Message):
             raise TypeError(f"request must be a Message, got {type(request).__name__}")
         start = time.perf_counter()
+        floor = self.floor()
         values = self._open(step, request)
         self.refreshes += 1
         self.refreshed += len(values)
@@ -249,10 +278,16 @@ class Client:
             values = [roll_tokens(v, n, s) for s in range(step.copies) for v in values]
         reply = self._encrypt(ANSWERS[step.kind], values)
         # pad to the public floor: the answer's time then shows nothing below it
-        rest = self.answer_floor * len(step.levels) - (time.perf_counter() - start)
-        if rest > 0:
-            time.sleep(rest)
+        pad(start, floor, units(step, len(values)))
         return reply
+
+    def floor(self) -> float:
+        """Seconds per unit answers are padded to (``"auto"`` measured once here).
+
+        The measurement answers the client's own public worst case
+        (:func:`crypto.timing.resolve_floor`) and leaves the counters as they were.
+        """
+        return resolve_floor(self, self._slots)
 
     def decrypt_logits(
         self, message: Message, batch: int, interactive: bool = True
@@ -269,11 +304,15 @@ class Client:
         if not isinstance(message, Message):
             raise TypeError(f"message must be a Message, got {type(message).__name__}")
         batch = check_int("batch", batch, 1, self._slots // n)
-        values = self._open(self.schedule(interactive).reply, message)
+        start, floor = time.perf_counter(), self.floor()
+        reply = self.schedule(interactive).reply
+        values = self._open(reply, message)
+        pad(start, floor, len(reply.levels))  # as long whatever the logits
         return np.stack([v[: batch * n : n] for v in values], axis=1)
 
     def open(self, connection: Channel) -> None:
         """Start a session: send the public context and the encrypted LoRA factors."""
+        self.floor()  # measured before the session, from public values only
         for message in (
             Message("context", self.key, (self.public_context(),)),
             self.encrypt_lora(),
@@ -288,9 +327,9 @@ class Client:
     ) -> FloatArray:
         """One packed batch over an open session; answers the server's requests."""
         schedule = self.schedule(interactive)
-        if interactive:
-            check_batch(schedule, self.model, X)
-        data = self.encrypt_inputs(X, rolled=not interactive).encode()
+        if interactive and exceeds(schedule, self.model, X):
+            self.flagged = np.ones(X.shape[0], dtype=np.bool_)
+        data = self.encrypt_inputs(X, rolled=not interactive, guard=False).encode()
         session = follow(connection, schedule, data, self.answer)
         reply, up, down = session.reply, session.bytes_up, session.bytes_down
         trips = session.round_trips
@@ -319,21 +358,28 @@ class Client:
 
         ``server`` is a :class:`Server` (served in-process for this call) or an open
         connection to one (:class:`InProcess`, :class:`~crypto.transport.Loopback`).
+        Bad input (shape, NaN) is refused before anything is sent; the range
+        guard is advisory (:attr:`flagged`, logged): every batch is sent the same
+        way whatever its verdict, since the verdict depends on the weights, which
+        an encrypted fine-tuning step lets the server influence.
         """
-        from .train import predict_logits
-
-        X = self.check_inputs(X)
-        predict_logits(self.model, X, guard=True)  # refuse before any upload
+        X = self.check_inputs(X)  # bad input is refused before any upload
+        flags = flag_sequences(self.model, X)  # advisory: changes no message
         per_batch = self._slots // self.model.config.n_tokens
         connection = InProcess(server) if isinstance(server, Server) else server
         try:
             self.open(connection)
-            out = [
-                self.infer(connection, X[start : start + per_batch], interactive)
-                for start in range(0, X.shape[0], per_batch)
-            ]
+            out = []
+            for start in range(0, X.shape[0], per_batch):
+                self.flagged = np.zeros(0, dtype=np.bool_)
+                out.append(
+                    self.infer(connection, X[start : start + per_batch], interactive)
+                )
+                if self.flagged.size:
+                    flags[start : start + per_batch] = True
         finally:
             if isinstance(server, Server):
                 assert isinstance(connection, InProcess)
                 connection.close()
+        self.flagged = report(flags, "sequences")
         return np.concatenate(out)

@@ -26,8 +26,9 @@ alone (:math:`2^k(c-a)`) and turn into a one-bit reaction oracle on ``c > a``.
 The bound of each ciphertext of a step is the chain's encoding-safe magnitude
 :func:`safe_bound` unless the schedule is calibrated (:func:`calibrate`): then it is
 ``margin`` times the largest magnitude seen at that point of the network on public
-calibration inputs, and the client checks its own batch against it before
-uploading (:func:`check_batch`), so the clip changes nothing in an honest run.
+calibration inputs; :func:`check_batch` (raising) and :func:`exceeds` (the
+client's advisory verdict) compare a batch against it, so the clip changes
+nothing in an honest run.
 """
 
 from __future__ import annotations
@@ -295,23 +296,46 @@ def calibrate(
     return replace(schedule, steps=steps, calibrated=True)
 
 
+def _excess(
+    schedule: Schedule, model: HEFormer, X: FloatArray
+) -> list[tuple[Step, int, float, float]]:
+    """Every (step, ciphertext, max |x|, bound) of ``X``'s trace above its bound.
+
+    The whole trace is computed and compared, whatever the values (no early exit).
+    """
+    if not schedule.calibrated or not schedule.steps:
+        return []
+    traced = _trace_values(model, schedule.params, X)
+    out = []
+    for step, vals in zip(schedule.steps, traced, strict=True):
+        for j, (v, bound) in enumerate(zip(vals, step.bounds, strict=True)):
+            with np.errstate(invalid="ignore"):
+                top = float(np.max(np.abs(v)))
+            if not top <= bound:  # NaN counts as above
+                out.append((step, j, top, bound))
+    return out
+
+
+def exceeds(schedule: Schedule, model: HEFormer, X: FloatArray) -> bool:
+    """Whether ``X``'s honest values would be clipped (advisory; never raises).
+
+    The client's session path uses this verdict only locally: with a model a
+    server's update touched, a refusal here would be a channel.
+    """
+    return bool(_excess(schedule, model, X))
+
+
 def check_batch(schedule: Schedule, model: HEFormer, X: FloatArray) -> None:
     """Refuse (``RangeError``) a batch whose honest values would be clipped.
 
-    Run by the client on its own plaintext before uploading, for a calibrated
-    schedule: every value the server will ask it to refresh or roll must lie
-    within that point's public bound.
+    For a calibrated schedule: every value the server will ask the client to
+    refresh or roll must lie within that point's public bound. A check for the
+    caller's own use; the client's sessions use :func:`exceeds` (advisory).
     """
     from .approx import RangeError
 
-    if not schedule.calibrated or not schedule.steps:
-        return
-    traced = _trace_values(model, schedule.params, X)
-    for step, vals in zip(schedule.steps, traced, strict=True):
-        for j, (v, bound) in enumerate(zip(vals, step.bounds, strict=True)):
-            top = float(np.max(np.abs(v)))
-            if top > bound:
-                raise RangeError(
-                    f"X leaves the calibrated range of the {step.stage!r} {step.kind} "
-                    f"(ciphertext {j}: |x| = {top:.4g} > {bound:.4g})"
-                )
+    for step, j, top, bound in _excess(schedule, model, X)[:1]:
+        raise RangeError(
+            f"X leaves the calibrated range of the {step.stage!r} {step.kind} "
+            f"(ciphertext {j}: |x| = {top:.4g} > {bound:.4g})"
+        )

@@ -3,12 +3,15 @@ r"""The key owner of an encrypted fine-tuning session (:mod:`crypto.tuning`).
 :class:`TuningClient` holds the secret key, uploads the batch, targets and trained
 weights in one ``train`` message, answers the server's refreshes, rolls and
 unrolls only as the public schedule of :func:`~crypto.tuning.tuning_schedule`
-allows (each admitted before decryption, clipped, answered fresh), and checks the
-``weights`` reply before decrypting it.
+allows (each admitted before decryption, clipped, answered fresh, padded to the
+public answer floor of :mod:`crypto.timing`), and checks the ``weights`` reply
+before decrypting it. What it returns is the decrypted reply: the callers bound
+it (:mod:`crypto.bounds`) before anything uses it.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -20,6 +23,7 @@ from .ckks import CKKSParams, fingerprint, make_context, public_bytes
 from .packing import roll_tokens
 from .schedule import ANSWERS, Step
 from .session import Refused, abort, admit, clip, follow
+from .timing import Floor, check_floor, pad, resolve_floor, units
 from .tuning import TuningJob, tuning_schedule
 from .wire import Channel, Message
 
@@ -35,10 +39,20 @@ class TuningClient:
         Sequence length (rolls and unrolls move whole tokens).
     context : TenSEAL context or None
         An existing private context to use (a :class:`~crypto.finetune.KeyOwner`'s).
+    answer_floor : float or "auto"
+        Seconds per unit every answer and the reply's decryption are padded to
+        (:mod:`crypto.timing`; default ``"auto"``: measured once per client).
     """
 
-    def __init__(self, params: CKKSParams, n_tokens: int, context: Any = None):
+    def __init__(
+        self,
+        params: CKKSParams,
+        n_tokens: int,
+        context: Any = None,
+        answer_floor: Floor = "auto",
+    ):
         self.params = params
+        self.answer_floor = check_floor(answer_floor)
         self.n = n_tokens
         self.context = context if context is not None else make_context(params, True)
         self.key = fingerprint(self.context)
@@ -74,8 +88,16 @@ class TuningClient:
             )
         return out
 
+    def floor(self) -> float:
+        """Seconds per unit (``"auto"``: measured once, counters left alone)."""
+        return resolve_floor(self, self.slots)
+
     def answer(self, request: Message, step: Step) -> Message:
-        """Answer ``request`` as ``step`` (admitted before decryption, clipped)."""
+        """Answer ``request`` as ``step`` (admitted before decryption, clipped).
+
+        Padded to the floor: the answer takes as long whatever the plaintext.
+        """
+        start, floor = time.perf_counter(), self.floor()
         plain = self._open(step, request)
         if step.kind == "roll":
             plain = [
@@ -93,7 +115,21 @@ class TuningClient:
                 )
                 for i in range(m)
             ]
-        return self._encrypt(ANSWERS[step.kind], plain)
+        reply = self._encrypt(ANSWERS[step.kind], plain)
+        pad(start, floor, units(step, len(plain)))
+        return reply
+
+    def open_reply(
+        self, connection: Channel, step: Step, reply: Message
+    ) -> list[FloatArray]:
+        """Admit, decrypt and clip the final reply, padded to the floor; or abort."""
+        start, floor = time.perf_counter(), self.floor()
+        try:
+            flat = self._open(step, reply)
+        except Refused as err:
+            abort(connection, err)
+        pad(start, floor, len(step.levels))  # as long whatever the weights
+        return flat
 
     def train(
         self,
@@ -110,6 +146,7 @@ class TuningClient:
         Returns the updated folded matrices and the operation counts.
         """
         self.slots = job.slots
+        self.floor()  # measured before the session, from public values only
         schedule = tuning_schedule(job, self.params, len(packed), len(targets))
         connection.send(
             Message("context", self.key, (public_bytes(self.context),)).encode()
@@ -127,10 +164,7 @@ class TuningClient:
 
         session = follow(connection, schedule, upload, self.answer)
         self.bytes_up += session.bytes_up
-        try:
-            flat = self._open(schedule.reply, session.reply)
-        except Refused as err:
-            abort(connection, err)
+        flat = self.open_reply(connection, schedule.reply, session.reply)
         out, at = {}, 0
         for (rows, cols), name in zip(job.shapes(), job.net.trained, strict=True):
             out[name] = np.array([f[0] for f in flat[at : at + rows * cols]]).reshape(

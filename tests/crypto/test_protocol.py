@@ -10,6 +10,7 @@ from defense_suite.crypto.ckks import INTERACTIVE, make_context, public_bytes
 from defense_suite.crypto.evaluator import Value
 from defense_suite.crypto.model import HEFormer
 from defense_suite.crypto.protocol import Client, InProcess, Refused, Server
+from defense_suite.crypto.shadow import flag_sequences
 from defense_suite.crypto.tasks import Sequences
 from defense_suite.crypto.train import predict_logits
 from defense_suite.crypto.transport import Loopback
@@ -172,6 +173,11 @@ def test_client_rejects_wrong_length_and_range(
     client, server = pair
     with pytest.raises(ValueError, match="shape"):
         client.predict(server, np.zeros((2, 6, 8)))
+    far = np.full((2, 8, 8), 30.0)
+    # the message-building block refuses; a session's verdict is advisory
+    # (tests/crypto/test_transcripts.py): it would depend on tuned weights
     with pytest.raises(ValueError, match="calibrated range"):
-        client.predict(server, np.full((2, 8, 8), 30.0))
+        client.encrypt_inputs(far)
+    assert flag_sequences(client.model, far).tolist() == [True, True]
+    assert not flag_sequences(client.model, tiny_data[1].X[:8]).any()
     assert isinstance(client.encrypt_inputs(tiny_data[1].X[:1]), Message)
