@@ -298,6 +298,8 @@ class Conformance:
                     model.run(rows[start : start + 256])
         gap = _first_difference(first, second)
         random = sorted(set(self.watch.random)) or sorted(set(self.writes.random))
+        if gap > 0 and not random:
+            self.verdict()  # a forward that reads state it writes: name the state
         if random or gap > 0:
             cause = (
                 f"its forward calls {random}"
