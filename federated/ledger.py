@@ -63,11 +63,25 @@ class RoundRefused(ValueError):
     """
 
     category: str = "refused"
+    spent: float | None = None
+    """For ``over-budget``: epsilon spent before the round (request history only)."""
+    budget: float | None = None
 
     def __init__(self, message: str, category: str | None = None) -> None:
         super().__init__(message)
         if category is not None:
             self.category = category
+
+    def reason(self) -> str:
+        """What the server is told: the category; for over-budget, spent/budget.
+
+        Both numbers are functions of the rounds granted (the values requested)
+        and of the agreement, never of a record.
+        """
+        text = f"refused: {self.category}"
+        if self.spent is not None and self.budget is not None:
+            text += f" (spent epsilon {self.spent:.4f} of budget {self.budget:g})"
+        return text
 
 
 @dataclass(frozen=True)
@@ -289,12 +303,14 @@ class PrivacyLedger:
             [*self.history(), (s, q, k)], self.privacy.delta, self.privacy.accountant
         )
         if after > self.privacy.epsilon:
-            raise self._refuse(
+            refused = self._refuse(
                 t,
                 request,
                 f"it would spend epsilon {after:.4f} in all runs, over the budget",
                 "over-budget",
             )
+            refused.spent, refused.budget = self.epsilon, float(self.privacy.epsilon)
+            raise refused
         return grant
 
     def grant(

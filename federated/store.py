@@ -12,6 +12,10 @@ memory. :class:`LedgerFile` keeps it in one JSON file in the node's own storage:
 * written crash-safely: a temporary file in the same folder, ``fsync``, atomic
   ``os.replace``, ``fsync`` of the folder. A grant is on disk before the caller
   trains, so no update can leave the client uncharged;
+* the fingerprints of every record a grant was charged for (:func:`fingerprints`:
+  SHA-256 of each row's float64 bytes, 128 bits), so a public evaluate split that
+  shares a record with any run's training data is refused
+  (:meth:`LedgerFile.charged_records`);
 * checked and charged under an exclusive ``fcntl.flock`` on ``<path>.lock``, so two
   messages handled at the same time (two simulation actors, two processes) are
   serialised: the second sees the first's charge.
@@ -32,10 +36,13 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from .ledger import ClientPrivacy, Grant, PrivacyLedger, RoundRefused
 
@@ -53,6 +60,17 @@ class LedgerUnavailable(RoundRefused):
 def _digest(body: dict[str, Any]) -> str:
     text = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def fingerprints(rows: npt.ArrayLike) -> list[str]:
+    """One fingerprint per record: SHA-256 (first 128 bits) of its float64 bytes.
+
+    ``rows`` has one record per leading index (features flattened); the same record
+    loaded the same way gives the same fingerprint in every run.
+    """
+    arr = np.ascontiguousarray(np.asarray(rows, dtype=np.float64))
+    flat = arr.reshape(arr.shape[0], -1) if arr.ndim else arr.reshape(1, 1)
+    return [hashlib.sha256(row.tobytes()).hexdigest()[:32] for row in flat]
 
 
 def _agreement(privacy: ClientPrivacy) -> dict[str, Any]:
@@ -112,6 +130,7 @@ class LedgerFile:
     def __init__(self, path: str | os.PathLike[str], *, create: bool) -> None:
         self.path = Path(path)
         self.create = create
+        self._records: set[str] = set()
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -138,6 +157,7 @@ class LedgerFile:
                     "only with its lifetime ledger (a new node: set ledger-init=true "
                     "in its node config once)"
                 )
+            self._records = set()
             return []
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
@@ -146,6 +166,10 @@ class LedgerFile:
                 raise ValueError("its digest does not match its content")
             entries = [_entry(row) for row in body["grants"]]
             agreed = body["agreement"]
+            charged = body.get("records", [])
+            if not all(isinstance(r, str) for r in charged):
+                raise ValueError("record fingerprints must be strings")
+            self._records = set(charged)
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             raise LedgerUnavailable(
                 f"the privacy ledger {self.path} is unreadable, corrupt or tampered "
@@ -165,6 +189,8 @@ class LedgerFile:
             "agreement": _agreement(privacy),
             "grants": [e.to_dict() for e in entries],
         }
+        if self._records:
+            body["records"] = sorted(self._records)
         text = json.dumps({**body, "sha256": _digest(body)}, indent=1)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
@@ -191,21 +217,31 @@ class LedgerFile:
             earlier=[e.grant for e in entries if e.run != run],
         )
 
+    def charged_records(self, privacy: ClientPrivacy) -> set[str]:
+        """Fingerprints of every record any grant was charged for (all runs)."""
+        with self._locked():
+            self._read(privacy)
+            return set(self._records)
+
     def charge(
         self,
         privacy: ClientPrivacy,
         run: int,
         decide: Callable[[PrivacyLedger], Grant],
+        records: Sequence[str] = (),
     ) -> tuple[Grant, PrivacyLedger]:
         """Atomically: read, ``decide`` (raise to refuse), append, write, fsync.
 
-        Returns the grant and the ledger with it. The grant is on disk when this
-        returns; a refusal leaves the file as it was.
+        ``records`` are the fingerprints of the records the round trains on
+        (:func:`fingerprints`); they join the ledger's charged records. Returns the
+        grant and the ledger with it. The grant is on disk when this returns; a
+        refusal leaves the file as it was.
         """
         with self._locked():
             entries = self._read(privacy)
             ledger = self._split(privacy, run, entries)
             grant = decide(ledger)
+            self._records |= set(records)
             try:
                 self._write(privacy, [*entries, Entry(run, grant)])
             except OSError as error:

@@ -14,13 +14,25 @@ subpackage imports Flower; ``import federated`` does not.
 """
 
 from ..ledger import ClientPrivacy, PrivacyLedger, RoundRefused
+from . import runtime
 from .client import PrivateRound, TimeAdaptiveClient
 from .mod import TimeAdaptiveMod, node_privacy
 from .records import MissingKey, privacy_from_config
-from .runtime import NodeConfigError, in_simulation
-from .strategy import ClientFailure, TimeAdaptiveStrategy
+from .runtime import NodeConfigError
+from .strategy import BudgetSpent, ClientFailure, TimeAdaptiveStrategy
+
+
+def in_simulation() -> bool:
+    """True inside Flower's simulation (:func:`federated.flower.runtime.in_simulation`).
+
+    Looked up at each call, so a test that stands in for the simulation's actor
+    (patching ``runtime.in_simulation``) reaches code that imported this name.
+    """
+    return runtime.in_simulation()
+
 
 __all__ = [
+    "BudgetSpent",
     "ClientFailure",
     "ClientPrivacy",
     "MissingKey",

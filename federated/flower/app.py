@@ -57,7 +57,7 @@ from ..training import accuracy_of
 from . import records, runtime
 from .client import TimeAdaptiveClient
 from .config import AppConfig
-from .console import flower_once
+from .console import flower_once, one_line_failures
 from .mod import TimeAdaptiveMod, node_privacy
 from .strategy import ClientFailure, TimeAdaptiveStrategy
 
@@ -88,6 +88,38 @@ def initial_params(config: AppConfig, dim: int, n_classes: int) -> Params:
         config.hidden,
         np.random.default_rng([config.seed, 10**6]),
     )
+
+
+DATA_KEYS = {"dataset": str, "alpha": float, "member-fraction": float}
+"""Keys that shape a node's records; on a SuperNode only its node config sets them."""
+
+
+def data_config(config: AppConfig, context: Context) -> AppConfig:
+    """The config the node's records (partition and public split) come from.
+
+    In simulation, the run config (partitions are a function of it; the split may
+    be evaluated on only where the node declares it disjoint). On a SuperNode the
+    node owns its data: ``data-seed`` (required) and ``dataset``, ``alpha``,
+    ``member-fraction`` from its node config, else the defaults, never from the
+    run config the server sets.
+    """
+    if runtime.in_simulation():
+        return config
+    node = context.node_config
+    if records.DATA_SEED not in node:
+        raise runtime.NodeConfigError(
+            f"this SuperNode's node config lacks {records.DATA_SEED!r}: its partition "
+            "and public split are the node's own, never the run config's seed"
+        )
+    seed = int(records.typed(records.DATA_SEED, node[records.DATA_SEED], int))
+    base = AppConfig()
+    changes: dict[str, Any] = {
+        key.replace("-", "_"): records.typed(
+            key, node.get(key, getattr(base, key.replace("-", "_"))), kind
+        )
+        for key, kind in DATA_KEYS.items()
+    }
+    return replace(config, seed=seed, **changes)
 
 
 def partition_of(context: Context) -> tuple[int, int]:
@@ -165,7 +197,19 @@ def make_client_app(
             return None
         return len(client_data(own_config(context), *partition_of(context)))
 
-    mod = TimeAdaptiveMod(privacy, public_examples=public_examples)
+    def training_records(context: Context) -> FloatArray:
+        cfg = data_config(own_config(context), context)
+        return client_data(cfg, *partition_of(context)).X
+
+    def public_records(context: Context) -> FloatArray:
+        return test_set(data_config(own_config(context), context))[0]
+
+    mod = TimeAdaptiveMod(
+        privacy,
+        public_examples=public_examples,
+        training_records=training_records,
+        public_records=public_records,
+    )
     app = mod.register(ClientApp(mods=[mod]))
 
     @app.train()
@@ -185,16 +229,24 @@ def make_client_app(
             granted = client.round(msg)
             step = StepPlan(granted.rate, granted.steps, granted.sigma)
             rng = granted.rng
-        data = client_data(cfg, pid, count)
-        new = local_train(_arrays(msg), data, step, lr=cfg.lr, clip=cfg.clip, rng=rng)
+        data = client_data(data_config(cfg, context), pid, count)
+        new = local_train(
+            _arrays(msg),
+            data,
+            step,
+            lr=cfg.lr,
+            clip=cfg.clip,
+            rng=rng,
+            public_count=mod.public_examples(context),
+        )
         metrics = MetricRecord({"num-examples": 1})  # the mod sets the public count
         content = RecordDict({"arrays": ArrayRecord(new), "metrics": metrics})
         return Message(content=content, reply_to=msg)
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
-        """Accuracy of the global model on the public held-out split only."""
-        X_test, y_test, _ = test_set(own_config(context))
+        """Accuracy of the global model on the node's public held-out split only."""
+        X_test, y_test, _ = test_set(data_config(own_config(context), context))
         acc = accuracy_of(_arrays(msg), X_test, y_test)
         metrics = MetricRecord({"num-examples": len(y_test), "accuracy": acc})
         return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
@@ -230,6 +282,7 @@ class AppRun:
 def serve(grid: Grid, config: AppConfig) -> AppRun:
     """The ServerApp's body: wrap FedAvg, train, evaluate on the test set."""
     flower_once()  # Flower's lines once, though Opacus installs a root handler
+    one_line_failures()  # a client that stops the run: one line, no traceback
     X_test, y_test, n_classes = test_set(config)
     n = config.min_nodes
     fedavg = FedAvg(

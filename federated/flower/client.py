@@ -21,7 +21,7 @@ and charged under a file lock). The round's sampling and noise come from
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any
@@ -50,6 +50,8 @@ class PrivateRound:
         default_factory=lambda: np.random.default_rng(secrets.randbits(128))
     )
     taken: int = 0
+    public_count: int | None = None
+    """The node's ``public-num-examples`` (its node config), if it declares one."""
 
     @property
     def server_round(self) -> int:
@@ -94,25 +96,47 @@ class PrivateRound:
         dataset: torch.utils.data.Dataset[Any],
         *,
         max_grad_norm: float,
+        public_examples: int | None = None,
     ) -> tuple[Any, Any, Any]:
-        """The module, optimizer and a Poisson data loader made private with Opacus.
+        r"""The module, optimizer and a Poisson data loader made private with Opacus.
 
-        Returns ``(GradSampleModule, DPOptimizer, DPDataLoader)``. The loss must be a
-        mean over the batch (Opacus' default ``loss_reduction="mean"``); the
-        optimizer divides the noisy clipped sum by the expected batch size
-        :math:`q n`. Sampling and noise share one ``torch.Generator`` seeded from
-        :attr:`rng` (there is no generator argument: a seed the server can guess
-        would let it subtract the noise).
+        Returns ``(GradSampleModule, SanitizingDPOptimizer, DPDataLoader)``. The
+        loss must be a mean over the batch (Opacus' default
+        ``loss_reduction="mean"``); the optimizer divides the noisy clipped sum by
+        the *public* expected batch size :math:`\mathrm{round}(q N)`, with
+        :math:`N` = ``public_examples``, else the node config's
+        ``public-num-examples`` (never ``len(dataset)``, which the noise scale
+        would reveal). Non-finite per-sample gradients contribute zero before
+        clipping and the noised sum is checked finite
+        (:class:`federated.private_optimizer.SanitizingDPOptimizer`). Sampling and
+        noise share one ``torch.Generator`` seeded from :attr:`rng` (there is no
+        generator argument: a seed the server can guess would let it subtract the
+        noise).
+
+        Raises
+        ------
+        ValueError
+            Without a public count (``public_examples`` or the node config's
+            ``public-num-examples``), or for a bad ``max_grad_norm``.
         """
         import torch
         from opacus import GradSampleModule
         from opacus.data_loader import DPDataLoader
-        from opacus.optimizers import DPOptimizer
 
-        from defenses.checks import check_real
+        from defenses.checks import check_int, check_real
+
+        from ..private_optimizer import SanitizingDPOptimizer
+        from ..release import expected_batch
 
         check_real("max_grad_norm", max_grad_norm, 0.0, open_low=True)
-        n = len(dataset)  # type: ignore[arg-type]
+        count = self.public_count if public_examples is None else public_examples
+        if count is None:
+            raise ValueError(
+                "make_private needs the node's public record count: pass "
+                "public_examples=... or set public-num-examples in the node config "
+                "(the private len(dataset) would be readable from the noise scale)"
+            )
+        check_int("public_examples", count, 1)
         generator = torch.Generator().manual_seed(int(self.rng.integers(2**63 - 1)))
         loader = DPDataLoader(dataset, sample_rate=self.rate, generator=generator)
         model = (
@@ -120,11 +144,11 @@ class PrivateRound:
             if isinstance(module, GradSampleModule)
             else GradSampleModule(module, loss_reduction="mean")
         )
-        dp_optimizer = DPOptimizer(
+        dp_optimizer = SanitizingDPOptimizer(
             optimizer,
             noise_multiplier=self.sigma,
             max_grad_norm=max_grad_norm,
-            expected_batch_size=max(1, round(self.rate * n)),
+            expected_batch_size=max(1, round(expected_batch(self.rate, count))),
             loss_reduction="mean",
             generator=generator,
         )
@@ -186,8 +210,18 @@ class TimeAdaptiveClient:
         """Epsilon spent so far (the ledger's)."""
         return self.ledger.epsilon
 
-    def grant(self, msg: Message) -> PrivateRound:
+    def public_count(self) -> int | None:
+        """The node config's ``public-num-examples`` (None when it sets none)."""
+        value = self.context.node_config.get(records.PUBLIC_EXAMPLES)
+        if value is None:
+            return None
+        return int(records.typed(records.PUBLIC_EXAMPLES, value, int))
+
+    def grant(self, msg: Message, charged: Sequence[str] = ()) -> PrivateRound:
         """Check the message's round against the ledger and charge it.
+
+        ``charged`` are the fingerprints of the records the round trains on
+        (:func:`federated.store.fingerprints`), recorded with the grant.
 
         Raises
         ------
@@ -207,9 +241,13 @@ class TimeAdaptiveClient:
 
         self._rng(1)  # a research seed a deployment refuses: refused before charging
         store = runtime.ledger_file(self.context)
-        grant, ledger = store.charge(self.privacy, int(self.context.run_id), decide)
+        grant, ledger = store.charge(
+            self.privacy, int(self.context.run_id), decide, charged
+        )
         records.save_grant(self.context, grant, msg)
-        return PrivateRound(grant, ledger, self._rng(grant.server_round))
+        return PrivateRound(
+            grant, ledger, self._rng(grant.server_round), 0, self.public_count()
+        )
 
     def round(self, msg: Message) -> PrivateRound:
         """The round for ``msg``: the one the mod granted for it, or granted now.
@@ -220,5 +258,6 @@ class TimeAdaptiveClient:
         """
         done = records.last_grant(self.context, msg)
         if done is not None:
-            return PrivateRound(done, self.ledger, self._rng(done.server_round))
+            rng = self._rng(done.server_round)
+            return PrivateRound(done, self.ledger, rng, 0, self.public_count())
         return self.grant(msg)

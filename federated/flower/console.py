@@ -16,6 +16,14 @@ is a no-op, and gives every plain root stream handler a :class:`NotFlower` filte
 Flower's own handler stays the one place its lines are printed, at its own level
 (``FLWR_LOG_LEVEL``). The propagation itself is kept, so handlers that collect
 records (pytest's ``caplog``, a user's file handler) still see them.
+
+A run the strategy wrapper stops (a client refused: its budget is spent, or it
+failed) raises :class:`~federated.flower.strategy.ClientFailure`; Flower's runtime
+logs any exception out of a ServerApp with its traceback ("ServerApp raised an
+exception", "Simulation raised an exception"). :class:`OneLineFailure`, installed
+on Flower's logger by :func:`one_line_failures`, turns such a record whose exception
+is (or was caused by) a ``ClientFailure`` into one line, ``run stopped: <why>``,
+without the traceback; the run's status is still ``finished:failed``.
 """
 
 from __future__ import annotations
@@ -63,3 +71,38 @@ def flower_once() -> None:
         handler.setFormatter(logging.Formatter(FORMAT))
         root.addHandler(handler)
     filter_root_streams()
+
+
+def _stopping_cause(error: BaseException | None) -> BaseException | None:
+    """The first ``ClientFailure`` in ``error``'s cause/context chain, if any."""
+    from .strategy import ClientFailure
+
+    seen = 0
+    while error is not None and seen < 20:
+        if isinstance(error, ClientFailure):
+            return error
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return None
+
+
+class OneLineFailure(logging.Filter):
+    """Rewrites a Flower record carrying a ``ClientFailure`` as one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Always keep the record; drop its traceback if a client stopped the run."""
+        info = record.exc_info
+        cause = _stopping_cause(info[1] if info else None)
+        if cause is not None:
+            record.msg = "run stopped: %s"
+            record.args = (str(cause).splitlines()[0] if str(cause) else "",)
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def one_line_failures() -> None:
+    """Install :class:`OneLineFailure` on Flower's logger (idempotent)."""
+    flwr_logger = logging.getLogger(FLOWER)
+    if not any(isinstance(f, OneLineFailure) for f in flwr_logger.filters):
+        flwr_logger.addFilter(OneLineFailure())

@@ -12,10 +12,22 @@ receives, and releases only what its ledger accounts:
   config, else what the ClientApp's code declares public, else 1; never the true
   size of private records), ``dp-epsilon`` and ``dp-budget``; other
   metrics are dropped (they are releases the ledger does not account).
+  The arrays are released finite (:func:`federated.release.finite_release`,
+  post-processing); a failure of the user's function after the charge replies
+  ``client error``, a fixed text: the library's release path
+  (:meth:`~federated.flower.client.PrivateRound.make_private`,
+  :func:`federated.client.local_train`) never raises because of a record, so that
+  reply does not depend on the private data; a user's own code must not either.
 * **evaluate**: refused by default (metrics on private records are releases outside
   the accounting). A node opts in with ``evaluate = "public"`` in its node config
   (or the mod's ``evaluate`` argument, the ClientApp's own code) when its evaluate
-  function uses only a split it designates as public.
+  function uses only a split it designates as public, and the app declares that
+  split (``public_records``): evaluate is refused when the split shares a record
+  with any record the ledger has charged for, in any run, or with the records the
+  node trains on (``training_records``). In Flower's simulation, where a split
+  is a function of the server's run config, evaluate is also refused unless the
+  node config (``public-split-disjoint = true``) or the app's code
+  (``disjoint_in_simulation=True``) declares it disjoint.
 * **query** ``dp_agreement``: the client's agreement (what the server needs to
   propose rounds); other queries are refused.
 * **errors**: a refusal replies ``refused: <category>``, any exception ``client
@@ -35,19 +47,24 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from flwr.app import Context, Message, MessageType, RecordDict
+import numpy.typing as npt
+from flwr.app import Array, ArrayRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 
 from defenses.checks import check_choice, check_int
 
 from ..ledger import ClientPrivacy, RoundRefused
+from ..release import finite_release
+from ..store import fingerprints
 from . import records, runtime
 from .client import TimeAdaptiveClient
+from .console import flower_once
 
 logger = logging.getLogger(__name__)
 
 PrivacyFn = Callable[[Context], ClientPrivacy | None]
+RecordsFn = Callable[[Context], npt.ArrayLike]
 
 
 def node_privacy(
@@ -84,6 +101,16 @@ class TimeAdaptiveMod:
         ``public_examples(context)``: the count the ClientApp's own code declares
         public when the node config sets no ``public-num-examples`` (``None``: no
         such count; then 1).
+    training_records, public_records : callable, optional
+        ``f(context)``: the node's training records and its public evaluate split
+        (one record per row, as its code loads them); their fingerprints
+        (:func:`federated.store.fingerprints`) are charged with each grant and
+        compared at evaluate. Without ``public_records`` evaluate is refused.
+    disjoint_in_simulation : bool
+        The ClientApp's code declares that, in simulation, its public split is
+        disjoint from its partitions by construction (both cut from one
+        permutation of the run config's seed); the node config's
+        ``public-split-disjoint`` overrides it. The fingerprint check still runs.
     """
 
     def __init__(
@@ -92,11 +119,17 @@ class TimeAdaptiveMod:
         *,
         evaluate: str = "refuse",
         public_examples: Callable[[Context], int | None] | None = None,
+        training_records: RecordsFn | None = None,
+        public_records: RecordsFn | None = None,
+        disjoint_in_simulation: bool = False,
     ) -> None:
         check_choice("evaluate", evaluate, records.EVALUATE_MODES)
         self.privacy = privacy
         self.evaluate = evaluate
         self.declared = public_examples
+        self.training_records = training_records
+        self.public_records = public_records
+        self.disjoint_in_simulation = disjoint_in_simulation
 
     def evaluate_mode(self, ctxt: Context) -> str:
         """The node's evaluate mode: its node config's, else the mod's default."""
@@ -119,17 +152,13 @@ class TimeAdaptiveMod:
         self, msg: Message, ctxt: Context, call_next: ClientAppCallable
     ) -> Message:
         """Answer ``msg`` releasing only what the ledger accounts (see the module)."""
+        flower_once()  # Flower's lines once, whatever the user's code imports
         kind = msg.metadata.message_type
         try:
             if kind == MessageType.TRAIN:
                 return self._train(msg, ctxt, call_next)
             if kind == MessageType.EVALUATE:
-                if self.evaluate_mode(ctxt) != "public":
-                    raise RoundRefused(
-                        "evaluate refused: metrics on private records are not "
-                        'accounted (opt in with evaluate="public" for a public split)',
-                        "evaluate-refused",
-                    )
+                self._check_public_split(ctxt)
                 reply = call_next(msg, ctxt)
                 return records.failure(msg) if reply.has_error() else reply
             if kind == f"{MessageType.QUERY}.{records.AGREEMENT_ACTION}":
@@ -137,13 +166,49 @@ class TimeAdaptiveMod:
             raise RoundRefused(f"message type {kind!r} is not served", "not-served")
         except RoundRefused as refused:
             logger.warning("%s", refused)
-            return records.refusal(msg, refused.category)
+            return records.refusal(msg, refused.category, refused.reason())
         except runtime.NodeConfigError as error:
             logger.error("%s", error)
             return records.refusal(msg, "node-config")
         except Exception:
             logger.exception("the client failed on a %s message", kind)
             return records.failure(msg)
+
+    def _check_public_split(self, ctxt: Context) -> None:
+        """Refuse evaluate unless the node's public split is public (see module)."""
+
+        def refuse(why: str) -> RoundRefused:
+            return RoundRefused(f"evaluate refused: {why}", "evaluate-refused")
+
+        if self.evaluate_mode(ctxt) != "public":
+            raise refuse(
+                "metrics on private records are not accounted (opt in with "
+                'evaluate="public" for a public split)'
+            )
+        if self.public_records is None:
+            raise refuse("the app declares no public split (public_records)")
+        if runtime.in_simulation():
+            declared = ctxt.node_config.get(
+                records.PUBLIC_DISJOINT, self.disjoint_in_simulation
+            )
+            if declared is not True:
+                raise refuse(
+                    "in simulation the split is a function of the run config; the "
+                    f"node config must declare {records.PUBLIC_DISJOINT} = true"
+                )
+        public = set(fingerprints(self.public_records(ctxt)))
+        privacy = self.privacy(ctxt)
+        used: set[str] = set()
+        if privacy is not None:
+            used = runtime.ledger_file(ctxt).charged_records(privacy)
+        if self.training_records is not None:
+            used |= set(fingerprints(self.training_records(ctxt)))
+        shared = len(public & used)
+        if shared:
+            raise refuse(
+                f"the public split shares {shared} record(s) with records this "
+                "node trains on or was charged for (any run)"
+            )
 
     def _train(
         self, msg: Message, ctxt: Context, call_next: ClientAppCallable
@@ -152,11 +217,23 @@ class TimeAdaptiveMod:
         examples = self.public_examples(ctxt)
         ledger = None
         if privacy is not None:
-            ledger = TimeAdaptiveClient(privacy, ctxt).grant(msg).ledger
+            charged: list[str] = []
+            if self.training_records is not None:
+                charged = fingerprints(self.training_records(ctxt))
+            ledger = TimeAdaptiveClient(privacy, ctxt).grant(msg, charged).ledger
         reply = call_next(msg, ctxt)  # a raise goes to the node's log only
         if reply.has_error():
             logger.error("the user's train function replied %s", reply.error.reason)
             return records.failure(msg)
+        for name, record in list(reply.content.array_records.items()):
+            arrays = record.to_numpy_ndarrays()
+            released = finite_release(arrays)
+            if any(a is not b for a, b in zip(arrays, released, strict=True)):
+                reply.content[name] = ArrayRecord(
+                    array_dict={
+                        k: Array(a) for k, a in zip(record, released, strict=True)
+                    }
+                )
         out, dropped = records.train_reply(msg, reply, ledger, examples)
         if dropped:
             logger.warning("not released (unaccounted): %s", ", ".join(dropped))

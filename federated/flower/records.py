@@ -40,6 +40,12 @@ NUM_EXAMPLES = "num-examples"
 PUBLIC_EXAMPLES = "public-num-examples"
 EVALUATE = "evaluate"
 EVALUATE_MODES = ("refuse", "public")
+PUBLIC_DISJOINT = "public-split-disjoint"
+"""Node config (bool): in simulation, the node declares its public evaluate split
+disjoint from its training records (else evaluate is refused there)."""
+DATA_SEED = "data-seed"
+"""Node config (int): the seed of the package app's partition and public split on a
+SuperNode (never the run config's ``seed``)."""
 
 PRIVACY_KEYS: dict[str, tuple[str, type]] = {
     "epsilon": ("epsilon", float),
@@ -166,9 +172,15 @@ def request(msg: Message) -> dict[str, object]:
     return found
 
 
-def refusal(msg: Message, category: str) -> Message:
-    """An error reply to ``msg``: no arrays, no metrics, only the category."""
-    return Message(Error(code=REFUSED, reason=f"refused: {category}"), reply_to=msg)
+def refusal(msg: Message, category: str, reason: str | None = None) -> Message:
+    """An error reply to ``msg``: no arrays, no metrics, only the category.
+
+    ``reason`` (:meth:`federated.ledger.RoundRefused.reason`) may add, for an
+    over-budget refusal, the epsilon spent and the budget: functions of the rounds
+    granted and the agreement, never of a record.
+    """
+    text = f"refused: {category}" if reason is None else reason
+    return Message(Error(code=REFUSED, reason=text), reply_to=msg)
 
 
 def failure(msg: Message) -> Message:

@@ -10,7 +10,12 @@
   partition id), the state dir being ``$DEFENSE_SUITE_STATE_DIR``, else
   ``$XDG_STATE_HOME/defense-suite/federated``, else
   ``~/.local/state/defense-suite/federated``. In deployment a missing ledger is
-  created only with ``ledger-init = true`` in the node config.
+  created only with ``ledger-init = true`` in the node config. In Flower's
+  simulation, unless the user names a folder (``$DEFENSE_SUITE_STATE_DIR``, or
+  ``ledger-path``), the ledgers are scoped to the simulation's run:
+  ``<state dir>/simulations/run-<run id>/``, so running the same simulation twice
+  starts from an empty ledger each time (simulated partitions are a function of
+  the run config, not a node's lifetime data).
 * :func:`round_rng` is the generator of one round's Poisson sampling and DP noise:
   128 bits of operating-system entropy (:func:`secrets.randbits`), fresh per client
   per round, unknown to the server. A research run gets a reproducible seed only
@@ -76,10 +81,14 @@ def ledger_file(context: Context, simulated: bool | None = None) -> LedgerFile:
         if not isinstance(value, str) or not value:
             raise NodeConfigError(f"node config {LEDGER_PATH!r} must be a path string")
         path = Path(value).expanduser()
-    elif "partition-id" in node:
-        path = state_dir() / f"ledger-partition-{node['partition-id']}.json"
     else:
-        path = state_dir() / "ledger.json"
+        folder = state_dir()
+        if simulated and not os.environ.get(STATE_ENV):
+            folder = folder / "simulations" / f"run-{int(context.run_id)}"
+        if "partition-id" in node:
+            path = folder / f"ledger-partition-{node['partition-id']}.json"
+        else:
+            path = folder / "ledger.json"
     init = node.get(LEDGER_INIT, False)
     if not isinstance(init, bool):
         raise NodeConfigError(f"node config {LEDGER_INIT!r} must be true or false")

@@ -37,10 +37,15 @@ from flwr.serverapp.strategy import Result, Strategy
 from ..ledger import ClientPrivacy
 from ..schedule import ClientSchedule
 from . import records
+from .console import flower_once, one_line_failures
 
 
 class ClientFailure(RuntimeError):
     """A client refused, failed or did not answer: the run is stopped."""
+
+
+class BudgetSpent(ClientFailure):
+    """A client refused a round for its budget: one line names it and spent/budget."""
 
 
 @dataclass
@@ -198,9 +203,14 @@ class TimeAdaptiveStrategy(Strategy):
             if msg.has_error():
                 node = msg.metadata.src_node_id
                 label = self.clients[node].label if node in self.clients else node
-                raise ClientFailure(
-                    f"round {server_round}: client {label} (node {node}): "
-                    f"{msg.error.reason}"
+                reason = str(msg.error.reason)
+                kind = (
+                    BudgetSpent
+                    if reason.startswith("refused: over-budget")
+                    else ClientFailure
+                )
+                raise kind(
+                    f"round {server_round}: client {label} (node {node}): {reason}"
                 )
         for msg in got:
             client = self.clients[msg.metadata.src_node_id]
@@ -281,7 +291,13 @@ class TimeAdaptiveStrategy(Strategy):
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
     ) -> Result:
-        """Run the inner loop, then log the per-client privacy summary."""
+        """Run the inner loop, then log the per-client privacy summary.
+
+        A client's refusal or failure stops the run with one line (no traceback:
+        :func:`~federated.flower.console.one_line_failures`).
+        """
+        flower_once()
+        one_line_failures()
         result = super().start(
             grid,
             initial_arrays,

@@ -43,6 +43,8 @@ from defense_suite.federated.flower.config import AppConfig
 from tests.federated.loopback import LoopbackGrid, node_contexts
 
 DELTA = 1e-5
+PUBLIC = 500
+"""The SuperNodes' public record count (``public-num-examples``): the normalizer."""
 BUDGETS = (1.0, 3.0)
 CONFIG = AppConfig(
     n_clients=2,
@@ -82,6 +84,8 @@ def agreement(budget: float, config: AppConfig = CONFIG, **extra: object) -> dic
         "spending": "uniform",
         "accountant": "rdp",
         "ledger-init": True,
+        "data-seed": 0,
+        "public-num-examples": PUBLIC,
         **extra,
     }
 
@@ -214,7 +218,7 @@ def replay_residual(grid: LoopbackGrid, config: AppConfig = CONFIG) -> float:
         noise = rng.normal(0.0, config.sigma * config.clip, size=clipped.shape)
         W1, b1 = reply.content["arrays"].to_numpy_ndarrays()
         step = np.concatenate([(W0 - W1).ravel(), b0 - b1]) / config.lr
-        recovered = step * q * n - noise
+        recovered = step * q * PUBLIC - noise
         scale = config.sigma * config.clip * math.sqrt(clipped.size)
         worst = min(worst, float(np.linalg.norm(recovered - clipped)) / scale)
     return worst

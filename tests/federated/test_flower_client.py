@@ -59,6 +59,7 @@ def torch_app(extra_steps=0):
             torch.optim.SGD(net.parameters(), lr=0.1),
             torch.utils.data.TensorDataset(X, y),
             max_grad_norm=1.0,
+            public_examples=64,
         )
         steps = 0
         for xb, yb in rnd.batches(loader):
@@ -180,6 +181,7 @@ def test_the_mod_refuses_an_over_budget_round_before_user_code(caplog):
     )
     reply = app(msg, context)
     assert reply.has_error()
-    assert reply.error.reason == "refused: over-budget"
+    assert reply.error.reason.startswith("refused: over-budget (spent epsilon ")
+    assert reply.error.reason.endswith(" of budget 1)")
     assert any("over the budget" in r.getMessage() for r in caplog.records)
     assert trained == []

@@ -33,6 +33,7 @@ from defense_suite.federated.flower import (
     node_privacy,
     records,
 )
+from defense_suite.federated.flower.app import client_data
 from defense_suite.federated.ledger import Grant, RoundRefused
 from defense_suite.federated.store import LedgerFile, LedgerUnavailable
 from tests.federated import redteam
@@ -76,7 +77,8 @@ def test_a_research_seed_is_refused_in_a_deployment(caplog):
 
 def test_a_second_run_and_a_restart_are_refused_once_the_budget_is_spent():
     second, restart = redteam.second_run_and_restart()
-    assert set(second.answers) == {"refused: over-budget"}
+    assert {a.split(" (")[0] for a in second.answers} == {"refused: over-budget"}
+    assert all(" of budget " in a for a in second.answers)
     assert set(restart.answers) == {"refused: replayed-round"}
     within_budgets(second.epsilons)
     within_budgets(restart.epsilons)
@@ -158,7 +160,10 @@ def test_train_replies_carry_only_accounted_metrics():
         (metrics,) = reply.content.metric_records.values()
         # (the wrapper strips dp-epsilon and dp-budget once it has logged them)
         assert set(metrics) <= {"num-examples", records.EPSILON, records.BUDGET}
-        assert metrics["num-examples"] == 1  # the public count, not the true size
+        # the node's public count, not the true size
+        assert metrics["num-examples"] == redteam.PUBLIC
+        pid = sent.metadata.dst_node_id - 100
+        assert len(client_data(redteam.CONFIG, pid, 2)) != redteam.PUBLIC
         assert not reply.content.config_records
 
 
@@ -369,7 +374,11 @@ def test_the_example_evaluates_on_the_public_split_only(example, simulated):
 def test_the_mod_refuses_evaluate_unless_the_node_opts_in():
     trained = []
     privacy = ClientPrivacy(epsilon=1.0, delta=1e-5, rounds=2, steps=1, sigma=1.0)
-    mod = TimeAdaptiveMod(lambda context: privacy)
+    mod = TimeAdaptiveMod(
+        lambda context: privacy,
+        training_records=lambda context: np.zeros((3, 2)),
+        public_records=lambda context: np.ones((2, 2)),
+    )
     app = ClientApp(mods=[mod])
 
     @app.evaluate()
@@ -383,7 +392,7 @@ def test_the_mod_refuses_evaluate_unless_the_node_opts_in():
         "refused: evaluate-refused"
     )
     assert trained == []
-    opted = node_contexts(1, **{"0": {"evaluate": "public"}})[100]
+    opted = node_contexts(1, **{"0": {"evaluate": "public", "ledger-init": True}})[100]
     assert not app(redteam.probe(100, arrays), opted).has_error()
     assert trained == [1]
 

@@ -2,9 +2,12 @@
 
 On a SuperNode every privacy key comes from the node's own config (``epsilon``,
 ``delta``, ``num-server-rounds`` as ``rounds``, ``local-steps``, ``sigma``,
-``spending``, ``save-fraction``, ``save-ratio``, ``accountant``); in Flower's
-simulation the run config stands in. The DP noise and the Poisson sampling come from
-operating-system entropy (``make_private`` seeds them), never from the run's seed.
+``spending``, ``save-fraction``, ``save-ratio``, ``accountant``), and so do its
+data (``data-seed``: its partition and its public held-out split) and its public
+record count (``public-num-examples``, the normalizer of the noised sum); in
+Flower's simulation the run config stands in (a partition there is a function of
+the run config). The DP noise and the Poisson sampling come from operating-system
+entropy (``make_private`` seeds them), never from the run's seed.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from flwr.clientapp import ClientApp
 
 from defense_suite.federated.flower import (
     ClientPrivacy,
+    NodeConfigError,
     TimeAdaptiveClient,
     TimeAdaptiveMod,
+    in_simulation,
     node_privacy,
 )
 
@@ -42,15 +47,40 @@ def privacy(context: Context) -> ClientPrivacy:
     return node_privacy(context, stand_in)  # a SuperNode ignores the stand-in
 
 
-# evaluate="public": this app's evaluate uses only the public held-out images
-mod = TimeAdaptiveMod(privacy, evaluate="public")
-app = mod.register(ClientApp(mods=[mod]))
+def data_seed(context: Context) -> int:
+    """The seed of this node's data: its node config's (simulation: the run's)."""
+    if "data-seed" in context.node_config:
+        return int(context.node_config["data-seed"])
+    if not in_simulation():
+        raise NodeConfigError("this SuperNode's node config lacks 'data-seed'")
+    return int(context.run_config["seed"])
 
 
 def _data(context: Context) -> torch.utils.data.TensorDataset:
     pid = int(context.node_config["partition-id"])
     n = int(context.node_config["num-partitions"])
-    return load_partition(pid, n, int(context.run_config["seed"]))
+    return load_partition(pid, n, data_seed(context))
+
+
+def public_count(context: Context) -> int | None:
+    """The node's public record count (simulation: its partition's size)."""
+    if "public-num-examples" in context.node_config:
+        return int(context.node_config["public-num-examples"])
+    return len(_data(context)) if in_simulation() else None
+
+
+# evaluate="public": this app's evaluate uses only the node's public held-out
+# images, cut from the same permutation as its partition (disjoint by
+# construction; the mod checks it against every record the ledger charged)
+mod = TimeAdaptiveMod(
+    privacy,
+    evaluate="public",
+    public_examples=public_count,
+    training_records=lambda context: _data(context).tensors[0],
+    public_records=lambda context: load_test(data_seed(context)).tensors[0],
+    disjoint_in_simulation=True,
+)
+app = mod.register(ClientApp(mods=[mod]))
 
 
 @app.train()
@@ -65,6 +95,7 @@ def train(msg: Message, context: Context) -> Message:
         torch.optim.SGD(net.parameters(), lr=float(context.run_config["lr"])),
         data,
         max_grad_norm=float(context.run_config["clip"]),
+        public_examples=mod.public_examples(context),  # never len(data)
     )
     for X, y in rnd.batches(loader):
         optimizer.zero_grad()
@@ -78,9 +109,9 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    """Accuracy of the global model on the public held-out images (no own data)."""
+    """Accuracy of the global model on the node's public held-out images."""
     net = SmallCNN()
     net.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
-    data = load_test(int(context.run_config["seed"]))
+    data = load_test(data_seed(context))
     metrics = MetricRecord({"num-examples": len(data), "accuracy": accuracy(net, data)})
     return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
