@@ -7,7 +7,8 @@
 * :func:`~crypto.distill.distill` recovers the accuracy the substitutions cost.
 """
 
-from .bert import ConversionError, ConversionReport, Substitution, convert
+from .bert import ConversionReport, Substitution, convert
+from .errors import ConversionError
 from .model import HEBert, HEBertConfig
 
 __all__ = [

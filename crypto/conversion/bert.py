@@ -13,75 +13,25 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import numpy.typing as npt
 import torch
 from torch import nn
 
 from defenses.checks import check_int
 
 from ..approx import depth_of
+from .errors import ConversionError
+from .functions import SourceFunctions
+from .installed import check_installed, check_norms
 from .model import HEBert, HEBertConfig
+from .selfcheck import SelfCheck, check_faithful
 
 logger = logging.getLogger(__name__)
 
 BERT, ROBERTA = "BertForSequenceClassification", "RobertaForSequenceClassification"
-BLOCKS = (
-    "Embeddings",
-    "Encoder",
-    "Layer",
-    "Attention",
-    "SelfAttention",
-    "SelfOutput",
-    "Intermediate",
-    "Output",
-)
-KNOWN = {
-    *(f"{family}{block}" for family in ("Roberta",) for block in BLOCKS),
-    ROBERTA,
-    "RobertaModel",
-    "RobertaClassificationHead",
-    BERT,
-    "BertModel",
-    "BertEmbeddings",
-    "BertEncoder",
-    "BertLayer",
-    "BertAttention",
-    "BertSelfAttention",
-    "BertSdpaSelfAttention",
-    "BertSelfOutput",
-    "BertIntermediate",
-    "BertOutput",
-    "BertPooler",
-    "Embedding",
-    "LayerNorm",
-    "Dropout",
-    "Linear",
-    "ModuleList",
-    "Tanh",
-    "GELUActivation",
-    "ReLU",
-    "NewGELUActivation",
-    "FastGELUActivation",
-    "QuickGELUActivation",
-    "GELUTanh",
-    "PytorchGELUTanh",
-}
-HOMES = (
-    "transformers.models.bert.",
-    "transformers.models.roberta.",
-    "transformers.activations",
-    "torch.nn.",
-)
-"""A known layer must also be the library's own class (not a same-named subclass)."""
-HOOKS = ("_forward_hooks", "_forward_pre_hooks")
-"""A module with one of these hooks computes something else than its class says."""
 ATTENTION = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", None)
 """Attention implementations that compute softmax(q k^T / sqrt(d_h) + mask) v."""
-GELUS = ("gelu", "gelu_new", "gelu_fast", "gelu_python", "gelu_pytorch_tanh")
 POSITIONAL = ("rope_theta", "rotary_dim", "rotary_emb_base", "relative_attention")
-
-
-class ConversionError(ValueError):
-    """The model cannot be converted; the message names the layer or setting."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +64,7 @@ class ConversionReport:
     config: HEBertConfig
     substitutions: tuple[Substitution, ...]
     copied: tuple[str, ...]
+    check: SelfCheck | None = None
 
     def __str__(self) -> str:
         lines = [f"converted {self.source} -> HEBert ({self.config.n_layers} layers)"]
@@ -121,26 +72,12 @@ class ConversionReport:
             levels = f" [{s.depth} levels]" if s.depth else ""
             lines.append(f"  {s.where}: {s.source} -> {s.replacement}{levels}")
         lines.append(f"  copied unchanged: {len(self.copied)} tensors")
+        absent = [name for name in self.copied if "(absent" in name]
+        if absent:
+            lines.append(f"  absent in the source, filled: {', '.join(absent)}")
+        if self.check is not None:
+            lines.append(f"  {self.check}")
         return "\n".join(lines)
-
-
-def _refuse_unknown(model: nn.Module) -> None:
-    for name, module in model.named_modules():
-        kind = type(module).__name__
-        home = type(module).__module__
-        if kind not in KNOWN or not home.startswith(HOMES):
-            raise ConversionError(
-                f"cannot convert layer {name or '<root>'!r} of type {home}.{kind}: the "
-                "converter knows only BERT's embeddings, self-attention, "
-                "feed-forward, pooler and classifier"
-            )
-        hooks = [h for h in HOOKS if getattr(module, h, None)]
-        if "forward" in vars(module) or hooks:
-            changed = "its forward is replaced" if not hooks else f"it has {hooks[0]}"
-            raise ConversionError(
-                f"cannot convert layer {name or '<root>'!r}: {changed}, so it does "
-                f"not compute what {kind} computes"
-            )
 
 
 def _parts(src: Any) -> tuple[str, Any]:
@@ -198,20 +135,48 @@ def _check_config(model: nn.Module) -> Any:
             f"cannot convert classifier: num_labels={config.num_labels}, problem_type="
             f"{config.problem_type!r}; single-label classification with >= 2 classes"
         )
-    if config.hidden_act not in (*GELUS, "relu"):
-        raise ConversionError(
-            f"cannot convert bert.encoder.layer.*.intermediate: hidden_act "
-            f"{config.hidden_act!r} (known: {(*GELUS, 'relu')})"
-        )
     return config
 
 
 def _copy(
-    target: torch.Tensor, source: torch.Tensor, name: str, copied: list[str]
+    target: torch.Tensor,
+    source: torch.Tensor | None,
+    name: str,
+    copied: list[str],
+    absent: float = 0.0,
 ) -> None:
+    """Copy ``source`` into ``target``, or fill it with ``absent``.
+
+    A source without the tensor (a LayerNorm without affine parameters, a Linear
+    without bias) gives ``absent`` everywhere (1 for a gain, 0 for a bias).
+    """
+    if source is not None and tuple(source.shape) != tuple(target.shape):
+        raise ConversionError(
+            f"cannot convert {name}: shape {tuple(source.shape)}, where the "
+            f"converted model (read from the first block) has {tuple(target.shape)}"
+        )
     with torch.no_grad():
-        target.copy_(source.detach().to(torch.float64))
-    copied.append(name)
+        if source is None:
+            target.fill_(absent)
+        else:
+            target.copy_(source.detach().to(torch.float64))
+    copied.append(name if source is not None else f"{name} (absent: {absent})")
+
+
+def _shape(src: Any, base: str, encoder: Any, config: Any) -> dict[str, int]:
+    """The converted model's shape, read from the installed modules."""
+    emb = getattr(src, base).embeddings
+    vocab, d = emb.word_embeddings.weight.shape
+    _, classifier = _head(src, base)
+    return {
+        "vocab_size": int(vocab),
+        "d": int(d),
+        "heads": int(encoder[0].attention.self.num_attention_heads),
+        "ffn": int(encoder[0].intermediate.dense.weight.shape[0]),
+        "n_layers": len(encoder),
+        "n_classes": int(classifier.weight.shape[0]),
+        "type_vocab_size": int(emb.token_type_embeddings.weight.shape[0]),
+    }
 
 
 def convert(
@@ -220,6 +185,8 @@ def convert(
     rank: int = 2,
     activation: str = "relu",
     generator: torch.Generator | None = None,
+    check_ids: npt.ArrayLike | None = None,
+    check_mask: npt.ArrayLike | None = None,
     **degrees: int,
 ) -> tuple[HEBert, ConversionReport]:
     """The HE-friendly form of a BERT sequence classifier, and what was substituted.
@@ -239,6 +206,11 @@ def convert(
     generator : torch.Generator, optional
         Draws the LoRA ``A`` factors (``B`` = 0, so the converted model starts with
         exactly the source weights).
+    check_ids, check_mask : array, optional
+        Sequences (n, n_tokens) for the self-check (default: 16 random ones):
+        the converted structure run with the source's own functions must
+        reproduce the source's outputs on them, layer by layer
+        (:mod:`~crypto.conversion.selfcheck`).
     **degrees
         ``gk_degree``, ``isqrt_degree``, ``act_degree``, ``tanh_degree``,
         ``newton_steps`` of :class:`HEBertConfig`.
@@ -252,7 +224,10 @@ def convert(
     Raises
     ------
     ConversionError
-        Naming the layer or setting that cannot be converted.
+        Naming the layer or setting that cannot be converted: what the installed
+        modules compute is read from them, not from the config
+        (:mod:`~crypto.conversion.installed`), and the self-check names the first
+        source module whose output the conversion does not reproduce.
     """
     if not isinstance(model, nn.Module):
         raise ConversionError(
@@ -260,34 +235,30 @@ def convert(
             "BertForSequenceClassification"
         )
     config = _check_config(model)
-    _refuse_unknown(model)
+    src: Any = model
+    base, encoder = _parts(src)
+    shape = _shape(src, base, encoder, config)
+    functions = check_installed(model, base, encoder, shape["d"] // shape["heads"])
+    eps = check_norms(model, shape["d"])
     roberta = type(model).__name__ == ROBERTA
     top = int(config.max_position_embeddings) - (
         config.pad_token_id + 1 if roberta else 0
     )
     check_int("n_tokens", n_tokens, 2, top)
     c = HEBertConfig(
-        vocab_size=config.vocab_size,
         n_tokens=n_tokens,
-        d=config.hidden_size,
-        heads=config.num_attention_heads,
-        ffn=config.intermediate_size,
-        n_layers=config.num_hidden_layers,
-        n_classes=config.num_labels,
-        type_vocab_size=config.type_vocab_size,
         rank=rank,
         activation=activation,
-        layer_norm_eps=float(config.layer_norm_eps),
+        layer_norm_eps=eps,
         position_padding_idx=config.pad_token_id if roberta else None,
+        **shape,
         **degrees,
     )
     out = HEBert(c, generator or torch.Generator().manual_seed(0))
-    src: Any = model
-    base, encoder = _parts(src)
     copied: list[str] = []
     emb = getattr(src, base).embeddings
     rows = out.position_embeddings.shape[0]
-    tensors: list[tuple[torch.Tensor, torch.Tensor, str]] = [
+    tensors: list[tuple[torch.Tensor, torch.Tensor | None, str]] = [
         (out.word_embeddings.weight, emb.word_embeddings.weight, "word_embeddings"),
         (out.position_embeddings, emb.position_embeddings.weight[:rows], "position"),
         (out.token_type_embeddings.weight, emb.token_type_embeddings.weight, "type"),
@@ -295,7 +266,8 @@ def convert(
         (out.embedding_norm.bias, emb.LayerNorm.bias, "LayerNorm.bias"),
     ]
     for target, source, name in tensors:
-        _copy(target, source, f"{base}.embeddings.{name}", copied)
+        unit = 1.0 if name == "LayerNorm.weight" else 0.0
+        _copy(target, source, f"{base}.embeddings.{name}", copied, unit)
     for i, (layer, theirs) in enumerate(zip(out.block_list(), encoder, strict=True)):
         pairs = {
             "query": theirs.attention.self.query,
@@ -310,11 +282,13 @@ def convert(
         for mine, module in pairs.items():
             for part in ("weight", "bias"):
                 where = f"{base}.encoder.layer.{i}.{mine}.{part}"
+                unit = 1.0 if "norm" in mine and part == "weight" else 0.0
                 _copy(
                     getattr(getattr(layer, mine), part),
                     getattr(module, part),
                     where,
                     copied,
+                    unit,
                 )
     pooler, classifier = _head(src, base)
     for part in ("weight", "bias"):
@@ -327,8 +301,22 @@ def convert(
             f"classifier.{part}",
             copied,
         )
+    report = ConversionReport(
+        type(model).__name__,
+        c,
+        _substitutions(c, base, functions),
+        tuple(copied),
+        check_faithful(model, out, functions, base, check_ids, check_mask),
+    )
+    logger.info("%s", report)
+    return out, report
+
+
+def _substitutions(
+    c: HEBertConfig, base: str, functions: SourceFunctions
+) -> tuple[Substitution, ...]:
     layers = f"{base}.encoder.layer.*"
-    subs = (
+    return (
         Substitution(
             f"{base}.embeddings",
             "word + position + token type, LayerNorm",
@@ -344,7 +332,7 @@ def convert(
         Substitution(
             f"{layers}.attention.self.{{query,key,value}}",
             "Linear",
-            f"Linear + LoRA rank {rank} (B = 0)",
+            f"Linear + LoRA rank {c.rank} (B = 0)",
         ),
         Substitution(
             f"{layers}.attention.output.LayerNorm",
@@ -355,8 +343,8 @@ def convert(
         ),
         Substitution(
             f"{layers}.intermediate.intermediate_act_fn",
-            config.hidden_act,
-            f"degree-{c.act_degree} Chebyshev fit of {activation} on [-B, B]",
+            functions.describe_activations(),
+            f"degree-{c.act_degree} Chebyshev fit of {c.activation} on [-B, B]",
             depth_of(c.act_degree),
         ),
         Substitution(
@@ -377,6 +365,3 @@ def convert(
             "removed (inference form; distillation trains without it)",
         ),
     )
-    report = ConversionReport(type(model).__name__, c, subs, tuple(copied))
-    logger.info("%s", report)
-    return out, report

@@ -50,6 +50,8 @@ from defenses.checks import check_choice, check_int
 
 from ..approx import RangeError, RangeGuard
 from ..model import GUARD_SLACK, HEADROOM, torch_poly
+from .functions import SourceFunctions, softmax_attention
+from .inputs import check_ids
 from .layers import HEBertLayer, layer_norm, linear
 from .ranges import BertCalibration, fit_site, gelu, relu, tanh
 
@@ -135,6 +137,12 @@ class HEBertConfig:
 
 
 Site = Callable[[str, torch.Tensor], torch.Tensor]
+Record = Callable[[str, torch.Tensor], torch.Tensor]
+"""Sees a named intermediate output and returns it (the self-check's tap)."""
+
+
+def _ignore(name: str, value: torch.Tensor) -> torch.Tensor:
+    return value
 
 
 class HEBert(nn.Module):
@@ -185,26 +193,7 @@ class HEBert(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``ids`` and ``mask`` as (batch, n_tokens) tensors, or a clear error."""
         c = self.config
-        arr = np.asarray(ids)
-        if arr.dtype.kind not in "iu":
-            raise TypeError(f"ids must be integer token ids, got dtype {arr.dtype}")
-        if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] != c.n_tokens:
-            raise ValueError(
-                f"ids: expected shape (batch >= 1, {c.n_tokens}) (the converted "
-                f"length), got {arr.shape}"
-            )
-        if arr.min() < 0 or arr.max() >= c.vocab_size:
-            raise ValueError(
-                f"ids: token id {int(arr.max())} is outside the embedding's "
-                f"vocabulary of {c.vocab_size} rows: the tokenizer does not match "
-                "the model"
-            )
-        m = np.ones(arr.shape) if mask is None else np.asarray(mask, dtype=np.float64)
-        if m.shape != arr.shape or not np.all((m == 0) | (m == 1)):
-            raise ValueError(f"mask: expected 0/1 values of shape {arr.shape}")
-        if not np.all(m[:, 0] == 1):
-            raise ValueError("mask: the first ([CLS]) position must be attended")
-        return torch.as_tensor(arr, dtype=torch.int64), torch.as_tensor(m)
+        return check_ids(ids, mask, c.n_tokens, c.vocab_size)
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """Client-side embedding (exact LayerNorm, in plaintext on the client)."""
@@ -239,63 +228,74 @@ class HEBert(nn.Module):
         return centred * inv * norm.weight + norm.bias
 
     def encode(
-        self, z: torch.Tensor, mask: torch.Tensor, poly: bool, site: Site
+        self,
+        z: torch.Tensor,
+        mask: torch.Tensor,
+        poly: bool,
+        site: Site,
+        source: SourceFunctions | None = None,
+        record: Record | None = None,
     ) -> torch.Tensor:
-        """Logits from client-side embeddings ``z`` (the server's part)."""
+        """Logits from client-side embeddings ``z`` (the server's part).
+
+        With ``source`` (the self-check) the same structure runs the source's own
+        functions instead: softmax attention with the padding mask and each block's
+        installed activation; ``record(name, output)`` sees each block's attention,
+        intermediate and output, the pooler's dense output and the logits.
+        """
         c = self.config
         b, n = z.shape[0], z.shape[1]
+        keep = record or _ignore
         for i, layer in enumerate(self.block_list()):
 
             def split(t: torch.Tensor) -> torch.Tensor:
                 return t.view(b, n, c.heads, c.head_dim).transpose(1, 2)
 
             q, k, v = split(layer.query(z)), split(layer.key(z)), split(layer.value(z))
-            dist = ((q.unsqueeze(3) - k.unsqueeze(2)) ** 2).sum(-1)
-            dist = dist / (2.0 * math.sqrt(c.head_dim))
-            u = site(f"layer {i} kernel distance", dist)
-            if poly:
-                scores = torch_poly(
-                    self.calibration.polys[f"layer {i} kernel distance"], u
-                )
+            if source is not None:
+                scores = softmax_attention(q, k, mask, c.head_dim**-0.5)
             else:
-                scores = torch.exp(-dist)
-            weight = mask / mask.sum(-1, keepdim=True)
-            scores = scores * weight[:, None, None, :]
+                dist = ((q.unsqueeze(3) - k.unsqueeze(2)) ** 2).sum(-1)
+                dist = dist / (2.0 * math.sqrt(c.head_dim))
+                name = f"layer {i} kernel distance"
+                u = site(name, dist)
+                if poly:
+                    scores = torch_poly(self.calibration.polys[name], u)
+                else:
+                    scores = torch.exp(-dist)
+                weight = mask / mask.sum(-1, keepdim=True)
+                scores = scores * weight[:, None, None, :]
             attended = (scores @ v).transpose(1, 2).reshape(b, n, c.d)
             h = z + layer.attention_dense(attended)
-            h = self._norm(
-                h,
-                layer.attention_norm,
-                f"layer {i} attention LayerNorm variance",
-                site,
-                poly,
+            name = f"layer {i} attention LayerNorm variance"
+            h = keep(
+                f"layer {i} attention",
+                self._norm(h, layer.attention_norm, name, site, poly),
             )
             a = layer.intermediate(h)
-            t = site(f"layer {i} activation input", a)
-            if poly:
-                act = torch_poly(
-                    self.calibration.polys[f"layer {i} activation input"], t
-                )
-            elif c.activation == "relu":
-                act = torch.relu(a)
+            if source is not None:
+                act = source.activations[i].function(a)
             else:
-                act = nn.functional.gelu(a)
-            out = h + layer.output_dense(act)
-            z = self._norm(
-                out,
-                layer.output_norm,
-                f"layer {i} output LayerNorm variance",
-                site,
-                poly,
-            )
-        pre = self.pooler(z[:, 0, :])
-        t = site("pooler input", pre)
+                t = site(f"layer {i} activation input", a)
+                if poly:
+                    act = torch_poly(
+                        self.calibration.polys[f"layer {i} activation input"], t
+                    )
+                elif c.activation == "relu":
+                    act = torch.relu(a)
+                else:
+                    act = nn.functional.gelu(a)
+            out = h + layer.output_dense(keep(f"layer {i} intermediate", act))
+            name = f"layer {i} output LayerNorm variance"
+            z = keep(f"layer {i}", self._norm(out, layer.output_norm, name, site, poly))
+        pre = keep("pooler dense", self.pooler(z[:, 0, :]))
+        t = site("pooler input", pre) if source is None else pre
         pooled = (
             torch_poly(self.calibration.polys["pooler input"], t)
-            if poly
+            if poly and source is None
             else torch.tanh(pre)
         )
-        result: torch.Tensor = self.classifier(pooled)
+        result: torch.Tensor = keep("logits", self.classifier(pooled))
         return result
 
     def forward(

@@ -190,7 +190,7 @@ def test_refusals_name_the_layer() -> None:
     relative.config.position_embedding_type = "relative_key"  # type: ignore[attr-defined]
     with pytest.raises(ConversionError, match="relative_key"):
         convert(relative, n_tokens=8)
-    with pytest.raises(ConversionError, match="silu"):
+    with pytest.raises(ConversionError, match="SiLUActivation"):
         convert(_bert(hidden_act="silu"), n_tokens=8)
     with pytest.raises(ConversionError, match="num_labels=1"):
         convert(_bert(num_labels=1), n_tokens=8)
