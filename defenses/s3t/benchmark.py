@@ -17,6 +17,20 @@ of each fitted model, one deletion at a time, without retraining:
   fit each time every shard is dead (then start over on a fresh copy);
 * wall time of deletions that need no retraining, against one shard's training time.
 
+The model replays are few (each one copies a fitted model and measures accuracy), so
+their mean number of deletions served scatters widely (one stream's count has a
+standard deviation of about 10 at m = L = 3). The count itself needs no model: a
+shard dies when every one of its orders has lost its first slice, so the system
+dies at the first deletion by which every ``(shard, first slice)`` cell has been
+hit. ``bookkeeping_streams`` streams over the same pool, partition and orders are
+replayed that way (``deletions_served_many``, its standard error ``..._se``; the
+same streams for every method, so ratios are paired), and a test checks the rule
+against :meth:`Unlearner.delete`. ``deletions_theory_sizes`` is the theory for the
+partition the hash actually drew (:func:`~defenses.s3t.sequences.expected_deletions`
+with each cell's share of the stream's probability), and the ``..._over_sisa``
+ratios put measured and theory side by side: ``m L H_{m B'} / m L H_m`` (1.54 at
+m = L = B = 3) assumes equal slices, which a hash partition does not give.
+
 Streams are uniform over the pool, or skewed: slice index ``j`` (of every shard) is
 hit with a Zipf prior ``p_j ~ 1 / rank_j^a`` (ranks shuffled per seed) and a point
 uniformly within the slice; BMS knows ``p``.
@@ -41,7 +55,11 @@ from defenses.metrics import accuracy
 from defenses.results import Result
 from defenses.s3t.baselines import SISA, FullRetrain
 from defenses.s3t.defense import S3T, Unlearner
-from defenses.s3t.sequences import deletion_rate_theory, simulate_deletion_rate
+from defenses.s3t.sequences import (
+    deletion_rate_theory,
+    expected_deletions,
+    simulate_deletion_rate,
+)
 from defenses.s3t.tasks import ModelSettings, pretrained_backbone, split_digits
 from defenses.s3t.training import single_thread
 
@@ -67,6 +85,7 @@ DEFAULTS: dict[str, Any] = {
     "epochs": 10,
     "lr": 5e-3,
     "simulation_runs": 2000,
+    "bookkeeping_streams": 2000,
 }
 
 
@@ -84,6 +103,7 @@ class Settings(ModelSettings):
     zipf: float
     pool: int
     simulation_runs: int
+    bookkeeping_streams: int
 
     @classmethod
     def parse(cls, params: Mapping[str, Any]) -> Settings:
@@ -132,6 +152,74 @@ def _stream(
     return rng.choice(
         ids, size=min(length, ids.size), replace=False, p=weights / weights.sum()
     )
+
+
+def _weights(cells: IntArray, prior: FloatArray | None) -> FloatArray:
+    """Each point's probability of being the next deletion (uniform or Zipf)."""
+    if prior is None:
+        return np.full(cells.size, 1.0 / cells.size)
+    sizes = np.bincount(cells, minlength=prior.size)[cells]
+    weights: FloatArray = prior[cells % prior.size] / sizes
+    normalised: FloatArray = weights / weights.sum()
+    return normalised
+
+
+def stream_positions(
+    rng: np.random.Generator, weights: FloatArray, runs: int
+) -> IntArray:
+    """``runs`` streams that delete every point once: each point's turn (1-based).
+
+    Orders are drawn with probabilities ``weights`` without replacement
+    (Efraimidis and Spirakis 2006: sort by ``-log(U) / w``); shape
+    ``(runs, weights.size)``.
+    """
+    keys = -np.log(rng.random((runs, weights.size))) / weights
+    position = np.empty((runs, weights.size), dtype=np.int64)
+    turns = np.arange(1, weights.size + 1)[None]
+    np.put_along_axis(position, np.argsort(keys, axis=1), turns, 1)
+    return position
+
+
+def first_hits(cells: IntArray, position: IntArray) -> IntArray:
+    """The deletion (1-based) of each stream that first hits each cell."""
+    runs, n = position.shape
+    out = np.full((runs, int(cells.max()) + 1), n + 1, dtype=np.int64)
+    for c in np.unique(cells):
+        out[:, c] = position[:, cells == c].min(axis=1)
+    return out
+
+
+def needed_cells(model: Unlearner) -> list[int]:
+    """The ``(shard, first slice)`` cells (as ``s L + j``) whose hits kill the model."""
+    firsts = sorted({o[0] for o in model.orders})
+    return [s * model.slices + j for s in range(model.shards) for j in firsts]
+
+
+def _bookkeeping(
+    methods: Mapping[str, tuple[Unlearner, str]],
+    hits: IntArray,
+    cell_probs: FloatArray,
+) -> dict[str, dict[str, float]]:
+    """Deletions served over many streams, theory for the drawn slice sizes, ratios."""
+    out: dict[str, dict[str, float]] = {}
+    for variant, (model, _) in methods.items():
+        if model.shards * model.slices == 1:
+            continue
+        needed = needed_cells(model)
+        served = hits[:, needed].max(axis=1).astype(np.float64)
+        out[variant] = {
+            "deletions_served_many": float(served.mean()),
+            "deletions_served_many_se": float(
+                served.std(ddof=1) / np.sqrt(served.size)
+            ),
+            "deletions_theory_sizes": expected_deletions(cell_probs[needed]),
+        }
+    sisa = out.get("sisa")
+    if sisa is not None:
+        for values in out.values():
+            for key in ("deletions_served_many", "deletions_theory_sizes"):
+                values[f"{key}_over_sisa"] = values[key] / sisa[key]
+    return out
 
 
 def _hit_cost(model: Unlearner, shard: int, slc: int) -> float:
@@ -228,6 +316,15 @@ def _seed_results(settings: Settings, seed: int) -> Iterator[Result]:
         for _ in range(settings.streams)
     ]
     sim_rng = np.random.default_rng(seed + 1)
+    weights = _weights(cells, prior)
+    position = stream_positions(
+        np.random.default_rng(seed + 2), weights, settings.bookkeeping_streams
+    )
+    hits = first_hits(cells, position)
+    cell_probs: FloatArray = np.bincount(
+        cells, weights, minlength=settings.shards * settings.slices
+    ).astype(np.float64)
+    many = _bookkeeping(methods, hits, cell_probs)
     for variant, (model, policy) in methods.items():
         traces = [
             _replay(model, s, test, settings, policy)
@@ -235,7 +332,8 @@ def _seed_results(settings: Settings, seed: int) -> Iterator[Result]:
                 streams, desc=f"s3t streams {variant}", disable=None, leave=False
             )
         ]
-        yield _record(settings, seed, variant, model, traces, prior, sim_rng)
+        extra = many.get(variant, {})
+        yield _record(settings, seed, variant, model, traces, prior, sim_rng, extra)
 
 
 def _record(
@@ -246,6 +344,7 @@ def _record(
     traces: list[Trace],
     prior: FloatArray | None,
     rng: np.random.Generator,
+    extra: Mapping[str, float],
 ) -> Result:
     stages = model.stages()
     fit_passes = float(sum(st.passes for st in stages.values()))
@@ -268,6 +367,7 @@ def _record(
             None if prior is None else prior,
         )
         utility["deletions_simulated"] = float(sim.mean())
+    utility.update(extra)
     cost: dict[str, float] = {
         "train_s": fit_seconds,
         "train_passes": fit_passes,

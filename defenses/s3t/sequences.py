@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
+from scipy import integrate
 from scipy.optimize import linear_sum_assignment
 
 from defenses.arrays import FloatArray, IntArray
@@ -136,6 +137,35 @@ def deletion_rate_theory(shards: int, slices: int, distinct_first: int) -> float
     _check_budget(slices, distinct_first)
     check_int("shards", shards, minimum=1)
     return shards * slices * harmonic(shards * min(distinct_first, slices))
+
+
+def expected_deletions(cell_probs: npt.ArrayLike) -> float:
+    r"""Expected deletions until every cell of a set has been hit at least once.
+
+    Each deletion hits cell ``c`` with probability ``p_c`` (independently, with
+    replacement; cells outside the set take the rest). By Poissonisation (deletions
+    at rate 1; Flajolet, Gardy and Thimonier 1992),
+
+    .. math::
+
+        E[\delta] = \int_0^\infty \Big(1 - \prod_c \big(1 - e^{-p_c t}\big)\Big)\,dt,
+
+    which for ``m B'`` cells of probability ``1 / (m L)`` each is ``m L H_{m B'}``
+    (:func:`deletion_rate_theory`); unequal slice sizes give unequal ``p_c``.
+    """
+    p = np.asarray(cell_probs, dtype=np.float64)
+    if p.ndim != 1 or p.size == 0 or np.any(p <= 0) or p.sum() > 1 + 1e-9:
+        raise ValueError(
+            f"cell_probs must be probabilities > 0 summing to at most 1, got {p}"
+        )
+
+    def tail(t: float) -> float:
+        return float(1.0 - np.prod(-np.expm1(-p * t)))
+
+    total, _ = integrate.quad(tail, 0.0, np.inf, limit=200, epsabs=1e-10)
+    if not np.isfinite(total):
+        raise RuntimeError("expected_deletions: the integral did not converge")
+    return float(total)
 
 
 def simulate_deletion_rate(

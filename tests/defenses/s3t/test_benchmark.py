@@ -20,6 +20,7 @@ TINY = {
     "rank": 2,
     "epochs": 2,
     "simulation_runs": 200,
+    "bookkeeping_streams": 300,
 }
 
 
@@ -42,6 +43,11 @@ def test_records_and_invariants(uniform) -> None:
     assert 0 <= s3t.utility["accuracy"] <= 1
     assert s3t.cost["delete_s"] > 0
     assert s3t.params["benchmark"]["sequences"] == 2
+    assert sisa.utility["deletions_served_many_over_sisa"] == 1.0
+    assert s3t.utility["deletions_served_many"] > sisa.utility["deletions_served_many"]
+    assert s3t.utility["deletions_served_many_se"] > 0
+    assert s3t.utility["deletions_theory_sizes_over_sisa"] > 1.0
+    assert "deletions_served_many" not in none.utility
 
 
 def test_skewed_stream_adds_bms() -> None:
@@ -81,3 +87,52 @@ def test_figures_draw_pngs(uniform, tmp_path) -> None:
 def test_bad_parameters(params, match) -> None:
     with pytest.raises(ValueError, match=match):
         list(deletion_benchmark(params, [0]))
+
+
+@pytest.mark.parametrize("kind", ["s3t", "sisa"])
+def test_bookkeeping_streams_match_real_deletions(kind: str) -> None:
+    # the many-stream count (a model dies when every (shard, first slice) cell
+    # has been hit) is what Unlearner.delete does, stream by stream
+    import copy
+
+    import numpy as np
+
+    from defenses.s3t import S3T, SISA
+    from defenses.s3t.benchmark import first_hits, needed_cells, stream_positions
+    from tests.defenses.s3t.user_modules import SETTINGS, UserMLP, data
+
+    X, y, ids = data(60)
+    common = {"rank": 1, "epochs": 1, "batch_size": 32, **SETTINGS}
+    model = (
+        S3T(UserMLP(), 2, 2, 2, **common)
+        if kind == "s3t"
+        else SISA(UserMLP(), 2, 2, **common)
+    ).fit(X, y, ids)
+    cells = np.array([s * 2 + j for s, j in model.locate(ids)])
+    position = stream_positions(np.random.default_rng(3), np.full(60, 1 / 60), 6)
+    served = first_hits(cells, position)[:, needed_cells(model)].max(axis=1)
+    assert len(set(served.tolist())) > 1  # the streams differ
+    for r in range(position.shape[0]):
+        replay = copy.deepcopy(model)
+        deleted = 0
+        for target in ids[np.argsort(position[r])]:
+            deleted += 1
+            if replay.delete([target]).all_dead:
+                break
+        assert deleted == served[r]
+
+
+def test_expected_deletions_generalises_the_harmonic_theory() -> None:
+    import numpy as np
+
+    from defenses.s3t.sequences import deletion_rate_theory, expected_deletions
+
+    for m, length, firsts in [(3, 3, 3), (3, 3, 1), (5, 6, 6), (5, 6, 2)]:
+        equal = np.full(m * firsts, 1 / (m * length))
+        assert expected_deletions(equal) == pytest.approx(
+            deletion_rate_theory(m, length, firsts), rel=1e-9
+        )
+    # unequal cells: the exact two-cell value 1/p + 1/q - 1/(p + q)
+    assert expected_deletions([0.2, 0.3]) == pytest.approx(5 + 10 / 3 - 2)
+    with pytest.raises(ValueError, match="cell_probs"):
+        expected_deletions([0.0, 0.5])
