@@ -33,13 +33,14 @@ from defenses.audit.attacks import (
     ShadowView,
 )
 from defenses.audit.config import AuditConfig
+from defenses.audit.findings import Curve, Refusal
 from defenses.audit.inversion import judge, train_evaluator
 from defenses.audit.leakage import membership_success
 from defenses.audit.records import (
     AuditData,
     candidates,
 )
-from defenses.audit.report import AuditReport, Curve, Refusal
+from defenses.audit.report import AuditReport
 from defenses.audit.shadows import train_shadows
 from defenses.audit.target import AuditedModel, Outputs
 from defenses.cost import phase, recording

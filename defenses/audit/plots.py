@@ -27,7 +27,7 @@ from defenses.results import UNDEFENDED, Summary, summarize
 from defenses.tradeoff_points import draw_arm_point
 
 if TYPE_CHECKING:
-    from defenses.audit.report import AuditReport
+    from defenses.audit.findings import Findings
 
 LOG_FLOOR = 1e-4
 """Rates are drawn from here up (log axes cannot show 0)."""
@@ -61,7 +61,7 @@ def _success_range(metric: str, values: list[float]) -> tuple[float, float]:
     return low, high + 0.02
 
 
-def roc_plot(report: AuditReport, out: Path) -> Path:
+def roc_plot(report: Findings, out: Path) -> Path:
     """Log-log ROC curves, a panel per membership attack, a colour per arm."""
     attacks = list(dict.fromkeys(c.attack for c in report.curves))
     arms = list(dict.fromkeys(c.defense for c in report.curves))
@@ -101,7 +101,7 @@ def roc_plot(report: AuditReport, out: Path) -> Path:
     return out
 
 
-def tradeoff_plot(report: AuditReport, out: Path) -> Path | None:
+def tradeoff_plot(report: Findings, out: Path) -> Path | None:
     """Test accuracy against each attack's headline success (mean ± std over seeds)."""
     panels = []
     for kind, metric in HEADLINE.items():

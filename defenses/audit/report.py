@@ -6,9 +6,10 @@ in words and as data; the records audited (and where the validation records came
 from); then, per kind of attack, the mean ± standard deviation over seeds of every
 arm (the mean alone where there is no spread) and the paired deltas (defended minus
 undefended at the same seed), with the utility cost (test accuracy, L1 distortion of
-the answers) beside the attack numbers and every arm that makes an attack stronger
-flagged ``STRONGER``; then the attacks the threat model refused, each with its
-reason.
+the answers) beside the attack numbers and every arm that moves an attack's distance
+from chance flagged ``STRONGER`` or ``WEAKER`` (:func:`~defenses.audit.verdict.shifts`:
+a paired interval excluding zero); then the attacks the threat model refused, each
+with its reason.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from defenses.arrays import FloatArray
+from defenses.audit.findings import Curve, Findings, Refusal
 from defenses.audit.threats import describe
-from defenses.audit.verdict import cell, glossary_lines, rises, verdict
+from defenses.audit.verdict import Shift, cell, glossary_lines, shifts, verdict
 from defenses.results import Result, Summary, paired_deltas, summarize, write_jsonl
-from defenses.threat import ThreatModel
+
+__all__ = ["AuditReport", "Curve", "Refusal"]
 
 UTILITY = ["utility.accuracy", "utility.l1_distortion"]
 MEMBERSHIP_COLUMNS = [
@@ -46,30 +48,11 @@ INVERSION_COLUMNS = [
 ]
 
 
-@dataclass(frozen=True, eq=False)
-class Refusal:
-    """An attack the audit did not run, and why (a threat-model or budget refusal)."""
-
-    attack: str
-    reason: str
-
-
-@dataclass(frozen=True, eq=False)
-class Curve:
-    """The ROC curve of one membership run."""
-
-    attack: str
-    defense: str
-    seed: int
-    fpr: FloatArray
-    tpr: FloatArray
-
-
 def _table(
     rows: Sequence[tuple[Result, Mapping[str, Summary | None]]],
     columns: Sequence[str],
     seeds: bool,
-    flagged: frozenset[tuple[str, str]] = frozenset(),
+    flagged: Mapping[tuple[str, str], str] | None = None,
 ) -> list[str]:
     shown = [c for c in columns if any(cells.get(c) is not None for _, cells in rows)]
     head = ["attack", "defense", *(["seeds"] if seeds else []), *shown]
@@ -77,8 +60,9 @@ def _table(
     for first, cells in rows:
         n = next((s.n for s in cells.values() if s is not None), 0)
         arm = first.defense
-        if (first.attack, arm) in flagged:
-            arm += " **STRONGER**"
+        flag = (flagged or {}).get((first.attack, arm))
+        if flag:
+            arm += f" **{flag}**"
         cols = [first.attack, arm, *([str(n)] if seeds else [])]
         lines.append(
             "| " + " | ".join([*cols, *(cell(cells[c], c) for c in shown)]) + " |"
@@ -86,56 +70,28 @@ def _table(
     return lines
 
 
+def _shift_dict(shift: Shift) -> dict[str, Any]:
+    return {
+        "kind": shift.kind,
+        "attack": shift.attack,
+        "defense": shift.defense,
+        "metric": shift.metric,
+        "undefended": shift.undefended,
+        "defended": shift.defended,
+        "distance_change_mean": shift.change.mean,
+        "distance_change_low": shift.change.low,
+        "distance_change_high": shift.change.high,
+        "level": shift.change.level,
+        "seeds": shift.change.n,
+    }
+
+
 @dataclass(frozen=True, eq=False)
-class AuditReport:
-    """What an audit measured.
+class AuditReport(Findings):
+    """What an audit measured, and its Markdown, JSON and plot files.
 
-    Attributes
-    ----------
-    name : str
-        The audit's name.
-    threat : ThreatModel
-        The threat model the audit enforced.
-    results : tuple of Result
-        One record per (attack, arm, seed); ``meta["kind"]`` is "membership" or
-        "inversion".
-    curves : tuple of Curve
-        ROC curves of the membership runs.
-    refusals : tuple of Refusal
-        Attacks not run, with the reason.
-    data : Mapping
-        Sizes of the record sets, classes, input shape, the arms.
-    settings : Mapping
-        Seeds, the epsilon bound's delta and confidence, shadows, reconstructions.
-    warnings : tuple of str
-        Why the inputs may make the numbers unreliable
-        (:func:`~defenses.audit.preflight.degenerate_inputs`).
+    The data and their accessors are :class:`~defenses.audit.findings.Findings`'.
     """
-
-    name: str
-    threat: ThreatModel
-    results: tuple[Result, ...]
-    curves: tuple[Curve, ...]
-    refusals: tuple[Refusal, ...]
-    data: Mapping[str, Any]
-    settings: Mapping[str, Any]
-    warnings: tuple[str, ...] = ()
-
-    def of_kind(self, kind: str) -> list[Result]:
-        """The results of one kind of attack ("membership" or "inversion")."""
-        return [r for r in self.results if r.meta.get("kind") == kind]
-
-    def result(self, attack: str, defense: str, seed: int) -> Result:
-        """The run of ``attack`` against the arm ``defense`` at ``seed``."""
-        for r in self.results:
-            if r.attack == attack and r.defense == defense and r.seed == seed:
-                return r
-        raise KeyError(f"no run of {attack!r} against {defense!r} at seed {seed}")
-
-    @property
-    def refused(self) -> dict[str, str]:
-        """Refused attack name -> reason."""
-        return {r.attack: r.reason for r in self.refusals}
 
     def to_dict(self) -> dict[str, Any]:
         """The whole report as JSON-ready data (infinite values become None)."""
@@ -151,20 +107,8 @@ class AuditReport:
             "settings": dict(self.settings),
             "verdict": verdict(self),
             "warnings": list(self.warnings),
-            "stronger": [
-                {
-                    "kind": r.kind,
-                    "attack": r.attack,
-                    "defense": r.defense,
-                    "metric": r.metric,
-                    "undefended": r.undefended,
-                    "defended": r.defended,
-                    "delta_mean": r.delta.mean,
-                    "delta_std": r.delta.std,
-                    "seeds": r.delta.n,
-                }
-                for r in rises(self)
-            ],
+            "stronger": [_shift_dict(r) for r in shifts(self) if r.stronger],
+            "weaker": [_shift_dict(r) for r in shifts(self) if not r.stronger],
             "refusals": [
                 {"attack": r.attack, "reason": r.reason} for r in self.refusals
             ],
@@ -198,7 +142,10 @@ class AuditReport:
         runs = self.of_kind(kind)
         if not runs:
             return []
-        flagged = frozenset((r.attack, r.defense) for r in rises(self))
+        flagged = {
+            (r.attack, r.defense): "STRONGER" if r.stronger else "WEAKER"
+            for r in shifts(self)
+        }
         lines = [
             f"## {title}",
             "",

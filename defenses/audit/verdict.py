@@ -2,14 +2,23 @@ r"""What an audit's numbers say, in words: glossary, verdict, flags, summary.
 
 A report opens with a glossary of its columns and a one-paragraph verdict: the
 strongest attack against the model as it is, what each defense does to it and at
-what utility cost. An arm whose attack success *rises* against the undefended model
-is flagged (:func:`rises`): its paired mean delta of the headline success
-(:data:`HEADLINE`: membership AUC, inversion acc@1) exceeds :data:`RISE_TOLERANCE`,
+what utility cost. Strength is measured by the **distance from chance** of the
+headline success (:data:`HEADLINE`), never by its raw value: an AUC of 0.3 tells
+members apart as well as 0.7 (flip the score), so
 
 .. math::
 
-    \bar\Delta = \frac1S \sum_{s} \big(m_{\text{defended}, s} -
-    m_{\text{undefended}, s}\big) > \tau .
+    d = |\mathrm{AUC} - 0.5| \quad\text{(membership)}, \qquad
+    d = \mathrm{acc@1} - 1/K \quad\text{(inversion: the judge's accuracy above
+    guessing among K classes)} .
+
+An arm is flagged ``STRONGER`` (or ``WEAKER``) against the undefended model when
+the paired differences :math:`\Delta_s = d_{\text{defended}, s} -
+d_{\text{undefended}, s}` over the seeds (same candidates, same attack randomness)
+have a two-sided 95% Student-t interval
+(:func:`defenses.results.t_interval`) that excludes zero *and* a mean beyond
+:data:`RISE_TOLERANCE` in that direction. One seed gives no interval, so it never
+flags (:func:`shifts`).
 
 A cell is printed as ``mean ± std`` over seeds, and as ``mean`` alone when the
 standard deviation is 0 (one seed, or a deterministic attack), so no cell reads
@@ -22,10 +31,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from defenses.results import UNDEFENDED, Result, Summary, paired_deltas, summarize
+from defenses.results import (
+    UNDEFENDED,
+    Interval,
+    Result,
+    Summary,
+    summarize,
+    t_interval,
+)
 
 if TYPE_CHECKING:
-    from defenses.audit.report import AuditReport
+    from defenses.audit.findings import Findings
 
 HEADLINE = {"membership": "success.auc", "inversion": "success.acc@1"}
 """The success metric a verdict and a flag read, per kind of attack."""
@@ -33,7 +49,10 @@ HEADLINE = {"membership": "success.auc", "inversion": "success.acc@1"}
 NOUNS = {"success.auc": "AUC", "success.acc@1": "acc@1"}
 
 RISE_TOLERANCE = 0.01
-"""Smallest paired mean rise of the headline success that is flagged."""
+"""Smallest paired mean change of the distance from chance that is flagged."""
+
+LEVEL = 0.95
+"""Confidence level of the paired interval behind a flag."""
 
 GLOSSARY = [
     ("members / non-members", "records the model was / was not trained on"),
@@ -73,9 +92,16 @@ GLOSSARY = [
     ),
     ("a ± b", "mean ± standard deviation over seeds; a value alone has no spread"),
     (
-        "STRONGER",
-        f"the arm raises the headline success (AUC or acc@1) by more than "
-        f"{RISE_TOLERANCE:g} against the undefended model",
+        "distance from chance",
+        "how far the headline success is from guessing: |AUC - 0.5| for membership "
+        "(an AUC below 0.5 is as strong as its mirror image above), acc@1 - 1/K "
+        "for inversion",
+    ),
+    (
+        "STRONGER / WEAKER",
+        f"the arm moves the distance from chance up / down against the undefended "
+        f"model: the paired {LEVEL:.0%} interval over seeds excludes 0 and the mean "
+        f"change exceeds {RISE_TOLERANCE:g} (one seed never flags)",
     ),
 ]
 
@@ -91,9 +117,21 @@ def cell(summary: Summary | None, column: str = "") -> str:
     return f"{mean} ± {summary.std:.{digits}f}"
 
 
+def chance(kind: str, n_classes: int) -> float:
+    """The headline success of guessing: AUC 0.5, or acc@1 of 1/K."""
+    return 0.5 if kind == "membership" else 1.0 / n_classes
+
+
+def distance(kind: str, value: float, n_classes: int) -> float:
+    """Distance from chance of a headline success (see the module)."""
+    if kind == "membership":
+        return abs(value - 0.5)
+    return value - chance(kind, n_classes)
+
+
 @dataclass(frozen=True)
-class Rise:
-    """An arm that makes an attack stronger (paired, over seeds)."""
+class Shift:
+    """An arm that moves an attack's distance from chance (paired, over seeds)."""
 
     kind: str
     attack: str
@@ -101,15 +139,32 @@ class Rise:
     metric: str
     undefended: float
     defended: float
-    delta: Summary
+    change: Interval
+
+    @property
+    def stronger(self) -> bool:
+        """True for STRONGER, False for WEAKER."""
+        return self.change.mean > 0
+
+    @property
+    def delta(self) -> Summary:
+        """Mean change of the distance and its count (the interval's)."""
+        return Summary(self.change.mean, 0.0, self.change.n)
 
     def __str__(self) -> str:
         noun = NOUNS.get(self.metric, self.metric)
+        word = "stronger" if self.stronger else "weaker"
         return (
-            f"{self.defense} makes {self.attack} stronger: {noun} "
-            f"{self.undefended:.3f} -> {self.defended:.3f} "
-            f"(paired delta {cell(self.delta)} over {self.delta.n} seeds)"
+            f"{self.defense} makes {self.attack} {word}: {noun} "
+            f"{self.undefended:.3f} -> {self.defended:.3f} (distance from chance "
+            f"{self.change.mean:+.3f}, paired {self.change.level:.0%} interval "
+            f"[{self.change.low:+.3f}, {self.change.high:+.3f}] over "
+            f"{self.change.n} seeds)"
         )
+
+
+Rise = Shift
+"""The former name of :class:`Shift` (a STRONGER flag)."""
 
 
 def _means(runs: Sequence[Result], metric: str) -> dict[tuple[str, str], float]:
@@ -121,60 +176,103 @@ def _means(runs: Sequence[Result], metric: str) -> dict[tuple[str, str], float]:
     return out
 
 
-def rises(report: AuditReport) -> list[Rise]:
-    """Every (attack, arm) whose headline success rises (see the module)."""
+def _n_classes(report: Findings) -> int:
+    return int(report.data.get("n_classes", 2))
+
+
+def _paired_changes(report: Findings, kind: str) -> dict[tuple[str, str], list[float]]:
+    """Per (attack, defended arm): the seeds' changes of the distance from chance."""
+    metric = HEADLINE[kind]
+    key = metric.partition(".")[2]
+    runs = [r for r in report.of_kind(kind) if key in r.success]
+    k = _n_classes(report)
+    plain = {
+        (r.attack, r.seed): distance(kind, r.get(metric), k)
+        for r in runs
+        if r.defense == UNDEFENDED
+    }
+    changes: dict[tuple[str, str], list[float]] = {}
+    for r in runs:
+        if r.defense == UNDEFENDED or (r.attack, r.seed) not in plain:
+            continue
+        d = distance(kind, r.get(metric), k) - plain[(r.attack, r.seed)]
+        changes.setdefault((r.attack, r.defense), []).append(d)
+    return changes
+
+
+def shifts(report: Findings) -> list[Shift]:
+    """Every (attack, arm) flagged STRONGER or WEAKER (see the module)."""
     found = []
     for kind, metric in HEADLINE.items():
-        runs = report.of_kind(kind)
-        means = _means(runs, metric)
-        for first, cells in paired_deltas(runs, [metric]):
-            delta = cells[metric]
-            if delta is None or delta.mean <= RISE_TOLERANCE:
+        means = _means(report.of_kind(kind), metric)
+        for (attack, defense), values in _paired_changes(report, kind).items():
+            if len(values) < 2:
+                continue
+            change = t_interval(values, LEVEL)
+            if not change.excludes_zero or abs(change.mean) <= RISE_TOLERANCE:
                 continue
             found.append(
-                Rise(
+                Shift(
                     kind,
-                    first.attack,
-                    first.defense,
+                    attack,
+                    defense,
                     metric,
-                    means[(first.attack, UNDEFENDED)],
-                    means[(first.attack, first.defense)],
-                    delta,
+                    means[(attack, UNDEFENDED)],
+                    means[(attack, defense)],
+                    change,
                 )
             )
     return found
 
 
-def _kind_verdict(report: AuditReport, kind: str, title: str) -> str | None:
+def rises(report: Findings) -> list[Shift]:
+    """The arms flagged STRONGER (:func:`shifts`)."""
+    return [s for s in shifts(report) if s.stronger]
+
+
+def falls(report: Findings) -> list[Shift]:
+    """The arms flagged WEAKER (:func:`shifts`)."""
+    return [s for s in shifts(report) if not s.stronger]
+
+
+def _kind_verdict(report: Findings, kind: str, title: str) -> str | None:
     metric = HEADLINE[kind]
     runs = report.of_kind(kind)
     means = _means(runs, metric)
     accuracy = _means(runs, "utility.accuracy")
+    k = _n_classes(report)
     plain = {a: v for (a, d), v in means.items() if d == UNDEFENDED}
     if not plain:
         return None
-    attack = max(plain, key=lambda a: plain[a])
+    attack = max(plain, key=lambda a: distance(kind, plain[a], k))
     noun = NOUNS[metric]
     text = (
         f"{title}: against the model as it is, the strongest attack is `{attack}` "
-        f"({noun} {plain[attack]:.3f}"
-        + (", chance 0.5)" if kind == "membership" else ")")
+        f"({noun} {plain[attack]:.3f}, chance {chance(kind, k):.3g})"
     )
-    arms = {d: v for (a, d), v in means.items() if a == attack and d != UNDEFENDED}
-    if arms:
-        best = min(arms, key=lambda d: arms[d])
+    weaker = {s.defense: s for s in falls(report) if s.attack == attack}
+    if weaker:
+        best = min(weaker, key=lambda d: weaker[d].change.mean)
         before, after = accuracy[(attack, UNDEFENDED)], accuracy[(attack, best)]
-        if arms[best] < plain[attack] - RISE_TOLERANCE:
-            text += (
-                f"; the most protective arm, `{best}`, brings it to {arms[best]:.3f} "
-                f"(test accuracy {before:.3f} -> {after:.3f})"
-            )
-        else:
-            text += "; no arm lowers it by more than " + f"{RISE_TOLERANCE:g}"
+        text += (
+            f"; the most protective arm, `{best}`, brings it to "
+            f"{means[(attack, best)]:.3f} (distance from chance "
+            f"{weaker[best].change.mean:+.3f}, paired interval excluding 0; test "
+            f"accuracy {before:.3f} -> {after:.3f})"
+        )
+    elif any(d != UNDEFENDED for (a, d) in means if a == attack):
+        seeds = len(report.settings.get("seeds", []))
+        text += (
+            "; no arm moves it measurably towards chance (a paired "
+            f"{LEVEL:.0%} interval excluding 0 and a change beyond "
+            f"{RISE_TOLERANCE:g}"
+            + ("; one seed gives no interval" if seeds < 2 else "")
+            + ")"
+        )
     return text
 
 
-def verdict(report: AuditReport) -> str:
+def verdict(report: Findings) -> str:
     """The report's opening paragraph, in plain words."""
     sentences = [
         s
@@ -194,7 +292,8 @@ def verdict(report: AuditReport) -> str:
         )
     if report.warnings:
         sentences.append(
-            f"Read the numbers with care: {len(report.warnings)} input warning(s) below"
+            f"Read the numbers with care: {len(report.warnings)} warning(s) about the "
+            "inputs or the model's answers below"
         )
     return ". ".join(sentences) + "."
 
@@ -204,7 +303,7 @@ def glossary_lines() -> list[str]:
     return [f"- **{term}**: {meaning}." for term, meaning in GLOSSARY]
 
 
-def summary_lines(report: AuditReport, written: Mapping[str, object]) -> list[str]:
+def summary_lines(report: Findings, written: Mapping[str, object]) -> list[str]:
     """The command's summary: headline numbers per attack and arm, flags, files."""
     lines = [f"audit {report.name!r}: seeds {report.settings['seeds']}"]
     for kind, metric in HEADLINE.items():
@@ -213,8 +312,8 @@ def summary_lines(report: AuditReport, written: Mapping[str, object]) -> list[st
             arms = [f"{d} {v:.3f}" for (a, d), v in means.items() if a == attack]
             noun = NOUNS[metric]
             lines.append(f"  {kind} {attack} ({noun}): " + ", ".join(arms))
-    for rise in rises(report):
-        lines.append(f"  STRONGER: {rise}")
+    for shift in shifts(report):
+        lines.append(f"  {'STRONGER' if shift.stronger else 'WEAKER'}: {shift}")
     for reason in report.warnings:
         lines.append(f"  warning: {reason}")
     if report.refusals:
