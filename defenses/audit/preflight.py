@@ -15,18 +15,22 @@ audit meaningless or fragile: fewer than :data:`MIN_RECORDS` members or non-memb
 (the ROC has too few points for a rate at 1% FPR), records that are both members and
 non-members (exact duplicate rows: membership is undefined for them), a single class
 among the members or non-members, and validation records that are also evaluated.
-Each is a warning (:class:`AuditInputWarning`, printed on stderr by Python's warning
-machinery) and a line of the report.
+:func:`degenerate_answers` names answers that make every attack meaningless: the
+same probabilities for every record, or answers that carry no information about the
+labels. Each is a warning (:class:`AuditInputWarning`, printed on stderr by Python's
+warning machinery) and a line of the report.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
-from defenses.arrays import IntArray
+from defenses.arrays import FloatArray, IntArray
 from defenses.data import Dataset
 
 VAL_FRACTION = 0.25
@@ -160,3 +164,74 @@ def warn_all(reasons: list[str]) -> None:
     """Issue one :class:`AuditInputWarning` per reason (stderr by default)."""
     for reason in reasons:
         warnings.warn(f"audit: {reason}", AuditInputWarning, stacklevel=3)
+
+
+LABEL_SHUFFLES = 200
+"""Label shuffles of the label-independence test (:func:`degenerate_answers`)."""
+
+LABEL_QUANTILE = 0.99
+"""The true labels must beat this quantile of the shuffled labels' statistic."""
+
+
+def _describe_row(row: npt.NDArray[np.float64]) -> str:
+    k = row.size
+    if np.all(row == row[0]):
+        return f"uniform, {row[0]:.3g} for each of {k} classes"
+    if np.max(row) == 1.0 and np.count_nonzero(row) == 1:
+        return f"one-hot on class {int(np.argmax(row))} for every record"
+    shown = ", ".join(f"{v:.3g}" for v in row[:5])
+    return f"[{shown}{', ...' if k > 5 else ''}] for every record"
+
+
+def degenerate_answers(
+    predict: Callable[[FloatArray], FloatArray], records: Sequence[Dataset]
+) -> list[str]:
+    r"""The reasons the model's answers make every attack meaningless (empty if none).
+
+    * **Constant answers**: every record gets the same probability row (uniform,
+      the same one-hot, or any fixed row). Nothing in the answers depends on the
+      record, so every attack is at chance by construction.
+    * **Label-independent answers**: the answers vary, but carry no measurable
+      information about the labels. The statistic is the mean probability of the
+      true class, :math:`T = \frac1n \sum_i p_{i, y_i}`; under shuffled labels it
+      has the null distribution of answers independent of the labels. The answers
+      are flagged when :math:`T` is at most the :data:`LABEL_QUANTILE` quantile of
+      :data:`LABEL_SHUFFLES` shuffles (seeded: the same verdict every run).
+
+    Parameters
+    ----------
+    predict : callable
+        Flat rows to the model's probabilities.
+    records : sequence of Dataset
+        The records to ask about (members and non-members); labels are column
+        indices of the answers.
+    """
+    X = np.concatenate([np.asarray(d.X, dtype=np.float64) for d in records])
+    y = np.concatenate([np.asarray(d.y, dtype=np.int64) for d in records])
+    if X.shape[0] < 2:
+        return []
+    proba = np.asarray(predict(X), dtype=np.float64)
+    if np.all(proba == proba[0]):
+        return [
+            f"the model answers the same probabilities for every one of the "
+            f"{X.shape[0]} members and non-members ({_describe_row(proba[0])}): its "
+            "answers say nothing about any record, so every attack is at chance by "
+            "construction and the audit measures nothing about the training data"
+        ]
+    rows = np.arange(y.size)
+    observed = float(proba[rows, y].mean())
+    rng = np.random.default_rng(VAL_SEED)
+    shuffled = np.array(
+        [proba[rows, rng.permutation(y)].mean() for _ in range(LABEL_SHUFFLES)]
+    )
+    cut = float(np.quantile(shuffled, LABEL_QUANTILE))
+    if observed <= cut:
+        return [
+            "the model's answers do not depend on the labels: the mean probability "
+            f"of the true class ({observed:.4f}) is no higher than with shuffled "
+            f"labels ({LABEL_QUANTILE:.0%} of {LABEL_SHUFFLES} shuffles reach "
+            f"{cut:.4f}); attacks that read the answer to the true label are at "
+            "chance by construction, and a low attack success says nothing about "
+            "privacy"
+        ]
+    return []

@@ -18,7 +18,12 @@ from defenses.audit.arms import make_arms
 from defenses.audit.config import AuditConfig
 from defenses.audit.game import AuditJob, run_audit
 from defenses.audit.inversion import public_records
-from defenses.audit.preflight import carve_validation, degenerate_inputs, warn_all
+from defenses.audit.preflight import (
+    carve_validation,
+    degenerate_answers,
+    degenerate_inputs,
+    warn_all,
+)
 from defenses.audit.records import (
     AuditData,
     Records,
@@ -75,7 +80,7 @@ def audit(
     outputs: Outputs = "auto",
     bounds: tuple[float, float] | str | None = "data",
     config: AuditConfig | None = None,
-    name: str = "audit",
+    name: str | None = None,
 ) -> AuditReport:
     """Attack a fitted classifier, undefended and behind each defense.
 
@@ -112,8 +117,10 @@ def audit(
         Box of the inversion's reconstructions ("data": the records' range).
     config : AuditConfig, optional
         Seeds, shadow settings, attack strengths.
-    name : str
-        Name of the audit (the report's title and the results' scenario).
+    name : str, optional
+        Name of the audit (the report's title and the results' scenario); default
+        the model's class name (``RandomForestClassifier``), so the title reads
+        ``# Privacy audit: RandomForestClassifier``.
 
     Returns
     -------
@@ -123,8 +130,9 @@ def audit(
     -----
     AuditInputWarning
         For inputs that make the numbers unreliable (few records, members equal to
-        non-members, a single class, validation records that are evaluated); the
-        report lists them too.
+        non-members, a single class, validation records that are evaluated) and for
+        answers that do (the same for every record, or independent of the labels);
+        the report lists them too.
     """
     bounds = _check_bounds(bounds)
     config = AuditConfig() if config is None else config
@@ -133,8 +141,8 @@ def audit(
     threat = threat_model() if threat is None else threat
     if not isinstance(threat, ThreatModel):
         raise TypeError("threat must be a defenses.threat.ThreatModel")
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ValueError(f"name must be a non-empty string or None, got {name!r}")
     if build_model is not None and not callable(build_model):
         raise TypeError("build_model must be callable: build_model(seed) -> model")
     raw_classes = getattr(model, "classes_", None)
@@ -148,6 +156,8 @@ def audit(
                 f"{mem.X.shape[1]} features"
             )
     target = as_audited(model, shape, outputs)
+    if name is None:
+        name = target.name.removeprefix("model (").removesuffix(")")
     try:
         n_classes = int(target.predict_proba(mem.X[:1]).shape[1])
     except (TypeError, ValueError) as error:
@@ -166,6 +176,9 @@ def audit(
         n_classes=n_classes,
     )
     reasons = degenerate_inputs(data.members, data.non_members, data.test, data.val)
+    reasons += degenerate_answers(
+        target.predict_proba, [data.members, data.non_members]
+    )
     warn_all(reasons)
     private = (
         None
