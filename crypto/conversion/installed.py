@@ -162,8 +162,20 @@ def foreign_code(value: object, depth: int = 0) -> str | None:
 
 
 def check_global_hooks() -> None:
-    """Refuse while a global forward (pre-)hook is registered in ``torch``."""
+    """Refuse while a global forward (pre-)hook or a ``torch`` mode is active.
+
+    A ``TorchFunctionMode`` or ``TorchDispatchMode`` sees (and may change) every
+    ``torch`` operation, the source's included.
+    """
     from torch.nn.modules import module as registry
+    from torch.utils._python_dispatch import _len_torch_dispatch_stack
+
+    if torch._C._len_torch_function_stack() or _len_torch_dispatch_stack():
+        raise ConversionError(
+            "cannot convert inside a torch function or dispatch mode "
+            "(torch.overrides.TorchFunctionMode, TorchDispatchMode): it may change "
+            "every operation the source runs; convert outside it"
+        )
 
     for attr in GLOBAL_HOOKS:
         if getattr(registry, attr, None):
@@ -214,6 +226,11 @@ def check_module(name: str, module: nn.Module) -> None:
             f"cannot convert layer {_where(name)!r} of type {home}.{kind}: the "
             "converter knows only BERT's embeddings, self-attention, "
             "feed-forward, pooler and classifier"
+        )
+    if isinstance(module, nn.Embedding) and module.max_norm is not None:
+        raise ConversionError(
+            f"cannot convert layer {_where(name)!r}: nn.Embedding with max_norm="
+            f"{module.max_norm} renormalises its rows in place at every lookup"
         )
     hooks = [h for h in HOOKS if getattr(module, h, None)]
     if "forward" in vars(module) or hooks:
@@ -304,7 +321,9 @@ def check_installed(
     check_global_hooks()
     for name, module in model.named_modules():
         check_module(name, module)
-    for param in model.parameters():
+    for pname, param in model.named_parameters():
+        if not bool(torch.isfinite(param).all()):
+            raise ConversionError(f"cannot convert {pname}: it holds NaN or inf")
         if param.dtype not in (torch.float32, torch.float64):
             raise ConversionError(
                 f"cannot convert a {param.dtype} model: its logits differ from any "

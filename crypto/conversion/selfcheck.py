@@ -116,10 +116,13 @@ def source_outputs(
 
         handles.append(modules[name].register_forward_hook(hook))
     modes = {name: m.training for name, m in modules.items()}
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    device = next(model.parameters()).device
     try:
         model.eval()
         with torch.no_grad():
-            seen["logits"] = _first(model(input_ids=ids, attention_mask=mask).logits)
+            out = model(input_ids=ids.to(device), attention_mask=mask.to(device))
+            seen["logits"] = _first(out.logits)
     except Exception as err:  # the user's model: any failure is a refusal
         raise ConversionError(
             f"cannot convert: running the source model on sampled inputs failed "
@@ -130,7 +133,24 @@ def source_outputs(
             handle.remove()
         for name, m in modules.items():
             m.training = modes[name]
-    return seen
+        moved = _restore(model, state)
+    if moved:
+        raise ConversionError(
+            f"cannot convert: the source's forward changed its own {moved} (restored):"
+            " a model whose state moves as it runs has no one function to convert"
+        )
+    return {k: v.cpu() for k, v in seen.items()}
+
+
+def _restore(model: nn.Module, state: dict[str, torch.Tensor]) -> str | None:
+    """Put back every tensor a forward moved; the first one's name, or None."""
+    moved = None
+    with torch.no_grad():
+        for name, now in model.state_dict().items():
+            if name in state and not torch.equal(now, state[name]):
+                now.copy_(state[name])
+                moved = moved or name
+    return moved
 
 
 def reference_outputs(

@@ -32,6 +32,7 @@ from defense_suite.crypto.conversion.selfcheck import (  # noqa: E402
 
 modeling = transformers.models.bert.modeling_bert
 N = 8
+NAN_KEY = "bert.encoder.layer.0.output.dense.weight"
 
 
 def _bert(**overrides: Any) -> Any:
@@ -238,6 +239,26 @@ def _type_buffer(model: Any, mp: pytest.MonkeyPatch) -> None:
     model.bert.embeddings.token_type_ids.fill_(1)
 
 
+def _max_norm(model: Any, mp: pytest.MonkeyPatch) -> None:
+    model.bert.embeddings.word_embeddings.max_norm = 0.5
+
+
+def _nan(model: Any, mp: pytest.MonkeyPatch) -> None:
+    with torch.no_grad():
+        model.bert.encoder.layer[0].output.dense.weight[0, 0] = float("nan")
+
+
+def _moving_state(model: Any, mp: pytest.MonkeyPatch) -> None:
+    layer_norm = torch.nn.functional.layer_norm
+
+    def drifting(x: torch.Tensor, shape: Any, weight: Any = None, *a: Any) -> Any:
+        if weight is not None:
+            weight.data.add_(0.01)  # a forward that moves the model's own state
+        return layer_norm(x, shape, weight, *a)
+
+    mp.setattr(torch.nn.functional, "layer_norm", drifting)
+
+
 REFUSED: dict[str, tuple[Callable[[Any, pytest.MonkeyPatch], None], str]] = {
     "intermediate activation nn.Tanh (config gelu)": (
         _tanh_intermediate,
@@ -278,6 +299,12 @@ REFUSED: dict[str, tuple[Callable[[Any, pytest.MonkeyPatch], None], str]] = {
         _torch_patched,
         r"output at bert\.encoder\.layer\.0\.attention differs",
     ),
+    "nn.Embedding with max_norm": (_max_norm, r"word_embeddings'.*max_norm=0\.5"),
+    "NaN weight": (_nan, r"layer\.0\.output\.dense\.weight: it holds NaN"),
+    "forward moves its own state": (
+        _moving_state,
+        r"forward changed its own bert\.embeddings\.LayerNorm\.weight \(restored\)",
+    ),
     "token-type buffer changed (self-check)": (
         _type_buffer,
         r"output at bert\.embeddings differs",
@@ -294,12 +321,31 @@ def test_modified_bert_is_refused_by_cause(
     with torch.no_grad():
         clean = model(input_ids=torch.full((1, N), 3)).logits
     modify(model, monkeypatch)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(ConversionError, match=cause):
         convert(model, n_tokens=N)
+    after = model.state_dict()  # a refusal leaves the source as it was
+    assert all(torch.equal(v, after[k]) for k, v in state.items() if k != NAN_KEY)
+    assert not any(m._forward_hooks for m in model.modules())
     if case.endswith("(self-check)") or "nn.Tanh" in case or "ReLU" in case:
         with torch.no_grad():  # and the modification does move the logits
             moved = model(input_ids=torch.full((1, N), 3)).logits
         assert float((moved - clean).abs().max()) > 1e-3
+
+
+def test_a_torch_mode_is_refused() -> None:
+    from torch.overrides import TorchFunctionMode
+
+    class Louder(TorchFunctionMode):
+        def __torch_function__(
+            self, f: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            out = f(*args, **(kwargs or {}))
+            return out * 1.01 if f is torch.tanh else out
+
+    model = _bert()
+    with Louder(), pytest.raises(ConversionError, match="torch function or dispatch"):
+        convert(model, n_tokens=N)
 
 
 def test_check_ids_are_the_users_and_bad_ids_are_named() -> None:
