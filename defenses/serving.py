@@ -12,13 +12,25 @@ A shielded model is saved as an MLflow ``python_function`` model whose
   model copied from its URI), so the user's model is stored the way MLflow users
   already store it.
 
-Requests are checked here before any model sees them (:func:`check_batch`): a
-batch must have between 1 and ``Layout.max_rows`` rows, the layout's columns (by
-name for a frame; by count for a plain array), numbers only and no NaN or inf. A
-refused batch raises :class:`Refusal`, which MLflow's scoring server answers with
-a 4xx whose JSON body holds one line (``error_code``, ``message``) and no
-traceback; an error inside the wrapped model becomes a one-line 500, with the
-details in the server's log only.
+The files are sealed at save: the SHA-256 of every file under ``data/shield``
+is recorded in the model's ``MLmodel`` file (the flavour's ``digests``), and
+``config.json`` records each state array's shape and dtype. :func:`read_shielded`
+checks both before anything is parsed or unpickled, and refuses a model whose
+files were changed, added or removed after saving, naming the file (an edited
+threshold, swapped prototype rows, another epsilon, a replaced model pickle). The
+digests detect changes made without rewriting ``MLmodel``; they are not a
+signature: whoever may write all the files can also rewrite the digests.
+
+Requests are checked before any model sees them
+(:func:`~defenses.serving_request.check_batch`): a batch must have between 1 and
+``Layout.max_rows`` rows, the layout's columns (by name for a frame; by count for a
+plain array), numbers only, no NaN or inf, and no value beyond the range of the
+dtype the model computes in (``Layout.limit``: 3.4e38 for a float32 torch module or
+a scikit-learn tree model, which cast their input to float32). A refused batch
+raises :class:`Refusal`, which MLflow's scoring server answers with a 4xx whose
+JSON body holds one line (``error_code``, ``message``) and no traceback; an error
+inside the wrapped model becomes a one-line 500, with the details in the server's
+log only.
 """
 
 from __future__ import annotations
@@ -29,228 +41,67 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd  # type: ignore[import-untyped]
-from mlflow.exceptions import MlflowException
-from mlflow.protos.databricks_pb2 import BAD_REQUEST, INTERNAL_ERROR
 
-from defenses.checks import check_choice, check_int
+from defenses.checks import check_choice
+from defenses.serving_request import (
+    DTYPES,
+    FLOAT32_MAX,
+    MAX_ROWS,
+    Layout,
+    Refusal,
+    check_batch,
+    input_limit,
+)
+from defenses.serving_seal import (
+    StateError,
+    check_state_layout,
+    digests,
+    state_layout,
+    verify_digests,
+)
+
+__all__ = [
+    "CONFIG_FILE",
+    "DATA_DIR",
+    "DIGESTS",
+    "DTYPES",
+    "FLOAT32_MAX",
+    "KINDS",
+    "MAX_ROWS",
+    "STATE_FILE",
+    "STATE_LAYOUT",
+    "Layout",
+    "Refusal",
+    "StateError",
+    "check_batch",
+    "guarded",
+    "input_limit",
+    "load_inner",
+    "log_shielded",
+    "read_shielded",
+    "requirements",
+    "save_inner",
+    "save_shielded",
+]
 
 logger = logging.getLogger(__name__)
 
-MAX_ROWS = 1024
-"""Default limit on the rows of one request."""
-DTYPES = ("float64", "float32")
 STATE_FILE = "state.npz"
 CONFIG_FILE = "config.json"
 DATA_DIR = "shield"
 KINDS = ("sklearn", "pytorch", "pyfunc")
+DIGESTS = "digests"
+"""The key of the flavour's ``MLmodel`` entry holding the files' SHA-256 digests."""
+STATE_LAYOUT = "state_layout"
+"""The ``config.json`` key recording each state array's shape and dtype."""
 
 Scorer = Callable[[npt.NDArray[np.floating[Any]]], Any]
-
-
-class Refusal(MlflowException):
-    """A request the served model refuses, answered with one line and no traceback.
-
-    MLflow's scoring server rewrites an exception's ``message`` (it prefixes the
-    whole input batch); the JSON body is :meth:`serialize_as_json`, which keeps the
-    one-line ``reason`` only.
-    """
-
-    def __init__(self, reason: str, *, internal: bool = False) -> None:
-        self.reason = " ".join(str(reason).split())
-        super().__init__(
-            self.reason, error_code=INTERNAL_ERROR if internal else BAD_REQUEST
-        )
-
-    def serialize_as_json(self) -> str:
-        """``{"error_code": ..., "message": <one line>}``."""
-        return json.dumps({"error_code": self.error_code, "message": self.reason})
-
-
-@dataclass(frozen=True)
-class Layout:
-    """What a request must look like.
-
-    Parameters
-    ----------
-    feature_names : tuple of str
-        The columns, in the order the model takes them. A frame (``dataframe_split``
-        or ``dataframe_records``) must have exactly these columns, in any order; an
-        array (``inputs`` or ``instances``: a list of rows) must have this many
-        columns, in this order.
-    max_rows : int
-        Largest batch accepted, >= 1.
-    dtype : {"float64", "float32"}
-        The dtype the wrapped model receives.
-    """
-
-    feature_names: tuple[str, ...]
-    max_rows: int = MAX_ROWS
-    dtype: str = "float64"
-
-    def __post_init__(self) -> None:
-        names = self.feature_names
-        if not isinstance(names, tuple) or not names:
-            raise ValueError(
-                f"feature_names must be a non-empty tuple of str, got {names!r}"
-            )
-        if not all(isinstance(name, str) for name in names):
-            raise ValueError(f"feature_names must be strings, got {names!r}")
-        if len(set(names)) != len(names):
-            raise ValueError(f"feature_names must be distinct, got {names!r}")
-        check_int("max_rows", self.max_rows, 1)
-        check_choice("dtype", self.dtype, DTYPES)
-
-    @property
-    def n_features(self) -> int:
-        """Number of columns."""
-        return len(self.feature_names)
-
-    @classmethod
-    def of(
-        cls,
-        model: Any,
-        n_features: int | None,
-        feature_names: Any = None,
-        max_rows: int = MAX_ROWS,
-        dtype: str = "float64",
-    ) -> Layout:
-        """The layout of ``model``: given names, its ``feature_names_in_`` or 0..d-1."""
-        if feature_names is None:
-            feature_names = getattr(model, "feature_names_in_", None)
-        if feature_names is None:
-            if n_features is None:
-                n_features = getattr(model, "n_features_in_", None)
-            if n_features is None:
-                raise ValueError(
-                    "the number of features is unknown: pass n_features= or "
-                    "feature_names="
-                )
-            feature_names = [
-                str(i) for i in range(check_int("n_features", n_features, 1))
-            ]
-        names = tuple(str(name) for name in feature_names)
-        if n_features is not None and len(names) != n_features:
-            raise ValueError(
-                f"feature_names has {len(names)} names, but n_features={n_features}"
-            )
-        return cls(names, max_rows, dtype)
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-able mapping (see :meth:`from_json`)."""
-        out = asdict(self)
-        out["feature_names"] = list(self.feature_names)
-        return out
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Layout:
-        """The layout :meth:`to_json` wrote (validated)."""
-        return cls(
-            tuple(data["feature_names"]), int(data["max_rows"]), str(data["dtype"])
-        )
-
-
-def _shown(values: Any, limit: int = 5) -> str:
-    items = [str(v) for v in list(values)[:limit]]
-    more = len(list(values)) - limit
-    return "[" + ", ".join(items) + (f", ... {more} more" if more > 0 else "") + "]"
-
-
-def _frame_values(frame: Any, layout: Layout) -> npt.NDArray[Any]:
-    columns = [str(c) for c in frame.columns]
-    if len(set(columns)) != len(columns):
-        raise Refusal("the batch has repeated column names")
-    missing = [name for name in layout.feature_names if name not in columns]
-    unexpected = [name for name in columns if name not in layout.feature_names]
-    if missing or unexpected:
-        raise Refusal(
-            f"wrong columns: missing {_shown(missing)}, unexpected "
-            f"{_shown(unexpected)}; expected {_shown(layout.feature_names)}"
-        )
-    frame = frame.set_axis(columns, axis=1)[list(layout.feature_names)]
-    for name in layout.feature_names:
-        kind = frame[name].dtype.kind
-        if kind not in "iuf":
-            raise Refusal(
-                f"column {name!r} must hold numbers, got dtype {frame[name].dtype}"
-            )
-    values: npt.NDArray[Any] = frame.to_numpy(np.float64)
-    return values
-
-
-def _array_values(array: Any, layout: Layout) -> npt.NDArray[Any]:
-    if array.dtype.kind not in "iuf":
-        raise Refusal(f"the batch must hold numbers, got dtype {array.dtype}")
-    if array.ndim != 2 or array.shape[1] != layout.n_features:
-        raise Refusal(
-            f"the batch must be a list of rows of {layout.n_features} numbers, got "
-            f"shape {tuple(array.shape)}"
-        )
-    return np.asarray(array, dtype=np.float64)
-
-
-def _rows(model_input: Any) -> int:
-    shape = getattr(model_input, "shape", None)
-    if shape is None or len(shape) == 0:
-        raise Refusal("the batch must be a list of rows, got a single value")
-    return int(shape[0])
-
-
-def check_batch(model_input: Any, layout: Layout) -> npt.NDArray[np.floating[Any]]:
-    """The request as a (N, d) array in ``layout.dtype``, or a :class:`Refusal`.
-
-    Accepts what MLflow's server hands a model: a :class:`pandas.DataFrame`
-    (``dataframe_split``, ``dataframe_records``), an array (``inputs``,
-    ``instances``) or a mapping of columns (``inputs`` as an object); in Python,
-    also a list of rows.
-
-    Raises
-    ------
-    Refusal
-        For an empty batch, more than ``layout.max_rows`` rows, wrong columns,
-        values that are not numbers, and NaN or inf.
-    """
-    if isinstance(model_input, Mapping):
-        try:
-            model_input = pd.DataFrame(
-                {key: np.asarray(value) for key, value in model_input.items()}
-            )
-        except ValueError as error:
-            raise Refusal(f"the columns must have equal lengths: {error}") from None
-    elif isinstance(model_input, list | tuple):
-        try:
-            model_input = np.asarray(model_input)
-        except ValueError:
-            raise Refusal("the batch must be rows of equal length") from None
-    if not isinstance(model_input, pd.DataFrame | np.ndarray):
-        raise Refusal(
-            f"the batch must be a table or a list of rows, got "
-            f"{type(model_input).__name__}"
-        )
-    n = _rows(model_input)
-    if n == 0:
-        raise Refusal("the batch is empty: send at least one row")
-    if n > layout.max_rows:
-        raise Refusal(f"the batch has {n} rows; the limit is {layout.max_rows} rows")
-    if isinstance(model_input, pd.DataFrame):
-        values = _frame_values(model_input, layout)
-    else:
-        values = _array_values(model_input, layout)
-    bad = ~np.isfinite(values)
-    if bad.any():
-        row, column = np.argwhere(bad)[0]
-        raise Refusal(
-            f"row {row}, column {layout.feature_names[column]!r} is "
-            f"{values[row, column]} (only finite numbers are accepted)"
-        )
-    out: npt.NDArray[np.floating[Any]] = np.ascontiguousarray(values, layout.dtype)
-    return out
 
 
 def guarded(call: Callable[[], Any], what: str) -> Any:
@@ -387,13 +238,19 @@ def save_shielded(
             for name, model in models.items()
         }
         np.savez(data / STATE_FILE, allow_pickle=False, **dict(state))
-        text = json.dumps({**dict(config), "models": kinds}, indent=1, sort_keys=True)
+        recorded = {**dict(config), "models": kinds, STATE_LAYOUT: state_layout(state)}
+        text = json.dumps(recorded, indent=1, sort_keys=True)
         (data / CONFIG_FILE).write_text(text)
         model = Model() if mlflow_model is None else mlflow_model
         if metadata:
             model.metadata = {**(model.metadata or {}), **dict(metadata)}
         version = importlib.metadata.version("defense-suite")
-        model.add_flavor(flavour, suite_version=version, data=f"data/{DATA_DIR}")
+        model.add_flavor(
+            flavour,
+            suite_version=version,
+            data=f"data/{DATA_DIR}",
+            **{DIGESTS: digests(data, f"data/{DATA_DIR}")},
+        )
         mlflow.pyfunc.save_model(
             str(path),
             loader_module=loader_module,
@@ -416,9 +273,35 @@ def log_shielded(flavour_module: Any, name: str, **kwargs: Any) -> Any:
 def read_shielded(
     data_path: str | Path,
 ) -> tuple[dict[str, npt.NDArray[Any]], dict[str, Any]]:
-    """The state arrays and the config a saved shielded model holds."""
+    """The state arrays and the config a saved shielded model holds, checked.
+
+    ``data_path`` is the model's ``data/shield`` folder. Before anything is parsed,
+    every file under it is checked against the digests recorded in the model's
+    ``MLmodel`` at save (:func:`~defenses.serving_seal.verify_digests`); then the
+    state arrays against the names, shapes and dtypes ``config.json`` recorded.
+
+    Raises
+    ------
+    StateError
+        Naming the file or array that differs from what was saved.
+    """
     folder = Path(data_path)
+    prefix = f"data/{DATA_DIR}"
+    verify_digests(folder, prefix, _recorded_digests(folder.parents[1], prefix))
     with np.load(folder / STATE_FILE, allow_pickle=False) as arrays:
         state = {key: arrays[key] for key in arrays.files}
     config: dict[str, Any] = json.loads((folder / CONFIG_FILE).read_text())
+    check_state_layout(state, config.get(STATE_LAYOUT), f"{prefix}/{STATE_FILE}")
     return state, config
+
+
+def _recorded_digests(root: Path, prefix: str) -> Any:
+    """The digests the ``MLmodel`` in ``root`` recorded for ``prefix`` (or None)."""
+    from mlflow.models import Model
+
+    if not (root / "MLmodel").is_file():
+        return None
+    for name, entry in Model.load(str(root / "MLmodel")).flavors.items():
+        if name != "python_function" and entry.get("data") == prefix:
+            return entry.get(DIGESTS)
+    return None
