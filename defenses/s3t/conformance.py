@@ -360,8 +360,10 @@ class Conformance:
         ]
         if own:
             path = own[0]
+            updates = sorted(set(self.watch.updates))
+            also = f" (its forward calls {updates})" if updates else ""
             raise ValueError(
-                f"model: {kinds[path]} {path!r} of the backbone changed between "
+                f"model: {kinds[path]} {path!r} of the backbone changed{also} between "
                 f"the copy S3T made and the end of its probe (forward passes and a "
                 f"training step; {len(own)} change(s): {own[:4]}): the module keeps "
                 "state outside S3T's records (a counter, a cache, a log of inputs, "
