@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -86,6 +87,9 @@ def bound_update(
 ) -> tuple[dict[str, FloatArray], int]:
     r"""``old + bound_step(returned - old)`` for each matrix, and the entries changed.
 
+    An entry the bounds leave alone is returned bit for bit (not recomputed as
+    ``old + (returned - old)``); the others are ``old + step``.
+
     ``old`` holds the client's own matrices before the step (finite); ``returned``
     the server-shaped ones (any float, NaN or infinity included), with the same
     names and shapes.
@@ -115,10 +119,52 @@ def bound_update(
             raw = r - w
         step = bound_step(raw, bounds)
         with np.errstate(invalid="ignore"):
-            changed += int(np.count_nonzero(step != raw))
-        out[name] = w + step
+            kept = step == raw
+        changed += int(np.count_nonzero(~kept))
+        out[name] = np.where(kept, r, w + step)  # an unbounded entry: as returned
     return out, changed
 
 
 DEFAULT_BOUNDS = UpdateBounds()
 """The default agreement: an entry may move by 1, a matrix by 4 in norm, per step."""
+
+
+def _slot(model: Any, name: str) -> tuple[Any, Any]:
+    """(tensor to write, merged LoRA product or None) of an arm's matrix ``name``."""
+    if name in ("wq", "wk", "wv"):
+        layer = getattr(model, name[1])
+        return layer.weight, layer.lora_a @ layer.lora_b
+    if name[1:] in ("_a", "_b"):
+        layer = getattr(model, name[0])
+        return (layer.lora_a if name.endswith("a") else layer.lora_b), None
+    return getattr(model, "out" if name == "wo" else name), None
+
+
+def apply_weights(
+    model: Any,
+    weights: Mapping[str, npt.ArrayLike],
+    bounds: UpdateBounds = DEFAULT_BOUNDS,
+) -> int:
+    r"""Write an HEFormer step's weights (model parametrisation) into ``model``.
+
+    ``weights`` is a :class:`~crypto.finetune.StepResult`'s (names of
+    :attr:`crypto.folding.Arm.names`); they are bounded again against the
+    model's current matrices (idempotent for a step made from this model), so
+    the model moves by at most ``bounds`` and stays finite whatever they hold. A
+    merged Q, K or V weight (the ``full`` arm's ``wq``, ...) is written as
+    :math:`W - AB`. Returns the entries the bounds changed.
+    """
+    import torch
+
+    with torch.no_grad():
+        old = {}
+        for name in weights:
+            tensor, merged = _slot(model, name)
+            value = tensor if merged is None else tensor + merged
+            old[name] = np.asarray(value.detach().numpy(), dtype=np.float64)
+        new, changed = bound_update(old, weights, bounds)
+        for name, value in new.items():
+            tensor, merged = _slot(model, name)
+            target = torch.as_tensor(value)
+            tensor.copy_(target if merged is None else target - merged)
+    return changed

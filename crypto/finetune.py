@@ -57,9 +57,10 @@ from .packing import pack, roll_tokens
 from .server import InProcess
 from .shadow import flag_sequences, report
 from .tasks import check_labels, check_sequences
+from .timing import Floor
 from .train import predict_logits
 from .transport import Loopback
-from .tuning import TuningJob, TuningServer, sgd_steps
+from .tuning import ProgramServer, TuningJob, TuningServer, sgd_steps
 from .tuning_client import TuningClient
 
 TRAIN_PARAMS = CKKSParams(8192, (49, 40, 40, 40, 49), 40)
@@ -302,13 +303,17 @@ def encrypted_step(
     owner: KeyOwner | None = None,
     transport: str = "inprocess",
     bounds: UpdateBounds = DEFAULT_BOUNDS,
+    server: Callable[[TuningJob, CKKSParams], ProgramServer] = TuningServer,
+    answer_floor: Floor = "auto",
 ) -> StepResult:
     """``steps`` encrypted SGD steps (TenSEAL) as messages with a public-context server.
 
     The server (:class:`~crypto.tuning.TuningServer`, public weights only) runs in
     a thread (``transport="inprocess"``) or another process (``"loopback"``); the
     key owner answers only the public schedule of refreshes, rolls and unrolls
-    (:func:`~crypto.tuning.tuning_schedule`). ``owner`` lends its key. The
+    (:func:`~crypto.tuning.tuning_schedule`). ``owner`` lends its key;
+    ``server`` makes the server from the public job (a test's malicious one);
+    ``answer_floor`` pads the key owner's answers (:mod:`crypto.timing`). The
     returned weights' change is bounded by the public ``bounds`` (non-finite to 0,
     per entry, in norm: :mod:`crypto.bounds`) and the range guard is advisory
     (logged), so nothing the client does next depends on what the server sent.
@@ -334,13 +339,16 @@ def encrypted_step(
     job = TuningJob.public(net, fold, lr, steps, b)
     secret = {name: np.asarray(net.mats[name]) for name in net.trained}
     client = TuningClient(
-        params, model.config.n_tokens, owner.context if owner is not None else None
+        params,
+        model.config.n_tokens,
+        owner.context if owner is not None else None,
+        answer_floor,
     )
     if transport == "loopback":
-        with Loopback(server=TuningServer(job, params)) as remote:
+        with Loopback(server=server(job, params)) as remote:
             folded, counts = client.train(remote, job, secret, packed, onehot)
     else:
-        local = InProcess(TuningServer(job, params))
+        local = InProcess(server(job, params))
         try:
             folded, counts = client.train(local, job, secret, packed, onehot)
         finally:
@@ -351,25 +359,6 @@ def encrypted_step(
     returned = _unfold(folded, fold, lr, strict=False)
     weights, clipped = bound_update(_unfold(secret, fold, lr), returned, bounds)
     return StepResult(weights, counts, seconds, cpu, system, clipped)
-
-
-def apply_step(model: HEFormer, result: StepResult) -> None:
-    """Write a step's weights (model parametrisation) into ``model``, in place.
-
-    A merged Q, K or V weight (the ``full`` arm's ``wq``, ...) is written as
-    :math:`W - AB`, so that the layer's effective weight is the step's.
-    """
-    with torch.no_grad():
-        for name, W in result.weights.items():
-            value = torch.as_tensor(np.asarray(W, dtype=np.float64))
-            if name in ("wq", "wk", "wv"):
-                layer = getattr(model, name[1])
-                layer.weight.copy_(value - layer.lora_a @ layer.lora_b)
-            elif name[1:] in ("_a", "_b"):
-                layer = getattr(model, name[0])
-                (layer.lora_a if name.endswith("a") else layer.lora_b).copy_(value)
-            else:
-                getattr(model, "out" if name == "wo" else name).copy_(value)
 
 
 def reference_step(

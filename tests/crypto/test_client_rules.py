@@ -1,0 +1,163 @@
+"""The client's rules of issue 38, piece by piece (no encrypted session).
+
+* :mod:`crypto.bounds`: any returned update (NaN, infinities, huge values) moves
+  each matrix by at most the public bounds and leaves it finite; an honest step
+  is returned bit for bit; the apply functions bound again.
+* :mod:`crypto.shadow`: the advisory verdict equals the raising guard's, row by
+  row, and never raises, even on non-finite weights.
+* :mod:`crypto.timing`: the floor is checked, measured from public values with
+  the counters left alone, and pads.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from defense_suite.crypto.approx import RangeError
+from defense_suite.crypto.bounds import (
+    UpdateBounds,
+    apply_weights,
+    bound_step,
+    bound_update,
+    sanitise,
+)
+from defense_suite.crypto.ckks import INTERACTIVE
+from defense_suite.crypto.folding import Arm, effective_weights
+from defense_suite.crypto.model import HEFormer
+from defense_suite.crypto.protocol import Client
+from defense_suite.crypto.schedule import Step
+from defense_suite.crypto.shadow import flag_sequences
+from defense_suite.crypto.timing import check_floor, pad, units
+from defense_suite.crypto.train import predict_logits
+
+ANY_FLOAT = st.floats(allow_nan=True, allow_infinity=True, width=64)
+MATRIX = hnp.arrays(np.float64, st.tuples(st.integers(1, 4), st.integers(1, 4)))
+
+
+@given(
+    returned=MATRIX.flatmap(
+        lambda m: hnp.arrays(np.float64, m.shape, elements=ANY_FLOAT)
+    ),
+    old_scale=st.floats(0.0, 10.0),
+    entry=st.floats(1e-3, 10.0),
+    norm=st.floats(1e-3, 10.0),
+)
+def test_bound_update_holds_for_any_returned_values(
+    returned: np.ndarray, old_scale: float, entry: float, norm: float
+) -> None:
+    old = old_scale * np.linspace(-1.0, 1.0, returned.size).reshape(returned.shape)
+    bounds = UpdateBounds(entry, norm)
+    new, changed = bound_update({"W": old}, {"W": returned}, bounds)
+    step = new["W"] - old
+    assert np.all(np.isfinite(new["W"]))
+    assert np.max(np.abs(step)) <= entry * (1 + 1e-9) + 1e-12
+    assert math.sqrt(float(np.sum(step**2))) <= norm * (1 + 1e-9) + 1e-12
+    assert 0 <= changed <= returned.size
+    if not np.all(np.isfinite(returned)):
+        assert changed > 0
+
+
+def test_bound_update_keeps_an_honest_step_bit_for_bit() -> None:
+    old = np.array([[0.5, -0.25], [0.125, 2.0]])
+    returned = old - 0.01 * np.array([[1.0, -2.0], [3.0, 0.5]])
+    new, changed = bound_update({"W": old}, {"W": returned}, UpdateBounds())
+    assert changed == 0
+    assert np.array_equal(new["W"], returned)
+
+
+def test_bound_step_rules() -> None:
+    bounds = UpdateBounds(entry=1.0, norm=1.5)
+    d = bound_step(np.array([np.nan, np.inf, -np.inf, 0.5]), bounds)
+    assert d.tolist() == [0.0, 0.0, 0.0, 0.5]  # non-finite to 0
+    # per entry first (to +-1), then into the norm ball (radius 1: scaled 1/sqrt 2)
+    d = bound_step(np.array([3.0, -3.0, 0.0]), UpdateBounds(entry=1.0, norm=1.0))
+    assert np.allclose(d, [1 / math.sqrt(2), -1 / math.sqrt(2), 0.0])
+    assert bound_step(np.array([3.0, -3.0]), bounds).tolist() == [1.0, -1.0]
+    assert sanitise([1.0, np.nan]).tolist() == [1.0, 0.0]
+    with pytest.raises(ValueError, match=r"UpdateBounds\.entry"):
+        UpdateBounds(entry=0.0)
+    with pytest.raises(ValueError, match=r"UpdateBounds\.norm"):
+        UpdateBounds(norm=math.inf)
+    with pytest.raises(ValueError, match="names"):
+        bound_update({"A": np.zeros(2)}, {"B": np.zeros(2)}, bounds)
+    with pytest.raises(ValueError, match="shape"):
+        bound_update({"A": np.zeros(2)}, {"A": np.zeros(3)}, bounds)
+
+
+def test_apply_weights_bounds_and_round_trips(micro_head: HEFormer) -> None:
+    model = copy.deepcopy(micro_head)
+    arm = Arm("lora")
+    before = effective_weights(model, arm)
+    assert apply_weights(model, before) == 0  # the model's own weights: no change
+    after = effective_weights(model, arm)
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+    crafted = {k: np.full_like(w, np.nan) for k, w in before.items()}
+    crafted["q_a"] = np.full_like(before["q_a"], 1e30)
+    changed = apply_weights(model, crafted, UpdateBounds(entry=0.5, norm=0.75))
+    assert changed == sum(w.size for w in before.values())
+    moved = effective_weights(model, arm)
+    assert all(np.all(np.isfinite(w)) for w in moved.values())
+    step = moved["q_a"] - before["q_a"]
+    assert np.max(np.abs(step)) <= 0.5 + 1e-12
+    assert np.linalg.norm(step) <= 0.75 + 1e-12
+    assert np.array_equal(moved["classifier"], before["classifier"])  # NaN: no move
+    full = Arm("full")
+    merged = effective_weights(model, full)
+    apply_weights(model, {"wq": merged["wq"] + 0.01})
+    assert np.allclose(effective_weights(model, full)["wq"], merged["wq"] + 0.01)
+
+
+def test_advisory_guard_equals_the_raising_guard_row_by_row(
+    micro_head: HEFormer, micro_inputs: np.ndarray
+) -> None:
+    X = np.concatenate([micro_inputs[:6], 3.0 * micro_inputs[:6] - 1.0])
+    flags = flag_sequences(micro_head, X)
+    for row, flag in zip(X, flags, strict=True):
+        try:
+            predict_logits(micro_head, row[None], guard=True)
+            refused = False
+        except RangeError:
+            refused = True
+        assert flag == refused
+    assert flags.any()
+    assert not flags.all()
+
+
+def test_advisory_guard_never_raises_on_non_finite_weights(
+    micro_head: HEFormer, micro_inputs: np.ndarray
+) -> None:
+    model = copy.deepcopy(micro_head)
+    with torch.no_grad():
+        model.q.lora_a.fill_(np.nan)
+    with pytest.raises(RangeError):
+        predict_logits(model, micro_inputs[:3], guard=True)  # the old, loud guard
+    assert flag_sequences(model, micro_inputs[:3]).tolist() == [True] * 3
+
+
+def test_answer_floor_is_checked_measured_and_pads(micro_model: HEFormer) -> None:
+    assert check_floor("auto") == "auto"
+    assert check_floor(0.25) == 0.25
+    for bad in (-1.0, math.nan, "fast", True):
+        with pytest.raises(ValueError, match="answer_floor"):
+            check_floor(bad)
+    step = Step("roll", "r", (1, 1), (8, 8), (1.0, 1.0), copies=2)
+    assert units(step, 4) == 3.0
+    start = time.perf_counter()
+    pad(start, 0.05, 2.0)
+    assert time.perf_counter() - start >= 0.1
+    client = Client(micro_model, INTERACTIVE)
+    assert client.answer_floor == "auto"
+    floor = client.floor()
+    assert floor > 0
+    assert client.floor() == floor  # measured once
+    # the measurement answered the client's own worst case: no count moved
+    assert (client.decryptions, client.clipped, client.refreshes) == (0, 0, 0)
