@@ -107,3 +107,20 @@ def test_license_changelog_and_citation_ship_with_the_checkout():
     assert len(papers) == 6
     assert all(p["year"] == 2025 and "ICLR" in p["conference"]["name"] for p in papers)
     assert all(p["authors"] and p["title"].strip() for p in papers)
+
+
+def test_the_version_is_a_released_section_and_the_metadata_has_urls():
+    import re
+
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    released = re.search(
+        rf"^## \[{re.escape(defenses.__version__)}\] - (\d{{4}}-\d\d-\d\d)$",
+        changelog,
+        re.M,
+    )
+    assert released is not None  # the installed version is a dated release
+    unreleased = changelog.split("## [Unreleased]", 1)[1].split("\n## [", 1)[0]
+    assert "\n- " not in unreleased  # nothing of this version is left unreleased
+    urls = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]
+    assert urls
+    assert all(url.startswith("https://") for url in urls.values())
