@@ -302,6 +302,9 @@ def capture(model: nn.Module) -> Snapshot:
         walker.tensor(name, "buffer", b)
     for prefix, module in model.named_modules():
         walker.user_class(type(module))
+        forward = getattr(type(module), "forward", None)
+        if isinstance(forward, types.FunctionType):  # a user patch of a library class
+            walker.function(forward)
         for key, value in vars(module).items():
             if key in _MODULE_KEYS and key != "training":
                 continue

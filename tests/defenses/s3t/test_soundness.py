@@ -157,3 +157,26 @@ def test_a_refused_model_leaves_no_state_and_an_accepted_one_fits_twice() -> Non
     np.testing.assert_array_equal(model.fit(X, Y, IDS).predict_proba(X), first)
     with pytest.raises(ValueError, match="attribute 'calls"):
         _make(REFUSED["list-counter"][0]()).fit(X, Y, IDS)
+
+
+class _WithTanh(UserMLP):
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = nn.Tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.act(self.hidden(x)))
+
+
+def test_a_stateful_class_level_patch_of_a_library_module_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = [0]
+
+    def patched(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        return torch.tanh(x)
+
+    monkeypatch.setattr(nn.Tanh, "forward", patched)
+    with pytest.raises(ValueError, match=r"closure variable .*<closure calls>\[0\]"):
+        _make(_WithTanh()).fit(X, Y, IDS)
