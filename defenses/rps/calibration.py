@@ -55,6 +55,26 @@ class Calibration:
     miscoverage_bound: float
 
 
+def _fitting_advice(n_calib: int, alpha: float, quantile: QuantileMode) -> str:
+    """What fits ``n_calib`` calibration points: the advice of ``suggest_parts``."""
+    from defenses.rps.advice import _calibration
+
+    level = f"confidence_level={1 - alpha:.6g}"
+    k_c, n_min, feasible, _ = _calibration(n_calib, 1, alpha, quantile)
+    hint = (
+        f"n_calib_parts={k_c} (parts of at least {n_min} points) fits "
+        f"{n_calib} calibration points and certifies one poisoned calibration point"
+        if feasible
+        else f"n_calib_parts=1 fits {n_calib} calibration points (no calibration "
+        "radius; more calibration data would buy one)"
+    )
+    return (
+        f"Use more calibration data or fewer n_calib_parts: {hint}; "
+        f"suggest_parts(n_train, n_calib={n_calib}, n_classes, {level}) proposes "
+        "both partitions for your data (from defenses.rps import suggest_parts)"
+    )
+
+
 def score_bounds(
     entries: IntArray, geometry: ScoreGeometry, max_train_radius: int
 ) -> tuple[FloatArray, FloatArray]:
@@ -114,11 +134,11 @@ def calibrate_parts(
     n_min = minimum_part_size(alpha, k_c, quantile)
     if np.any(ranks < 1):
         worst = int(np.argmin(sizes))
+        advice = _fitting_advice(int(sizes.sum()), alpha, quantile)
         raise ValueError(
             f"calibration part {worst} holds {sizes[worst]} points; quantile "
             f"{quantile!r} at confidence_level={1 - alpha:.6g} with {k_c} parts needs "
-            f"at least {n_min} per part: use more calibration data or fewer "
-            "n_calib_parts"
+            f"at least {n_min} per part. {advice}"
         )
     steps = max_train_radius + 1
     if bounds is None:

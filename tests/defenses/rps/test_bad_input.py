@@ -207,3 +207,21 @@ def test_benchmark_parameters(value):
         if run is performance and isinstance(value, int) and value > 3:
             continue  # a valid, merely long run
         assert_rule(lambda run=run, params=params: list(run(params, [0])), [key])
+
+
+def test_default_partition_on_150_calibration_points_names_suggest_parts():
+    """Issue 40: the defaults (10 calibration parts) do not fit 150 points; the
+    error says what fits and names suggest_parts, and what it names fits."""
+    from defenses.data import load_digits
+
+    d = load_digits()
+    model = ReliableConformalClassifier(LogisticRegression(max_iter=300))
+    model.fit(d.X[:800], d.y[:800])
+    with pytest.raises(ValueError, match="suggest_parts") as error:
+        model.conformalize(d.X[800:950], d.y[800:950])
+    text = str(error.value)
+    assert "n_calib=150" in text
+    fits = int(text.split("n_calib_parts=")[-1].split(" ")[0])
+    assert 1 <= fits < 10
+    model.set_params(n_calib_parts=fits).conformalize(d.X[800:950], d.y[800:950])
+    assert model.tau_hat_ >= 0
