@@ -49,9 +49,7 @@ def with_magnitude(
     if magnitude is None:
         return outcome, ""
     met, note = check(magnitude, defended, undefended, interval)
-    if outcome == REPRODUCED and not met:
-        return DIRECTION_ONLY, f"direction reproduced; {note}"
-    return outcome, note
+    return (DIRECTION_ONLY if outcome == REPRODUCED and not met else outcome), note
 
 
 @dataclass(frozen=True)

@@ -229,7 +229,7 @@ SSD_QUICK = [(1.0, 0.2), (1.0, 0.48), (0.96, 0.48)]
 def test_a_stated_size_the_change_falls_short_of_is_direction_only():
     row = _sized_row(SSD_QUICK, paper_baseline=0.268, paper_defended=0.018)
     assert row.verdict == DIRECTION_ONLY
-    assert row.note.startswith("direction reproduced; 0.387 against the paper's 0.018")
+    assert row.note.startswith("0.387 against the paper's 0.018")
     assert "magnitude not reproduced" in row.note
     assert "paper 0.268 -> 0.018, -93%; ours 0.987 -> 0.387, -61%" in row.note
     cell = markdown_summary([row], ["success.attack_acc"])
