@@ -202,11 +202,13 @@ def _bookkeeping(
 ) -> dict[str, dict[str, float]]:
     """Deletions served over many streams, theory for the drawn slice sizes, ratios."""
     out: dict[str, dict[str, float]] = {}
+    counts: dict[str, FloatArray] = {}
     for variant, (model, _) in methods.items():
         if model.shards * model.slices == 1:
             continue
         needed = needed_cells(model)
         served = hits[:, needed].max(axis=1).astype(np.float64)
+        counts[variant] = served
         out[variant] = {
             "deletions_served_many": float(served.mean()),
             "deletions_served_many_se": float(
@@ -216,9 +218,16 @@ def _bookkeeping(
         }
     sisa = out.get("sisa")
     if sisa is not None:
-        for values in out.values():
+        base = counts["sisa"]
+        for variant, values in out.items():
             for key in ("deletions_served_many", "deletions_theory_sizes"):
                 values[f"{key}_over_sisa"] = values[key] / sisa[key]
+            # delta method on the paired streams: se of mean(a) / mean(b)
+            ratio = values["deletions_served_many_over_sisa"]
+            spread = (counts[variant] - ratio * base) / base.mean()
+            values["deletions_served_many_over_sisa_se"] = float(
+                spread.std(ddof=1) / np.sqrt(spread.size)
+            )
     return out
 
 

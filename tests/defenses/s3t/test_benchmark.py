@@ -44,6 +44,8 @@ def test_records_and_invariants(uniform) -> None:
     assert s3t.cost["delete_s"] > 0
     assert s3t.params["benchmark"]["sequences"] == 2
     assert sisa.utility["deletions_served_many_over_sisa"] == 1.0
+    assert sisa.utility["deletions_served_many_over_sisa_se"] == 0.0
+    assert 0 < s3t.utility["deletions_served_many_over_sisa_se"] < 0.1
     assert s3t.utility["deletions_served_many"] > sisa.utility["deletions_served_many"]
     assert s3t.utility["deletions_served_many_se"] > 0
     assert s3t.utility["deletions_theory_sizes_over_sisa"] > 1.0
