@@ -7,6 +7,19 @@ step's public bound so every re-encoding succeeds the same way; :func:`abort`
 sends the one content-independent refusal; :func:`follow` walks a session's
 schedule. Used by the inference client (:mod:`crypto.protocol`) and the
 fine-tuning key owner (:mod:`crypto.tuning_client`).
+
+The threat is a malicious server without integrity: it chooses every message,
+can compute any function of the client's encrypted secrets and time every
+answer. The client's rule, which this module and :mod:`crypto.bounds`,
+:mod:`crypto.shadow` and :mod:`crypto.timing` enforce by construction: every
+message the client sends (kind, count, ciphertext shapes, timing class) and
+every refusal depends only on public values (the schedule, the model's shape,
+the calibration ranges, the update bounds, the answer floor, what the server
+sent) and on the shapes and finiteness of the caller's own arguments, never on
+a decrypted value or on weights a server influenced. Refusals here read only
+what the server sent; a decrypted value is only clipped, re-encrypted and
+padded; a returned update is bounded before use; a range check after it is
+advisory.
 """
 
 from __future__ import annotations
