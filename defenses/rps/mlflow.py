@@ -43,6 +43,7 @@ import pandas as pd  # type: ignore[import-untyped]
 from defenses.rps.defense import ReliableConformalClassifier
 from defenses.rps.ensemble import ConstantClassifier
 from defenses.rps.parts import FittedParts
+from defenses.rps.state import check_restored
 from defenses.serving import (
     MAX_ROWS,
     Layout,
@@ -223,10 +224,15 @@ def log_model(
 def restore(
     state: dict[str, npt.NDArray[Any]], config: dict[str, Any], parts: list[Any]
 ) -> ReliableConformalClassifier:
-    """The conformalized classifier from its stored state and its loaded parts."""
+    """The conformalized classifier from its stored state and its loaded parts.
+
+    Raises ValueError, naming the attribute, for a state that is not one
+    classifier's for these parts (:func:`~defenses.rps.state.check_restored`).
+    """
     rps = ReliableConformalClassifier(None, **config["params"])
     for name, value in config["fitted"].items():
         setattr(rps, name, _decode(value, state))
+    check_restored(rps, parts)
     rps.estimators_ = parts
     rps._parts = FittedParts(parts, None, int(np.asarray(rps.classes_).size))
     return rps

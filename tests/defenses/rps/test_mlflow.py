@@ -109,13 +109,18 @@ def test_save_refuses_what_it_cannot_store(tmp_path):
 def test_a_state_naming_a_foreign_class_is_refused(tmp_path):
     # the loader rebuilds dataclasses of defenses.rps only: a tampered state that
     # names another module is refused, not imported
+    # (edited behind the digests' back: the loader's own check, not the digest's)
+    from defenses.serving import read_shielded
+
     rps, _ = _fitted()
     rps_mlflow.save_model(rps, tmp_path / "m")
-    config = tmp_path / "m" / "data" / "shield" / "config.json"
-    data = json.loads(config.read_text())
+    state, data = read_shielded(tmp_path / "m" / "data" / "shield")
     data["fitted"]["part_thresholds_"]["dataclass"] = "os:system"
-    config.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=r"not a module of defenses\.rps"):
+        rps_mlflow.restore(state, data, list(rps.estimators_))
+    config = tmp_path / "m" / "data" / "shield" / "config.json"
+    config.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"config\.json"):  # and the digest's
         mlflow.pyfunc.load_model(str(tmp_path / "m"))
 
 
