@@ -93,6 +93,7 @@ def tensor_token(t: Tensor) -> Token:
     return ("tensor", str(t.dtype), tuple(t.shape), _digest(data))
 
 
+@functools.lru_cache(maxsize=4096)
 def library(code_file: str) -> bool:
     """Whether a source file belongs to the standard library or an installed package."""
     if not code_file or code_file.startswith("<"):
@@ -320,9 +321,12 @@ def capture(model: nn.Module) -> Snapshot:
             walker.hooks(hooks, f"torch.nn.modules.module.{key}")
     walker.scope = "shared"
     snapshot.shared["<torch global generator>"] = tensor_token(torch.get_rng_state())
-    legacy = np.random.get_state()  # noqa: NPY002 (the global one a forward may use)
-    snapshot.shared["<numpy global generator>"] = ("np", repr(legacy))
-    snapshot.shared["<python random>"] = ("random", repr(random.getstate()))
+    name, keys, pos, gauss, cached = np.random.get_state()  # noqa: NPY002
+    legacy = (name, _digest(np.ascontiguousarray(keys).tobytes()), pos, gauss, cached)
+    snapshot.shared["<numpy global generator>"] = ("np", *legacy)
+    version, internal, spare = random.getstate()
+    state = _digest(np.asarray(internal, dtype=np.uint64).tobytes())
+    snapshot.shared["<python random>"] = ("random", version, state, repr(spare))
     for key in (
         "<torch global generator>",
         "<numpy global generator>",
