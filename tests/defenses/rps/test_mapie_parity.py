@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from mapie.classification import SplitConformalClassifier as MapieSplit
 from mapie.conformity_scores import APSConformityScore, LACConformityScore
-from sklearn.base import clone
+from sklearn.base import BaseEstimator, ClassifierMixin, clone
 from sklearn.exceptions import NotFittedError
 from sklearn.frozen import FrozenEstimator
 from sklearn.linear_model import LogisticRegression
@@ -133,3 +133,81 @@ def test_conformity_score_lac_carries_over_and_the_rest_is_refused(digits_split)
         ReliableConformalClassifier(lr(), n_train_parts=2, conformity_score="x").fit(
             Xt, yt
         )
+
+
+class TableModel(ClassifierMixin, BaseEstimator):
+    """A fitted 'classifier' whose probabilities are the columns of X."""
+
+    def __init__(self, n_classes=3):
+        self.n_classes = n_classes
+        self.classes_ = np.arange(n_classes)
+        self.n_features_in_ = n_classes
+
+    def fit(self, X, y):
+        return self
+
+    def predict_proba(self, X):
+        return np.asarray(X, dtype=np.float64)
+
+    def predict(self, X):
+        return np.asarray(X).argmax(axis=1)
+
+    def __sklearn_is_fitted__(self):
+        return True
+
+
+def probability_rows(n, rng):
+    return rng.dirichlet(np.ones(3), size=n)
+
+
+def both_sets(level, X_cal, y_cal, X_test):
+    model = TableModel(3)
+    mapie = MapieSplit(model, confidence_level=level, prefit=True)
+    theirs = mapie.conformalize(X_cal, y_cal).predict_set(X_test)[1][:, :, 0]
+    ours = ReliableConformalClassifier(
+        model, n_train_parts=1, n_calib_parts=1, confidence_level=level, prefit=True
+    )
+    mine = ours.conformalize(X_cal, y_cal).predict_set(X_test)[1][:, :, 0]
+    return mine, theirs, float(ours.thresholds_[0])
+
+
+@pytest.mark.parametrize(("level", "n"), [(0.9, 99), (0.8, 149), (0.55, 79)])
+def test_sets_equal_mapies_away_from_its_tolerance_and_float_rank(level, n):
+    """docs/rps.md: equal when (n + 1) * level rounds to its exact value and no
+    test score lies within MAPIE's 1e-8 below the threshold."""
+    rng = np.random.default_rng(n)
+    X_cal = probability_rows(n, rng)
+    y_cal = rng.integers(0, 3, n)
+    X_test = probability_rows(400, rng)
+    mine, theirs, tau = both_sets(level, X_cal, y_cal, X_test)
+    assert not np.any((X_test < tau) & (X_test >= tau - 1e-7))
+    assert np.array_equal(mine, theirs)
+
+
+def test_mapie_tolerance_includes_a_class_rps_leaves_out():
+    """MAPIE keeps {y : (1 - p_y) - q <= 1e-8}: a class 5e-9 below the threshold
+    is in MAPIE's set, not in RPS's (which compares exactly)."""
+    rng = np.random.default_rng(0)
+    X_cal, y_cal = probability_rows(99, rng), rng.integers(0, 3, 99)
+    _, _, tau = both_sets(0.9, X_cal, y_cal, X_cal[:1])
+    near = np.array([[tau - 5e-9, 1.0 - (tau - 5e-9) - 0.25, 0.25]])
+    mine, theirs, _ = both_sets(0.9, X_cal, y_cal, near)
+    assert theirs[0, 0]
+    assert not mine[0, 0]
+    assert (mine <= theirs).all()
+
+
+def test_mapie_float_rank_steps_where_the_level_times_n_plus_one_is_whole():
+    """At confidence 0.55 and n = 99, (n + 1) * 0.55 = 55 exactly, but the float
+    product is 55.00000000000001: MAPIE's ceil gives 56, a threshold one rank
+    lower and larger sets; RPS's rank is the exact floor((n + 1) * 0.45) = 45."""
+    assert 100 * 0.55 > 55
+    rng = np.random.default_rng(3)
+    X_cal, y_cal = probability_rows(99, rng), rng.integers(0, 3, 99)
+    X_test = probability_rows(2000, rng)
+    mine, theirs, tau = both_sets(0.55, X_cal, y_cal, X_test)
+    scores = np.sort(X_cal[np.arange(99), y_cal])
+    assert tau == scores[45 - 1]
+    assert (mine <= theirs).all()
+    assert (theirs & ~mine).any()  # the classes between the 44th and 45th score
+    assert np.all(X_test[theirs & ~mine] >= scores[44 - 1])
