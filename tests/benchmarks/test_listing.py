@@ -117,3 +117,26 @@ def test_report_in_a_fresh_folder_says_what_to_run(tmp_path, monkeypatch, capsys
     (tmp_path / "results").mkdir()
     assert main(["report"]) == 2
     assert "no *.jsonl files" in capsys.readouterr().err
+
+
+def test_list_marks_the_specs_an_install_without_an_extra_cannot_run(tmp_path):
+    code = (
+        "import sys\n"
+        "sys.modules['tenseal'] = None\n"  # as on an install without [crypto]
+        "from defense_suite.cli import main\n"
+        "sys.exit(main(['list']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    marked = [line.split()[0] for line in lines if "not installed" in line]
+    assert "crypto-quick" in marked
+    assert all(name.startswith("crypto") for name in marked)
+    line = next(x for x in lines if x.split()[:1] == ["crypto-quick"])
+    assert line.endswith("(not installed: pip install 'defense-suite[crypto]')")
