@@ -29,6 +29,7 @@ function) is caught by the numerical self-check in
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -116,10 +117,8 @@ def _library_dirs() -> tuple[str, ...]:
     import transformers
 
     homes = [torch, transformers, os]
-    try:
+    with contextlib.suppress(ImportError):  # optional
         homes.append(importlib.import_module("kernels"))
-    except ImportError:  # pragma: no cover - optional
-        pass
     return tuple(
         os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in homes
     )
@@ -168,9 +167,8 @@ def check_global_hooks() -> None:
     ``torch`` operation, the source's included.
     """
     from torch.nn.modules import module as registry
-    from torch.utils._python_dispatch import _len_torch_dispatch_stack
 
-    if torch._C._len_torch_function_stack() or _len_torch_dispatch_stack():
+    if torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack():
         raise ConversionError(
             "cannot convert inside a torch function or dispatch mode "
             "(torch.overrides.TorchFunctionMode, TorchDispatchMode): it may change "
