@@ -83,6 +83,8 @@ def _say(args: argparse.Namespace, message: str) -> None:
 def _cmd_list(args: argparse.Namespace) -> int:
     from defense_suite.listing import listing
 
+    if args.components and not args.quiet and sys.stderr.isatty():
+        print("importing every package to find its components...", file=sys.stderr)
     print(listing(spec_dir(), args.components, args.json))
     return 0
 
