@@ -65,6 +65,18 @@ def as_rows(
     return rows, given
 
 
+def frozen(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """A read-only view of ``array`` (no copy).
+
+    The kernels take their inputs as read-only arrays, so writable and read-only
+    arrays (a broadcast, a pandas or memory-mapped buffer) share one compiled
+    specialization instead of compiling a second one on their first call.
+    """
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
 def thread_count(n_threads: int | None, entries: int) -> int:
     """Threads for a batch of ``entries`` (N K): one below the threshold."""
     if entries < PARALLEL_MIN_ENTRIES:

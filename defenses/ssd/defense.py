@@ -54,7 +54,7 @@ import numpy.typing as npt
 
 from defenses.arrays import FloatArray
 from defenses.checks import check_choice, check_int, check_real
-from defenses.ssd.batch import as_rows, check_stats, run_blocks
+from defenses.ssd.batch import as_rows, check_stats, frozen, run_blocks
 from defenses.ssd.budget import default_temperature, entropy
 from defenses.ssd.lazy import check_outputs, is_module, is_tensor, loaded_torch
 from defenses.ssd.seeding import SEEDINGS, Seeding, input_uniforms
@@ -313,9 +313,11 @@ class StealthyShield:
         small = k <= min(SMALL_K, MAX_NEWTON_STEPS)
         kernel = shield_rows_small if small else shield_rows
 
+        view, fixed = frozen(rows), frozen(prototypes)
+
         def block(bounds: tuple[int, int]) -> FloatArray:
             return kernel(
-                rows, prototypes, uniforms, self.key_, self.counter_, settings,
+                view, fixed, frozen(uniforms), self.key_, self.counter_, settings,
                 MAX_NEWTON_STEPS, bounds[0], bounds[1], out, labels,
             )  # fmt: skip
 

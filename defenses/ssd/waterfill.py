@@ -177,7 +177,11 @@ def _water_filling_numpy(
 
     out = np.empty_like(f)
     stats = np.empty((f.shape[0], 4))
-    project_rows(f, q, FLOOR, 0.5 * budget, MAX_NEWTON_STEPS, stats, out)
+    from defenses.ssd.batch import frozen
+
+    project_rows(
+        frozen(f), frozen(q), FLOOR, frozen(0.5 * budget), MAX_NEWTON_STEPS, stats, out
+    )
     if f.size:
         for name, column in (("f", 0), ("q", 1)):
             smallest = float(stats[:, column + 2].min())

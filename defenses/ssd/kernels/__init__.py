@@ -8,42 +8,36 @@
 * :mod:`.shield`: the whole :class:`~defenses.ssd.defense.StealthyShield` call,
   one pass per row.
 
-The kernels are compiled as :func:`defenses.jit.compiled` does (nopython, cached,
-GIL released, IEEE arithmetic without ``fastmath``), but with numpy's error model:
-under Python's, every float division tests its divisor for zero and raises, a
-branch per element that keeps the compiler from vectorizing the loop (measured:
-``(m - 1) / (m + 1)`` over a row compiled to scalar ``vdivsd`` under Python's model
-and to 4-wide ``vdivpd`` under numpy's). A zero divisor gives inf or NaN instead,
-which the callers' input checks catch.
+The kernels are compiled as :func:`defenses.jit.compiled` does (nopython, cached on
+disk by :class:`defenses.jit.KernelCache`, GIL released, IEEE arithmetic without
+``fastmath``), but with numpy's error model: under Python's, every float division
+tests its divisor for zero and raises, a branch per element that keeps the compiler
+from vectorizing the loop (measured: ``(m - 1) / (m + 1)`` over a row compiled to
+scalar ``vdivsd`` under Python's model and to 4-wide ``vdivpd`` under numpy's). A
+zero divisor gives inf or NaN instead, which the callers' input checks catch.
 
-numba's on-disk cache of a kernel is invalidated by edits to the kernel's own file
-only, not to the files of the helpers it inlines: after editing
-:mod:`.elementary` or :mod:`.projection`, delete ``kernels/__pycache__/*.nb[ic]``
-(an installed package's files are all new, so users never see a stale kernel).
+A cache entry's stamp covers the files of every helper a kernel inlines (see
+:mod:`defenses.jit`), so editing :mod:`.elementary` or :mod:`.projection`
+invalidates the kernels built from them. ``python -m defenses.jit`` compiles every
+kernel path (both dtypes, both kernels, input hashing) ahead of time
+(:mod:`.warmup`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar, cast
+from typing import TypeVar
 
-import numba
+from defenses.jit import vectorizable
 
 Kernel = TypeVar("Kernel", bound=Callable[..., object])
 
 
 def simd(function: Kernel) -> Kernel:
     """Compile ``function`` (nopython, cached, no GIL, numpy's error model)."""
-    return cast(
-        Kernel, numba.njit(cache=True, nogil=True, error_model="numpy")(function)
-    )
+    return vectorizable(function)
 
 
 def simd_inlined(function: Kernel) -> Kernel:
     """Compile a helper of kernels, inlined into each caller (see ``simd``)."""
-    return cast(
-        Kernel,
-        numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")(
-            function
-        ),
-    )
+    return vectorizable(function, inline=True)
