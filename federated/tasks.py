@@ -174,8 +174,8 @@ def check_groups(
         check_real(f"{element}[{i}]", b, 0.0, open_low=True)
     if len(group_fractions) != len(budgets):
         raise ValueError(
-            f"{fractions_name} must have one entry per budget "
-            f"({len(budgets)}), got {group_fractions!r}"
+            f"{fractions_name} must have one entry per budget of {budgets_name} "
+            f"({len(budgets)}: {tuple(budgets)!r}), got {group_fractions!r}"
         )
     if any(not f > 0 for f in group_fractions) or not math.isclose(
         sum(group_fractions), 1.0

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from defense_suite.federated.accounting import (
@@ -193,8 +193,18 @@ def test_client_privacy(value, which):
          "seed", "save-ratio", "n-clients"]
     ),
 )  # fmt: skip
+@example("1", "budgets")  # one budget, three default fractions: names 'budgets'
+@example("0.5,0.5", "budgets")
 def test_app_config(value, key):
     assert_rule(lambda: AppConfig.from_mapping({key: value}), [key])
+
+
+@pytest.mark.parametrize("budgets", ["1", "1,2", "1,2,3,4"])
+def test_a_budget_list_of_another_length_names_both_keys(budgets):
+    with pytest.raises(ValueError, match="one entry per budget") as info:
+        AppConfig.from_mapping({"budgets": budgets})
+    assert "budgets (" in str(info.value)
+    assert str(info.value).startswith("group-fractions ")
 
 
 def test_numpy_scalars_are_accepted():
