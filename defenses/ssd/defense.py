@@ -47,6 +47,7 @@ number of threads or blocks.
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
 
 import numpy as np
@@ -70,6 +71,9 @@ if TYPE_CHECKING:
 
 __all__ = ["StealthyShield", "default_temperature", "entropy"]
 
+EPSILON_WARN = 10.0
+"""Above this epsilon a warning says that most answers become bare prototypes."""
+
 PARAMS = ("epsilon", "temperature", "seed", "seeding", "hash_resolution", "n_threads")
 
 
@@ -80,7 +84,10 @@ class StealthyShield:
     ----------
     epsilon : float
         Distortion controller :math:`\varepsilon > 0`; the L1 budget of a query is
-        :math:`\varepsilon H(f)`. The paper uses 0.35 to 1.5 (default 0.5).
+        :math:`\varepsilon H(f)`. The paper uses 0.35 to 1.5 (default 0.5). Any
+        finite positive value is valid; as :math:`\lVert p - f \rVert_1 \le 2`, a
+        row with :math:`H(f) \ge 2 / \varepsilon` gets the bare prototype
+        :math:`q_y`, and above :data:`EPSILON_WARN` a UserWarning says so.
     temperature : float or None
         Temperature :math:`T > 0` on the probabilities for sampling the pseudo-label;
         None picks :func:`default_temperature` of the number of classes.
@@ -133,8 +140,20 @@ class StealthyShield:
         self.key_ = np.uint64(0)
         self.counter_ = np.uint64(0)
 
-    def _validate(self) -> None:
-        check_real("epsilon", self.epsilon, 0.0, open_low=True)
+    def _validate(self, warn: bool = True) -> None:
+        epsilon = check_real("epsilon", self.epsilon, 0.0, open_low=True)
+        if warn and epsilon > EPSILON_WARN:
+            warnings.warn(
+                f"epsilon={self.epsilon!r} is far above the paper's 0.35-1.5: every "
+                f"row whose entropy exceeds 2 / epsilon = {2.0 / epsilon:.3g} nats "
+                "gets a budget epsilon * H >= 2, the largest L1 distance between two "
+                "distributions, so it is answered by the prototype of its "
+                "pseudo-label alone and the model's output is discarded. SSD's "
+                "epsilon is a distortion controller, not a differential-privacy "
+                "epsilon.",
+                UserWarning,
+                stacklevel=3,
+            )
         if self.temperature is not None:
             check_real("temperature", self.temperature, 0.0, open_low=True)
         check_choice("seeding", self.seeding, SEEDINGS)
@@ -221,7 +240,7 @@ class StealthyShield:
             (rows then sum to one within ``K * FLOOR``), and a fresh key drawn from
             ``seed``.
         """
-        self._validate()
+        self._validate(warn=False)  # warned when set
         if is_tensor(val_labels):
             val_labels = val_labels.detach().cpu().numpy()
         rows, given = as_rows(val_probs, "val_probs")

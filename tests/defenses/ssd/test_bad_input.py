@@ -47,6 +47,7 @@ def _rows(n: int | None = None, k: int = K):
     return valid
 
 
+@pytest.mark.filterwarnings("ignore:epsilon=.* is far above:UserWarning")
 @rule_settings(20)
 @given(name=st.sampled_from(PARAMS), value=bad_reals())
 def test_constructor_parameters(name, value):
