@@ -182,8 +182,14 @@ def _softmax_step(
     X: FloatArray,
     y: IntArray,
     clip: float | None,
+    mask: FloatArray | None = None,
 ) -> tuple[FloatArray, FloatArray]:
     r"""Summed (sanitized, clipped) per-example gradients of the cross-entropy.
+
+    ``mask`` (0/1 per row) keeps only the sampled rows of ``X``: the DP path
+    passes every record and the batch as a mask, so a step's work is the same
+    whichever and however many records were sampled (the reply time does not
+    depend on the sample).
 
     The per-example gradient is the rank-one pair :math:`(x_i r_i^T, r_i)` with
     residual :math:`r_i = p_i - e_{y_i}`, so its norm is
@@ -203,6 +209,8 @@ def _softmax_step(
                 (X * X).sum(axis=1) + 1.0
             )
             residual *= clip_factors(norms, clip)[:, None]
+        if mask is not None:
+            residual *= mask[:, None]
         return X.T @ residual, residual.sum(axis=0)
 
 
@@ -219,15 +227,16 @@ def _train_softmax(
     W, b = params[0].copy(), params[1].copy()
     n = len(data)
     for index in batches(rng, n, plan.rate, plan.steps, sampling):
-        X, y = data.X[index], data.y[index]
         if plan.sigma is None:
             if index.size == 0:
                 continue
-            gW, gb = _softmax_step(W, b, X, y, None)
+            gW, gb = _softmax_step(W, b, data.X[index], data.y[index], None)
             W -= lr * gW / index.size
             b -= lr * gb / index.size
             continue
-        gW, gb = _softmax_step(W, b, X, y, clip)
+        mask = np.zeros(n)
+        mask[index] = 1.0
+        gW, gb = _softmax_step(W, b, data.X, data.y, clip, mask)
         scale = expected_batch(plan.rate, public_count)
         flat = privatize(np.concatenate([gW.ravel(), gb]), plan.sigma, clip, scale, rng)
         with np.errstate(over="ignore", invalid="ignore"):
