@@ -99,6 +99,16 @@ class ScoreGeometry(Protocol):
         """
         ...
 
+    def radii(
+        self, thresholds: PartThresholds, in_set: BoolArray, calibration: IntArray
+    ) -> tuple[IntArray, IntArray]:
+        """Training and joint radii per entry, in one pass.
+
+        ``largest(joint=False)``, then ``largest(joint=True)`` below the smaller
+        of it and ``calibration``.
+        """
+        ...
+
 
 @dataclass(frozen=True)
 class ProbaGeometry:
@@ -153,6 +163,14 @@ class ProbaGeometry:
         threshold bound above 0, an upper bound 1 is below no threshold bound.
         """
         return np.zeros(self.size, dtype=np.int64)
+
+    def radii(
+        self, thresholds: PartThresholds, in_set: BoolArray, calibration: IntArray
+    ) -> tuple[IntArray, IntArray]:
+        """0 and 0 everywhere (see :meth:`largest`)."""
+        return self.largest(thresholds, in_set, False), self.largest(
+            thresholds, in_set, True
+        )
 
 
 @dataclass(frozen=True)
@@ -250,11 +268,21 @@ class PartThresholds:
             return out
         k_c = self.n_parts
         inside = np.flatnonzero(in_set)
-        low = geometry.lower(train_radius, rows=inside)
+        scores = geometry.score() if train_radius == 0 else None
+        # at radius 0 both bounds are the score itself (bit for bit)
+        low = (
+            scores[inside]
+            if scores is not None
+            else geometry.lower(train_radius, rows=inside)
+        )
         sure_in = np.searchsorted(self.upper[:, train_radius], low, side="right")
         out[inside] = sure_in - self.tau_hat - 1
         outside = np.flatnonzero(~in_set)
-        high = geometry.upper(train_radius, rows=outside)
+        high = (
+            scores[outside]
+            if scores is not None
+            else geometry.upper(train_radius, rows=outside)
+        )
         not_out = np.searchsorted(self.lower[:, train_radius], high + TIE, side="right")
         out[outside] = self.tau_hat - k_c + (k_c - not_out)
         return np.where(out >= 0, np.minimum(out, self.guard), -1).astype(np.int64)
@@ -339,15 +367,14 @@ def certify_batch(
     """The certificate of a batch up to training radius ``radius``.
 
     ``radius`` must not exceed ``thresholds.radius``; the joint radius is searched
-    below the smaller of the training and calibration radii.
+    below the smaller of the training and calibration radii
+    (:meth:`ScoreGeometry.radii`).
     """
     thresholds = thresholds.truncated(radius)
     in_set = np.asarray(geometry.score() >= thresholds.cut)
     index = geometry.index
-    training = geometry.largest(thresholds, in_set, joint=False)
     calibration = thresholds.calibration_radius(geometry, in_set, 0)
-    ceiling = np.minimum(training, calibration)
-    joint = geometry.largest(thresholds, in_set, joint=True, ceiling=ceiling)
+    training, joint = geometry.radii(thresholds, in_set, calibration)
     return Certificate(
         sets=in_set[index],
         training=training[index],

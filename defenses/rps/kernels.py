@@ -223,6 +223,61 @@ def _certified(
     return bool(high < lower[drop_at, r_t] - tie)
 
 
+@inlined
+def _gallop(
+    own: IntArray,
+    others: IntArray,
+    entry: int,
+    room: int,
+    tail: FloatArray,
+    member: bool,
+    top: int,
+    joint: bool,
+    n_voters: int,
+    table: FloatArray,
+    softmax: bool,
+    lower: FloatArray,
+    upper: FloatArray,
+    tau_hat: int,
+    guard: int,
+    tie: float,
+) -> int:
+    """Largest certified ``r_t <= top`` of one entry (``r_c = r_t`` if ``joint``).
+
+    Certification is monotone in the radii, so probes 1, 2, 4, ... run until one
+    fails, then bisection; radius 0 is always certified.
+    """
+    lo = 0
+    hi = top + 1
+    galloping = True
+    while hi - lo > 1:
+        probe = min(lo + max(lo, 1), hi - 1) if galloping else (lo + hi) // 2
+        ok = _certified(
+            own[entry],
+            others,
+            entry,
+            room,
+            tail,
+            member,
+            probe,
+            probe if joint else 0,
+            n_voters,
+            table,
+            softmax,
+            lower,
+            upper,
+            tau_hat,
+            guard,
+            tie,
+        )
+        if ok:
+            lo = probe
+        else:
+            hi = probe
+            galloping = False
+    return lo
+
+
 @compiled
 def largest_radius(
     own: IntArray,
@@ -242,30 +297,97 @@ def largest_radius(
 ) -> None:
     """Largest certified ``r_t`` per entry, with ``r_c = 0`` or ``r_c = r_t``.
 
-    Certification is monotone in the radii, so probes 1, 2, 4, ... run until one
-    fails, then bisection; radius 0 is always certified and ``ceiling[i]`` (at most
-    the tables' last column) bounds the search.
+    A galloping search per entry (:func:`_gallop`); ``ceiling[i]`` (at most the
+    tables' last column) bounds it.
     """
     tail = np.empty(others.shape[1] + 1)
     for entry in range(own.shape[0]):
-        lo = 0
-        hi = ceiling[entry] + 1
-        if hi <= 1:
+        if ceiling[entry] < 1:
             out[entry] = 0
             continue
         room = _entry_sums(others, entry, table, tail)
-        galloping = True
-        while hi - lo > 1:
-            probe = min(lo + max(lo, 1), hi - 1) if galloping else (lo + hi) // 2
-            ok = _certified(
-                own[entry],
+        out[entry] = _gallop(
+            own,
+            others,
+            entry,
+            room,
+            tail,
+            in_set[entry],
+            ceiling[entry],
+            joint,
+            n_voters,
+            table,
+            softmax,
+            lower,
+            upper,
+            tau_hat,
+            guard,
+            tie,
+        )
+
+
+@compiled
+def training_and_joint(
+    own: IntArray,
+    others: IntArray,
+    in_set: BoolArray,
+    radius: int,
+    calibration: IntArray,
+    n_voters: int,
+    table: FloatArray,
+    softmax: bool,
+    lower: FloatArray,
+    upper: FloatArray,
+    tau_hat: int,
+    guard: int,
+    tie: float,
+    training: IntArray,
+    joint: IntArray,
+) -> None:
+    """Both searches of :func:`largest_radius` in one pass over the entries.
+
+    ``training[i]``: largest ``r_t <= radius`` with ``r_c = 0``; ``joint[i]``:
+    largest ``r`` with ``r_t = r_c = r``, searched below
+    ``min(training[i], calibration[i])``. The entry's sums are computed once.
+    """
+    tail = np.empty(others.shape[1] + 1)
+    for entry in range(own.shape[0]):
+        training[entry] = 0
+        joint[entry] = 0
+        if radius < 1:
+            continue
+        room = _entry_sums(others, entry, table, tail)
+        member = in_set[entry]
+        best = _gallop(
+            own,
+            others,
+            entry,
+            room,
+            tail,
+            member,
+            radius,
+            False,
+            n_voters,
+            table,
+            softmax,
+            lower,
+            upper,
+            tau_hat,
+            guard,
+            tie,
+        )
+        training[entry] = best
+        top = min(best, calibration[entry])
+        if top >= 1:
+            joint[entry] = _gallop(
+                own,
                 others,
                 entry,
                 room,
                 tail,
-                in_set[entry],
-                probe,
-                probe if joint else 0,
+                member,
+                top,
+                True,
                 n_voters,
                 table,
                 softmax,
@@ -275,75 +397,3 @@ def largest_radius(
                 guard,
                 tie,
             )
-            if ok:
-                lo = probe
-            else:
-                hi = probe
-                galloping = False
-        out[entry] = lo
-
-
-@compiled
-def descending_rows(votes: IntArray) -> IntArray:
-    """Each row of ``votes`` sorted descending (insertion sort: rows are short)."""
-    n, k = votes.shape
-    out = np.empty((n, k), dtype=np.int64)
-    for p in range(n):
-        for c in range(k):
-            value = votes[p, c]
-            j = c
-            while j > 0 and out[p, j - 1] < value:
-                out[p, j] = out[p, j - 1]
-                j -= 1
-            out[p, j] = value
-    return out
-
-
-@compiled
-def vote_entries(
-    ordered: IntArray, rows: IntArray, inverse: IntArray, votes: IntArray
-) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray]:
-    """The entries of the distinct sorted rows ``ordered[rows]``, and each point's.
-
-    Returns ``own``, ``others`` (the sorted row without the entry's position),
-    ``index`` (n, K) of each (point, class), and each entry's distinct row and
-    position in it. Entries run row by row, one per distinct vote count, in
-    descending order; point ``p`` has row ``inverse[p]``.
-    """
-    n, k = votes.shape
-    d = rows.shape[0]
-    start = np.zeros(d + 1, dtype=np.int64)
-    for i in range(d):
-        distinct = 1
-        for c in range(1, k):
-            distinct += int(ordered[rows[i], c] != ordered[rows[i], c - 1])
-        start[i + 1] = start[i] + distinct
-    size = start[d]
-    own = np.empty(size, dtype=np.int64)
-    others = np.empty((size, k - 1), dtype=np.int64)
-    entry_row = np.empty(size, dtype=np.int64)
-    entry_position = np.empty(size, dtype=np.int64)
-    for i in range(d):
-        r = rows[i]
-        at = start[i]
-        for c in range(k):
-            if c > 0 and ordered[r, c] == ordered[r, c - 1]:
-                continue
-            own[at] = ordered[r, c]
-            entry_row[at] = i
-            entry_position[at] = c
-            for o in range(k - 1):
-                others[at, o] = ordered[r, o + int(o >= c)]
-            at += 1
-    index = np.empty((n, k), dtype=np.int64)
-    for p in range(n):
-        r = rows[inverse[p]]
-        for c in range(k):
-            greater = 0
-            for o in range(k):
-                value = ordered[r, o]
-                if value <= votes[p, c]:
-                    break
-                greater += int(o == 0 or value != ordered[r, o - 1])
-            index[p, c] = start[inverse[p]] + greater
-    return own, others, index, entry_row, entry_position

@@ -99,9 +99,9 @@ class FittedParts:
     ) -> ScoreGeometry:
         """Scores of ``X`` and their bounds (``votes``: already computed ones).
 
-        The last numeric batch of trained models is kept and compared exactly
-        before reuse; a voter's votes are never kept (its parts may change between
-        calls).
+        The last numeric batch of trained models is kept and compared bit for bit
+        before reuse (:func:`_same_bits`); a voter's votes are never kept (its
+        parts may change between calls).
         """
         key = (
             X
@@ -117,7 +117,7 @@ class FittedParts:
             and last[0].shape == key.shape
             and last[0].dtype == key.dtype
             and last[1] == softmax
-            and np.array_equal(last[0], key, equal_nan=key.dtype.kind == "f")
+            and _same_bits(last[0], key)
         ):
             return last[2]
         geometry: ScoreGeometry
@@ -132,6 +132,24 @@ class FittedParts:
         if key is not None:
             self._last = (key.copy(), softmax, geometry)
         return geometry
+
+
+def _same_bits(kept: npt.NDArray[Any], given: npt.NDArray[Any]) -> bool:
+    """Whether two arrays of one shape and dtype hold the same bytes.
+
+    Compared as unsigned integers of the item size (one pass, no NaN handling):
+    NaNs with the same payload match, and -0.0 does not match 0.0, which only
+    costs a recomputation. Falls back to ``np.array_equal`` for other layouts.
+    """
+    width = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(kept.itemsize)
+    if (
+        width is None
+        or not kept.flags.c_contiguous
+        or not given.flags.c_contiguous
+        or kept.dtype.kind not in "biuf"
+    ):
+        return bool(np.array_equal(kept, given, equal_nan=kept.dtype.kind == "f"))
+    return bool(np.array_equal(kept.view(width), given.view(width)))
 
 
 def modal_share(votes: IntArray) -> float | None:

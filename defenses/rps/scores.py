@@ -63,12 +63,8 @@ import numpy.typing as npt
 
 from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.rps.certificate import TIE
-from defenses.rps.kernels import (
-    bounds,
-    descending_rows,
-    largest_radius,
-    vote_entries,
-)
+from defenses.rps.entries import descending_rows, vote_entries
+from defenses.rps.kernels import bounds, largest_radius, training_and_joint
 
 if TYPE_CHECKING:
     from defenses.rps.certificate import PartThresholds
@@ -206,6 +202,35 @@ class VoteGeometry:
             out,
         )
         return out
+
+    def radii(
+        self, thresholds: PartThresholds, in_set: BoolArray, calibration: IntArray
+    ) -> tuple[IntArray, IntArray]:
+        """Training and joint radii per entry (``ScoreGeometry.radii``), one pass.
+
+        :func:`defenses.rps.kernels.training_and_joint`: the two searches of
+        :meth:`largest` sharing each entry's sums.
+        """
+        training = np.empty(self.size, dtype=np.int64)
+        joint = np.empty(self.size, dtype=np.int64)
+        training_and_joint(
+            self.own,
+            self.others,
+            np.ascontiguousarray(in_set),
+            thresholds.radius,
+            np.ascontiguousarray(calibration, dtype=np.int64),
+            self.n_voters,
+            self.__dict__["_table"],
+            self.softmax,
+            np.ascontiguousarray(thresholds.lower),
+            np.ascontiguousarray(thresholds.upper),
+            thresholds.tau_hat,
+            thresholds.guard,
+            TIE,
+            training,
+            joint,
+        )
+        return training, joint
 
 
 def _check_votes(votes: npt.ArrayLike, n_voters: int, abstain: bool) -> IntArray:

@@ -1,0 +1,80 @@
+"""Compiled sorting and entry building of vote rows (:class:`VoteGeometry`'s input).
+
+:func:`descending_rows` sorts each point's votes; :func:`vote_entries` turns the
+distinct sorted rows into entries, one per distinct vote count of a row (see
+:class:`defenses.rps.scores.VoteGeometry`), and maps every (point, class) to its
+entry.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from defenses.arrays import IntArray
+from defenses.jit import compiled
+
+
+@compiled
+def descending_rows(votes: IntArray) -> IntArray:
+    """Each row of ``votes`` sorted descending (insertion sort: rows are short)."""
+    n, k = votes.shape
+    out = np.empty((n, k), dtype=np.int64)
+    for p in range(n):
+        for c in range(k):
+            value = votes[p, c]
+            j = c
+            while j > 0 and out[p, j - 1] < value:
+                out[p, j] = out[p, j - 1]
+                j -= 1
+            out[p, j] = value
+    return out
+
+
+@compiled
+def vote_entries(
+    ordered: IntArray, rows: IntArray, inverse: IntArray, votes: IntArray
+) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray]:
+    """The entries of the distinct sorted rows ``ordered[rows]``, and each point's.
+
+    Returns ``own``, ``others`` (the sorted row without the entry's position),
+    ``index`` (n, K) of each (point, class), and each entry's distinct row and
+    position in it. Entries run row by row, one per distinct vote count, in
+    descending order; point ``p`` has row ``inverse[p]``.
+    """
+    n, k = votes.shape
+    d = rows.shape[0]
+    start = np.zeros(d + 1, dtype=np.int64)
+    for i in range(d):
+        distinct = 1
+        for c in range(1, k):
+            distinct += int(ordered[rows[i], c] != ordered[rows[i], c - 1])
+        start[i + 1] = start[i] + distinct
+    size = start[d]
+    own = np.empty(size, dtype=np.int64)
+    others = np.empty((size, k - 1), dtype=np.int64)
+    entry_row = np.empty(size, dtype=np.int64)
+    entry_position = np.empty(size, dtype=np.int64)
+    for i in range(d):
+        r = rows[i]
+        at = start[i]
+        for c in range(k):
+            if c > 0 and ordered[r, c] == ordered[r, c - 1]:
+                continue
+            own[at] = ordered[r, c]
+            entry_row[at] = i
+            entry_position[at] = c
+            for o in range(k - 1):
+                others[at, o] = ordered[r, o + int(o >= c)]
+            at += 1
+    index = np.empty((n, k), dtype=np.int64)
+    for p in range(n):
+        r = rows[inverse[p]]
+        for c in range(k):
+            greater = 0
+            for o in range(k):
+                value = ordered[r, o]
+                if value <= votes[p, c]:
+                    break
+                greater += int(o == 0 or value != ordered[r, o - 1])
+            index[p, c] = start[inverse[p]] + greater
+    return own, others, index, entry_row, entry_position
