@@ -282,3 +282,79 @@ def test_amplified_secret_transcripts_equal(
     assert [e[0] for e in log_a].count("context") == 2
     assert out_a["finite"]
     assert out_b["finite"]
+
+
+def _bert_play(
+    he: Any, ids: np.ndarray, mask: np.ndarray, y: np.ndarray, k: int
+) -> tuple[list[Entry], dict[str, Any]]:
+    """The label-indicator forger against a converted BERT's Q/K/V step, then
+    one inference session of the updated model (INTERACTIVE: the forger's
+    values need no precision)."""
+    from defense_suite.crypto.bert_client import BertClient
+    from defense_suite.crypto.bert_lora_step import apply_qkv_step
+    from defense_suite.crypto.bert_tuning_protocol import (
+        BertTuningClient,
+        BertTuningServer,
+        QKVJob,
+        qkv_schedule,
+    )
+
+    params, log = INTERACTIVE, []
+    w = QKVJob.public(he).weights
+
+    class BertForger(BertTuningServer):
+        def serve(self, channel: Channel) -> None:
+            super().serve(Tap(channel, log))
+
+        def _train(
+            self, channel: Channel, values: list[Value], meta: dict[str, Any]
+        ) -> Message:
+            levels = self.params.levels
+            schedule = qkv_schedule(self.job, self.params)
+            base = values[0].handle
+            lifted = {lv: _down(base, lv, levels) for lv in range(levels + 1)}
+            for step in schedule.steps:
+                forged = [Value(lifted[lv]) for lv in step.levels]
+                extra = {"copies": step.copies} if step.kind != "refresh" else {}
+                self._ask(channel, step.kind, forged, **extra)
+            # slot 0 (what the client reads) = 10^4 [y_0 = k]; no rotation, so
+            # no key-switching noise at this chain's 30-bit special prime
+            target = values[w.d + w.n_tokens + k].handle
+            crafted = target * ([1e4] + [0.0] * (target.size() - 1))
+            blobs = tuple(
+                _down(crafted, lv, levels).serialize() for lv in schedule.reply.levels
+            )
+            return Message("weights", self.key, blobs)
+
+    tuned = copy.deepcopy(he)
+    client = BertTuningClient(tuned, params, answer_floor=0.0)
+    step = client.step(BertForger(QKVJob.public(he), params), ids, y, 0.5, mask)
+    apply_qkv_step(tuned, step)
+    outcome = {"clipped": step.clipped, "flags": client_flags(tuned, ids, mask)}
+    server = TappedServer.for_model(None, he, params)
+    server.log = log
+    BertClient(tuned, params, answer_floor=0.0).predict(server, ids, mask=mask)
+    return log, outcome
+
+
+def client_flags(he: Any, ids: np.ndarray, mask: np.ndarray) -> list[bool]:
+    from defense_suite.crypto.shadow import flag_ids
+
+    return flag_ids(he, ids, mask).tolist()
+
+
+@pytest.mark.slow
+def test_converted_bert_qkv_step_label_indicator(
+    converted: Any, tokenizer: object
+) -> None:
+    """The Q/K/V step of a converted BERT against the label-indicator forger."""
+    from tests.crypto.test_bert_lora import LABELS, _batch
+
+    ids, mask = _batch(converted, tokenizer)
+    other = LABELS.copy()
+    other[0] = 1 - other[0]
+    log_a, out_a = _bert_play(converted, ids, mask, LABELS, int(LABELS[0]))
+    log_b, out_b = _bert_play(converted, ids, mask, other, int(LABELS[0]))
+    assert out_a["clipped"] != out_b["clipped"]  # the decryption is secret-shaped
+    assert log_a == log_b
+    assert [e[0] for e in log_a].count("context") == 2
