@@ -21,10 +21,17 @@ and arrays by dtype, shape and SHA-256 of their bytes, floats by ``float.hex``, 
   defined outside installed packages), and the global random generators (torch's,
   numpy's legacy one, Python's ``random``).
 
+``functools.lru_cache`` wrappers are compared by their cache size (a memo that
+grows in forward is state) and their wrapped function is scanned; objects we
+cannot look into (C objects, library objects reached from a global) by identity
+and by their ``repr`` where it shows state rather than an address
+(``itertools.count(5)``).
+
 Out of reach, by design: code and globals of installed packages (torch,
 transformers, ...: their instance state on the copy *is* walked), state held in C
-extensions, files or other processes, and objects nested more than
-:data:`MAX_DEPTH` levels (their identity is compared, not their contents).
+extensions whose ``repr`` does not show it, files or other processes, and objects
+nested more than :data:`MAX_DEPTH` levels (their identity is compared, not their
+contents).
 Aliases (one object at two paths) and cycles are recorded as references to the
 first path, so the walk is finite.
 
@@ -185,17 +192,23 @@ class _Walker:
             self.value(v.func, f"{path}.func", kind, depth)
             self.value(v.args, f"{path}.args", kind, depth)
             self.value(v.keywords, f"{path}.keywords", kind, depth)
+        elif callable(getattr(v, "cache_info", None)):  # functools.lru_cache
+            info = getattr(v, "cache_info")()  # noqa: B009 (typed as object)
+            self.put(path, kind, ("cache", getattr(info, "currsize", None)))
+            wrapped = getattr(v, "__wrapped__", None)
+            if isinstance(wrapped, types.FunctionType):
+                self.function(wrapped, depth)
         elif self.scope == "shared" and _library_class(type(v)):
             # a library object reached from a global (a logger, a config):
             # its identity is compared, its internals are the library's
-            self.put(path, kind, ("opaque", type(v).__qualname__, id(v)))
+            self.put(path, kind, _opaque(v))
         elif hasattr(v, "__dict__") or hasattr(type(v), "__slots__"):
             self.put(path, kind, ("object", type(v).__qualname__))
             self.user_class(type(v))
             for key, item in _fields(v):
                 self.value(item, f"{path}.{key}", kind, depth)
-        else:  # a C object we cannot look into: compared by identity
-            self.put(path, kind, ("opaque", type(v).__qualname__, id(v)))
+        else:  # a C object we cannot look into
+            self.put(path, kind, _opaque(v))
 
     def function(self, f: types.FunctionType, depth: int = 0) -> None:
         """Closure cells, defaults and the globals named by a user function."""
@@ -259,6 +272,20 @@ class _Walker:
                 self.value(hook, f"{path}[{i}]", "hook")
         finally:
             self.scope = scope
+
+
+def _opaque(v: object) -> Token:
+    """An object we cannot look into: its identity, and its repr if it shows state.
+
+    ``itertools.count(5)`` shows its state; ``<generator object ... at 0x...>`` only
+    an address (then the identity alone is compared).
+    """
+    try:
+        text = repr(v)
+    except Exception:  # a repr that fails shows no state
+        text = ""
+    shown = _digest(text.encode()) if text and "0x" not in text else None
+    return ("opaque", type(v).__qualname__, id(v), shown)
 
 
 def _library_class(cls: type) -> bool:

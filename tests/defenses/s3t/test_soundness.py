@@ -9,7 +9,10 @@ models do break exactness, so the refusals guard real failures.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import random
+import re
 from typing import Any
 
 import numpy as np
@@ -180,3 +183,39 @@ def test_a_stateful_class_level_patch_of_a_library_module_is_refused(
     monkeypatch.setattr(nn.Tanh, "forward", patched)
     with pytest.raises(ValueError, match=r"closure variable .*<closure calls>\[0\]"):
         _make(_WithTanh()).fit(X, Y, IDS)
+
+
+class _Ticker(UserMLP):
+    """An ``itertools.count`` (a C iterator) advanced in forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ticks = itertools.count()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        next(self.ticks)
+        return self.out(self.hidden(x))
+
+
+@functools.cache
+def _memo(rows: int) -> float:
+    return 1.0 + 0.0 * rows
+
+
+class _Memoised(UserMLP):
+    """A module-level ``lru_cache`` memo that grows with the batch sizes seen."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.hidden(x)) * _memo(x.shape[0])
+
+
+@pytest.mark.parametrize(
+    ("module", "phrase"),
+    [(_Ticker, "attribute 'ticks'"), (_Memoised, "global 'tests.defenses.s3t")],
+)
+def test_state_in_c_iterators_and_memo_caches_is_refused(
+    module: type[UserMLP], phrase: str
+) -> None:
+    _memo.cache_clear()
+    with pytest.raises(ValueError, match=re.escape(phrase)):
+        _make(module()).fit(X, Y, IDS)
