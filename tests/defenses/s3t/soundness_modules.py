@@ -217,6 +217,19 @@ class Constants(UserMLP):
         return self.out(self.hidden(x)) / self.temperature * self.config["scale"][0]
 
 
+class ShapeCache(UserMLP):
+    """A mask built on first use and kept on ``self`` (depends on shapes only)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__(seed)
+        self._mask: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._mask is None:
+            self._mask = torch.ones(16)
+        return self.out(self.hidden(x) * self._mask)
+
+
 Factory = Callable[[], nn.Module]
 
 REFUSED: dict[str, tuple[Factory, str]] = {
@@ -232,6 +245,7 @@ REFUSED: dict[str, tuple[Factory, str]] = {
     "default-argument": (DefaultArgument, "default argument"),
     "rare-inputs": (RareInputs, "attribute 'outliers'"),
     "hook-closure": (hook_closure, "closure variable"),
+    "shape-cache": (ShapeCache, "attribute '_mask'"),
 }
 """User models S3T must refuse at fit, and a phrase the refusal must contain."""
 
