@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from defenses.arrays import IntArray
+from defenses.arrays import FloatArray, IntArray
 from defenses.jit import compiled
 
 
@@ -78,3 +78,22 @@ def vote_entries(
                 greater += int(o == 0 or value != ordered[r, o - 1])
             index[p, c] = start[inverse[p]] + greater
     return own, others, index, entry_row, entry_position
+
+
+@compiled
+def entry_scores(
+    own: IntArray, others: IntArray, table: FloatArray, out: FloatArray
+) -> None:
+    """The softmax score of each entry, ``out[e] = m / (m + rest)``.
+
+    ``m = table[own[e]]`` and ``rest`` the others' terms added smallest first from
+    0.0: the canonical sum of :func:`defenses.rps.kernels.upper_bound`, whose
+    radius-0 value this equals bit for bit (``others`` rows are sorted descending).
+    """
+    m = others.shape[1]
+    for e in range(own.shape[0]):
+        rest = 0.0
+        for c in range(m - 1, -1, -1):
+            rest += table[others[e, c]]
+        mine = table[own[e]]
+        out[e] = mine / (mine + rest)

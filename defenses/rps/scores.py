@@ -63,7 +63,7 @@ import numpy.typing as npt
 
 from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.rps.certificate import TIE
-from defenses.rps.entries import descending_rows, vote_entries
+from defenses.rps.entries import descending_rows, entry_scores, vote_entries
 from defenses.rps.kernels import bounds, largest_radius, training_and_joint
 
 if TYPE_CHECKING:
@@ -334,9 +334,7 @@ def canonical_scores(
     others = np.ascontiguousarray(others, dtype=np.int64)
     table = np.exp(np.arange(n_voters + 2, dtype=np.float64) / n_voters)
     out = np.empty(own.shape[0])
-    rows = np.arange(own.shape[0], dtype=np.int64)
-    zero = np.zeros(own.shape[0], dtype=np.int64)
-    bounds(own, others, rows, zero, n_voters, table, True, True, out)
+    entry_scores(own, others, table, out)
     return out
 
 
