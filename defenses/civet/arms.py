@@ -31,6 +31,7 @@ from defenses.civet.model import conv_vae, mlp_vae
 from defenses.civet.protocol import VAEInterface, as_vae
 from defenses.civet.support import check_levels
 from defenses.civet.tasks import USER_ARCHS, user_vae
+from defenses.cost import count
 from defenses.threads import torch_generator
 
 ARCHS = ("mlp", "conv", *USER_ARCHS)
@@ -111,10 +112,17 @@ class VAELearner:
         )
 
     def fit(self, task: VAETaskLike, rng: np.random.Generator) -> TrainedVAE:
-        """Initialise and train a VAE using only the randomness of ``rng``."""
+        """Initialise and train a VAE using only the randomness of ``rng``.
+
+        Inside a harness run, records ``epoch_s``: the median wall time of the
+        epochs after the warm-up (where PGD and CIVET training add their robust
+        term), so a benchmark shows each arm's cost per epoch side by side.
+        """
         generator = torch_generator(rng)
         vae = as_vae(self.build(task, generator), task.train)
         log = train_vae(vae, task.train, self.method, self.config, generator)
+        active = log.epoch_seconds[self.config.warmup :] or log.epoch_seconds
+        count("epoch_s", float(np.median(active)))
         return TrainedVAE(vae, self.method, log)
 
 

@@ -36,6 +36,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from defenses.checks import check_finite_module, check_real
 from defenses.civet.bounds import Box, UnsupportedLayerError
+from defenses.civet.fused import FusedVAE, fused_parts
 from defenses.civet.graph import output_range, parameter_dtype, propagate, trace
 from defenses.civet.state import check_hooks, check_stateless, snapshot
 
@@ -141,6 +142,9 @@ class VAEInterface:
     _graphs: dict[str, fx.GraphModule] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _fused: list[FusedVAE | None] = field(
+        default_factory=list, compare=False, repr=False
+    )
 
     @property
     def dtype(self) -> torch.dtype:
@@ -184,8 +188,21 @@ class VAEInterface:
                 self._graphs[name] = trace(self.module, name)
         return self._graphs[name]
 
+    def fused(self) -> FusedVAE | None:
+        """The fused interval arithmetic of :mod:`defenses.civet.fused`, if it applies.
+
+        Only for the built-in container whose parts are chains of Linear and
+        monotone layers; the same rules as the graph path, fewer tensor operations.
+        """
+        if not self._fused:
+            self._fused.append(fused_parts(self.module))
+        return self._fused[0]
+
     def latent_bounds(self, box: Box) -> tuple[Box, Box]:
         """Interval bounds of ``mu`` and ``logvar`` over the input ``box`` (eval)."""
+        fast = self.fused()
+        if fast is not None:
+            return fast.latent_bounds(box)
         with evaluation(self.module):
             out = propagate(self._graph(self.encode_name), box)
         mu, logvar = out
@@ -193,6 +210,9 @@ class VAEInterface:
 
     def output_bounds(self, box: Box) -> Box:
         """Interval bounds of the reconstruction over the latent ``box`` (eval mode)."""
+        fast = self.fused()
+        if fast is not None:
+            return fast.output_bounds(box)
         with evaluation(self.module):
             return _as_box(propagate(self._graph(self.decode_name), box))
 
