@@ -7,7 +7,8 @@ own RDP accountant (its default 150 orders, not the client's report) from what t
 client actually released: every train reply that came back with arrays, at the
 values the server asked for; unbounded when the server could subtract the noise or
 when a reply was computed from private records outside the accounting.
-``python -m tests.federated.redteam`` prints the table of ``docs/federated.md``.
+``python -m tests.federated.redteam`` prints the table of ``docs/federated.md``
+(with the release path's attacks of :mod:`tests.federated.redteam_release`).
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ class Outcome:
     epsilons: list[float]
 
     def row(self) -> str:
-        """A Markdown table row."""
-        eps = " | ".join(f"{e:.4f}" for e in self.epsilons)
+        """A Markdown table row (epsilons "n/a" for a measurement, not a run)."""
+        eps = " | ".join(f"{e:.4f}" for e in self.epsilons) or "n/a | n/a"
         return f"| {self.attack} | {'; '.join(sorted(set(self.answers)))} | {eps} |"
 
 
@@ -479,6 +480,9 @@ def table() -> list[Outcome]:
     fresh()
     rows.append(duplicate_rounds_loopback())
     rows.append(duplicate_rounds_simulation(tempfile.mkdtemp())[0])
+    from tests.federated import redteam_release
+
+    rows.extend(redteam_release.table())
     return rows
 
 
