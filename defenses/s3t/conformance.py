@@ -381,3 +381,30 @@ class Conformance:
                 "cannot erase and a retrained model would not start from; keep "
                 "forward free of side effects"
             )
+
+
+def check_unchanged(
+    model: AdaptedModel, operation: str, shared_state: bool = False
+) -> None:
+    """Refuse ``operation`` when the copy's own state moved since it was made.
+
+    ``fit`` proved that nothing S3T runs moves it; a change after that (a write
+    through ``model.backbone``) would make a retrained stage differ from a fresh
+    fit's, so it is refused naming the state (buffers may move in the
+    ``shared_state`` negative control).
+    """
+    after = capture(model.module)
+    kinds = {**model.pristine.kinds, **after.kinds}
+    exempt = {"buffer"} if shared_state else set()
+    moved = [
+        p
+        for p in differences(model.pristine.own, after.own)
+        if kinds.get(p) not in exempt
+    ]
+    if moved:
+        raise ValueError(
+            f"model: {kinds[moved[0]]} {moved[0]!r} of the backbone changed since "
+            f"S3T copied it ({len(moved)} change(s): {moved[:4]}); {operation} "
+            "would no longer equal a fresh fit: restore the backbone or fit again "
+            "on a new S3T"
+        )

@@ -26,7 +26,7 @@ from defenses.cost import count, phase
 from defenses.s3t import inputs, partition, store
 from defenses.s3t.adapters import Targets, fingerprint, target_groups, updating_stats
 from defenses.s3t.backbone import adapt
-from defenses.s3t.conformance import Conformance
+from defenses.s3t.conformance import Conformance, check_unchanged
 from defenses.s3t.defense.holder import StateHolder
 from defenses.s3t.defense.state import (
     AllShardsDeadError,
@@ -408,6 +408,7 @@ class Unlearner(StateHolder):
         if not isinstance(only_dead, bool | np.bool_):
             raise TypeError(f"only_dead must be a bool, got {only_dead!r}")
         state = self._require()
+        check_unchanged(self.model, "retrain()", self.shared_state)
         began = time.perf_counter()
         served = self.served()
         shards = [s for s in range(self.shards) if not (only_dead and served[s])]

@@ -84,6 +84,12 @@ def test_without_the_verdict_the_refused_models_break_exactness(
     monkeypatch.setattr(Conformance, "verdict", lambda self: None)
     monkeypatch.setattr(Conformance, "run", lambda self, *args: None)
     make, _ = REFUSED[name]
+    # retrain() checks the copy again: the second line of defense
+    with pytest.raises(ValueError, match=r"changed since S3T copied it"):
+        _exact(make, _inputs(name), IDS[[0, 9]], audit=False)
+    monkeypatch.setattr(
+        "defenses.s3t.defense.unlearner.check_unchanged", lambda *args: None
+    )
     assert not _exact(make, _inputs(name), IDS[[0, 9]], audit=False)
 
 
@@ -219,3 +225,13 @@ def test_state_in_c_iterators_and_memo_caches_is_refused(
     _memo.cache_clear()
     with pytest.raises(ValueError, match=re.escape(phrase)):
         _make(module()).fit(X, Y, IDS)
+
+
+def test_retrain_refuses_a_backbone_moved_after_fit() -> None:
+    model = _make(_with_counter()).fit(X, Y, IDS)
+    model.delete(IDS[[0]])
+    model.backbone.counter = 1  # written after fit, e.g. through model.backbone
+    with pytest.raises(ValueError, match=r"attribute 'counter'.*retrain\(\)"):
+        model.retrain()
+    model.backbone.counter = 0
+    assert model.retrain().stages  # restored: retrains
