@@ -1,4 +1,14 @@
-"""``python -m defense_suite.federated run [APP] [CONNECTION] [--run-config ...]``.
+"""``python -m defense_suite.federated run|supernode ...``.
+
+``supernode [--allow-unverified-apps] FLOWER-SUPERNODE-ARGS...`` starts
+``flower-supernode`` with app verification as the default path: it refuses to
+start (exit code 2, one ``error:`` line) unless the arguments include
+``--trusted-entities FILE`` (Flower then runs only FABs signed by a trusted
+publisher and verified through the SuperLink), or the operator opts out with
+``--allow-unverified-apps``, which prints what an unverified ClientApp can do on
+the node (:data:`UNVERIFIED`). Runtime dependency installation is disabled.
+
+``run [APP] [CONNECTION] [--run-config ...]``:
 
 A wrapper around ``flwr run`` for scripts. Before anything starts it reads the app's
 ``[tool.flwr.app.config]``, applies the ``--run-config`` overrides (Flower's own
@@ -48,6 +58,19 @@ NO_INSTALL = "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"
 COMPLETED = "finished:completed"
 
 
+UNVERIFIED = (
+    "warning: this SuperNode runs any ClientApp a SuperLink sends (no "
+    "--trusted-entities). That code runs with the node's rights: it can read the "
+    "node's private records, send them in its replies, and rewrite or delete the "
+    "privacy ledger (no key can be hidden from it: the ledger's own code runs in "
+    "the same process), after which an honest run gets a fresh budget. The "
+    "defense-suite guarantees hold only for ClientApp code the node trusts."
+)
+"""What an unverified app can do (printed by ``supernode --allow-unverified-apps``)."""
+TRUSTED = "--trusted-entities"
+ALLOW_UNVERIFIED = "--allow-unverified-apps"
+
+
 class UsageError(ValueError):
     """A bad app directory, override or config value: exit code 2."""
 
@@ -69,7 +92,42 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help='overrides, e.g. "num-server-rounds=3 sigma=2.0" (as for flwr run)',
     )
+    node = sub.add_parser(
+        "supernode",
+        help="flower-supernode with app verification (--trusted-entities) required",
+    )
+    node.add_argument(
+        ALLOW_UNVERIFIED,
+        action="store_true",
+        help="start without --trusted-entities (prints what such an app can do)",
+    )
+    node.add_argument("rest", nargs=argparse.REMAINDER, help="flower-supernode args")
     return p
+
+
+def supernode_command(rest: list[str], allow_unverified: bool) -> list[str]:
+    """The ``flower-supernode`` command line, or UsageError without verification."""
+    verified = any(a == TRUSTED or a.startswith(TRUSTED + "=") for a in rest)
+    if not verified and not allow_unverified:
+        raise UsageError(
+            f"supernode: pass {TRUSTED} FILE (only signed, verified apps run on "
+            f"this node) or, knowing what an unverified app can do, {ALLOW_UNVERIFIED}"
+        )
+    return [str(Path(sys.executable).parent / "flower-supernode"), *rest]
+
+
+def supernode(rest: list[str], allow_unverified: bool) -> int:
+    """Run ``flower-supernode`` (verification required unless opted out)."""
+    try:
+        command = supernode_command(rest, allow_unverified)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if allow_unverified and TRUSTED not in " ".join(rest):  # the one line that says it
+        print(UNVERIFIED, file=sys.stderr)
+    env = {**os.environ, NO_INSTALL: "1"}
+    env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    return subprocess.call(command, env=env)
 
 
 def app_config(app: Path, overrides: list[str] | None) -> tuple[dict[str, Any], str]:
@@ -225,7 +283,11 @@ def stop_started_superlink(port: str, was_up: bool) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Validate, run, check the final status; return the exit code."""
-    args = parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["supernode"] and not {"-h", "--help"} & set(words):
+        rest = [a for a in words[1:] if a != ALLOW_UNVERIFIED]
+        return supernode(rest, ALLOW_UNVERIFIED in words[1:])
+    args = parser().parse_args(words)
     app = Path(args.app)
     try:
         values, server = app_config(app, args.run_config)
