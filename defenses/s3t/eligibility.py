@@ -3,8 +3,9 @@
 :func:`admit` runs first in :class:`~defenses.s3t.adapters.AdaptedModel`: a
 ``torch.compile`` wrapper is unwrapped (S3T runs the module eagerly), a TorchScript
 module is refused (its forward runs no hooks on ``nn.Linear`` layers, where the
-adapters are bound), and non-finite or non-float32 parameters and buffers are
-refused by name.
+adapters are bound), old-style ``weight_norm`` / ``spectral_norm`` hooks are refused
+(they rewrite the weight in forward), and non-finite or non-float32 parameters and
+buffers are refused by name.
 """
 
 from __future__ import annotations
@@ -47,6 +48,31 @@ def check_float32(model: nn.Module) -> None:
                 )
 
 
+def check_old_parametrizations(model: nn.Module) -> None:
+    """Refuse old-style ``weight_norm`` / ``spectral_norm`` hooks (named).
+
+    ``torch.nn.utils.weight_norm`` and ``spectral_norm`` rewrite the layer's
+    ``weight`` attribute in a forward pre-hook (state a forward writes; the first
+    cannot even be deep-copied); their ``torch.nn.utils.parametrizations``
+    versions compute the weight without writing state.
+    """
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    for name, module in model.named_modules():
+        for hook in module._forward_pre_hooks.values():
+            if isinstance(hook, WeightNorm | SpectralNorm):
+                kind = (
+                    "weight_norm" if isinstance(hook, WeightNorm) else "spectral_norm"
+                )
+                raise ValueError(
+                    f"model: {name or type(model).__name__} carries an old-style "
+                    f"torch.nn.utils.{kind} hook, which rewrites its "
+                    f"{hook.name!r} attribute in forward; use "
+                    f"torch.nn.utils.parametrizations.{kind} instead"
+                )
+
+
 def admit(model: nn.Module) -> nn.Module:
     """The module S3T will copy, or a refusal naming what is wrong with it.
 
@@ -55,7 +81,8 @@ def admit(model: nn.Module) -> nn.Module:
     TypeError
         A TorchScript module.
     ValueError
-        A parameter or buffer holds NaN or inf, or is not float32 (named).
+        A parameter or buffer holds NaN or inf, or is not float32, or a layer
+        carries an old-style ``weight_norm`` / ``spectral_norm`` hook (named).
     """
     model = eager(model)
     if isinstance(model, torch.jit.ScriptModule):
@@ -66,6 +93,7 @@ def admit(model: nn.Module) -> nn.Module:
             "layers, which a scripted forward does not have; pass the eager "
             "nn.Module (torch.compile(model) is accepted)"
         )
+    check_old_parametrizations(model)
     check_finite_module("model", model)
     check_float32(model)
     return model

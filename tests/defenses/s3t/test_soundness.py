@@ -235,3 +235,15 @@ def test_retrain_refuses_a_backbone_moved_after_fit() -> None:
         model.retrain()
     model.backbone.counter = 0
     assert model.retrain().stages  # restored: retrains
+
+
+@pytest.mark.parametrize("kind", ["weight_norm", "spectral_norm"])
+def test_old_style_parametrizations_are_refused_by_name(kind: str) -> None:
+    module = UserMLP()
+    getattr(torch.nn.utils, kind)(module.fc2)
+    with pytest.raises(ValueError, match=rf"fc2 carries an old-style .*{kind}"):
+        _make(module)
+    new = UserMLP()
+    getattr(torch.nn.utils.parametrizations, kind)(new.fc2)
+    new.eval()
+    assert _make(new).fit(X, Y, IDS).predict(X[:2]).shape == (2,)
