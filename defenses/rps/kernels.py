@@ -24,6 +24,7 @@ import numpy as np
 
 from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.jit import compiled, inlined
+from defenses.rps.fastbounds import MARGIN, fill_heads, lower_fast, upper_fast
 
 
 @inlined
@@ -188,6 +189,7 @@ def _certified(
     entry: int,
     room: int,
     tail: FloatArray,
+    heads: FloatArray,
     member: bool,
     r_t: int,
     r_c: int,
@@ -203,6 +205,9 @@ def _certified(
     """:meth:`PartThresholds.certified` for one entry (``r_t`` within the tables).
 
     Kept: ``low >= cut`` exactly; left out: ``high < cut - tie`` (the safe sides).
+    With softmax scores the constant-time bound decides first, the canonical one
+    only within :data:`~defenses.rps.fastbounds.MARGIN` of the threshold
+    (:mod:`defenses.rps.fastbounds`): the same decisions.
     """
     if r_c > 0 and r_c > guard:
         return False
@@ -210,17 +215,33 @@ def _certified(
         keep_at = tau_hat + r_c
         if keep_at >= lower.shape[0]:
             return False
+        cut = upper[keep_at, r_t]
+        if softmax:
+            fast = lower_fast(
+                own_votes, others, entry, room, heads, n_voters, table, r_t
+            )
+            if fast >= cut + MARGIN:
+                return True
+            if fast < cut - MARGIN:
+                return False
         low = lower_bound(
             own_votes, others, entry, room, tail, n_voters, table, softmax, r_t
         )
-        return bool(low >= upper[keep_at, r_t])
+        return bool(low >= cut)
     drop_at = tau_hat - r_c
     if drop_at < 0:
         return False
+    cut = lower[drop_at, r_t] - tie
+    if softmax:
+        fast = upper_fast(own_votes, others, entry, room, tail, n_voters, table, r_t)
+        if fast < cut - MARGIN:
+            return True
+        if fast >= cut + MARGIN:
+            return False
     high = upper_bound(
         own_votes, others, entry, room, tail, n_voters, table, softmax, r_t
     )
-    return bool(high < lower[drop_at, r_t] - tie)
+    return bool(high < cut)
 
 
 @inlined
@@ -230,6 +251,7 @@ def _gallop(
     entry: int,
     room: int,
     tail: FloatArray,
+    heads: FloatArray,
     member: bool,
     top: int,
     joint: bool,
@@ -258,6 +280,7 @@ def _gallop(
             entry,
             room,
             tail,
+            heads,
             member,
             probe,
             probe if joint else 0,
@@ -301,17 +324,20 @@ def largest_radius(
     tables' last column) bounds it.
     """
     tail = np.empty(others.shape[1] + 1)
+    heads = np.empty(others.shape[1])
     for entry in range(own.shape[0]):
         if ceiling[entry] < 1:
             out[entry] = 0
             continue
         room = _entry_sums(others, entry, table, tail)
+        fill_heads(others, entry, table, heads)
         out[entry] = _gallop(
             own,
             others,
             entry,
             room,
             tail,
+            heads,
             in_set[entry],
             ceiling[entry],
             joint,
@@ -351,12 +377,14 @@ def training_and_joint(
     ``min(training[i], calibration[i])``. The entry's sums are computed once.
     """
     tail = np.empty(others.shape[1] + 1)
+    heads = np.empty(others.shape[1])
     for entry in range(own.shape[0]):
         training[entry] = 0
         joint[entry] = 0
         if radius < 1:
             continue
         room = _entry_sums(others, entry, table, tail)
+        fill_heads(others, entry, table, heads)
         member = in_set[entry]
         best = _gallop(
             own,
@@ -364,6 +392,7 @@ def training_and_joint(
             entry,
             room,
             tail,
+            heads,
             member,
             radius,
             False,
@@ -385,6 +414,7 @@ def training_and_joint(
                 entry,
                 room,
                 tail,
+                heads,
                 member,
                 top,
                 True,
