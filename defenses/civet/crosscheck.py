@@ -15,14 +15,19 @@ raising :class:`CrossCheckError` naming the first disagreement, if
    certificate would not apply), or the user's module in its own dtype and
    mode-as-certified (eval) differs at the centre from the float64 copy the bounds
    were computed on;
-3. any evaluated output is NaN or inf;
+3. any evaluated output is NaN or inf, in float64 or in the user's own dtype;
 4. at sampled points :math:`(x', \nu)` of the input ball
    :math:`B_\infty(x, \varepsilon) \cap \text{domain}` (uniform and corners) and of
    the noise boxes :math:`|\nu_i| \le w_{j,i}` of the support levels (uniform and
    corners), or at the strongest point of a short joint signed-gradient ascent over
    the level-:math:`p` box, the squared error
    :math:`\ell = \|D(\mu(x') + \sigma(x') \odot \nu) - x\|^2` exceeds the bound of the
-   smallest level whose box holds :math:`\nu`.
+   smallest level whose box holds :math:`\nu`;
+5. at the same sampled points and the attack's point, the user's module itself,
+   run in its own dtype and eval mode, gives a NaN or inf output (refused naming
+   the row, the point and the dtype: a model that overflows in float32 where its
+   float64 copy does not is not what the bound describes) or an error above the
+   bound by more than ``1e3`` units in the last place of that dtype.
 
 A point's check is exact in float64 up to a relative slack ``tolerance`` (interval
 arithmetic here rounds to nearest, not outwards). Passing the check does not prove

@@ -27,6 +27,7 @@ from torch.nn.utils import parametrize
 
 from defenses.civet.bounds import Box, UnsupportedLayerError
 from defenses.civet.graph import ibp
+from defenses.civet.state import check_hooks
 
 RELAXATIONS = {nn.ReLU: "relu_relaxation", nn.Linear: "exact"}
 """Layer classes CROWN relaxes (exact classes): ReLU's lines, Linear exactly."""
@@ -132,6 +133,7 @@ def crown(module: nn.Module, box: Box) -> Box:
     UnsupportedLayerError
         If a layer before the last Linear is not Linear or ReLU.
     """
+    check_hooks(module, type(module).__name__)
     layers = _flatten([module])
     core, tail = _split(layers)
     current = box.validate()

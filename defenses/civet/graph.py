@@ -32,6 +32,7 @@ from defenses.civet.aliases import (
 )
 from defenses.civet.bounds import Box, UnsupportedLayerError, layer_rule, out_of_place
 from defenses.civet.operations import FUNCTIONS, METHODS, SHAPE_METHODS, holds_box
+from defenses.civet.state import check_hooks
 
 
 class PropagationError(UnsupportedLayerError):
@@ -236,9 +237,11 @@ def ibp(module: nn.Module, box: Box) -> Box:
         fit the module.
     UnsupportedLayerError
         If an operation has no sound rule here (e.g. LayerNorm, BatchNorm or
-        Dropout in training mode); the message names it.
+        Dropout in training mode), or a layer carries a forward hook (which the
+        rules would not see); the message names it.
     """
     box = box.validate()
+    check_hooks(module, type(module).__name__)
     dtype = parameter_dtype(module)
     if any(True for _ in module.parameters()) and box.lower.dtype != dtype:
         raise TypeError(
