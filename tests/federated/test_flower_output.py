@@ -151,3 +151,25 @@ def test_a_real_flwr_run_prints_each_flower_line_once(tmp_path):
         assert _count(out, text) == 1, (text, out[-4000:])
     assert ":INFO:" not in out  # no line in Opacus's basicConfig format
     assert ":DEBUG:" not in out  # nor Flower's DEBUG lines (its handler hides them)
+
+
+def test_the_example_apps_pieces_print_flowers_lines_once():
+    """Issue 40: the example app (mod + wrapper, no call of its own) ran Opacus's
+    basicConfig first; the mod and the wrapper now install the filter themselves."""
+    out = _stderr(
+        "from flwr.supercore.task_identity import TaskIdentity\n"
+        "TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = 1\n"
+        "from flwr.app import Context, Message, RecordDict\n"
+        "from defense_suite.federated.flower import TimeAdaptiveMod\n"
+        "mod = TimeAdaptiveMod(lambda context: None)\n"
+        "ctx = Context(run_id=1, node_id=2, node_config={}, state=RecordDict(),"
+        " run_config={})\n"
+        "msg = Message(content=RecordDict(), message_type='query.other',"
+        " dst_node_id=2)\n"
+        "assert mod(msg, ctx, None).has_error()\n"
+        "import opacus.utils.module_utils  # what make_private imports, later\n"
+        "MARK = 'example'\n" + FLOWER_LINES
+    )
+    assert _count(out, "flower-info-example") == 1, out
+    assert _count(out, "flower-error-example") == 1, out
+    assert _count(out, "suite-warning-example") == 1, out
