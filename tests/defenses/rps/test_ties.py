@@ -271,3 +271,37 @@ def test_quadrature_error_is_far_below_the_margin():
                 )
                 worst = max(worst, abs(_homogeneous_miss(rank, n, k_c, tau) - fine))
     assert worst < QUADRATURE_MARGIN / 100
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(
+    k_t=st.integers(3, 14),
+    classes=st.integers(2, 5),
+    k_c=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_compiled_radii_equal_the_canonical_comparisons(k_t, classes, k_c, seed):
+    """The radius search decides with constant-time bounds first and the canonical
+    ones near a threshold (defenses/rps/fastbounds.py): its radii must equal the
+    Python path's, which compares the canonical bounds, at every radius. Test and
+    calibration points share vote vectors, so exact ties are frequent."""
+    from defenses.rps.calibration import calibrate_parts
+
+    rng = np.random.default_rng(seed)
+    pool = np.array(list(compositions(k_t, classes)))
+    cal = pool[rng.integers(0, len(pool), 20 * k_c)]
+    test = pool[rng.integers(0, len(pool), 60)]
+    cal_geometry = vote_geometry(cal, k_t)
+    labels = rng.integers(0, classes, len(cal))
+    entries = cal_geometry.index[np.arange(len(cal)), labels]
+    parts = np.array_split(np.arange(len(cal)), k_c)
+    thresholds = calibrate_parts(parts, entries, cal_geometry, 0.2, "official", k_t)
+    bounds = thresholds.part_thresholds
+    geometry = vote_geometry(test, k_t)
+    in_set = geometry.score() >= bounds.cut
+    calibration = bounds.calibration_radius(geometry, in_set, 0)
+    training, joint = geometry.radii(bounds, in_set, calibration)
+    for r in range(1, k_t + 1):
+        assert np.array_equal(bounds.certified(geometry, in_set, r, 0), training >= r)
+        both = bounds.certified(geometry, in_set, r, r)
+        assert np.array_equal(both & (calibration >= r), joint >= r)
