@@ -142,3 +142,12 @@ def test_bad_votes():
         vote_counts(np.array([[0, 3]]), 3)
     with pytest.raises(ValueError, match="radius"):
         vote_geometry(np.array([[1, 1]]), 2).upper(-1)
+
+
+def test_warmup_runs_every_kernel_path():
+    """``python -m defenses.jit`` compiles RPS's kernels through this module."""
+    from defenses.jit import WARMUPS
+    from defenses.rps import warmup
+
+    assert "defenses.rps.warmup" in WARMUPS
+    warmup.run()

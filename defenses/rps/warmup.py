@@ -1,0 +1,36 @@
+"""Compile every RPS kernel path ahead of time (run by ``python -m defenses.jit``).
+
+RPS's compiled loops (:mod:`defenses.rps.kernels`, :mod:`defenses.rps.entries`)
+are compiled for the argument types a call brings (:mod:`defenses.jit`): the vote
+rows' sort and entries, the entry scores, the score bounds, and the two radius
+searches, with softmax scores and raw vote fractions, with and without abstaining
+parts. :func:`run` makes one small call of each path, so that every later process
+loads them from the cache instead of compiling on its first request.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def run() -> None:
+    """One fit, conformalize, predict_set and certify per kernel path."""
+    from defenses.rps.calibration import calibrate_parts
+    from defenses.rps.certificate import certify_batch
+    from defenses.rps.scores import vote_geometry
+
+    rng = np.random.default_rng(0)
+    k_t, classes = 5, 3
+    for abstain in (False, True):
+        votes = rng.multinomial(k_t, np.ones(classes) / classes, size=40)
+        if abstain:
+            votes[::3, 0] = np.maximum(votes[::3, 0] - 1, 0)
+        for softmax in (True, False):
+            geometry = vote_geometry(votes, k_t, softmax, abstain)
+            labels = rng.integers(0, classes, votes.shape[0])
+            entries = geometry.index[np.arange(votes.shape[0]), labels]
+            parts = np.array_split(np.arange(votes.shape[0]), 2)
+            bounds = calibrate_parts(parts, entries, geometry, 0.2, "official", k_t)
+            certify_batch(geometry, bounds.part_thresholds, k_t)
+            in_set = geometry.score() >= bounds.part_thresholds.cut
+            geometry.largest(bounds.part_thresholds, in_set, joint=True)
