@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -38,6 +39,9 @@ from defense_suite.crypto.schedule import Step
 from defense_suite.crypto.shadow import flag_sequences
 from defense_suite.crypto.timing import check_floor, pad, units
 from defense_suite.crypto.train import predict_logits
+
+if TYPE_CHECKING:
+    from defense_suite.crypto.conversion import HEBert
 
 ANY_FLOAT = st.floats(allow_nan=True, allow_infinity=True, width=64)
 MATRIX = hnp.arrays(np.float64, st.tuples(st.integers(1, 4), st.integers(1, 4)))
@@ -161,3 +165,42 @@ def test_answer_floor_is_checked_measured_and_pads(micro_model: HEFormer) -> Non
     assert client.floor() == floor  # measured once
     # the measurement answered the client's own worst case: no count moved
     assert (client.decryptions, client.clipped, client.refreshes) == (0, 0, 0)
+
+
+def test_converted_bert_steps_are_bounded(converted: HEBert, tokenizer: object) -> None:
+    """The Q/K/V and adapter steps bound any step; apply_qkv_step bounds again."""
+    from defense_suite.crypto.bert_lora_step import (
+        QKVStep,
+        apply_qkv_step,
+        current_factors,
+        simulated_qkv_step,
+    )
+    from defense_suite.crypto.bert_tuning import simulated_head_step
+    from defense_suite.crypto.hf import encode
+    from tests.crypto.tiny_bert import texts
+
+    ids, mask = encode(tokenizer, texts()[-4:], converted)
+    y = np.array([1, 0, 1, 0])
+    bounds = UpdateBounds(entry=0.01, norm=0.02)
+    honest = simulated_qkv_step(converted, ids, y, 0.5, mask)
+    assert honest.clipped == 0
+    wild = simulated_qkv_step(converted, ids, y, 1e12, mask)
+    old = current_factors(converted)
+    assert wild.clipped > 0
+    for k, v in wild.factors.items():
+        assert np.max(np.abs(v - old[k])) <= 1.0 + 1e-12
+    model = copy.deepcopy(converted)
+    nan = {k: np.full_like(v, np.nan) for k, v in old.items()}
+    huge = {k: np.full_like(v, 1e300) for k, v in old.items()}
+    for factors in (nan, huge):
+        apply_qkv_step(model, QKVStep(wild.layers, factors, {}, 0.0, {}, bounds))
+    moved = current_factors(model)
+    for k, v in moved.items():
+        assert np.all(np.isfinite(v))
+        assert np.max(np.abs(v - old[k])) <= 0.01 + 1e-12
+    rng = np.random.default_rng(0)
+    A, B = 0.3 * rng.normal(size=(8, 2)), 0.3 * rng.normal(size=(2, 2))
+    head = simulated_head_step(converted, ids, y, A, B, 1e12, mask)
+    assert head.clipped > 0
+    assert np.max(np.abs(head.a - A)) <= 1.0 + 1e-12
+    assert np.all(np.isfinite(head.b))
