@@ -50,7 +50,10 @@ def _site_range(model: HEFormer, name: str) -> tuple[float, float]:
         return model.calibration.layers[layer].ln_lo, 1.0
     if name.endswith("kernel distance u"):
         return 0.0, 1.0
-    return -1.0, 1.0  # activation input, pooler input: mapped into [-1, 1]
+    if name.endswith(("activation input", "pooler input t")):
+        return -1.0, 1.0  # mapped into [-1, 1] by their calibrated bounds
+    # structural (the model's code, not its values): a new site needs its range
+    raise ValueError(f"the advisory guard does not know the range of {name!r}")
 
 
 def flag_sequences(model: HEFormer, X: npt.ArrayLike) -> BoolArray:
