@@ -204,3 +204,30 @@ def test_converted_bert_steps_are_bounded(converted: HEBert, tokenizer: object) 
     assert head.clipped > 0
     assert np.max(np.abs(head.a - A)) <= 1.0 + 1e-12
     assert np.all(np.isfinite(head.b))
+
+
+def test_calibrated_session_reports_a_batch_it_clips(
+    micro_model: HEFormer, micro_inputs: np.ndarray
+) -> None:
+    """The calibrated client's batch check is advisory in a session too."""
+    from dataclasses import replace
+
+    from defense_suite.crypto.schedule import check_batch, exceeds
+    from defense_suite.crypto.server import Server
+
+    client = Client(micro_model, INTERACTIVE, micro_inputs, answer_floor=0.0)
+    schedule = client.schedule(True)
+    tight = replace(
+        schedule,
+        steps=tuple(replace(s, bounds=(1e-6,) * len(s.bounds)) for s in schedule.steps),
+    )
+    X = micro_inputs[:2]
+    assert not exceeds(schedule, micro_model, X)
+    assert exceeds(tight, micro_model, X)
+    with pytest.raises(RangeError):
+        check_batch(tight, micro_model, X)  # the caller's own, raising check
+    client._schedules[True] = tight
+    logits = client.predict(Server.for_model(None, micro_model, INTERACTIVE), X)
+    assert logits.shape == (2, 2)
+    assert client.flagged.tolist() == [True, True]
+    assert client.clipped > 0
