@@ -117,7 +117,8 @@ class Client:
     clipped : int
         Decrypted slots the public bounds changed (0 in an honest run).
     flagged : ndarray of bool
-        The advisory range verdict of the last :meth:`predict`, one per sequence
+        The advisory range verdict of the last :meth:`predict` (or
+        :meth:`infer`), one per sequence
         (:mod:`crypto.shadow`): True where the plaintext shadow left the
         calibrated ranges, so the encrypted logits may be wrong. It never changes
         what the client sends; acting on it where the server can see is acting
@@ -325,10 +326,14 @@ class Client:
     def infer(
         self, connection: Channel, X: FloatArray, interactive: bool
     ) -> FloatArray:
-        """One packed batch over an open session; answers the server's requests."""
+        """One packed batch over an open session; answers the server's requests.
+
+        :attr:`flagged` is left holding the batch's advisory verdict against a
+        calibrated schedule's clip bounds (:func:`crypto.schedule.exceeds`).
+        """
         schedule = self.schedule(interactive)
-        if interactive and exceeds(schedule, self.model, X):
-            self.flagged = np.ones(X.shape[0], dtype=np.bool_)
+        over = interactive and exceeds(schedule, self.model, X)
+        self.flagged = np.full(X.shape[0], over, dtype=np.bool_)
         data = self.encrypt_inputs(X, rolled=not interactive, guard=False).encode()
         session = follow(connection, schedule, data, self.answer)
         reply, up, down = session.reply, session.bytes_up, session.bytes_down
@@ -371,12 +376,9 @@ class Client:
             self.open(connection)
             out = []
             for start in range(0, X.shape[0], per_batch):
-                self.flagged = np.zeros(0, dtype=np.bool_)
-                out.append(
-                    self.infer(connection, X[start : start + per_batch], interactive)
-                )
-                if self.flagged.size:
-                    flags[start : start + per_batch] = True
+                batch = X[start : start + per_batch]
+                out.append(self.infer(connection, batch, interactive))
+                flags[start : start + per_batch] |= self.flagged
         finally:
             if isinstance(server, Server):
                 assert isinstance(connection, InProcess)
