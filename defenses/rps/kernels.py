@@ -24,7 +24,6 @@ import numpy as np
 
 from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.jit import compiled, inlined
-from defenses.rps.fastbounds import MARGIN, fill_heads, lower_fast, upper_fast
 
 
 @inlined
@@ -189,7 +188,6 @@ def _certified(
     entry: int,
     room: int,
     tail: FloatArray,
-    heads: FloatArray,
     member: bool,
     r_t: int,
     r_c: int,
@@ -205,9 +203,6 @@ def _certified(
     """:meth:`PartThresholds.certified` for one entry (``r_t`` within the tables).
 
     Kept: ``low >= cut`` exactly; left out: ``high < cut - tie`` (the safe sides).
-    With softmax scores the constant-time bound decides first, the canonical one
-    only within :data:`~defenses.rps.fastbounds.MARGIN` of the threshold
-    (:mod:`defenses.rps.fastbounds`): the same decisions.
     """
     if r_c > 0 and r_c > guard:
         return False
@@ -215,90 +210,17 @@ def _certified(
         keep_at = tau_hat + r_c
         if keep_at >= lower.shape[0]:
             return False
-        cut = upper[keep_at, r_t]
-        if softmax:
-            fast = lower_fast(
-                own_votes, others, entry, room, heads, n_voters, table, r_t
-            )
-            if fast >= cut + MARGIN:
-                return True
-            if fast < cut - MARGIN:
-                return False
         low = lower_bound(
             own_votes, others, entry, room, tail, n_voters, table, softmax, r_t
         )
-        return bool(low >= cut)
+        return bool(low >= upper[keep_at, r_t])
     drop_at = tau_hat - r_c
     if drop_at < 0:
         return False
-    cut = lower[drop_at, r_t] - tie
-    if softmax:
-        fast = upper_fast(own_votes, others, entry, room, tail, n_voters, table, r_t)
-        if fast < cut - MARGIN:
-            return True
-        if fast >= cut + MARGIN:
-            return False
     high = upper_bound(
         own_votes, others, entry, room, tail, n_voters, table, softmax, r_t
     )
-    return bool(high < cut)
-
-
-@inlined
-def _gallop(
-    own: IntArray,
-    others: IntArray,
-    entry: int,
-    room: int,
-    tail: FloatArray,
-    heads: FloatArray,
-    member: bool,
-    top: int,
-    joint: bool,
-    n_voters: int,
-    table: FloatArray,
-    softmax: bool,
-    lower: FloatArray,
-    upper: FloatArray,
-    tau_hat: int,
-    guard: int,
-    tie: float,
-) -> int:
-    """Largest certified ``r_t <= top`` of one entry (``r_c = r_t`` if ``joint``).
-
-    Certification is monotone in the radii, so probes 1, 2, 4, ... run until one
-    fails, then bisection; radius 0 is always certified.
-    """
-    lo = 0
-    hi = top + 1
-    galloping = True
-    while hi - lo > 1:
-        probe = min(lo + max(lo, 1), hi - 1) if galloping else (lo + hi) // 2
-        ok = _certified(
-            own[entry],
-            others,
-            entry,
-            room,
-            tail,
-            heads,
-            member,
-            probe,
-            probe if joint else 0,
-            n_voters,
-            table,
-            softmax,
-            lower,
-            upper,
-            tau_hat,
-            guard,
-            tie,
-        )
-        if ok:
-            lo = probe
-        else:
-            hi = probe
-            galloping = False
-    return lo
+    return bool(high < lower[drop_at, r_t] - tie)
 
 
 @compiled
@@ -320,36 +242,45 @@ def largest_radius(
 ) -> None:
     """Largest certified ``r_t`` per entry, with ``r_c = 0`` or ``r_c = r_t``.
 
-    A galloping search per entry (:func:`_gallop`); ``ceiling[i]`` (at most the
-    tables' last column) bounds it.
+    Certification is monotone in the radii, so probes 1, 2, 4, ... run until one
+    fails, then bisection; radius 0 is always certified and ``ceiling[i]`` (at most
+    the tables' last column) bounds the search.
     """
     tail = np.empty(others.shape[1] + 1)
-    heads = np.empty(others.shape[1])
     for entry in range(own.shape[0]):
-        if ceiling[entry] < 1:
+        lo = 0
+        hi = ceiling[entry] + 1
+        if hi <= 1:
             out[entry] = 0
             continue
         room = _entry_sums(others, entry, table, tail)
-        fill_heads(others, entry, table, heads)
-        out[entry] = _gallop(
-            own,
-            others,
-            entry,
-            room,
-            tail,
-            heads,
-            in_set[entry],
-            ceiling[entry],
-            joint,
-            n_voters,
-            table,
-            softmax,
-            lower,
-            upper,
-            tau_hat,
-            guard,
-            tie,
-        )
+        galloping = True
+        while hi - lo > 1:
+            probe = min(lo + max(lo, 1), hi - 1) if galloping else (lo + hi) // 2
+            ok = _certified(
+                own[entry],
+                others,
+                entry,
+                room,
+                tail,
+                in_set[entry],
+                probe,
+                probe if joint else 0,
+                n_voters,
+                table,
+                softmax,
+                lower,
+                upper,
+                tau_hat,
+                guard,
+                tie,
+            )
+            if ok:
+                lo = probe
+            else:
+                hi = probe
+                galloping = False
+        out[entry] = lo
 
 
 @compiled
@@ -377,53 +308,44 @@ def training_and_joint(
     ``min(training[i], calibration[i])``. The entry's sums are computed once.
     """
     tail = np.empty(others.shape[1] + 1)
-    heads = np.empty(others.shape[1])
     for entry in range(own.shape[0]):
         training[entry] = 0
         joint[entry] = 0
         if radius < 1:
             continue
         room = _entry_sums(others, entry, table, tail)
-        fill_heads(others, entry, table, heads)
         member = in_set[entry]
-        best = _gallop(
-            own,
-            others,
-            entry,
-            room,
-            tail,
-            heads,
-            member,
-            radius,
-            False,
-            n_voters,
-            table,
-            softmax,
-            lower,
-            upper,
-            tau_hat,
-            guard,
-            tie,
-        )
-        training[entry] = best
-        top = min(best, calibration[entry])
-        if top >= 1:
-            joint[entry] = _gallop(
-                own,
-                others,
-                entry,
-                room,
-                tail,
-                heads,
-                member,
-                top,
-                True,
-                n_voters,
-                table,
-                softmax,
-                lower,
-                upper,
-                tau_hat,
-                guard,
-                tie,
-            )
+        for search in range(2):
+            lo = 0
+            top = radius if search == 0 else min(training[entry], calibration[entry])
+            hi = top + 1
+            galloping = True
+            while hi - lo > 1:
+                probe = min(lo + max(lo, 1), hi - 1) if galloping else (lo + hi) // 2
+                ok = _certified(
+                    own[entry],
+                    others,
+                    entry,
+                    room,
+                    tail,
+                    member,
+                    probe,
+                    probe if search == 1 else 0,
+                    n_voters,
+                    table,
+                    softmax,
+                    lower,
+                    upper,
+                    tau_hat,
+                    guard,
+                    tie,
+                )
+                if ok:
+                    lo = probe
+                else:
+                    hi = probe
+                    galloping = False
+            if search == 0:
+                training[entry] = lo
+            else:
+                joint[entry] = lo
