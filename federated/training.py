@@ -228,6 +228,7 @@ def run_federated(
                     clip=config.clip,
                     rng=client_rngs[n],
                     sampling=config.sampling,
+                    constant_work=False,  # in process: no one times the replies
                 )
             )
             if step.sigma is not None:
