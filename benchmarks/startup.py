@@ -1,13 +1,22 @@
-"""Start-up time of the command line and of the packages' imports (issue 31).
+"""Start-up time of the command line, the imports and the first calls (issues 31, 40).
 
 Each command runs in a fresh interpreter ``--repeat`` times; the table shows the
 median and the fastest wall-clock time, which is what a user waits before anything
 happens. Run from the checkout (or anywhere the suite is installed)::
 
     python benchmarks/startup.py [--repeat 7] [--json results/startup.json]
+        [--first-calls] [--cold-repeat 1]
 
-Targets: ``defense-suite --help`` and ``import defenses.ssd`` under 1 s. This is a
-measurement, not a test: a loaded machine makes every number larger.
+Targets: ``defense-suite --help`` and ``import defenses.ssd`` under 1 s.
+
+``--first-calls`` times the first call of each compiled kernel path in fresh
+interpreters (see :mod:`defenses.jit`): **cold**, each case with its own empty
+kernel cache (``DEFENSE_SUITE_CACHE_DIR`` set to a new folder: what a process pays
+when nothing compiled the kernels before), then ``python -m defenses.jit`` once (the
+install step, timed) and **cached**, each case in a fresh interpreter reading that
+cache; ``second`` is the same call again in the same process (the warm speed).
+Target: every first call within 5 s with the cache. The load average is printed:
+this is a measurement, not a test, and a loaded machine makes every number larger.
 """
 
 from __future__ import annotations
@@ -19,10 +28,57 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 TARGET_S = 1.0
+FIRST_CALL_TARGET_S = 5.0
+
+SETUP = {
+    "k10": "f = rng.dirichlet(np.ones(10), size=2000)",
+    "k100": "f = rng.dirichlet(np.ones(100), size=2000)",
+}
+FIRST_CALLS = {
+    "StealthyShield K=10 float64 (row-batched kernel)": (
+        "k10",
+        "StealthyShield(seed=0).fit(f[:100], np.arange(100) % 10)",
+        "shield(f)",
+    ),
+    "StealthyShield K=10 float32": (
+        "k10",
+        "StealthyShield(seed=0).fit(f[:100], np.arange(100) % 10)",
+        "shield(f.astype(np.float32))",
+    ),
+    "StealthyShield K=100 float64 (row kernel)": (
+        "k100",
+        "StealthyShield(seed=0).fit(f[:300], np.arange(300) % 100)",
+        "shield(f)",
+    ),
+    "StealthyShield K=10 input-hash (keyed BLAKE2b)": (
+        "k10",
+        "StealthyShield(seed=0, seeding='input-hash')"
+        ".fit(f[:100], np.arange(100) % 10)",
+        "shield(f)",
+    ),
+    "water_filling K=10": ("k10", "None", "water_filling(f, f[::-1], f[:, 0])"),
+}
+PROBE = """
+import json, time
+start = time.perf_counter()
+import numpy as np
+from defenses.ssd import StealthyShield, water_filling
+rng = np.random.default_rng(0)
+{setup}
+shield = {build}
+imported = time.perf_counter()
+{call}
+first = time.perf_counter()
+{call}
+second = time.perf_counter()
+print(json.dumps({{"import_s": imported - start, "first_s": first - imported,
+                  "second_s": second - first}}))
+"""
 
 
 def commands() -> dict[str, list[str]]:
@@ -51,14 +107,78 @@ def measure(argv: list[str], repeat: int) -> list[float]:
     return times
 
 
+def probe(name: str, cache: str) -> dict[str, float]:
+    """Run the first-call case ``name`` in a fresh interpreter with ``cache``."""
+    key, build, call = FIRST_CALLS[name]
+    code = PROBE.format(setup=SETUP[key], build=build, call=call)
+    env = dict(os.environ, DEFENSE_SUITE_CACHE_DIR=cache)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True
+    )
+    if done.returncode:
+        raise RuntimeError(f"{name} failed:\n{done.stderr}")
+    row: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    row["compiles"] = done.stderr.count("compiling ")
+    return row
+
+
+def first_calls(cold_repeat: int, cached_repeat: int) -> dict[str, object]:
+    """Cold and cached first calls of every case, and the install step's time.
+
+    Cold: the fastest of ``cold_repeat`` runs (none if 0); cached: the median run.
+    """
+    rows: dict[str, dict[str, float]] = {}
+    for name in FIRST_CALLS if cold_repeat else ():
+        runs = []
+        for _ in range(cold_repeat):
+            with tempfile.TemporaryDirectory() as empty:
+                runs.append(probe(name, empty))
+        rows[f"cold: {name}"] = min(runs, key=lambda r: r["first_s"])
+    with tempfile.TemporaryDirectory() as cache:
+        start = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "defenses.jit"],
+            env=dict(os.environ, DEFENSE_SUITE_CACHE_DIR=cache),
+            check=True,
+            capture_output=True,
+        )
+        install_s = time.perf_counter() - start
+        for name in FIRST_CALLS:
+            runs = [probe(name, cache) for _ in range(cached_repeat)]
+            runs.sort(key=lambda r: r["first_s"])
+            rows[f"cached: {name}"] = runs[len(runs) // 2]  # the median run
+    return {"install_step_s": install_s, "rows": rows}
+
+
+def print_first_calls(result: dict[str, object]) -> None:
+    """The first-call table in Markdown."""
+    rows = result["rows"]
+    assert isinstance(rows, dict)
+    print(
+        f"\n`python -m defenses.jit` (install step): {result['install_step_s']:.1f} s"
+    )
+    print("| first call | import (s) | first call (s) | second call (s) | compiled |")
+    print("|---|---|---|---|---|")
+    for name, row in rows.items():
+        print(
+            f"| {name} | {row['import_s']:.2f} | {row['first_s']:.2f} | "
+            f"{row['second_s']:.3f} | {int(row['compiles'])} |"
+        )
+
+
 def main() -> int:
     """Time every command and print a Markdown table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--json", help="also write the numbers to this file")
+    parser.add_argument("--first-calls", action="store_true")
+    parser.add_argument("--only-first-calls", action="store_true")
+    parser.add_argument("--cold-repeat", type=int, default=1, help="0: no cold runs")
     args = parser.parse_args()
     rows = {}
     for name, argv in commands().items():
+        if args.only_first_calls:
+            break
         times = measure(argv, args.repeat)
         rows[name] = {"median_s": statistics.median(times), "min_s": min(times)}
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -68,8 +188,14 @@ def main() -> int:
     for name, row in rows.items():
         ok = "yes" if row["median_s"] < TARGET_S else "no"
         print(f"| `{name}` | {row['median_s']:.2f} | {row['min_s']:.2f} | {ok} |")
+    report: dict[str, object] = {"load": load, "rows": rows}
+    if args.first_calls or args.only_first_calls:
+        report["first_calls"] = first_calls(args.cold_repeat, args.repeat)
+        report["load_after"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0
+        print_first_calls(report["first_calls"])  # type: ignore[arg-type]
+        print(f"load average after: {report['load_after']:.1f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"load": load, "rows": rows}, indent=2))
+        Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
 
 
