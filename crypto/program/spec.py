@@ -1,0 +1,185 @@
+r"""A model family as a value: the public weights of one encrypted program.
+
+Both HE model families are the same program over different weights
+(:mod:`crypto.program.forward`). A :class:`Program` is a stack of :class:`Block` s
+and a :class:`Head`; a block is
+
+.. math::
+
+    h = N_a\bigl(z + \mathrm{att}(z) W_o + b_o\bigr),\qquad
+    o = N_o\bigl(h + p(N_f(h) W_1 + b_1) W_2 + b_2\bigr)
+
+with three optional polynomial LayerNorms :math:`N_a` (after attention),
+:math:`N_f` (on the feed-forward branch only) and :math:`N_o` (after the
+feed-forward residual), and optional biases (a bias is a plaintext add, no level).
+The converted BERT (:func:`from_bert`) has :math:`N_a, N_o`, biases and several
+blocks; the HEFormer (:func:`from_heformer`) is one block with :math:`N_f` only, no
+biases, and a pooler/classifier head that may be the client's encrypted secret.
+
+Every stage name the public schedule records comes from the spec (a block's
+``prefix``, a norm's ``stage``, the head's ``stage``), so each family keeps its own
+request names.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from defenses.arrays import FloatArray
+
+if TYPE_CHECKING:
+    from ..heval import HEWeights
+    from ..heval_bert import BertWeights, NormWeights
+
+KVGrouping = Literal["kind", "shift"]
+
+
+@dataclass(frozen=True)
+class Norm:
+    r"""A folded polynomial LayerNorm (:func:`crypto.program.blocks.layer_norm`).
+
+    :math:`\sigma = \lVert x S\rVert^2` (``stats`` folds the centring and the
+    variance's scale), :math:`y_0 = p(\sigma)` (``isqrt``), ``newton`` steps
+    :math:`y \leftarrow y(c - \sigma y^2)` with :math:`c` = ``newton_shift``, and
+    the output :math:`(x O)\,y + \beta` (``out``; ``None`` reuses :math:`xS`;
+    ``beta`` ``None`` adds nothing). ``stage`` names its refreshes.
+    """
+
+    stats: FloatArray
+    out: FloatArray | None
+    beta: FloatArray | None
+    isqrt: FloatArray
+    newton: int
+    newton_shift: float
+    stage: str
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block's public weights, in (in, out) layout, scales folded (module doc).
+
+    ``prefix`` starts the names of the block's refresh stages and of its LoRA
+    factors in the client's dictionary (``f"{prefix}q_a"``).
+    """
+
+    prefix: str
+    wq: FloatArray
+    wk: FloatArray
+    wv: FloatArray
+    wo: FloatArray
+    w1: FloatArray
+    act: FloatArray
+    w2: FloatArray
+    gk: FloatArray
+    bq: FloatArray | None = None
+    bk: FloatArray | None = None
+    bv: FloatArray | None = None
+    bo: FloatArray | None = None
+    b1: FloatArray | None = None
+    b2: FloatArray | None = None
+    attention_norm: Norm | None = None
+    ffn_norm: Norm | None = None
+    output_norm: Norm | None = None
+
+
+@dataclass(frozen=True)
+class Head:
+    r"""The pooler :math:`p_{\tanh}(x W_p + b_p)`, the classifier :math:`x W_c + b_c`.
+
+    A zero public matrix with the client's encrypted one in the LoRA dictionary
+    (keys ``"pool"``, ``"classifier"``) is a personal head.
+    """
+
+    pool: FloatArray
+    tanh: FloatArray
+    classifier: FloatArray
+    stage: str
+    pool_bias: FloatArray | None = None
+    classifier_bias: FloatArray | None = None
+
+
+@dataclass(frozen=True)
+class Program:
+    """One model family's encrypted program: sizes, blocks, head.
+
+    ``kv_grouping`` orders the attention stage's refresh group: ``"kind"`` sends
+    Q, every rolled K, then every rolled V; ``"shift"`` sends Q, then K and V of
+    each shift. The order is part of the public schedule (per-ciphertext bounds).
+    """
+
+    family: str
+    n_tokens: int
+    d: int
+    heads: int
+    n_classes: int
+    blocks: tuple[Block, ...]
+    head: Head
+    kv_grouping: KVGrouping = "shift"
+
+    def __post_init__(self) -> None:
+        if self.kv_grouping not in ("kind", "shift"):
+            raise ValueError(
+                f"Program.kv_grouping must be 'kind' or 'shift', got "
+                f"{self.kv_grouping!r}"
+            )
+        if not self.blocks:
+            raise ValueError("Program.blocks must hold at least one block, got 0")
+
+
+def from_heformer(w: HEWeights) -> Program:
+    r"""The HEFormer as a program: one block, no biases, one LayerNorm (FFN branch).
+
+    The LayerNorm's Newton step is :math:`y(3 - s y^2)` (its 1/2 and the gain are
+    folded into :math:`W_1`) and its output is the centred values times
+    :math:`y` (no second matrix, no :math:`\beta`).
+    """
+    norm = Norm(w.centre, None, None, w.isqrt, 1, 3.0, "LayerNorm")
+    block = Block("", w.wq, w.wk, w.wv, w.wo, w.w1, w.act, w.w2, w.gk, ffn_norm=norm)
+    head = Head(w.pool, w.tanh, w.classifier, "head")
+    return Program(
+        "heformer", w.n_tokens, w.d, w.heads, w.n_classes, (block,), head, "kind"
+    )
+
+
+def _bert_norm(w: NormWeights, newton: int, stage: str) -> Norm:
+    return Norm(w.stats, w.out, w.beta, w.isqrt, newton, 1.5, stage)
+
+
+def from_bert(w: BertWeights) -> Program:
+    """The converted BERT as a program: post-LayerNorm blocks with biases."""
+    blocks = []
+    for i, b in enumerate(w.blocks):
+        norms = [
+            _bert_norm(norm, w.newton_steps, f"layer {i} LayerNorm {j}")
+            for j, norm in ((1, b.norm1), (2, b.norm2))
+        ]
+        blocks.append(
+            Block(
+                f"layer {i} ",
+                b.wq,
+                b.wk,
+                b.wv,
+                b.wo,
+                b.w1,
+                b.act,
+                b.w2,
+                b.gk,
+                b.bq,
+                b.bk,
+                b.bv,
+                b.bo,
+                b.b1,
+                b.b2,
+                attention_norm=norms[0],
+                output_norm=norms[1],
+            )
+        )
+    head = Head(w.pool, w.tanh, w.classifier, "pooler", w.pool_bias, w.classifier_bias)
+    return Program("bert", w.n_tokens, w.d, w.heads, w.n_classes, tuple(blocks), head)
+
+
+def depth(coefficients: FloatArray) -> int:
+    """Levels :meth:`~crypto.evaluator.Evaluator.poly` consumes for a polynomial."""
+    return math.ceil(math.log2(len(coefficients)))
