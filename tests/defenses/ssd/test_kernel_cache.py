@@ -242,3 +242,34 @@ def test_stamp_covers_helpers_in_other_files_and_their_constants(package):
         sys.modules.pop("kern", None)
         sys.modules.pop("helper", None)
     assert len({before, edited, rescaled}) == 3
+
+
+@pytest.mark.slow
+def test_the_warm_up_compiles_every_path_a_call_takes():
+    """After ``warmup.run()`` no public call compiles another version of a kernel."""
+    import numpy as np
+
+    from defenses.ssd import StealthyShield, water_filling
+    from defenses.ssd.kernels import blake2b, projection, shield, small, warmup
+
+    kernels = (
+        shield.shield_rows,
+        small.shield_rows_small,
+        blake2b.blake2b_rows,
+        projection.project_rows,
+    )
+    warmup.run()
+    warmed = [len(kernel.signatures) for kernel in kernels]
+    assert warmed == [2, 2, 1, 1]  # float32 and float64 rows; bytes; float64
+    rng = np.random.default_rng(1)
+    for k in (2, 10, 16, 17, 100):
+        val = rng.dirichlet(np.ones(k), size=3 * k)
+        fitted = StealthyShield(seed=0, seeding="input-hash")
+        fitted.fit(val, np.arange(3 * k) % k)
+        read_only = val.copy()
+        read_only.flags.writeable = False  # e.g. a memory map or a pandas buffer
+        for rows in (val, val.astype(np.float32), read_only):
+            fitted(rows, inputs=rows)
+            fitted.pseudo_labels(rows)
+        water_filling(read_only, read_only[::-1].copy(), np.ones(3 * k))
+    assert [len(kernel.signatures) for kernel in kernels] == warmed
