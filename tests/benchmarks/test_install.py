@@ -226,3 +226,31 @@ def test_every_docs_example_runs_against_the_installed_wheel(installed, code):
     script.write_text(code)
     done = installed.run(installed.python, script, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_readme_installs_from_a_checkout_or_a_wheel_and_sizes_every_extra():
+    """The package is not on PyPI: no install line may fetch it from there."""
+    import tomllib
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Install", 1)[1].split("\n## ", 1)[0]
+    commands = [
+        line.split("#")[0].strip()
+        for block in section.split("```bash")[1:]
+        for line in block.split("```")[0].splitlines()
+        if line.startswith("pip install")
+    ]
+    assert commands[0].startswith("pip install torch==2.13.0 --index-url")
+    for command in commands[1:]:
+        target = command.split()[-1].strip("'")
+        assert target.startswith((".[", "dist/")), command
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    for extra in set(extras) - {"dev"}:
+        row = next(
+            (x for x in section.splitlines() if x.startswith(f"| `'.[{extra}]'`")),
+            None,
+        )
+        assert row is not None, extra
+        assert re.search(r"\d+(\.\d+)? (MB|GB)", row), row
