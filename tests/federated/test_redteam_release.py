@@ -5,7 +5,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, ConfigRecord
 from flwr.common.logger import log
 
 from defense_suite.federated.client import (
@@ -249,3 +249,81 @@ def test_flowers_traceback_of_a_stopped_run_becomes_one_line():
         "run stopped: round 2: client 0 (node 100): refused: over-budget"
     )
     assert "Traceback" in seen[1]  # other exceptions keep their traceback
+
+
+def _opacus_app(X, y):
+    """A user's app on the Opacus path (mod, helper, make_private) over (X, y)."""
+    from flwr.app import Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+
+    from defense_suite.federated.flower import TimeAdaptiveClient, node_privacy
+
+    mod = TimeAdaptiveMod(node_privacy)
+    app = mod.register(ClientApp(mods=[mod]))
+
+    @app.train()
+    def train(msg, context):
+        rnd = TimeAdaptiveClient(node_privacy(context), context).round(msg)
+        net = torch.nn.Linear(X.shape[1], 3)
+        net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        model, optimizer, loader = rnd.make_private(
+            net, torch.optim.SGD(net.parameters(), lr=0.1),
+            torch.utils.data.TensorDataset(X, y), max_grad_norm=1.0,
+            public_examples=mod.public_examples(context),
+        )  # fmt: skip
+        for xb, yb in rnd.batches(loader):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            optimizer.step()
+        content = RecordDict(
+            {"arrays": ArrayRecord(net.state_dict()),
+             "metrics": MetricRecord({"num-examples": 1})}
+        )  # fmt: skip
+        return Message(content=content, reply_to=msg)
+
+    return app
+
+
+def test_neighbours_on_the_opacus_path_emit_the_same_transcript(tmp_path, monkeypatch):
+    """A float32 weight of 3e38 / t overflows the logits of the one record with
+    x_0 > t; with and without that record: released, finite, same structure."""
+    from flwr.serverapp.strategy import FedAvg
+
+    from defense_suite.federated.flower import TimeAdaptiveStrategy
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(60, 5, generator=g)
+    X[7, 0] = 5.0  # the target: the only record above t = 2
+    y = torch.randint(0, 3, (60,), generator=g)
+    crafted = torch.nn.Linear(5, 3).state_dict()
+    crafted["weight"][0, 0] = 3e38 / 2.0
+    probe = torch.nn.Linear(5, 3)
+    probe.load_state_dict(crafted)
+    with torch.no_grad():
+        overflowed = ~torch.isfinite(probe(X)).all(dim=1)
+    assert overflowed.nonzero().flatten().tolist() == [7]
+    agreement = {"epsilon": 8.0, "delta": 1e-5, "rounds": 3, "local-steps": 2,
+                 "sigma": 1.0, "spending": "uniform", "accountant": "rdp",
+                 "ledger-init": True, "public-num-examples": 60}  # fmt: skip
+    transcripts = []
+    for name, keep in (("with", slice(None)), ("without", torch.arange(60) != 7)):
+        monkeypatch.setenv("DEFENSE_SUITE_STATE_DIR", str(tmp_path / name))
+        grid = LoopbackGrid(
+            _opacus_app(X[keep], y[keep]), node_contexts(1, **{"0": agreement})
+        )
+        inner = FedAvg(fraction_evaluate=0.0, min_available_nodes=1, min_train_nodes=1)
+        strategy = TimeAdaptiveStrategy(inner)
+        for rnd in (1, 2, 3):
+            arrays = ArrayRecord(crafted)
+            messages = list(strategy.configure_train(rnd, arrays, ConfigRecord(), grid))
+            grid.send_and_receive(messages)
+        assert redteam.answers([grid]) == ["released"] * 3
+        assert rr.finite_replies(grid)
+        trains = [r for m, r in zip(grid.sent, grid.replies, strict=True)
+                  if m.metadata.message_type == "train"]  # fmt: skip
+        for reply in trains:  # the noised step, not a clamped NaN
+            weight, bias = reply.content["arrays"].to_numpy_ndarrays()
+            assert weight[0, 0] == crafted["weight"][0, 0].item()
+            assert (bias != crafted["bias"].numpy()).all()
+        transcripts.append(rr.transcript(grid))
+    assert transcripts[0] == transcripts[1]
