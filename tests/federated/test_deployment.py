@@ -25,9 +25,11 @@ BIN = Path(sys.executable).parent
 BUDGETS = (1.0, 3.0, 8.0)
 AGREEMENT = (
     'delta=1e-5 rounds=3 local-steps=4 sigma=1.0 spending="time-adaptive" '
-    'save-fraction=0.5 save-ratio=0.7 accountant="rdp"'
+    'save-fraction=0.5 save-ratio=0.7 accountant="rdp" '
+    "data-seed=0 public-num-examples=400"
 )
-"""Each SuperNode's own privacy agreement (a deployment reads no run config)."""
+"""Each SuperNode's own privacy agreement and data (a deployment reads no run
+config): its public record count and the seed of its partition and public split."""
 
 
 def _free_port():

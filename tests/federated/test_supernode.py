@@ -106,8 +106,7 @@ def test_supernodes_started_by_the_command_refuse_an_unverified_fab(tmp_path):
                 "--trusted-entities", str(trusted),
                 "--node-config",
                 f"partition-id={i} num-partitions=3 epsilon={BUDGETS[i]} "
-                f'{AGREEMENT} ledger-init=true ledger-path="{tmp_path}/l{i}.json" '
-                f"data-seed=3 public-num-examples=400",
+                f'{AGREEMENT} ledger-init=true ledger-path="{tmp_path}/l{i}.json"',
             ], env=env, stdout=out, stderr=subprocess.STDOUT))  # fmt: skip
         unverified = subprocess.run(
             [sys.executable, "-m", "defense_suite.federated", "supernode",
