@@ -90,13 +90,18 @@ def exact_alpha(alpha: float) -> Fraction:
     r"""The miscoverage level as an exact fraction: the level the user wrote.
 
     One minus the shortest decimal that rounds to the float ``1 - alpha`` (the
-    ``confidence_level``): ``exact_alpha(1 - 0.9) == Fraction(1, 10)``. If that
-    decimal is 0 or 1 (``alpha`` below the float spacing near 1), the float
-    ``alpha`` itself, exactly.
+    ``confidence_level``): ``exact_alpha(1 - 0.9) == Fraction(1, 10)``. A decimal
+    of more than 15 significant digits is the rounding noise of ``1 - (1 -
+    level)`` (``confidence_level=0.1`` gives ``1 - 0.9 = 0.09999999999999998``)
+    and is rounded to 15. If the result is 0 or 1 (``alpha`` below the float
+    spacing near 1), the float ``alpha`` itself, exactly.
     """
     a = check_alpha(alpha)
-    level = Fraction(repr(1.0 - a))
-    exact = 1 - level
+    text = repr(1.0 - a)
+    digits = text.lower().split("e")[0].replace("-", "").replace(".", "").strip("0")
+    if len(digits) > 15:  # the noise of 1 - (1 - level), e.g. 0.09999999999999998
+        text = f"{1.0 - a:.15g}"
+    exact = 1 - Fraction(text)
     if not 0 < exact < 1:
         return Fraction(a)
     return exact

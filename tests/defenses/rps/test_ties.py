@@ -184,13 +184,15 @@ def test_training_radius_at_ties_and_ulps_either_side(k, classes, data, steps):
         assert got == truth
 
 
-@pytest.mark.parametrize("level", [0.5, 0.75, 0.8, 0.9, 0.95, 0.98, 0.99, 0.7])
+@pytest.mark.parametrize(
+    "level", [0.5, 0.75, 0.8, 0.9, 0.95, 0.98, 0.99, 0.7, 0.1, 0.3, 0.55, 0.999]
+)
 def test_ranks_are_exact_where_n_plus_one_alpha_is_whole(level):
     alpha = 1.0 - level
     exact = 1 - Fraction(str(level))
     assert exact_alpha(alpha) == exact
     whole = 0
-    for n in range(1, 600):
+    for n in range(1, 1100):
         product = (n + 1) * exact
         assert textbook_rank(n, alpha) == min(int(product), n)
         assert part_rank(n, alpha, 1, "exact") == textbook_rank(n, alpha)
