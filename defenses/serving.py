@@ -80,6 +80,7 @@ __all__ = [
     "Refusal",
     "StateError",
     "check_batch",
+    "check_output_width",
     "guarded",
     "input_limit",
     "load_inner",
@@ -205,6 +206,33 @@ def load_inner(directory: Path, kind: str, layout: Layout) -> Scorer:
     model = mlflow.pyfunc.load_model(str(directory))
     names = list(layout.feature_names)
     return lambda batch: np.asarray(model.predict(pd.DataFrame(batch, columns=names)))
+
+
+def check_output_width(scorer: Scorer, layout: Layout, width: int, where: str) -> None:
+    """Refuse a wrapped model whose answer to one row is not ``(1, width)``.
+
+    The consistency of a loaded model with the defense saved beside it: a shield
+    fitted on K classes (prototypes (K, K)) wraps a model with K outputs. The probe
+    is one row of zeros in the layout's dtype.
+
+    Raises
+    ------
+    StateError
+        Naming ``where`` (the model's folder), the shape it answered and ``width``.
+    """
+    probe = np.zeros((1, layout.n_features), dtype=layout.dtype)
+    try:
+        shape = tuple(np.shape(np.asarray(scorer(probe))))
+    except Exception as error:
+        raise StateError(
+            f"{where}: the wrapped model fails on one row of zeros "
+            f"({type(error).__name__}: {error})"
+        ) from None
+    if shape != (1, width):
+        raise StateError(
+            f"{where}: the wrapped model answers shape {shape} for one row; the "
+            f"saved defense was made for {width} classes, (1, {width})"
+        )
 
 
 def save_shielded(

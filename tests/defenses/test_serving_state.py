@@ -220,3 +220,18 @@ def test_an_untouched_model_loads_after_a_reseal(tmp_path):
     root = _saved_ssd(tmp_path)
     reseal(root)
     assert mlflow.pyfunc.load_model(str(root)).predict(X[:2]).shape == (2, 3)
+
+
+def test_a_wrapped_model_of_another_width_is_refused(tmp_path):
+    from defenses.serving import check_output_width, load_inner, read_shielded
+
+    root = _saved_ssd(tmp_path)
+    folder = root / "data" / "shield"
+    state, config = read_shielded(folder)
+    layout = Layout.from_json(config["layout"])
+    scorer = load_inner(folder / "model", config["models"]["model"], layout)
+    check_output_width(scorer, layout, state["prototypes"].shape[0], "model")
+    with pytest.raises(StateError, match=r"answers shape \(1, 3\) for one row"):
+        check_output_width(scorer, layout, 4, "data/shield/model")
+    with pytest.raises(StateError, match="fails on one row of zeros"):
+        check_output_width(lambda batch: 1 / 0, layout, 3, "data/shield/model")
