@@ -150,6 +150,11 @@ def check_restored(rps: Any, parts: list[Any]) -> None:
                 f"of shape {np.asarray(rps.thresholds_).shape} differ from the "
                 f"threshold bounds at radius 0 of {name}",
             )
+    for name, field in (("tau_hat_", "tau_hat"), ("guard_", "guard")):
+        stored = np.atleast_1d(np.asarray(getattr(rps, name))).tolist()
+        expected = [getattr(b, field) for b in levels]
+        if stored != expected:
+            raise _fail(name, f"is {stored}, expected {expected} (the levels')")
     if rps.part_thresholds_ is not levels[0] and not (
         np.array_equal(rps.part_thresholds_.lower, levels[0].lower)
         and np.array_equal(rps.part_thresholds_.upper, levels[0].upper)

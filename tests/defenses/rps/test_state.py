@@ -99,3 +99,10 @@ def test_a_part_of_another_task_is_refused(saved):
     parts[2] = LogisticRegression(max_iter=200).fit(X, y)
     with pytest.raises(ValueError, match=r"part 2 predicts labels"):
         rps_mlflow.restore(state, config, parts)
+
+
+def test_a_top_level_attribute_out_of_step_with_the_levels_is_refused(saved):
+    _, state, config, parts = edited(saved)
+    config["fitted"]["guard_"] = 999
+    with pytest.raises(ValueError, match=r"guard_ is \[999\]"):
+        rps_mlflow.restore(state, config, parts)
