@@ -29,6 +29,7 @@ from .ckks import CKKSParams
 from .evaluator import Evaluator, NumpyBackend, Value
 from .heval_bert import BertWeights, forward, lora_factors
 from .packing import pack, roll_tokens, unit
+from .program import from_bert, simulation
 from .schedule import Recorder, Schedule, Step, safe_bound
 
 if TYPE_CHECKING:
@@ -93,24 +94,15 @@ def simulate(
     n = w.n_tokens
     slots = model.check_ids(ids, mask)[0].shape[0] * n
     z, masks, batch = pack_inputs(model, ids, mask, slots)
-    backend = NumpyBackend(noise, rng)
-
-    def fresh(values: list[Value]) -> list[Value]:
-        return [Value(backend._n(np.asarray(v.handle))) for v in values]
-
-    def roll(values: list[Value], count: int) -> list[list[Value]]:
-        return [
-            [Value(backend._n(roll_tokens(np.asarray(v.handle), n, s))) for v in values]
-            for s in range(count)
-        ]
-
-    ev = Evaluator(backend, max_level, fresh)
-    lora = {k: unit(lambda x: x, M) for k, M in lora_factors(model).items()}
-    logits = forward(
-        ev, w, [Value(v) for v in z], [Value(m) for m in masks], lora, roll
+    return simulation.simulate(
+        from_bert(w),
+        z,
+        lora_factors(model),
+        batch,
+        max_level,
+        NumpyBackend(noise, rng),
+        masks=masks,
     )
-    cls = np.stack([np.asarray(v.handle)[: batch * n : n] for v in logits], axis=1)
-    return cls, dict(ev.counts)
 
 
 def inference_schedule(model: HEBert, params: CKKSParams, slots: int) -> Schedule:

@@ -33,22 +33,35 @@ it by Newton steps :math:`y \leftarrow y(3/2 - \sigma y^2)` (the 1/2 folded into
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from defenses.arrays import FloatArray
 
+from . import program
 from .evaluator import Evaluator, Roll, Value
-from .heval import gk_attention
+from .program import blocks
+from .program.attention import gk_attention
+from .program.blocks import affine
+from .program.forward import Trace, attention
+from .program.spec import bert_block, bert_norm, depth, from_bert
+
+__all__ = [
+    "LORA",
+    "BertWeights",
+    "BlockWeights",
+    "NormWeights",
+    "affine",
+    "depth",
+    "encode",
+    "forward",
+    "gk_attention",
+    "layer_norm",
+    "lora_factors",
+]
 
 LORA = ("q", "k", "v")
-
-
-def depth(coefficients: FloatArray) -> int:
-    """Levels :meth:`~crypto.evaluator.Evaluator.poly` consumes for a polynomial."""
-    return math.ceil(math.log2(len(coefficients)))
 
 
 @dataclass(frozen=True)
@@ -199,33 +212,11 @@ def lora_factors(model: object) -> dict[str, FloatArray]:
     return out
 
 
-def affine(
-    ev: Evaluator, xs: Sequence[Value], W: FloatArray, b: FloatArray
-) -> list[Value]:
-    r""":math:`y_f = \sum_g x_g W_{gf} + b_f` (public W and b; one level)."""
-    return [
-        ev.shift(y, float(bias)) for y, bias in zip(ev.linear(xs, W), b, strict=True)
-    ]
-
-
 def layer_norm(
     ev: Evaluator, x: list[Value], w: NormWeights, newton: int, stage: str
 ) -> list[Value]:
     """The polynomial LayerNorm of the module docstring on packed features."""
-    x = ev.ensure(x, 2, f"{stage} statistics")
-    centred = ev.linear(x, w.stats)
-    scaled = ev.linear(x, w.out)
-    sigma = ev.total([ev.square(c) for c in centred])
-    [sigma] = ev.ensure([sigma], depth(w.isqrt), f"{stage} inverse sqrt")
-    y = ev.poly(sigma, w.isqrt)
-    for _ in range(newton):
-        sigma, y = ev.ensure([sigma, y], 3, f"{stage} Newton")
-        y = ev.mul(y, ev.shift(ev.neg(ev.mul(sigma, ev.square(y))), 1.5))
-    both = ev.ensure([*scaled, y], 1, f"{stage} scale")
-    return [
-        ev.shift(ev.mul(s, both[-1]), float(b))
-        for s, b in zip(both[:-1], w.beta, strict=True)
-    ]
+    return blocks.layer_norm(ev, x, bert_norm(w, newton, stage))
 
 
 def _mapped(
@@ -236,14 +227,8 @@ def _mapped(
     coefficients: FloatArray,
     stage: str,
 ) -> list[Value]:
-    """``p(x W + b)``, refreshing ``x`` once if the chain allows, else in two steps."""
-    need = 1 + depth(coefficients)
-    if need + 1 <= ev.max_level:  # room for the next linear map too
-        x = ev.ensure(x, need + 1, stage)
-        return [ev.poly(t, coefficients) for t in affine(ev, x, W, b)]
-    x = ev.ensure(x, 1, stage)
-    pre = ev.ensure(affine(ev, x, W, b), depth(coefficients), f"{stage} polynomial")
-    return [ev.poly(t, coefficients) for t in pre]
+    """``p(x W + b)`` (:func:`crypto.program.blocks.mapped`)."""
+    return blocks.mapped(ev, x, W, b, coefficients, stage)
 
 
 def _attention(
@@ -257,22 +242,10 @@ def _attention(
     i: int,
 ) -> list[Value]:
     """Block ``i``'s masked Gaussian-kernel attention, projected (``z``'s level + 1)."""
-    d, n = w.d, w.n_tokens
-    z = ev.ensure(z, 2, f"layer {i} qkv")
-    proj = {}
-    for name, W, b in (("q", bw.wq, bw.bq), ("k", bw.wk, bw.bk), ("v", bw.wv, bw.bv)):
-        low = ev.lora(z, W, lora[f"layer {i} {name}_a"], lora[f"layer {i} {name}_b"])
-        proj[name] = [ev.shift(y, float(c)) for y, c in zip(low, b, strict=True)]
-    rolled = roll(proj["k"] + proj["v"], n)
-    ev.note("roll_rounds")
-    flat = proj["q"] + [x for r in rolled for x in r]
-    flat = ev.ensure(flat, 5, f"layer {i} attention")
-    q = flat[:d]
-    copies = [flat[d + s * 2 * d : d + (s + 1) * 2 * d] for s in range(n)]
-    ks = [c[:d] for c in copies]
-    vs = [[ev.mul(x, masks[s]) for x in c[d:]] for s, c in enumerate(copies)]
-    attended = gk_attention(ev, q, ks, vs, w.heads, bw.gk)
-    return ev.ensure(attended, 1, f"layer {i} output projection")
+    p = from_bert(w)
+    return attention(
+        ev, p, bert_block(bw, i, w.newton_steps), z, lora, roll, masks=masks
+    )
 
 
 def forward(
@@ -282,15 +255,15 @@ def forward(
     masks: list[Value],
     lora: dict[str, list[list[Value]]],
     roll: Roll,
+    trace: Trace | None = None,
 ) -> list[Value]:
     """Logits on every slot from the client's embeddings ``z`` (the CLS slots count).
 
     ``masks`` are the ``n`` key-weight values :math:`M_s` (module docstring);
-    ``roll`` asks the key owner for rolled fresh copies of K and V.
+    ``roll`` asks the key owner for rolled fresh copies of K and V. The program of
+    :func:`crypto.program.forward` on :func:`crypto.program.from_bert`.
     """
-    pooled = encode(ev, w, z, masks, lora, roll)
-    pooled = ev.ensure(pooled, 1, "classifier")
-    return affine(ev, pooled, w.classifier, w.classifier_bias)
+    return program.forward(ev, from_bert(w), z, lora, roll, masks=masks, trace=trace)
 
 
 def encode(
@@ -300,21 +273,7 @@ def encode(
     masks: list[Value],
     lora: dict[str, list[list[Value]]],
     roll: Roll,
+    trace: Trace | None = None,
 ) -> list[Value]:
     """The pooler's output on every slot (the encoder and the tanh pooler)."""
-    d, n = w.d, w.n_tokens
-    if len(z) != d:
-        raise ValueError(f"expected {d} feature values, got {len(z)}")
-    if len(masks) != n:
-        raise ValueError(f"expected {n} key-weight values, got {len(masks)}")
-    for i, bw in enumerate(w.blocks):
-        attended = _attention(ev, w, bw, z, masks, lora, roll, i)
-        projected = affine(ev, attended, bw.wo, bw.bo)
-        h = [ev.add(a, b) for a, b in zip(z, projected, strict=True)]
-        h = layer_norm(ev, h, bw.norm1, w.newton_steps, f"layer {i} LayerNorm 1")
-        hidden = _mapped(ev, h, bw.w1, bw.b1, bw.act, f"layer {i} feed-forward")
-        hidden = ev.ensure(hidden, 1, f"layer {i} feed-forward output")
-        ffn = affine(ev, hidden, bw.w2, bw.b2)
-        out = [ev.add(a, b) for a, b in zip(h, ffn, strict=True)]
-        z = layer_norm(ev, out, bw.norm2, w.newton_steps, f"layer {i} LayerNorm 2")
-    return _mapped(ev, z, w.pool, w.pool_bias, w.tanh, "pooler")
+    return program.encode(ev, from_bert(w), z, lora, roll, masks=masks, trace=trace)

@@ -31,7 +31,7 @@ from defenses.arrays import FloatArray
 
 if TYPE_CHECKING:
     from ..heval import HEWeights
-    from ..heval_bert import BertWeights, NormWeights
+    from ..heval_bert import BertWeights, BlockWeights, NormWeights
 
 KVGrouping = Literal["kind", "shift"]
 
@@ -143,41 +143,26 @@ def from_heformer(w: HEWeights) -> Program:
     )
 
 
-def _bert_norm(w: NormWeights, newton: int, stage: str) -> Norm:
+def bert_norm(w: NormWeights, newton: int, stage: str) -> Norm:
+    r"""A converted BERT LayerNorm: its Newton step is :math:`y(3/2 - \sigma y^2)`."""
     return Norm(w.stats, w.out, w.beta, w.isqrt, newton, 1.5, stage)
+
+
+def bert_block(b: BlockWeights, i: int, newton: int) -> Block:
+    """Block ``i`` of a converted BERT: biases, LayerNorms after attention and FFN."""
+    return Block(
+        f"layer {i} ", b.wq, b.wk, b.wv, b.wo, b.w1, b.act, b.w2, b.gk,
+        b.bq, b.bk, b.bv, b.bo, b.b1, b.b2,
+        attention_norm=bert_norm(b.norm1, newton, f"layer {i} LayerNorm 1"),
+        output_norm=bert_norm(b.norm2, newton, f"layer {i} LayerNorm 2"),
+    )  # fmt: skip
 
 
 def from_bert(w: BertWeights) -> Program:
     """The converted BERT as a program: post-LayerNorm blocks with biases."""
-    blocks = []
-    for i, b in enumerate(w.blocks):
-        norms = [
-            _bert_norm(norm, w.newton_steps, f"layer {i} LayerNorm {j}")
-            for j, norm in ((1, b.norm1), (2, b.norm2))
-        ]
-        blocks.append(
-            Block(
-                f"layer {i} ",
-                b.wq,
-                b.wk,
-                b.wv,
-                b.wo,
-                b.w1,
-                b.act,
-                b.w2,
-                b.gk,
-                b.bq,
-                b.bk,
-                b.bv,
-                b.bo,
-                b.b1,
-                b.b2,
-                attention_norm=norms[0],
-                output_norm=norms[1],
-            )
-        )
+    blocks = tuple(bert_block(b, i, w.newton_steps) for i, b in enumerate(w.blocks))
     head = Head(w.pool, w.tanh, w.classifier, "pooler", w.pool_bias, w.classifier_bias)
-    return Program("bert", w.n_tokens, w.d, w.heads, w.n_classes, tuple(blocks), head)
+    return Program("bert", w.n_tokens, w.d, w.heads, w.n_classes, blocks, head)
 
 
 def depth(coefficients: FloatArray) -> int:
