@@ -192,10 +192,15 @@ class VAEInterface:
         """The fused interval arithmetic of :mod:`defenses.civet.fused`, if it applies.
 
         Only for the built-in container whose parts are chains of Linear and
-        monotone layers; the same rules as the graph path, fewer tensor operations.
+        monotone layers, called through its own ``encode`` / ``decode`` (not
+        replaced on the instance); the same rules as the graph path, fewer tensor
+        operations.
         """
         if not self._fused:
-            self._fused.append(fused_parts(self.module))
+            plain = (self.encode_name, self.decode_name) == ("encode", "decode")
+            patched = {"encode", "decode", "forward"} & set(vars(self.module))
+            fast = fused_parts(self.module) if plain and not patched else None
+            self._fused.append(fast)
         return self._fused[0]
 
     def latent_bounds(self, box: Box) -> tuple[Box, Box]:

@@ -77,6 +77,13 @@ def test_fusion_applies_to_plain_chains_of_the_container_only() -> None:
     assert fused_parts(model) is None
 
 
+def test_a_method_replaced_on_the_instance_takes_the_graph_path() -> None:
+    model = mlp_vae(16, 2, (8,), generator(0))
+    model.decode = lambda z: 1.0 - model.decoder(z)  # type: ignore[method-assign]
+    assert as_vae(model, inputs()).fused() is None
+    assert as_vae(mlp_vae(16, 2, (8,), generator(0)), inputs()).fused() is not None
+
+
 def test_sampled_levels_have_the_stated_law() -> None:
     weights = layer_cake_weights((0.5, 0.75, 0.9, 0.95))
     g = generator(0)
