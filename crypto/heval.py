@@ -172,9 +172,8 @@ def forward(
     :func:`crypto.program.forward` on :func:`crypto.program.from_heformer`;
     ``trace`` receives its activations.
     """
-    return program.forward(
-        ev, program.from_heformer(w), z, lora, roll, rolled_z, trace=trace
-    )
+    run = program.Run(ev, lora, roll, rolled_z, trace=trace)
+    return program.forward(run, program.from_heformer(w), z)
 
 
 def simulate(

@@ -44,8 +44,8 @@ from .evaluator import Evaluator, Roll, Value
 from .program import blocks
 from .program.attention import gk_attention
 from .program.blocks import affine
-from .program.forward import Trace, attention
-from .program.spec import bert_block, bert_norm, depth, from_bert
+from .program.forward import Run, Trace, attention
+from .program.spec import Affine, bert_block, bert_norm, depth, from_bert
 
 __all__ = [
     "LORA",
@@ -228,7 +228,7 @@ def _mapped(
     stage: str,
 ) -> list[Value]:
     """``p(x W + b)`` (:func:`crypto.program.blocks.mapped`)."""
-    return blocks.mapped(ev, x, W, b, coefficients, stage)
+    return blocks.mapped(ev, x, Affine(W, b), coefficients, stage)
 
 
 def _attention(
@@ -242,10 +242,8 @@ def _attention(
     i: int,
 ) -> list[Value]:
     """Block ``i``'s masked Gaussian-kernel attention, projected (``z``'s level + 1)."""
-    p = from_bert(w)
-    return attention(
-        ev, p, bert_block(bw, i, w.newton_steps), z, lora, roll, masks=masks
-    )
+    run = Run(ev, lora, roll, masks=masks)
+    return attention(run, from_bert(w), bert_block(bw, i, w.newton_steps), z)
 
 
 def forward(
@@ -263,7 +261,7 @@ def forward(
     ``roll`` asks the key owner for rolled fresh copies of K and V. The program of
     :func:`crypto.program.forward` on :func:`crypto.program.from_bert`.
     """
-    return program.forward(ev, from_bert(w), z, lora, roll, masks=masks, trace=trace)
+    return program.forward(Run(ev, lora, roll, None, masks, trace), from_bert(w), z)
 
 
 def encode(
@@ -276,4 +274,4 @@ def encode(
     trace: Trace | None = None,
 ) -> list[Value]:
     """The pooler's output on every slot (the encoder and the tanh pooler)."""
-    return program.encode(ev, from_bert(w), z, lora, roll, masks=masks, trace=trace)
+    return program.encode(Run(ev, lora, roll, None, masks, trace), from_bert(w), z)

@@ -11,14 +11,25 @@ from __future__ import annotations
 
 from .attention import SoftmaxPolys, gk_attention, softmax_attention
 from .blocks import affine, layer_norm, mapped, project
-from .forward import Trace, encode, forward
-from .spec import Block, Head, Norm, Program, depth, from_bert, from_heformer
+from .forward import Run, Trace, encode, forward
+from .spec import (
+    Affine,
+    Block,
+    Head,
+    Norm,
+    Program,
+    depth,
+    from_bert,
+    from_heformer,
+)
 
 __all__ = [
+    "Affine",
     "Block",
     "Head",
     "Norm",
     "Program",
+    "Run",
     "SoftmaxPolys",
     "Trace",
     "affine",

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from defenses.arrays import FloatArray
 
 from ..evaluator import Evaluator, Value
-from .spec import Norm, depth
+from .spec import Affine, Norm, depth
 
 
 def affine(
@@ -31,25 +31,24 @@ def affine(
 def project(
     ev: Evaluator,
     xs: Sequence[Value],
-    W: FloatArray,
-    b: FloatArray | None,
+    lin: Affine,
     secret: Sequence[Sequence[Value]] | None = None,
 ) -> list[Value]:
     r"""An affine map whose matrix is public, or the client's encrypted one.
 
     With ``secret`` (an encrypted ``(in, out)`` matrix, one value per entry),
     :math:`y_f = \sum_g x_g S_{gf}` by ciphertext products (one level) replaces
-    the public ``W``.
+    the public ``lin.weight``; ``lin.bias`` is added either way.
     """
     if secret is None:
-        return affine(ev, xs, W, b)
+        return affine(ev, xs, lin.weight, lin.bias)
     ys = [
         ev.total([ev.mul(xs[g], secret[g][f]) for g in range(len(xs))])
         for f in range(len(secret[0]))
     ]
-    if b is None:
+    if lin.bias is None:
         return ys
-    return [ev.shift(y, float(c)) for y, c in zip(ys, b, strict=True)]
+    return [ev.shift(y, float(c)) for y, c in zip(ys, lin.bias, strict=True)]
 
 
 def layer_norm(ev: Evaluator, x: list[Value], w: Norm) -> list[Value]:
@@ -80,8 +79,7 @@ def layer_norm(ev: Evaluator, x: list[Value], w: Norm) -> list[Value]:
 def mapped(
     ev: Evaluator,
     x: list[Value],
-    W: FloatArray,
-    b: FloatArray | None,
+    lin: Affine,
     coefficients: FloatArray,
     stage: str,
     secret: Sequence[Sequence[Value]] | None = None,
@@ -95,9 +93,9 @@ def mapped(
     need = 1 + depth(coefficients)
     if need + 1 <= ev.max_level:  # room for the next linear map too
         x = ev.ensure(x, need + 1, stage)
-        return [ev.poly(t, coefficients) for t in project(ev, x, W, b, secret)]
+        return [ev.poly(t, coefficients) for t in project(ev, x, lin, secret)]
     x = ev.ensure(x, 1, stage)
-    pre = project(ev, x, W, b, secret)
+    pre = project(ev, x, lin, secret)
     pre = ev.ensure(pre, depth(coefficients), f"{stage} polynomial")
     return [ev.poly(t, coefficients) for t in pre]
 

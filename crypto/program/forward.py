@@ -27,6 +27,7 @@ stage, named ``f"{prefix}{site}"``, for a backward pass to read.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ..evaluator import Evaluator, Roll, Value
 from .attention import gk_attention
@@ -40,49 +41,56 @@ ATTENTION_LEVELS = 5
 """Levels of the attention stage: distance (1), kernel (3), weighting (1)."""
 
 
-def _keep(trace: Trace | None, name: str, values: Sequence[Value]) -> None:
-    if trace is not None:
-        trace[name] = list(values)
+@dataclass
+class Run:
+    """What one evaluation brings besides the weights and the embeddings.
+
+    The evaluator, the client's encrypted factors, the key owner's ``roll`` or the
+    client's ``rolled_z``, the optional key weights ``masks``, the optional
+    ``trace`` to fill.
+    """
+
+    ev: Evaluator
+    lora: Lora
+    roll: Roll | None = None
+    rolled_z: list[list[Value]] | None = None
+    masks: list[Value] | None = None
+    trace: Trace | None = None
+
+    def keep(self, name: str, values: Sequence[Value]) -> None:
+        """Record ``values`` in the trace (if any) under ``name``."""
+        if self.trace is not None:
+            self.trace[name] = list(values)
+
+    def qkv(self, b: Block, z: list[Value], name: str) -> list[Value]:
+        """Projection ``name`` of ``z``: public map plus the client's LoRA product."""
+        lin = {"q": b.q, "k": b.k, "v": b.v}[name]
+        A, B = self.lora[f"{b.prefix}{name}_a"], self.lora[f"{b.prefix}{name}_b"]
+        low = self.ev.lora(z, lin.weight, A, B)
+        if lin.bias is None:
+            return low
+        return [self.ev.shift(y, float(c)) for y, c in zip(low, lin.bias, strict=True)]
 
 
-def _qkv(ev: Evaluator, b: Block, z: list[Value], name: str, lora: Lora) -> list[Value]:
-    W, bias = {"q": (b.wq, b.bq), "k": (b.wk, b.bk), "v": (b.wv, b.bv)}[name]
-    low = ev.lora(z, W, lora[f"{b.prefix}{name}_a"], lora[f"{b.prefix}{name}_b"])
-    if bias is None:
-        return low
-    return [ev.shift(y, float(c)) for y, c in zip(low, bias, strict=True)]
-
-
-def attention(
-    ev: Evaluator,
-    p: Program,
-    b: Block,
-    z: list[Value],
-    lora: Lora,
-    roll: Roll | None,
-    rolled_z: list[list[Value]] | None = None,
-    masks: list[Value] | None = None,
-    trace: Trace | None = None,
-) -> list[Value]:
+def attention(r: Run, p: Program, b: Block, z: list[Value]) -> list[Value]:
     """The block's attention output, ready for the output projection (1 level)."""
-    d, n, pre = p.d, p.n_tokens, b.prefix
+    ev, d, n, pre = r.ev, p.d, p.n_tokens, b.prefix
     zq = ev.ensure(z, 2, f"{pre}qkv")
-    q = _qkv(ev, b, zq, "q", lora)
-    if rolled_z is None:
-        if roll is None:
+    q = r.qkv(b, zq, "q")
+    if r.rolled_z is None:
+        if r.roll is None:
             raise ValueError("give roll (interactive) or rolled_z")
-        k, v = _qkv(ev, b, zq, "k", lora), _qkv(ev, b, zq, "v", lora)
-        rolled = roll(k + v, n)
+        rolled = r.roll(r.qkv(b, zq, "k") + r.qkv(b, zq, "v"), n)
         ev.note("roll_rounds")
-        ks, vs = [r[:d] for r in rolled], [r[d:] for r in rolled]
+        ks, vs = [c[:d] for c in rolled], [c[d:] for c in rolled]
     else:
         ks, vs = [], []
-        for zs in rolled_z:
+        for zs in r.rolled_z:
             zs = ev.ensure(zs, 2, f"{pre}qkv")
-            ks.append(_qkv(ev, b, zs, "k", lora))
-            vs.append(_qkv(ev, b, zs, "v", lora))
+            ks.append(r.qkv(b, zs, "k"))
+            vs.append(r.qkv(b, zs, "v"))
     if p.kv_grouping == "kind":
-        flat = q + [x for r in ks for x in r] + [x for r in vs for x in r]
+        flat = q + [x for c in ks for x in c] + [x for c in vs for x in c]
         flat = ev.ensure(flat, ATTENTION_LEVELS, f"{pre}attention")
         ks = [flat[d + s * d : d + (s + 1) * d] for s in range(n)]
         vs = [flat[d + n * d + s * d : d + n * d + (s + 1) * d] for s in range(n)]
@@ -92,111 +100,77 @@ def attention(
         copies = [flat[d + s * 2 * d : d + (s + 1) * 2 * d] for s in range(n)]
         ks, vs = [c[:d] for c in copies], [c[d:] for c in copies]
     q = flat[:d]
-    if masks is not None:
-        vs = [[ev.mul(x, masks[s]) for x in row] for s, row in enumerate(vs)]
-    _keep(trace, f"{pre}q", q)
-    _keep(trace, f"{pre}k", [x for r in ks for x in r])
-    _keep(trace, f"{pre}v", [x for r in vs for x in r])
+    if r.masks is not None:
+        vs = [[ev.mul(x, r.masks[s]) for x in c] for s, c in enumerate(vs)]
+    r.keep(f"{pre}q", q)
+    r.keep(f"{pre}k", [x for c in ks for x in c])
+    r.keep(f"{pre}v", [x for c in vs for x in c])
     attended = gk_attention(ev, q, ks, vs, p.heads, b.gk)
     attended = ev.ensure(attended, 1, f"{pre}output projection")
-    _keep(trace, f"{pre}attended", attended)
+    r.keep(f"{pre}attended", attended)
     return attended
 
 
-def block(
-    ev: Evaluator,
-    p: Program,
-    b: Block,
-    z: list[Value],
-    lora: Lora,
-    roll: Roll | None,
-    rolled_z: list[list[Value]] | None = None,
-    masks: list[Value] | None = None,
-    trace: Trace | None = None,
-) -> list[Value]:
+def block(r: Run, p: Program, b: Block, z: list[Value]) -> list[Value]:
     """One block (:class:`~crypto.program.spec.Block`): the next block's input."""
-    pre = b.prefix
-    _keep(trace, f"{pre}input", z)
-    attended = attention(ev, p, b, z, lora, roll, rolled_z, masks, trace)
-    h = residual(ev, z, project(ev, attended, b.wo, b.bo))
+    ev, pre = r.ev, b.prefix
+    r.keep(f"{pre}input", z)
+    h = residual(ev, z, project(ev, attention(r, p, b, z), b.o))
     if b.attention_norm is not None:
         h = layer_norm(ev, h, b.attention_norm)
     u = h
     if b.ffn_norm is not None:  # the residual keeps the refreshed h
         h = ev.ensure(h, 2, f"{b.ffn_norm.stage} statistics")
         u = layer_norm(ev, h, b.ffn_norm)
-    _keep(trace, f"{pre}h", h)
-    _keep(trace, f"{pre}normed", u)
-    hidden = mapped(ev, u, b.w1, b.b1, b.act, f"{pre}feed-forward")
+    r.keep(f"{pre}h", h)
+    r.keep(f"{pre}normed", u)
+    hidden = mapped(ev, u, b.w1, b.act, f"{pre}feed-forward")
     hidden = ev.ensure(hidden, 1, f"{pre}feed-forward output")
-    _keep(trace, f"{pre}hidden", hidden)
-    out = residual(ev, h, project(ev, hidden, b.w2, b.b2))
+    r.keep(f"{pre}hidden", hidden)
+    out = residual(ev, h, project(ev, hidden, b.w2))
     if b.output_norm is not None:
         out = layer_norm(ev, out, b.output_norm)
-    _keep(trace, f"{pre}output", out)
+    r.keep(f"{pre}output", out)
     return out
 
 
-def encode(
-    ev: Evaluator,
-    p: Program,
-    z: list[Value],
-    lora: Lora,
-    roll: Roll | None = None,
-    rolled_z: list[list[Value]] | None = None,
-    masks: list[Value] | None = None,
-    trace: Trace | None = None,
-) -> list[Value]:
+def encode(r: Run, p: Program, z: list[Value]) -> list[Value]:
     """The pooler's output on every slot (every block, then the tanh pooler).
 
-    Give ``roll`` (the key owner returns rolled fresh copies of K and V) or, for a
-    one-block program, ``rolled_z`` (the client uploaded rolled copies of its
-    embeddings); ``masks`` are the ``n`` key-weight values of a padding mask.
+    ``r`` gives ``roll`` (the key owner returns rolled fresh copies of K and V) or,
+    for a one-block program, ``rolled_z`` (the client uploaded rolled copies of its
+    embeddings); ``masks`` are the ``n`` key-weight values of a padding mask;
+    ``trace`` receives every stage's activations (module docstring).
     """
     d, n = p.d, p.n_tokens
-    if (roll is None) == (rolled_z is None):
+    if (r.roll is None) == (r.rolled_z is None):
         raise ValueError("give exactly one of roll (interactive) or rolled_z")
     if len(z) != d:
         raise ValueError(f"expected {d} feature values, got {len(z)}")
-    if masks is not None and len(masks) != n:
-        raise ValueError(f"expected {n} key-weight values, got {len(masks)}")
-    if rolled_z is not None:
+    if r.masks is not None and len(r.masks) != n:
+        raise ValueError(f"expected {n} key-weight values, got {len(r.masks)}")
+    if r.rolled_z is not None:
         if len(p.blocks) != 1:
             raise ValueError(
                 f"rolled_z serves a one-block program; this one has {len(p.blocks)}"
             )
-        if len(rolled_z) != n:
-            raise ValueError(f"expected {n} rolled copies, got {len(rolled_z)}")
+        if len(r.rolled_z) != n:
+            raise ValueError(f"expected {n} rolled copies, got {len(r.rolled_z)}")
     for b in p.blocks:
-        z = block(ev, p, b, z, lora, roll, rolled_z, masks, trace)
-    pooled = mapped(
-        ev, z, p.head.pool, p.head.pool_bias, p.head.tanh, p.head.stage,
-        lora.get("pool"),
-    )  # fmt: skip
-    _keep(trace, "pooled", pooled)
+        z = block(r, p, b, z)
+    h = p.head
+    pooled = mapped(r.ev, z, h.pool, h.tanh, h.stage, r.lora.get("pool"))
+    r.keep("pooled", pooled)
     return pooled
 
 
-def forward(
-    ev: Evaluator,
-    p: Program,
-    z: list[Value],
-    lora: Lora,
-    roll: Roll | None = None,
-    rolled_z: list[list[Value]] | None = None,
-    masks: list[Value] | None = None,
-    trace: Trace | None = None,
-) -> list[Value]:
-    """Logits on every slot (the CLS slots are the answer); arguments of :func:`encode`.
+def forward(r: Run, p: Program, z: list[Value]) -> list[Value]:
+    """Logits on every slot (the CLS slots are the answer); ``r`` as in :func:`encode`.
 
     The classifier is public (``p.head.classifier``) or the client's encrypted
     ``lora["classifier"]``.
     """
-    pooled = encode(ev, p, z, lora, roll, rolled_z, masks, trace)
-    pooled = ev.ensure(pooled, 1, "classifier")
-    h = p.head
-    logits = project(
-        ev, pooled, h.classifier, h.classifier_bias, lora.get("classifier")
-    )
-    _keep(trace, "logits", logits)
+    pooled = r.ev.ensure(encode(r, p, z), 1, "classifier")
+    logits = project(r.ev, pooled, p.head.classifier, r.lora.get("classifier"))
+    r.keep("logits", logits)
     return logits

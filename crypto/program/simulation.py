@@ -15,7 +15,7 @@ from defenses.arrays import FloatArray
 
 from ..evaluator import Evaluator, NumpyBackend, Value
 from ..packing import roll_tokens, unit
-from .forward import forward
+from .forward import Run, forward
 from .spec import Program
 
 
@@ -65,11 +65,12 @@ def simulate(
     packed = [Value(v) for v in z]
     key_weights = None if masks is None else [Value(m) for m in masks]
     if interactive:
-        logits = forward(ev, p, packed, lora, owner.roll, masks=key_weights)
+        run = Run(ev, lora, owner.roll, masks=key_weights)
     else:
         rolled = [
             [Value(roll_tokens(v.handle, n, s)) for v in packed] for s in range(n)
         ]
-        logits = forward(ev, p, packed, lora, rolled_z=rolled, masks=key_weights)
+        run = Run(ev, lora, rolled_z=rolled, masks=key_weights)
+    logits = forward(run, p, packed)
     cls = np.stack([np.asarray(v.handle)[: batch * n : n] for v in logits], axis=1)
     return cls, dict(ev.counts)

@@ -57,28 +57,31 @@ class Norm:
 
 
 @dataclass(frozen=True)
+class Affine:
+    r"""A public affine map :math:`x W + b`, (in, out) layout; ``bias`` may be None."""
+
+    weight: FloatArray
+    bias: FloatArray | None = None
+
+
+@dataclass(frozen=True)
 class Block:
-    """One block's public weights, in (in, out) layout, scales folded (module doc).
+    """One block's public weights, scales folded (module doc).
 
     ``prefix`` starts the names of the block's refresh stages and of its LoRA
-    factors in the client's dictionary (``f"{prefix}q_a"``).
+    factors in the client's dictionary (``f"{prefix}q_a"``); ``gk`` and ``act``
+    are the kernel's and the activation's polynomials.
     """
 
     prefix: str
-    wq: FloatArray
-    wk: FloatArray
-    wv: FloatArray
-    wo: FloatArray
-    w1: FloatArray
+    q: Affine
+    k: Affine
+    v: Affine
+    o: Affine
+    w1: Affine
     act: FloatArray
-    w2: FloatArray
+    w2: Affine
     gk: FloatArray
-    bq: FloatArray | None = None
-    bk: FloatArray | None = None
-    bv: FloatArray | None = None
-    bo: FloatArray | None = None
-    b1: FloatArray | None = None
-    b2: FloatArray | None = None
     attention_norm: Norm | None = None
     ffn_norm: Norm | None = None
     output_norm: Norm | None = None
@@ -89,15 +92,14 @@ class Head:
     r"""The pooler :math:`p_{\tanh}(x W_p + b_p)`, the classifier :math:`x W_c + b_c`.
 
     A zero public matrix with the client's encrypted one in the LoRA dictionary
-    (keys ``"pool"``, ``"classifier"``) is a personal head.
+    (keys ``"pool"``, ``"classifier"``) is a personal head; ``stage`` names the
+    pooler's refresh.
     """
 
-    pool: FloatArray
+    pool: Affine
     tanh: FloatArray
-    classifier: FloatArray
+    classifier: Affine
     stage: str
-    pool_bias: FloatArray | None = None
-    classifier_bias: FloatArray | None = None
 
 
 @dataclass(frozen=True)
@@ -136,8 +138,9 @@ def from_heformer(w: HEWeights) -> Program:
     :math:`y` (no second matrix, no :math:`\beta`).
     """
     norm = Norm(w.centre, None, None, w.isqrt, 1, 3.0, "LayerNorm")
-    block = Block("", w.wq, w.wk, w.wv, w.wo, w.w1, w.act, w.w2, w.gk, ffn_norm=norm)
-    head = Head(w.pool, w.tanh, w.classifier, "head")
+    q, k, v, o, w1, w2 = (Affine(m) for m in (w.wq, w.wk, w.wv, w.wo, w.w1, w.w2))
+    block = Block("", q, k, v, o, w1, w.act, w2, w.gk, ffn_norm=norm)
+    head = Head(Affine(w.pool), w.tanh, Affine(w.classifier), "head")
     return Program(
         "heformer", w.n_tokens, w.d, w.heads, w.n_classes, (block,), head, "kind"
     )
@@ -151,17 +154,28 @@ def bert_norm(w: NormWeights, newton: int, stage: str) -> Norm:
 def bert_block(b: BlockWeights, i: int, newton: int) -> Block:
     """Block ``i`` of a converted BERT: biases, LayerNorms after attention and FFN."""
     return Block(
-        f"layer {i} ", b.wq, b.wk, b.wv, b.wo, b.w1, b.act, b.w2, b.gk,
-        b.bq, b.bk, b.bv, b.bo, b.b1, b.b2,
+        f"layer {i} ",
+        Affine(b.wq, b.bq),
+        Affine(b.wk, b.bk),
+        Affine(b.wv, b.bv),
+        Affine(b.wo, b.bo),
+        Affine(b.w1, b.b1),
+        b.act,
+        Affine(b.w2, b.b2),
+        b.gk,
         attention_norm=bert_norm(b.norm1, newton, f"layer {i} LayerNorm 1"),
         output_norm=bert_norm(b.norm2, newton, f"layer {i} LayerNorm 2"),
-    )  # fmt: skip
+    )
 
 
 def from_bert(w: BertWeights) -> Program:
     """The converted BERT as a program: post-LayerNorm blocks with biases."""
     blocks = tuple(bert_block(b, i, w.newton_steps) for i, b in enumerate(w.blocks))
-    head = Head(w.pool, w.tanh, w.classifier, "pooler", w.pool_bias, w.classifier_bias)
+    pool, classifier = (
+        Affine(w.pool, w.pool_bias),
+        Affine(w.classifier, w.classifier_bias),
+    )
+    head = Head(pool, w.tanh, classifier, "pooler")
     return Program("bert", w.n_tokens, w.d, w.heads, w.n_classes, blocks, head)
 
 

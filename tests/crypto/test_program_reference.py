@@ -26,7 +26,7 @@ from defense_suite.crypto.heval import HEWeights, gk_attention, lora_factors
 from defense_suite.crypto.heval_bert import BertWeights, BlockWeights, NormWeights
 from defense_suite.crypto.model import HEFormer
 from defense_suite.crypto.packing import pack, roll_tokens, unit
-from defense_suite.crypto.program import forward, from_bert, from_heformer
+from defense_suite.crypto.program import Run, forward, from_bert, from_heformer
 from defense_suite.crypto.schedule import Recorder
 from defenses.arrays import FloatArray
 from tests.crypto.tiny_bert import texts
@@ -322,7 +322,7 @@ def test_heformer_program_equals_the_old_one(
         def after(ev: Evaluator, owner: Owner) -> list[Value]:
             if interactive:
                 kw.update(roll=owner.roll, rolled_z=None)
-            return forward(ev, from_heformer(w), z, lora, **kw)
+            return forward(Run(ev, lora, **kw), from_heformer(w), z)
 
         reference = _run(before, n, levels, noise, interactive)
         _same(reference, _run(after, n, levels, noise, interactive))
@@ -364,7 +364,7 @@ def test_bert_program_equals_the_old_one(
         )
         _same(reference, new)
         direct = _run(
-            lambda ev, o: forward(ev, from_bert(w), zv, lora, o.roll, masks=mv),
+            lambda ev, o: forward(Run(ev, lora, o.roll, masks=mv), from_bert(w), zv),
             n,
             levels,
             noise,

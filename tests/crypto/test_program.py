@@ -1,0 +1,97 @@
+"""The one encrypted program (crypto.program): family values, trace, refusals."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from defense_suite.crypto.evaluator import Evaluator, NumpyBackend, Value
+from defense_suite.crypto.heval import HEWeights, lora_factors
+from defense_suite.crypto.model import HEFormer
+from defense_suite.crypto.packing import pack, roll_tokens, unit
+from defense_suite.crypto.program import Program, Run, forward, from_heformer
+from defense_suite.crypto.program.simulation import SimulatedOwner
+from defense_suite.crypto.train import predict_logits
+from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
+
+
+def _inputs(model: HEFormer, X: np.ndarray) -> tuple[list[Value], Any]:
+    import torch
+
+    with torch.no_grad():
+        z = model.embed_tokens(torch.as_tensor(X, dtype=torch.float64)).numpy()
+    packed = [Value(p) for p in pack(z, z.shape[0] * model.config.n_tokens)]
+    return packed, {k: unit(lambda x: x, M) for k, M in lora_factors(model).items()}
+
+
+def _run(p: Program, z: list[Value], lora: Any, trace: Any, levels: int) -> Any:
+    owner = SimulatedOwner(NumpyBackend(), p.n_tokens)
+    ev = Evaluator(NumpyBackend(), levels, owner.refresh)
+    return forward(Run(ev, lora, owner.roll, trace=trace), p, z), ev.counts
+
+
+def test_heformer_is_a_bert_without_biases_norms_and_blocks(
+    micro_model: HEFormer,
+) -> None:
+    p = from_heformer(HEWeights.from_model(micro_model))
+    [b] = p.blocks
+    assert p.family == "heformer"
+    assert b.attention_norm is None
+    assert b.output_norm is None
+    assert b.ffn_norm is not None
+    assert b.ffn_norm.beta is None
+    assert all(lin.bias is None for lin in (b.q, b.k, b.v, b.o, b.w1, b.w2))
+    assert p.head.pool.bias is None
+    assert p.head.classifier.bias is None
+
+
+@pytest.mark.parametrize("levels", [5, 10**6])
+def test_the_trace_changes_nothing_and_explains_the_logits(
+    micro_model: HEFormer, micro_inputs: np.ndarray, levels: int
+) -> None:
+    X = micro_inputs[:4]
+    p = from_heformer(HEWeights.from_model(micro_model))
+    z, lora = _inputs(micro_model, X)
+    plain, plain_counts = _run(p, z, lora, None, levels)
+    trace: dict[str, list[Value]] = {}
+    logits, counts = _run(p, z, lora, trace, levels)
+    assert counts == plain_counts
+    assert all(
+        np.array_equal(a.handle, b.handle) for a, b in zip(plain, logits, strict=True)
+    )
+    assert trace["logits"] == logits
+    names = {"input", "q", "k", "v", "attended", "h", "normed", "hidden", "output"}
+    assert names | {"pooled", "logits"} == set(trace)
+    n, d = p.n_tokens, p.d
+    assert len(trace["k"]) == len(trace["v"]) == n * d
+    # the classifier reads the traced pooler output: logits = pooled W_c
+    pooled = np.stack([np.asarray(v.handle) for v in trace["pooled"]], axis=1)
+    got = pooled @ p.head.classifier.weight
+    want = np.stack([np.asarray(v.handle) for v in logits], axis=1)
+    assert np.allclose(got, want, rtol=0, atol=1e-12)
+    # and the traced program is the model: CLS logits equal the plaintext ones
+    assert np.allclose(want[::n], predict_logits(micro_model, X), atol=1e-9)
+
+
+def test_refusals(micro_model: HEFormer, micro_inputs: np.ndarray) -> None:
+    p = from_heformer(HEWeights.from_model(micro_model))
+    with pytest.raises(ValueError, match="kv_grouping"):
+        replace(p, kv_grouping="rows")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="blocks"):
+        replace(p, blocks=())
+    z, lora = _inputs(micro_model, micro_inputs[:2])
+    ev = Evaluator(NumpyBackend(), 10**6)
+    n = p.n_tokens
+    rolled = [[Value(roll_tokens(v.handle, n, s)) for v in z] for s in range(n)]
+    deep = replace(p, blocks=p.blocks * 2)
+    with pytest.raises(ValueError, match="one-block"):
+        forward(Run(ev, lora, rolled_z=rolled), deep, z)
+    with pytest.raises(ValueError, match="exactly one"):
+        forward(Run(ev, lora), p, z)
+    with pytest.raises(ValueError, match="feature values"):
+        forward(Run(ev, lora, rolled_z=rolled), p, z[:1])
+    with pytest.raises(ValueError, match="key-weight"):
+        forward(Run(ev, lora, rolled_z=rolled, masks=z[:1]), p, z)
