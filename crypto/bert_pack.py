@@ -58,16 +58,22 @@ def key_weights(mask: FloatArray, slots: int) -> list[FloatArray]:
 
 
 def pack_inputs(
-    model: HEBert, ids: npt.ArrayLike, mask: npt.ArrayLike | None, slots: int
+    model: HEBert,
+    ids: npt.ArrayLike,
+    mask: npt.ArrayLike | None,
+    slots: int,
+    guard: bool = True,
 ) -> tuple[list[FloatArray], list[FloatArray], int]:
     """(feature values, key-weight values, batch) of checked ids for ``slots``.
 
     Refuses (``RangeError``) sequences that leave the calibrated ranges, as the
-    client does before encrypting.
+    client does before encrypting; ``guard=False`` checks shapes and vocabulary
+    only and leaves the range verdict to the caller (:mod:`crypto.shadow`).
     """
     import torch
 
-    model.predict_logits(ids, mask, guard=True)  # shapes, vocabulary, ranges
+    if guard:
+        model.predict_logits(ids, mask, guard=True)  # shapes, vocabulary, ranges
     ids_t, mask_t = model.check_ids(ids, mask)
     n = model.config.n_tokens
     with torch.no_grad():

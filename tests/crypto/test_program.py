@@ -95,3 +95,28 @@ def test_refusals(micro_model: HEFormer, micro_inputs: np.ndarray) -> None:
         forward(Run(ev, lora, rolled_z=rolled), p, z[:1])
     with pytest.raises(ValueError, match="key-weight"):
         forward(Run(ev, lora, rolled_z=rolled, masks=z[:1]), p, z)
+
+
+def test_pack_inputs_without_the_guard_packs_the_same(
+    converted: Any, tokenizer: object
+) -> None:
+    pytest.importorskip("transformers")
+    import copy
+
+    from defense_suite.crypto.approx import RangeError
+    from defense_suite.crypto.bert_pack import pack_inputs
+    from defense_suite.crypto.hf import encode
+    from tests.crypto.tiny_bert import texts
+
+    ids, mask = encode(tokenizer, texts()[:3], converted)
+    narrow = copy.deepcopy(converted)
+    narrow.calibrate(ids[:1], mask[:1], margin=1.01)
+    slots = 2 * converted.config.n_tokens
+    with pytest.raises(RangeError):
+        pack_inputs(narrow, ids[1:], mask[1:], slots)
+    z, m, batch = pack_inputs(narrow, ids[1:], mask[1:], slots, guard=False)
+    z0, m0, batch0 = pack_inputs(converted, ids[1:], mask[1:], slots)
+    assert batch == batch0 == 2
+    assert all(np.array_equal(a, b) for a, b in zip(z + m, z0 + m0, strict=True))
+    with pytest.raises(ValueError, match=r"vocabulary|shape|range"):
+        pack_inputs(narrow, ids[1:] + 10**6, mask[1:], slots, guard=False)
