@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -90,6 +91,26 @@ class ModelServer:
         text = Path(self._log.name).read_text(errors="replace")
         return "\n".join(text.splitlines()[-lines:])
 
+    def cause(self) -> str:
+        """The error line that stopped the server (a worker's exception), or ''.
+
+        MLflow reports a worker that failed to load the model as its own generic
+        ``Exception: Command ... returned non zero return code``; the worker's
+        exception line above it (``...StateError: data/shield/state.npz: ...``)
+        says why.
+        """
+        if self._log is None:
+            return ""
+        self._log.flush()
+        text = Path(self._log.name).read_text(errors="replace")
+        found = [
+            line
+            for line in text.splitlines()
+            if re.match(r"^[A-Za-z_][\w.]*(Error|Exception)\b[^:]*: ", line)
+            and not line.startswith("Exception: Command")
+        ]
+        return found[-1] if found else ""
+
     def launch(self) -> ModelServer:
         """Start the server process (see :meth:`wait` and :meth:`start`)."""
         self.port = free_port()
@@ -115,9 +136,11 @@ class ModelServer:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                tail = self.log_tail()
+                cause, tail = self.cause(), self.log_tail()
                 self.stop()
-                raise RuntimeError(f"mlflow models serve exited early:\n{tail}")
+                raise RuntimeError(
+                    f"mlflow models serve exited early: {cause or 'see below'}\n{tail}"
+                )
             with (
                 contextlib.suppress(OSError),
                 urllib.request.urlopen(f"{self.url}/ping", timeout=2) as answer,

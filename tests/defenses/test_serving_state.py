@@ -235,3 +235,24 @@ def test_a_wrapped_model_of_another_width_is_refused(tmp_path):
         check_output_width(scorer, layout, 4, "data/shield/model")
     with pytest.raises(StateError, match="fails on one row of zeros"):
         check_output_width(lambda batch: 1 / 0, layout, 3, "data/shield/model")
+
+
+@pytest.mark.slow
+def test_mlflow_models_serve_answers_400_and_refuses_an_edited_model(tmp_path):
+    from defenses.model_server import ModelServer
+
+    ssd_mlflow.save_model(_shielded_forest(), tmp_path / "m")
+    rows = X[:2].tolist()
+    with ModelServer(str(tmp_path / "m"), workers=1) as server:
+        assert server.post(json.dumps({"inputs": rows}))[0] == 200
+        rows[1][2] = 1e308
+        status, body = server.post(json.dumps({"inputs": rows}))
+    assert status == 400
+    assert "column '2' is 1e+308, outside the model's range" in body
+    assert "Traceback" not in body
+    _edit_state(tmp_path / "m", _swap_rows)
+    server = ModelServer(str(tmp_path / "m"), workers=1, start_timeout_s=120)
+    with pytest.raises(RuntimeError, match="exited early: ") as refused:
+        server.start()
+    first = str(refused.value).splitlines()[0]
+    assert "StateError: data/shield/state.npz: its sha256 digest" in first
