@@ -46,14 +46,21 @@ def _int(params: dict[str, Any], key: str, default: int) -> int:
 
 
 def _float(params: dict[str, Any], key: str, default: float) -> float:
-    return check_real(
-        f"benchmark parameter {key!r}",
-        params.get(key, default),
-        0.0,
-        1.0,
-        open_low=True,
-        open_high=True,
+    """A benchmark fraction in (0, 1) whose complement is also in (0, 1).
+
+    ``1 - value`` must stay strictly inside (0, 1) in floating point too: a
+    ``confidence_level`` of 1e-320 is positive, but ``1 - 1e-320`` rounds to 1.
+    """
+    name = f"benchmark parameter {key!r}"
+    value = check_real(
+        name, params.get(key, default), 0.0, 1.0, open_low=True, open_high=True
     )
+    if not 0.0 < 1.0 - value < 1.0:
+        raise ValueError(
+            f"{name} = {value!r} is too close to 0 or 1: 1 - {value!r} rounds to "
+            f"{1.0 - value!r}; use a value in [1e-15, 1 - 1e-15]"
+        )
+    return value
 
 
 def _estimator() -> LogisticRegression:
