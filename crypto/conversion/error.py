@@ -6,9 +6,9 @@ r"""The measured encrypted logit error of converted BERTs, per depth and width.
 client-aided refreshes) and the plaintext polynomial model's :math:`z`, over
 the rows of ``crypto_convert_error-full`` (:mod:`crypto.benchmark.convert_error`:
 random-weight conversions with two initialisations and distilled ones, one packed
-batch of up to 200 sequences each). :func:`expected_logit_error` reads it; :func:`uncertain` flags predictions
-whose top-2 margin is below it, where the encrypted argmax may differ from the
-plaintext one.
+batch of up to 200 sequences each). :func:`expected_logit_error` reads it;
+:func:`uncertain` flags predictions whose top-2 margin is below twice it, where the
+encrypted argmax may differ from the plaintext one.
 
 These are measurements on those models, not a bound: a model with wider
 calibrated ranges or smaller LayerNorm variances can amplify CKKS noise more.
