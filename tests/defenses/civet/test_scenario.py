@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -9,22 +10,46 @@ from defenses.civet.arms import CivetTraining, PGDTraining, VAELearner
 from defenses.civet.attacks import EOTPGD, JointPGD, LatentAttack, MaxDamage, VAEGuess
 from defenses.civet.scenario import CivetScenario
 from defenses.registry import available, create
+from defenses.results import Result
 from defenses.testing import check_pair
 from tests.defenses.civet.helpers import TINY
 
-ATTACKS = [
+ATTACKS: list[Any] = [
     JointPGD(steps=10, restarts=1),
     EOTPGD(steps=10, samples=2),
     LatentAttack(steps=10),
     MaxDamage(steps=10),
 ]
-DEFENSES = [CivetTraining(), PGDTraining(steps=2)]
+DEFENSES: list[Any] = [CivetTraining(), PGDTraining(steps=2)]
+
+# Every attack is checked against CIVET training and every defense against the joint
+# attack in the fast tier; the rest of the cross product (the contract does not
+# couple a defense's training to a particular attack) runs with --runslow.
+PAIRS = [
+    pytest.param(
+        defense,
+        attack,
+        id=f"{defense.name}-{attack.name}",
+        marks=[] if i == 0 or j == 0 else [pytest.mark.slow],
+    )
+    for i, defense in enumerate(DEFENSES)
+    for j, attack in enumerate(ATTACKS)
+]
+
+_PAIRS: dict[tuple[str, str], tuple[Result, Result]] = {}
 
 
-@pytest.mark.parametrize("attack", ATTACKS, ids=lambda a: a.name)
-@pytest.mark.parametrize("defense", DEFENSES, ids=lambda d: d.name)
-def test_check_pair(attack, defense) -> None:
-    undefended, defended = check_pair(TINY, attack, defense)
+def _checked_pair(attack: Any, defense: Any) -> tuple[Result, Result]:
+    """``check_pair(TINY, attack, defense)``, run once per module for each pair."""
+    key = (repr(attack), repr(defense))
+    if key not in _PAIRS:
+        _PAIRS[key] = check_pair(TINY, attack, defense)
+    return _PAIRS[key]
+
+
+@pytest.mark.parametrize(("defense", "attack"), PAIRS)
+def test_check_pair(attack: Any, defense: Any) -> None:
+    undefended, defended = _checked_pair(attack, defense)
     assert undefended.success["violation_rate"] == 0.0
     assert defended.success["violation_rate"] == 0.0
     assert defended.certificate["bound"] == pytest.approx(
@@ -33,7 +58,7 @@ def test_check_pair(attack, defense) -> None:
 
 
 def test_civet_arm_certifies_tighter_than_the_undefended_arm() -> None:
-    undefended, defended = check_pair(TINY, ATTACKS[0], CivetTraining())
+    undefended, defended = _checked_pair(ATTACKS[0], CivetTraining())
     assert defended.utility["certified_loss"] < undefended.utility["certified_loss"]
     assert defended.success["damage"] < undefended.success["damage"]
 
