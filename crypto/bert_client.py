@@ -17,6 +17,7 @@ refreshes and rolls, so only the interactive configuration exists.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,8 @@ from defenses.arrays import FloatArray
 from defenses.cost import count
 
 from .bert_pack import inference_schedule, pack_inputs
+from .ckks import INTERACTIVE
+from .conversion.error import CHAIN, expected_logit_error, uncertain
 from .heval_bert import lora_factors
 from .protocol import Client, Exchange
 from .schedule import Schedule
@@ -35,6 +38,8 @@ from .session import Refused, abort, follow
 from .shadow import flag_ids, pack_ids, report
 from .timing import Floor
 from .wire import Channel, Message
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from .ckks import CKKSParams
@@ -112,6 +117,32 @@ class BertClient(Client):
         }
         return self._encrypt("lora", values, meta)
 
+    def _warn_uncertain(self, logits: FloatArray) -> None:
+        """Log (locally, never to the server) predictions within the measured error.
+
+        A row whose top-2 logit margin is at most twice the encrypted logit error
+        measured for this depth and width (:func:`crypto.conversion.error.
+        expected_logit_error`, on the ``INTERACTIVE`` chain) may have another
+        argmax than the plaintext model. Only a log line: the decrypted values are
+        shaped by the server, so nothing the client sends depends on them.
+        """
+        c = self.bert.config
+        if self.params != INTERACTIVE or len(logits) == 0:
+            return
+        flagged = uncertain(logits, c.n_layers, c.d)
+        if flagged.any():
+            logger.warning(
+                "%d of %d predictions have a top-2 logit margin at most twice the "
+                "measured encrypted error %.2g (%d layers, width %d, %s): their "
+                "argmax may differ from the plaintext model's",
+                int(flagged.sum()),
+                flagged.size,
+                expected_logit_error(c.n_layers, c.d),
+                c.n_layers,
+                c.d,
+                CHAIN,
+            )
+
     def infer(
         self,
         connection: Channel,
@@ -128,6 +159,7 @@ class BertClient(Client):
             logits = self.decrypt_logits(session.reply, batch)
         except Refused as err:
             abort(connection, err)
+        self._warn_uncertain(logits)
         counts = {
             str(k): int(v)
             for k, v in dict(session.reply.meta.get("counts", {})).items()
