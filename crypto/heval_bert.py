@@ -1,6 +1,9 @@
-r"""The converted BERT's server-side program on feature-major packed values.
+r"""The converted BERT's public weights and secret factors for the one program.
 
-:func:`forward` evaluates :meth:`crypto.conversion.model.HEBert.encode` in the
+The program itself is :mod:`crypto.program` (the converted BERT as a value:
+:func:`crypto.program.from_bert`); :func:`forward`, :func:`encode`,
+:func:`layer_norm` and :func:`affine` here are thin uses of it, kept for their
+callers. :func:`forward` evaluates :meth:`crypto.conversion.model.HEBert.encode` in the
 rotation-free layout of :mod:`crypto.packing` (one value per feature, slot
 ``b n + i`` = token ``i`` of sequence ``b``), through the level-tracking
 :class:`~crypto.evaluator.Evaluator`, on any backend (NumpyBackend or TenSEAL).
@@ -14,7 +17,7 @@ no level) and the client's encrypted LoRA factors:
     \qquad \kappa = (2\sqrt{d_h} D)^{-1/2}
 
 so the kernel polynomial's input is :math:`u_s = \sum_{f\in h}(q'_f - k'_{s,f})^2
-\in [0, 1]`; the client rolls K and V (:func:`crypto.heval.gk_attention` then
+\in [0, 1]`; the client rolls K and V (:func:`crypto.program.gk_attention` then
 reads rolled copy ``s``), and the attention mask enters as the client's encrypted
 key weights :math:`M_s[bn+i] = m_{b,(i+s) \bmod n} / \sum_j m_{b,j}`, multiplied
 into the rolled values (:math:`\sum_s p(u_s)\,(M_s v_{s,f})`, the mask product
