@@ -73,13 +73,15 @@ def flower_once() -> None:
     filter_root_streams()
 
 
-def _stopping_cause(error: BaseException | None) -> BaseException | None:
-    """The first ``ClientFailure`` in ``error``'s cause/context chain, if any."""
-    from .strategy import ClientFailure
+class RunStopped(RuntimeError):
+    """A run stopped on purpose (base of ``ClientFailure``): one line, no traceback."""
 
+
+def _stopping_cause(error: BaseException | None) -> BaseException | None:
+    """The first :class:`RunStopped` in ``error``'s cause/context chain, if any."""
     seen = 0
     while error is not None and seen < 20:
-        if isinstance(error, ClientFailure):
+        if isinstance(error, RunStopped):
             return error
         error = error.__cause__ or error.__context__
         seen += 1

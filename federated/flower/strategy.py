@@ -37,10 +37,10 @@ from flwr.serverapp.strategy import Result, Strategy
 from ..ledger import ClientPrivacy
 from ..schedule import ClientSchedule
 from . import records
-from .console import flower_once, one_line_failures
+from .console import RunStopped, flower_once, one_line_failures
 
 
-class ClientFailure(RuntimeError):
+class ClientFailure(RunStopped):
     """A client refused, failed or did not answer: the run is stopped."""
 
 
