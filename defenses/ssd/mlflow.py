@@ -38,6 +38,7 @@ from defenses.serving import (
     MAX_ROWS,
     Layout,
     check_batch,
+    check_output_width,
     guarded,
     load_inner,
     log_shielded,
@@ -212,6 +213,7 @@ def _load_pyfunc(data_path: str, model_config: Any = None) -> ServedShield:
     state, config = read_shielded(folder)
     layout = Layout.from_json(config["layout"])
     scorer = load_inner(folder / MODEL, config["models"][MODEL], layout)
+    check_output_width(scorer, layout, len(config["classes"]), f"data/shield/{MODEL}")
     return ServedShield(
         scorer, load_shield(state), layout, config["outputs"], config["classes"]
     )

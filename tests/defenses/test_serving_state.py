@@ -256,3 +256,17 @@ def test_mlflow_models_serve_answers_400_and_refuses_an_edited_model(tmp_path):
         server.start()
     first = str(refused.value).splitlines()[0]
     assert "StateError: data/shield/state.npz: its sha256 digest" in first
+
+
+def test_a_served_shield_refuses_a_resealed_model_of_another_width(tmp_path):
+    import pickle
+
+    root = _saved_ssd(tmp_path)
+    stored = next((root / "data" / "shield" / "model").glob("*.pkl"))
+    X4, Y4 = make_classification(
+        120, X.shape[1], n_informative=3, n_redundant=0, n_classes=4, random_state=0
+    )
+    stored.write_bytes(pickle.dumps(LogisticRegression(max_iter=300).fit(X4, Y4)))
+    reseal(root)  # digests rewritten too: the load's own width check still refuses
+    with pytest.raises(StateError, match=r"answers shape \(1, 4\) for one row"):
+        mlflow.pyfunc.load_model(str(root))

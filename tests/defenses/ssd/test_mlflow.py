@@ -23,6 +23,7 @@ mlflow = pytest.importorskip("mlflow")
 
 from defenses.model_server import ModelServer  # noqa: E402
 from defenses.serving import Layout, Refusal  # noqa: E402
+from defenses.serving_seal import StateError  # noqa: E402
 from defenses.ssd import mlflow as ssd_mlflow  # noqa: E402
 from defenses.ssd.defense import StealthyShield, entropy  # noqa: E402
 from defenses.ssd.sklearn import ShieldedClassifier  # noqa: E402
@@ -248,13 +249,25 @@ def test_bad_batches_are_refused_in_one_line_and_change_nothing(hashed_array, na
     assert np.array_equal(loaded.predict(X[:5]), answer)
 
 
+def test_a_model_that_cannot_take_the_layout_is_refused_at_load(tmp_path):
+    module, _ = _module()
+    # the layout says 5 features, the module takes 4: the load's probe row fails
+    ssd_mlflow.save_model(module, tmp_path / "t", n_features=5)
+    with pytest.raises(StateError, match="data/shield/model: the wrapped model fails"):
+        mlflow.pyfunc.load_model(str(tmp_path / "t"))
+
+
 def test_an_error_in_the_model_is_a_one_line_500(tmp_path):
     module, _ = _module()
-    # the layout says 5 features, the module takes 4: the module itself fails
-    ssd_mlflow.save_model(module, tmp_path / "t", n_features=5)
+    ssd_mlflow.save_model(module, tmp_path / "t", n_features=4)
     loaded = mlflow.pyfunc.load_model(str(tmp_path / "t"))
+
+    def failing(batch: object) -> object:
+        raise RuntimeError("secret detail that must stay in the server log")
+
+    loaded._model_impl.scorer = failing  # the model fails at request time
     with pytest.raises(Refusal) as refused:
-        loaded.predict(np.zeros((2, 5)))
+        loaded.predict(np.zeros((2, 4)))
     assert refused.value.get_http_status_code() == 500
     body = json.loads(refused.value.serialize_as_json())
     assert body["message"] == "the model failed (RuntimeError); see the server log"
