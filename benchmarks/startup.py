@@ -91,6 +91,7 @@ def commands() -> dict[str, list[str]]:
         "python -c pass (interpreter alone)": [python, "-c", "pass"],
         "defense-suite --help": [script, "--help"],
         "defense-suite --version": [script, "--version"],
+        "defense-suite list": [script, "list"],
         "import defenses": [python, "-c", "import defenses"],
         "import defense_suite.cli": [python, "-c", "import defense_suite.cli"],
         "import defenses.ssd": [python, "-c", "import defenses.ssd"],
