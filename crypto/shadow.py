@@ -32,8 +32,6 @@ import numpy.typing as npt
 
 from defenses.arrays import FloatArray
 
-from .packing import pack
-
 if TYPE_CHECKING:
     from .conversion.model import HEBert
     from .model import HEFormer
@@ -109,17 +107,10 @@ def pack_ids(
 ) -> tuple[list[FloatArray], list[FloatArray], int]:
     """(feature values, key-weight values, batch) of checked ids, no range guard.
 
-    :func:`crypto.bert_pack.pack_inputs` without its raising guard: the ids and
-    mask are checked (shape, vocabulary), the range verdict is left to
+    :func:`crypto.bert_pack.pack_inputs` with ``guard=False``: the ids and mask
+    are checked (shape, vocabulary), the range verdict is left to
     :func:`flag_ids`.
     """
-    import torch
+    from .bert_pack import pack_inputs
 
-    from .bert_pack import key_weights, tiled
-
-    ids_t, mask_t = model.check_ids(ids, mask)
-    n = model.config.n_tokens
-    with torch.no_grad():
-        z = np.asarray(model.embed_tokens(ids_t).numpy(), dtype=np.float64)
-    m = np.asarray(mask_t.numpy(), dtype=np.float64)
-    return pack(tiled(z, slots, n), slots), key_weights(m, slots), ids_t.shape[0]
+    return pack_inputs(model, ids, mask, slots, guard=False)
