@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from defenses.threads import single_thread
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
@@ -22,7 +24,15 @@ def blocks():
 
 @pytest.mark.parametrize("code", list(blocks()))
 def test_example_runs(code):
-    exec(compile(code, "<doc example>", "exec"), {"__name__": "__doc_example__"})
+    """The block runs with one torch and one BLAS thread, as the suite's tests do.
+
+    The examples train tiny models, for which two threads on a shared 2-core machine
+    cost several times the CPU of one (the audit page's CNN: 8-11 s against 1.4 s,
+    measured side by side under load); a block's own ``torch.set_num_threads`` no
+    longer leaks into the tests after it (the count is restored).
+    """
+    with single_thread():
+        exec(compile(code, "<doc example>", "exec"), {"__name__": "__doc_example__"})
 
 
 def test_the_api_reference_builds_strictly_from_the_docstrings(tmp_path):
