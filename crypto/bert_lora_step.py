@@ -214,6 +214,7 @@ def _step(
     encrypt: Callable[[FloatArray], Any],
     decrypt: Callable[[Any], FloatArray],
     blocks: int,
+    bounds: UpdateBounds = DEFAULT_BOUNDS,
 ) -> QKVStep:
     lr = check_real("lr", lr, 0.0)
     layers = trained_layers(model, blocks)
@@ -244,7 +245,7 @@ def _step(
         for k, G in grads.items()
     }
     seconds = time.perf_counter() - start
-    return updated(model, plain, lr, blocks, seconds, dict(ev.counts))
+    return updated(model, plain, lr, blocks, seconds, dict(ev.counts), bounds)
 
 
 def simulated_qkv_step(
@@ -255,11 +256,13 @@ def simulated_qkv_step(
     mask: npt.ArrayLike | None = None,
     max_level: int = 10**6,
     blocks: int = 1,
+    bounds: UpdateBounds = DEFAULT_BOUNDS,
 ) -> QKVStep:
     """The step in float64 (the HE program on NumpyBackend, no encryption).
 
     ``max_level`` set to a chain's levels counts the refreshes it would need;
-    ``blocks`` is how many of the last blocks are trained.
+    ``blocks`` is how many of the last blocks are trained; ``bounds`` the public
+    update bounds (:mod:`crypto.bounds`).
     """
     slots = model.check_ids(ids, mask)[0].shape[0] * model.config.n_tokens
 
@@ -267,7 +270,18 @@ def simulated_qkv_step(
         return np.array(x, dtype=np.float64)
 
     return _step(
-        model, ids, mask, y, lr, slots, NumpyBackend(), max_level, same, same, blocks
+        model,
+        ids,
+        mask,
+        y,
+        lr,
+        slots,
+        NumpyBackend(),
+        max_level,
+        same,
+        same,
+        blocks,
+        bounds,
     )
 
 
@@ -279,8 +293,14 @@ def encrypted_qkv_step(
     params: CKKSParams,
     mask: npt.ArrayLike | None = None,
     blocks: int = 1,
+    bounds: UpdateBounds = DEFAULT_BOUNDS,
 ) -> QKVStep:
-    """The step under CKKS (TenSEAL, Galois keys for the slot sums)."""
+    """The step under CKKS (TenSEAL, Galois keys for the slot sums).
+
+    Function-call path (no server): ``bounds`` are the client's public update
+    bounds (:mod:`crypto.bounds`); over messages, :class:`~crypto.
+    bert_tuning_protocol.BertTuningClient` states them in the agreement.
+    """
     encrypt, decrypt = local_key_owner(params, galois=True)
     slots = params.slots - params.slots % model.config.n_tokens
 
@@ -296,6 +316,7 @@ def encrypted_qkv_step(
         encrypt,
         decrypt,
         blocks,
+        bounds,
     )
 
 

@@ -6,10 +6,12 @@ The step of :mod:`crypto.bert_lora_step` with the key owner's help on a
 
 * the server (:class:`BertTuningServer`, a :class:`~crypto.tuning.ProgramServer`)
   holds only a :class:`QKVJob`: the public folded weights
-  (:class:`~crypto.heval_bert.BertWeights`), the LoRA factors' shapes and how many
-  of the last blocks are trained. On a ``train`` message (the packed features,
-  the ``n`` key weights of the mask, the one-hot targets on the CLS slots and
-  every block's LoRA factor entries, encrypted; the batch size in ``meta``) it
+  (:class:`~crypto.heval_bert.BertWeights`), the LoRA factors' shapes, how many
+  of the last blocks are trained and the agreed public
+  :class:`~crypto.bounds.UpdateBounds`. On a ``train`` message (the packed
+  features, the ``n`` key weights of the mask, the one-hot targets on the CLS
+  slots and every block's LoRA factor entries, encrypted; the batch size and the
+  client's stated bounds in ``meta``, which must be the job's) it
   runs :func:`qkv_program` (:func:`crypto.bert_lora.lora_gradients` under CKKS),
   asks for each refresh, roll of K and V and unroll of their gradients by
   message, and answers ``weights``: the encrypted gradient sums
@@ -19,8 +21,9 @@ The step of :mod:`crypto.bert_lora_step` with the key owner's help on a
   (:func:`qkv_schedule`: the same program on zeros with a recording key owner),
   admits each request before decrypting, clips it to the chain's encoding-safe
   bound, answers fresh encryptions, checks the ``weights`` reply (count, level)
-  before decrypting it and updates its factors, the change of each bounded by
-  the public :class:`~crypto.bounds.UpdateBounds` first,
+  before decrypting it (every server message must state the client's own
+  bounds, else it is refused, nothing of it decrypted) and updates its factors,
+  the change of each bounded by those public bounds first,
   :math:`A \leftarrow A - \eta\kappa\bar A_{\text{folded}}` for Q and K and
   :math:`A \leftarrow A - \eta\bar A` for V, :math:`B \leftarrow B - \eta\bar B`
   (:func:`crypto.bert_lora_step.updated`). Anything else gets the one ``abort``.
@@ -73,22 +76,27 @@ class QKVJob:
 
     ``shapes`` lists every block's LoRA factor (name, rows, cols) in the order of
     :func:`crypto.heval_bert.lora_factors` (their values are the client's secret);
-    ``blocks`` is how many of the last blocks are trained.
+    ``blocks`` is how many of the last blocks are trained; ``bounds`` are the
+    public bounds the client clips each factor's change to (:mod:`crypto.bounds`),
+    part of the agreement, taken from the client's own configuration.
     """
 
     weights: BertWeights
     shapes: tuple[tuple[str, int, int], ...]
     blocks: int
+    bounds: UpdateBounds = DEFAULT_BOUNDS
 
     @classmethod
-    def public(cls, model: HEBert, blocks: int = 1) -> QKVJob:
+    def public(
+        cls, model: HEBert, blocks: int = 1, bounds: UpdateBounds = DEFAULT_BOUNDS
+    ) -> QKVJob:
         """The job of ``model`` (public weights, factor shapes) for ``blocks``."""
         trained_layers(model, blocks)  # a clear error for a bad count
         shapes = tuple(
             (k, int(M.shape[0]), int(M.shape[1]))
             for k, M in lora_factors(model).items()
         )
-        return cls(BertWeights.from_model(model), shapes, blocks)
+        return cls(BertWeights.from_model(model), shapes, blocks, bounds)
 
     @property
     def trained(self) -> tuple[str, ...]:
@@ -184,7 +192,7 @@ class BertTuningServer(ProgramServer):
     def __init__(self, job: QKVJob, params: CKKSParams):
         if not isinstance(job, QKVJob):
             raise TypeError(f"job must be a QKVJob, got {type(job).__name__}")
-        super().__init__(params)
+        super().__init__(params, job.bounds)
         self.job = job
 
     def _train(
@@ -217,7 +225,9 @@ class BertTuningClient(TuningClient):
         An existing private context with Galois keys.
     bounds : UpdateBounds
         The public bounds every step's change of each factor is clipped to before
-        the step is returned (:mod:`crypto.bounds`; part of the agreement).
+        the step is returned (:mod:`crypto.bounds`; part of the agreement: the
+        step's job carries them, the ``train`` message states them, a server
+        message stating others is refused before decryption).
     answer_floor : float or "auto"
         As for :class:`~crypto.tuning_client.TuningClient`.
     """
@@ -236,10 +246,7 @@ class BertTuningClient(TuningClient):
             raise TypeError(f"model must be an HEBert, got {type(model).__name__}")
         if not model.calibration.calibrated:
             raise ValueError("calibrate the converted model before encrypting with it")
-        if not isinstance(bounds, UpdateBounds):
-            raise TypeError(f"bounds must be UpdateBounds, got {type(bounds).__name__}")
-        super().__init__(params, model.config.n_tokens, context, answer_floor)
-        self.bounds = bounds
+        super().__init__(params, model.config.n_tokens, context, answer_floor, bounds)
         self.model = model
         self.counts: dict[str, int] = {}
 
@@ -268,11 +275,12 @@ class BertTuningClient(TuningClient):
         Raises
         ------
         Refused
-            When the server leaves the public schedule (nothing of that request
-            decrypted; the session is aborted).
+            When the server leaves the public schedule or states other update
+            bounds than :attr:`bounds` (nothing of that message decrypted; the
+            session is aborted).
         """
         lr = check_real("lr", lr, 0.0)
-        job = QKVJob.public(self.model, blocks)
+        job = QKVJob.public(self.model, blocks, self.bounds)
         self.slots = step_slots(self.params, self.n)
         inputs, targets, _, batch = step_inputs(
             self.model, ids, mask, y, self.slots, guard=False
@@ -307,10 +315,10 @@ class BertTuningClient(TuningClient):
 
         def upload() -> bytes:
             sealed = self._encrypt("train", [*inputs, *targets, *factors])
-            meta = {"sequences": batch}
+            meta = {"sequences": batch, **self.statement()}
             return Message(sealed.kind, sealed.key, sealed.blobs, meta).encode()
 
-        session = follow(connection, schedule, upload, self.answer)
+        session = follow(connection, schedule, upload, self.answer_agreed)
         self.bytes_up += session.bytes_up
         flat = self.open_reply(connection, schedule.reply, session.reply)
         grads, at = {}, 0

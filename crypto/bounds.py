@@ -14,11 +14,18 @@ function, :func:`bound_update`, before it is applied:
    :math:`D \leftarrow D \min(1, \rho / \lVert D\rVert_F)`;
 4. :math:`W_{\text{new}} = W_{\text{old}} + D`.
 
-``entry`` and ``norm`` are part of the public agreement (the fine-tuning job
-states them), chosen by the client. The same operations run whatever the
-values: no branch, no error, only arithmetic. An honest step (small learning
-rate) is left unchanged; the counts of what the bounds changed are returned for
-the client's own records (never sent).
+``entry`` and ``norm`` are part of the public agreement, chosen by the client
+from its own configuration (never from the server): the fine-tuning job states
+them (:attr:`crypto.tuning.TuningJob.bounds`,
+:attr:`crypto.bert_tuning_protocol.QKVJob.bounds`), the client's ``train``
+message states them and so does every message of the server's side of the
+session, under the public metadata key :data:`BOUNDS_KEY`
+(:meth:`UpdateBounds.statement`, read back by :func:`stated`). The client
+refuses, before decrypting it, a server message that states other bounds or
+none. The same operations run whatever the values: no branch, no error, only
+arithmetic. An honest step (small learning rate) is left unchanged; the counts
+of what the bounds changed are returned for the client's own records (never
+sent).
 
 The bounds limit how far one step can move the model; they do not make the
 updated model's range guard pass. That guard is therefore advisory on the
@@ -56,11 +63,49 @@ class UpdateBounds:
     def __post_init__(self) -> None:
         for name in ("entry", "norm"):
             value = getattr(self, name)
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-            if not ok or not math.isfinite(value) or value <= 0:
+            if not _positive_float(value):
                 raise ValueError(
                     f"UpdateBounds.{name} must be a finite number > 0, got {value!r}"
                 )
+
+    def statement(self) -> dict[str, float]:
+        """The bounds as they are stated in a message's public metadata (JSON).
+
+        Floats survive JSON exactly (shortest round-trip representation), so
+        :func:`stated` reads back bounds equal to these.
+        """
+        return {"entry": float(self.entry), "norm": float(self.norm)}
+
+
+BOUNDS_KEY = "bounds"
+"""The public metadata key under which a fine-tuning message states the bounds."""
+
+
+def stated(meta: Mapping[str, Any]) -> UpdateBounds | None:
+    """The bounds a message's public metadata states, or None.
+
+    None when the key is missing or its value is not exactly ``{"entry": e,
+    "norm": r}`` with valid bounds (numbers, not booleans, finite, > 0). Reads
+    only the metadata, never a ciphertext: a check on it may run before any
+    decryption.
+    """
+    value = meta.get(BOUNDS_KEY)
+    if not isinstance(value, dict) or set(value) != {"entry", "norm"}:
+        return None
+    try:
+        return UpdateBounds(value["entry"], value["norm"])
+    except ValueError:
+        return None
+
+
+def _positive_float(value: object) -> bool:
+    """A number (not a boolean) that is a finite float > 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(float(value)) and value > 0
+    except OverflowError:  # an int beyond float
+        return False
 
 
 def sanitise(values: npt.ArrayLike) -> FloatArray:

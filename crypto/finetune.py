@@ -84,6 +84,8 @@ class StepResult:
     system_seconds: float = 0.0
     clipped: int = 0
     """Entries the public update bounds changed (encrypted step; 0 if honest)."""
+    bounds: UpdateBounds = DEFAULT_BOUNDS
+    """The agreed update bounds (``apply_weights(model, weights, bounds)``)."""
 
 
 class KeyOwner:
@@ -315,8 +317,10 @@ def encrypted_step(
     ``server`` makes the server from the public job (a test's malicious one);
     ``answer_floor`` pads the key owner's answers (:mod:`crypto.timing`). The
     returned weights' change is bounded by the public ``bounds`` (non-finite to 0,
-    per entry, in norm: :mod:`crypto.bounds`) and the range guard is advisory
-    (logged), so nothing the client does next depends on what the server sent.
+    per entry, in norm: :mod:`crypto.bounds`), the client's, which the job carries
+    and every server message must state (else refused before decryption), and
+    the range guard is advisory (logged), so nothing the client does next
+    depends on what the server sent.
     """
     if transport not in ("inprocess", "loopback"):
         raise ValueError(
@@ -336,13 +340,14 @@ def encrypted_step(
     if not isinstance(bounds, UpdateBounds):
         raise TypeError(f"bounds must be UpdateBounds, got {type(bounds).__name__}")
     net, fold, packed, onehot, b = _prepare(model, X, y, arm, guard=False)
-    job = TuningJob.public(net, fold, lr, steps, b)
+    job = TuningJob.public(net, fold, lr, steps, b, bounds)
     secret = {name: np.asarray(net.mats[name]) for name in net.trained}
     client = TuningClient(
         params,
         model.config.n_tokens,
         owner.context if owner is not None else None,
         answer_floor,
+        bounds,
     )
     if transport == "loopback":
         with Loopback(server=server(job, params)) as remote:
@@ -358,7 +363,7 @@ def encrypted_step(
         owner.bytes_up += client.bytes_up
     returned = _unfold(folded, fold, lr, strict=False)
     weights, clipped = bound_update(_unfold(secret, fold, lr), returned, bounds)
-    return StepResult(weights, counts, seconds, cpu, system, clipped)
+    return StepResult(weights, counts, seconds, cpu, system, clipped, bounds)
 
 
 def reference_step(

@@ -9,11 +9,20 @@ The SGD steps of :mod:`crypto.finetune` with the round trips on a
   one-hot targets on the CLS slots and every trained weight entry, encrypted;
 * the server (:class:`TuningServer`, a :class:`ProgramServer`: the session loop
   and the round trips, shared with :mod:`crypto.bert_tuning_protocol`'s converted
-  BERT step) holds only a :class:`TuningJob`: the frozen
-  public matrices, the public fold factors, the learning rate, the step count and
-  the batch size (the trained matrices are zeros there, their shapes only). It
-  runs :func:`sgd_steps` and asks for each refresh, roll of K and V and unroll of
-  their gradients by a ``refresh``, ``roll`` or ``unroll`` message;
+  BERT step) holds only a :class:`TuningJob`: the frozen public matrices, the
+  public fold factors, the learning rate, the step count, the batch size (the
+  trained matrices are zeros there, their shapes only) and the public
+  :class:`~crypto.bounds.UpdateBounds` the client bounds the returned weights'
+  change to. It runs :func:`sgd_steps` and asks for each refresh, roll of K and
+  V and unroll of their gradients by a ``refresh``, ``roll`` or ``unroll``
+  message;
+* the agreement on the bounds is stated on the wire: the ``train`` message's
+  public metadata carries the client's bounds (its own configuration), every
+  message of the server (requests and reply) its job's, under
+  :data:`crypto.bounds.BOUNDS_KEY`; the server answers ``error`` to a ``train``
+  stating other bounds than its job's, the key owner refuses (the empty
+  ``abort``, nothing of it decrypted) a server message stating other bounds
+  than its own, or none;
 * the key owner derives the public schedule of those requests itself
   (:func:`tuning_schedule`: the same program on zeros with a recording key owner),
   admits each request before decrypting (:func:`crypto.schedule.admit`), clips to
@@ -39,6 +48,7 @@ import numpy as np
 from defenses.arrays import FloatArray
 
 from .backprop import backward, forward
+from .bounds import BOUNDS_KEY, DEFAULT_BOUNDS, UpdateBounds, stated
 from .ckks import CKKSParams, TenSEALBackend, fingerprint, load_public
 from .evaluator import Evaluator, NumpyBackend, Value
 from .net import Net, fit
@@ -140,7 +150,10 @@ class TuningJob:
     """What the fine-tuning server may know: public weights and hyper-parameters.
 
     ``net`` holds the frozen public matrices; its trained matrices are zeros
-    (their shapes only: the values are the client's secret).
+    (their shapes only: the values are the client's secret). ``bounds`` are the
+    public bounds the client clips the returned weights' change to
+    (:mod:`crypto.bounds`), part of the agreement: the client takes them from
+    its own configuration and refuses a server stating others.
     """
 
     net: Net
@@ -148,16 +161,23 @@ class TuningJob:
     lr: float
     steps: int
     batch: int
+    bounds: UpdateBounds = DEFAULT_BOUNDS
 
     @classmethod
     def public(
-        cls, net: Net, fold: dict[str, Any], lr: float, steps: int, batch: int
+        cls,
+        net: Net,
+        fold: dict[str, Any],
+        lr: float,
+        steps: int,
+        batch: int,
+        bounds: UpdateBounds = DEFAULT_BOUNDS,
     ) -> TuningJob:
         """The job for ``net`` with every trained matrix replaced by zeros."""
         mats = dict(net.mats)
         for name in net.trained:
             mats[name] = np.zeros(np.asarray(net.mats[name]).shape)
-        return cls(replace(net, mats=mats), dict(fold), lr, steps, batch)
+        return cls(replace(net, mats=mats), dict(fold), lr, steps, batch, bounds)
 
     @property
     def slots(self) -> int:
@@ -236,13 +256,18 @@ class ProgramServer:
     ``weights`` after asking the key owner, by message, for the program's round
     trips), until ``close`` or ``abort``. It never holds a secret key. Subclasses
     implement :meth:`_train` (the program), using :meth:`services` for the round
-    trips.
+    trips. ``bounds`` are the job's agreed update bounds: a ``train`` message
+    must state them (else ``error``), and every request and the reply state them
+    (:meth:`statement`).
     """
 
-    def __init__(self, params: CKKSParams):
+    def __init__(self, params: CKKSParams, bounds: UpdateBounds = DEFAULT_BOUNDS):
         if not isinstance(params, CKKSParams):
             raise TypeError(f"params must be CKKSParams, got {type(params).__name__}")
+        if not isinstance(bounds, UpdateBounds):
+            raise TypeError(f"bounds must be UpdateBounds, got {type(bounds).__name__}")
         self.params = params
+        self.bounds = bounds
         self.context: Any = None
         self.key = ""
         self.inbound: list[str] = []
@@ -265,15 +290,32 @@ class ProgramServer:
                     self.context = load_public(message.blobs[0])
                     self.key = fingerprint(self.context)
                 elif message.kind == "train":
+                    if stated(message.meta) != self.bounds:
+                        raise ProtocolError(
+                            f"train message: the stated update bounds "
+                            f"{str(message.meta.get(BOUNDS_KEY))[:80]} are not the "
+                            f"job's {self.bounds.statement()}"
+                        )
                     values, meta = self._load(message), message.meta
                     del message  # the ciphertexts are kept, not also their bytes
-                    channel.send(self._train(channel, values, meta).encode())
+                    reply = self._stated(self._train(channel, values, meta))
+                    channel.send(reply.encode())
+                    del reply  # not kept while waiting for the next message
                 else:
                     raise ProtocolError(f"unexpected {message.kind!r} message")
             except _Ended:
                 return
             except Exception as err:  # a service answers every request
                 self._refuse(channel, err)
+
+    def statement(self) -> dict[str, Any]:
+        """The public metadata every server message of the session carries."""
+        return {BOUNDS_KEY: self.bounds.statement()}
+
+    def _stated(self, message: Message) -> Message:
+        """``message`` with the agreed bounds stated in its metadata."""
+        meta = {**message.meta, **self.statement()}
+        return Message(message.kind, message.key, message.blobs, meta)
 
     @staticmethod
     def _refuse(channel: Channel, err: Exception) -> None:
@@ -296,7 +338,7 @@ class ProgramServer:
         self, channel: Channel, kind: str, values: list[Value], **meta: Any
     ) -> list[Value]:
         blobs = tuple(v.handle.serialize() for v in values)
-        request = Message(kind, self.key, blobs, meta).encode()
+        request = self._stated(Message(kind, self.key, blobs, meta)).encode()
         del blobs
         channel.send(request)
         del request
@@ -348,7 +390,7 @@ class TuningServer(ProgramServer):
     def __init__(self, job: TuningJob, params: CKKSParams):
         if not isinstance(job, TuningJob):
             raise TypeError(f"job must be a TuningJob, got {type(job).__name__}")
-        super().__init__(params)
+        super().__init__(params, job.bounds)
         self.job = job
 
     def _train(

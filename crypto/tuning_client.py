@@ -7,6 +7,13 @@ allows (each admitted before decryption, clipped, answered fresh, padded to the
 public answer floor of :mod:`crypto.timing`), and checks the ``weights`` reply
 before decrypting it. What it returns is the decrypted reply: the callers bound
 it (:mod:`crypto.bounds`) before anything uses it.
+
+The update bounds are the client's own configuration (``bounds``), part of the
+agreement: the job it runs must carry them, its ``train`` message states them
+and every server message must state the same (:func:`crypto.bounds.stated`),
+else the client refuses that message before decrypting any of it (the empty
+``abort``): a check on public values only, at the first server message that
+states others.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import numpy as np
 from defenses.arrays import FloatArray
 from defenses.cost import clock, since
 
+from .bounds import BOUNDS_KEY, DEFAULT_BOUNDS, UpdateBounds, stated
 from .ckks import CKKSParams, fingerprint, make_context, public_bytes
 from .packing import roll_tokens
 from .schedule import ANSWERS, Step
@@ -42,6 +50,9 @@ class TuningClient:
     answer_floor : float or "auto"
         Seconds per unit every answer and the reply's decryption are padded to
         (:mod:`crypto.timing`; default ``"auto"``: measured once per client).
+    bounds : UpdateBounds
+        The public update bounds of the agreement (:mod:`crypto.bounds`): the
+        job must carry them, every server message must state them.
     """
 
     def __init__(
@@ -50,7 +61,11 @@ class TuningClient:
         n_tokens: int,
         context: Any = None,
         answer_floor: Floor = "auto",
+        bounds: UpdateBounds = DEFAULT_BOUNDS,
     ):
+        if not isinstance(bounds, UpdateBounds):
+            raise TypeError(f"bounds must be UpdateBounds, got {type(bounds).__name__}")
+        self.bounds = bounds
         self.params = params
         self.answer_floor = check_floor(answer_floor)
         self.n = n_tokens
@@ -72,6 +87,28 @@ class TuningClient:
         self.encryptions += len(values)
         blobs = tuple(ts.ckks_vector(self.context, list(v)).serialize() for v in values)
         return Message(kind, self.key, blobs)
+
+    def statement(self) -> dict[str, Any]:
+        """The public metadata of the ``train`` message: the client's bounds."""
+        return {BOUNDS_KEY: self.bounds.statement()}
+
+    def agreed(self, step: Step, message: Message) -> None:
+        """Refuse a server message that does not state the client's own bounds.
+
+        Reads the message's public metadata only, before anything of it is
+        parsed or decrypted.
+        """
+        if stated(message.meta) != self.bounds:
+            raise Refused(
+                f"{step.stage}: the server states the update bounds "
+                f"{str(message.meta.get(BOUNDS_KEY))[:80]}, not the agreed "
+                f"{self.bounds.statement()}"
+            )
+
+    def answer_agreed(self, request: Message, step: Step) -> Message:
+        """:meth:`answer` a session's request once it states the agreed bounds."""
+        self.agreed(step, request)
+        return self.answer(request, step)
 
     def _open(self, step: Step, message: Message) -> list[FloatArray]:
         vectors = admit(step, message, self.context, self.key, self.params, self.slots)
@@ -122,9 +159,13 @@ class TuningClient:
     def open_reply(
         self, connection: Channel, step: Step, reply: Message
     ) -> list[FloatArray]:
-        """Admit, decrypt and clip the final reply, padded to the floor; or abort."""
+        """Admit, decrypt and clip the final reply, padded to the floor; or abort.
+
+        The reply must state the agreed bounds (:meth:`agreed`).
+        """
         start, floor = time.perf_counter(), self.floor()
         try:
+            self.agreed(step, reply)
             flat = self._open(step, reply)
         except Refused as err:
             abort(connection, err)
@@ -144,7 +185,20 @@ class TuningClient:
         ``secret`` holds the trained matrices (folded), ``packed`` the embedded
         batch (feature-major), ``targets`` the one-hot rows on the CLS slots.
         Returns the updated folded matrices and the operation counts.
+
+        Raises
+        ------
+        ValueError
+            If ``job`` carries other update bounds than the client's (nothing
+            sent).
+        Refused
+            When the server leaves the public schedule or states other bounds
+            (nothing of that message decrypted; the session is aborted).
         """
+        if job.bounds != self.bounds:
+            raise ValueError(
+                f"job: update bounds {job.bounds} are not the client's {self.bounds}"
+            )
         self.slots = job.slots
         self.floor()  # measured before the session, from public values only
         schedule = tuning_schedule(job, self.params, len(packed), len(targets))
@@ -160,9 +214,10 @@ class TuningClient:
         ]
 
         def upload() -> bytes:
-            return self._encrypt("train", [*packed, *targets, *entries]).encode()
+            sealed = self._encrypt("train", [*packed, *targets, *entries])
+            return Message("train", sealed.key, sealed.blobs, self.statement()).encode()
 
-        session = follow(connection, schedule, upload, self.answer)
+        session = follow(connection, schedule, upload, self.answer_agreed)
         self.bytes_up += session.bytes_up
         flat = self.open_reply(connection, schedule.reply, session.reply)
         out, at = {}, 0

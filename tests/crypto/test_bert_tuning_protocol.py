@@ -23,6 +23,7 @@ from defense_suite.crypto.bert_tuning_protocol import (
     qkv_schedule,
     step_slots,
 )
+from defense_suite.crypto.bounds import DEFAULT_BOUNDS, UpdateBounds
 from defense_suite.crypto.ckks import INTERACTIVE, INTERACTIVE_WIDE
 from defense_suite.crypto.conversion import HEBert
 from defense_suite.crypto.evaluator import Evaluator, NumpyBackend, Value
@@ -98,18 +99,27 @@ def test_job_and_server_refuse_bad_input(converted: HEBert) -> None:
 
 
 class _Deviant:
-    """A malicious server: its first request breaks the schedule."""
+    """A malicious server: its first request breaks the schedule.
 
-    def __init__(self, kind: str, count: int, copies: int) -> None:
+    It states ``said`` as the update bounds (by default the agreed ones, read
+    from the client's ``train`` message) and keeps that message's metadata.
+    """
+
+    def __init__(
+        self, kind: str, count: int, copies: int, said: object = "agreed"
+    ) -> None:
         self.kind, self.count, self.copies = kind, count, copies
-        self.answered = ""
+        self.said, self.answered = said, ""
+        self.train_meta: dict[str, object] = {}
 
     def serve(self, channel: Channel) -> None:
         while True:
             message = Message.decode(channel.recv())
             if message.kind == "train":
+                self.train_meta = dict(message.meta)
                 blobs = message.blobs[: self.count]
-                meta = {"copies": self.copies}
+                said = message.meta["bounds"] if self.said == "agreed" else self.said
+                meta = {"copies": self.copies, "bounds": said}
                 channel.send(Message(self.kind, message.key, blobs, meta).encode())
                 self.answered = Message.decode(channel.recv()).kind
                 return
@@ -131,6 +141,41 @@ def test_client_refuses_a_request_outside_the_schedule(
     connection.close()
     assert client.decryptions == 0
     assert server.answered == "abort"
+
+
+def test_agreement_carries_the_clients_bounds(
+    converted: HEBert, tokenizer: object
+) -> None:
+    """The job and the ``train`` message carry the client's own bounds; a first
+    request stating other bounds is refused before decryption, and an honest
+    server whose job has other bounds refuses the ``train`` message."""
+    ids, mask = _batch(converted, tokenizer)
+    mine = UpdateBounds(entry=0.125, norm=0.5)
+    job = QKVJob.public(converted, 1, mine)
+    assert job.bounds == mine
+    assert QKVJob.public(converted).bounds == DEFAULT_BOUNDS
+    assert BertTuningServer(job, INTERACTIVE).bounds == mine
+    # the bounds are the client's reading of the reply, not the program
+    assert qkv_schedule(job, INTERACTIVE) == qkv_schedule(
+        QKVJob.public(converted), INTERACTIVE
+    )
+    first = qkv_schedule(job, INTERACTIVE).steps[0]
+    client = BertTuningClient(converted, INTERACTIVE, bounds=mine)
+    said = DEFAULT_BOUNDS.statement()
+    server = _Deviant(first.kind, len(first.levels), first.copies, said)
+    connection = InProcess(server)
+    with pytest.raises(Refused, match="update bounds"):
+        client.step(connection, ids, LABELS, 0.5, mask)
+    connection.close()
+    assert server.train_meta == {"sequences": 4, "bounds": mine.statement()}
+    assert client.decryptions == 0
+    assert server.answered == "abort"
+    honest = BertTuningServer(QKVJob.public(converted), INTERACTIVE)
+    with pytest.raises(ProtocolError, match="stated update bounds"):
+        client.step(honest, ids, LABELS, 0.5, mask)
+    assert client.decryptions == 0
+    with pytest.raises(TypeError, match="UpdateBounds"):
+        BertTuningClient(converted, INTERACTIVE, bounds=4.0)  # type: ignore[arg-type]
 
 
 def test_client_refuses_bad_input(converted: HEBert, tokenizer: object) -> None:

@@ -2,7 +2,8 @@
 
 * :mod:`crypto.bounds`: any returned update (NaN, infinities, huge values) moves
   each matrix by at most the public bounds and leaves it finite; an honest step
-  is returned bit for bit; the apply functions bound again.
+  is returned bit for bit; the apply functions bound again; the bounds stated
+  on the wire read back exactly, and any other statement reads as none.
 * :mod:`crypto.shadow`: the advisory verdict equals the raising guard's, row by
   row, and never raises, even on non-finite weights.
 * :mod:`crypto.timing`: the floor is checked, measured from public values with
@@ -25,11 +26,13 @@ from hypothesis.extra import numpy as hnp
 
 from defense_suite.crypto.approx import RangeError
 from defense_suite.crypto.bounds import (
+    BOUNDS_KEY,
     UpdateBounds,
     apply_weights,
     bound_step,
     bound_update,
     sanitise,
+    stated,
 )
 from defense_suite.crypto.ckks import INTERACTIVE
 from defense_suite.crypto.folding import Arm, effective_weights
@@ -39,6 +42,7 @@ from defense_suite.crypto.schedule import Step
 from defense_suite.crypto.shadow import flag_sequences
 from defense_suite.crypto.timing import check_floor, pad, units
 from defense_suite.crypto.train import predict_logits
+from defense_suite.crypto.wire import Message
 
 if TYPE_CHECKING:
     from defense_suite.crypto.conversion import HEBert
@@ -95,6 +99,68 @@ def test_bound_step_rules() -> None:
         bound_update({"A": np.zeros(2)}, {"B": np.zeros(2)}, bounds)
     with pytest.raises(ValueError, match="shape"):
         bound_update({"A": np.zeros(2)}, {"A": np.zeros(3)}, bounds)
+
+
+POSITIVE = st.floats(min_value=5e-324, max_value=1.7e308)
+
+
+@given(entry=POSITIVE | st.integers(1, 10**6), norm=POSITIVE)
+def test_stated_bounds_read_back_exactly(entry: float, norm: float) -> None:
+    """Any valid bounds survive the wire's JSON header: the agreement is exact."""
+    bounds = UpdateBounds(entry, norm)
+    message = Message("train", meta={"sequences": 4, BOUNDS_KEY: bounds.statement()})
+    back = stated(Message.decode(message.encode()).meta)
+    assert back == bounds
+    assert back is not None
+    assert back.statement() == bounds.statement()
+    other = UpdateBounds(math.nextafter(float(entry), math.inf), norm)
+    assert stated({BOUNDS_KEY: other.statement()}) != bounds  # one ulp differs
+
+
+JSON_VALUE = st.recursive(
+    st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+@given(value=JSON_VALUE)
+def test_any_other_statement_reads_as_none(value: object) -> None:
+    """What a server can put under the key is either valid bounds or none."""
+    got = stated({BOUNDS_KEY: value})
+    if got is not None:
+        assert isinstance(value, dict)
+        assert set(value) == {"entry", "norm"}
+        for x in value.values():
+            assert not isinstance(x, bool)
+            assert math.isfinite(float(x))
+            assert x > 0
+
+
+def test_malformed_statements_read_as_none() -> None:
+    cases: list[object] = [
+        None,
+        [1.0, 4.0],
+        {"entry": 1.0},
+        {"entry": 1.0, "norm": 4.0, "steps": 1},
+        {"entry": True, "norm": 4.0},
+        {"entry": "1.0", "norm": "4.0"},
+        {"entry": math.nan, "norm": 4.0},
+        {"entry": 1.0, "norm": math.inf},
+        {"entry": -1.0, "norm": 4.0},
+        {"entry": 0, "norm": 4.0},
+        {"entry": 10**400, "norm": 4.0},
+    ]
+    for value in cases:
+        assert stated({BOUNDS_KEY: value}) is None, value
+    assert stated({}) is None
+    assert stated({BOUNDS_KEY: {"entry": 1, "norm": 4}}) == UpdateBounds()
+    # NaN arrives through JSON too: the wire's parser accepts it
+    raw = Message("weights", meta={BOUNDS_KEY: "x"}).encode().replace(b'"x"', b"NaN")
+    assert stated(Message.decode(raw).meta) is None
 
 
 def test_apply_weights_bounds_and_round_trips(micro_head: HEFormer) -> None:

@@ -28,7 +28,7 @@ import tenseal as ts
 import torch
 
 from defense_suite.crypto.approx import RangeError
-from defense_suite.crypto.bounds import apply_weights
+from defense_suite.crypto.bounds import UpdateBounds, apply_weights
 from defense_suite.crypto.ckks import INTERACTIVE
 from defense_suite.crypto.evaluator import Value
 from defense_suite.crypto.finetune import encrypted_step
@@ -36,6 +36,7 @@ from defense_suite.crypto.folding import Arm
 from defense_suite.crypto.model import HEFormer
 from defense_suite.crypto.protocol import Client
 from defense_suite.crypto.server import Server
+from defense_suite.crypto.session import Refused
 from defense_suite.crypto.shadow import flag_sequences
 from defense_suite.crypto.train import predict_logits
 from defense_suite.crypto.tuning import TuningJob, TuningServer, tuning_schedule
@@ -245,6 +246,44 @@ def test_label_indicator_attack_transcripts_equal(
     assert log_a[-1][0] == "close"
     assert out_a["finite"]
     assert out_b["finite"]
+
+
+def test_server_stating_other_bounds_transcripts_equal(micro_head: HEFormer) -> None:
+    """A forger stating larger update bounds than agreed: refused at its first
+    request, before decryption, the same way for either label."""
+
+    class Loose(Forger):
+        def statement(self) -> dict[str, Any]:
+            return {"bounds": UpdateBounds(entry=1e9, norm=1e9).statement()}
+
+    y_other = Y_STEP.copy()
+    y_other[0] = 1 - y_other[0]
+    craft = label_indicator(k=int(Y_STEP[0]), b=0, n=micro_head.config.n_tokens)
+    logs = []
+    for y in (Y_STEP, y_other):
+        log: list[Entry] = []
+
+        def make(job: TuningJob, params: Any, log: list[Entry] = log) -> Forger:
+            kind = type("L", (Loose,), {"craft": staticmethod(craft)})
+            server: Forger = kind(job, params)
+            server.log = log
+            return server
+
+        with pytest.raises(Refused, match="update bounds"):
+            encrypted_step(
+                copy.deepcopy(micro_head),
+                X_STEP,
+                y,
+                0.5,
+                Arm("lora"),
+                server=make,
+                answer_floor=0.0,
+            )
+        logs.append(log)
+    assert logs[0] == logs[1]
+    assert [e[0] for e in logs[0]] == ["context", "train", "abort"]
+    # the agreement the client stated in its train message: its own bounds
+    assert json.loads(logs[0][1][1]) == {"bounds": UpdateBounds().statement()}
 
 
 def _with_entry(model: HEFormer, value: float) -> HEFormer:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
 
 from defense_suite.crypto import tuning
+from defense_suite.crypto.bounds import DEFAULT_BOUNDS, UpdateBounds
 from defense_suite.crypto.evaluator import Value
 from defense_suite.crypto.finetune import (
     TRAIN_PARAMS,
@@ -21,7 +23,7 @@ from defense_suite.crypto.server import InProcess
 from defense_suite.crypto.session import Refused
 from defense_suite.crypto.tuning import TuningJob, TuningServer, tuning_schedule
 from defense_suite.crypto.tuning_client import TuningClient
-from defense_suite.crypto.wire import Channel, Message
+from defense_suite.crypto.wire import Channel, Message, ProtocolError
 
 ABORT = Message("abort").encode()
 
@@ -80,16 +82,17 @@ class MaliciousTuner(TuningServer):
         weights = values[d + classes :]
         if self.mode == "first":  # a refresh of the secret weights, at once
             request = [v.handle for v in weights]
-            meta: dict[str, Any] = {}
+            extra: dict[str, Any] = {}
             kind = "refresh"
         else:  # the scheduled roll (2d ciphertexts, level 2), every one a probe
             p = weights[0].handle + (-self.threshold)
             for _ in range(100):
                 p = p + p
             request = [p * 1.0 * 1.0] * (2 * d)
-            meta, kind = {"copies": self.job.net.n_tokens}, "roll"
+            extra, kind = {"copies": self.job.net.n_tokens}, "roll"
         blobs = tuple(h.serialize() for h in request)
-        channel.send(Message(kind, self.key, blobs, meta).encode())
+        # the agreed bounds stated, as a server that wants an answer does
+        channel.send(self._stated(Message(kind, self.key, blobs, extra)).encode())
         self.reply = channel.recv()
         return Message("weights", self.key, blobs[:1])
 
@@ -178,3 +181,157 @@ def test_refresh_requests_are_chunked_alike_on_both_sides(
     for name in arm.names:
         assert np.max(np.abs(step.weights[name] - want.weights[name])) < 1e-5
     assert step.counts["round_trips"] == parts.requests + 1
+
+
+# --- the update bounds are part of the agreement (issue 38, item 2) ---------------
+
+OTHER = UpdateBounds(entry=1e6, norm=1e6)
+
+
+class Recording:
+    """A channel that records what the client sends and never answers."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def send(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    def recv(self) -> bytes:
+        raise AssertionError("the client must not wait for an answer")
+
+
+def test_the_job_carries_the_clients_bounds(micro_model: HEFormer) -> None:
+    """The job states the bounds; a job with other bounds is refused before sending."""
+    X, y = _batch()
+    net, fold, packed, onehot, b = _prepare(micro_model, X, y, Arm("lora"))
+    mine = UpdateBounds(entry=0.25, norm=0.5)
+    job = TuningJob.public(net, fold, 0.5, 1, b, mine)
+    assert job.bounds == mine
+    assert TuningJob.public(net, fold, 0.5, 1, b).bounds == DEFAULT_BOUNDS
+    assert TuningServer(job, TRAIN_PARAMS).bounds == mine
+    # the bounds change what the client does with the reply, not the program
+    assert tuning_schedule(job, TRAIN_PARAMS, 2, 2) == tuning_schedule(
+        replace(job, bounds=OTHER), TRAIN_PARAMS, 2, 2
+    )
+    client = TuningClient(TRAIN_PARAMS, micro_model.config.n_tokens, bounds=mine)
+    secret = {n: np.asarray(net.mats[n]) for n in net.trained}
+    channel = Recording()
+    with pytest.raises(ValueError, match="update bounds"):
+        client.train(channel, replace(job, bounds=OTHER), secret, packed, onehot)
+    assert channel.sent == []
+    assert client.encryptions == 0
+    with pytest.raises(TypeError, match="UpdateBounds"):
+        TuningClient(TRAIN_PARAMS, 2, bounds=(1.0, 4.0))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="UpdateBounds"):
+        TuningServer(replace(job, bounds=None), TRAIN_PARAMS)  # type: ignore[arg-type]
+
+
+class Misstating(TuningServer):
+    """Accepts the client's bounds but states ``said`` in its messages of ``kinds``."""
+
+    said: dict[str, Any]
+    kinds: tuple[str, ...] = ("roll", "refresh", "unroll", "weights")
+    answered: list[str]
+
+    def _stated(self, message: Message) -> Message:
+        honest = super()._stated(message)
+        if message.kind not in self.kinds:
+            return honest
+        meta = {k: v for k, v in honest.meta.items() if k != "bounds"}
+        return Message(message.kind, message.key, message.blobs, {**meta, **self.said})
+
+    def _ask(
+        self, channel: Channel, kind: str, values: list[Value], **meta: Any
+    ) -> list[Value]:
+        try:
+            return super()._ask(channel, kind, values, **meta)
+        finally:
+            self.answered.append(self.inbound[-1])
+
+
+@pytest.mark.parametrize(
+    "said",
+    [{"bounds": OTHER.statement()}, {}],
+    ids=["larger", "none"],  # malformed statements: test_client_rules
+)
+def test_server_stating_other_bounds_is_refused_before_decryption(
+    micro_model: HEFormer, said: dict[str, Any]
+) -> None:
+    """Its first request states other bounds: one empty abort, nothing decrypted."""
+    X, y = _batch()
+
+    def make(job: TuningJob, params: Any) -> Misstating:
+        server = Misstating(job, params)
+        server.said, server.answered = said, []
+        made.append(server)
+        return server
+
+    made: list[Misstating] = []
+    with pytest.raises(Refused, match="update bounds"):
+        encrypted_step(
+            micro_model, X, y, 0.5, Arm("lora"), server=make, answer_floor=0.0
+        )
+    assert made[0].answered == ["abort"]
+    assert made[0].inbound == ["context", "train", "abort"]
+
+
+def test_other_bounds_in_the_reply_only_are_refused_before_its_decryption(
+    micro_model: HEFormer,
+) -> None:
+    """Honest requests, the reply states other bounds: the reply is not decrypted."""
+    X, y = _batch()
+    net, fold, packed, onehot, b = _prepare(micro_model, X, y, Arm("lora"))
+    job = TuningJob.public(net, fold, 0.5, 1, b)
+    server = Misstating(job, TRAIN_PARAMS)
+    server.said, server.kinds, server.answered = {}, ("weights",), []
+    client = TuningClient(TRAIN_PARAMS, micro_model.config.n_tokens, answer_floor=0.0)
+    secret = {n: np.asarray(net.mats[n]) for n in net.trained}
+    schedule = tuning_schedule(job, TRAIN_PARAMS, len(packed), len(onehot))
+    connection = InProcess(server)
+    try:
+        with pytest.raises(Refused, match="updated weights: the server states"):
+            client.train(connection, job, secret, packed, onehot)
+    finally:
+        connection.close()
+    asked = sum(len(s.levels) for s in schedule.steps)
+    assert client.decryptions == asked  # the requests' only, not the reply's
+    assert server.inbound[-1] == "abort"
+
+
+def test_honest_server_refuses_a_train_stating_other_bounds(
+    micro_model: HEFormer,
+) -> None:
+    """Both sides hold the agreement: an honest server with another job says so."""
+    X, y = _batch()
+
+    def make(job: TuningJob, params: Any) -> TuningServer:
+        return TuningServer(replace(job, bounds=OTHER), params)
+
+    with pytest.raises(ProtocolError, match="stated update bounds"):
+        encrypted_step(micro_model, X, y, 0.5, Arm("lora"), server=make, answer_floor=0)
+
+
+def test_honest_step_under_agreed_bounds_is_unchanged(micro_model: HEFormer) -> None:
+    """Client and server agree on other bounds: the step is the function-call one."""
+    X, y = _batch()
+    arm = Arm("lora")
+    mine = UpdateBounds(entry=0.5, norm=2.0)
+    seen: list[dict[str, Any]] = []
+
+    class Watching(TuningServer):
+        def _train(
+            self, channel: Channel, values: list[Value], meta: dict[str, Any]
+        ) -> Message:
+            seen.append(dict(meta))
+            return super()._train(channel, values, meta)
+
+    step = encrypted_step(
+        micro_model, X, y, 0.5, arm, bounds=mine, server=Watching, answer_floor=0.0
+    )
+    want = simulated_step(micro_model, X, y, 0.5, arm)
+    assert seen == [{"bounds": {"entry": 0.5, "norm": 2.0}}]
+    assert step.bounds == mine
+    assert step.clipped == 0
+    for name in arm.names:
+        assert np.max(np.abs(step.weights[name] - want.weights[name])) < 1e-5
