@@ -1,13 +1,15 @@
 r"""Harness wiring: private inference with a personalised HE-friendly transformer.
 
 The game (Rho et al., 2025, threat model of Sec. 3): a client LoRA-personalises a
-public pretrained model on its private data and asks an honest-but-curious server to
-run it on private test sequences. The server observes every upload (traffic) and has
-public labelled data; it tries to recover the client's inputs and labels. Utility is
-the accuracy of the served predictions (and, as context, the frozen model's and the
-softmax twin's accuracy); success is the server's label advantage over a uniform
-guess, :math:`(\\text{acc} - 1/K) / (1 - 1/K)`, and the fraction of inputs it
-recovers exactly.
+public pretrained model on its private data and asks a server to run it on private
+test sequences. The server is malicious without integrity (it chooses every message;
+the client's rule in ``docs/crypto.md`` keeps what it observes independent of the
+client's secrets); it observes every upload (traffic), has public labelled data and
+tries to recover the client's inputs and labels. Utility is the accuracy of the
+served predictions (and, as context, the frozen model's and the softmax twin's
+accuracy); success is the server's label advantage over a uniform guess,
+:math:`(\\text{acc} - 1/K) / (1 - 1/K)`, and the fraction of inputs it recovers
+exactly.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ register_package(
 @register("scenarios", "crypto-private-inference")
 @dataclass(frozen=True)
 class PrivateInference:
-    """A curious server against a client's personalised private inference.
+    """A malicious server against a client's personalised private inference.
 
     Parameters
     ----------
@@ -112,7 +114,14 @@ class PrivateInference:
 
     @property
     def threat(self) -> ThreatModel:
-        """Honest-but-curious server: sees the traffic, holds public data."""
+        """A malicious server without integrity: sees the traffic, holds public data.
+
+        It chooses every message it sends (and may return crafted logits or
+        weights); the confidentiality claim rests on the client's rule of
+        ``docs/crypto.md`` (*Threat model*, rules 1-6): nothing the client sends
+        or refuses depends on a decrypted value or on weights the server shaped.
+        The capabilities granted are the ones this scenario's attacks use.
+        """
         return ThreatModel.granting(
             "confidentiality",
             Capability.OBSERVE_TRAFFIC,
