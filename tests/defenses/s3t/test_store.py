@@ -118,8 +118,11 @@ def _killed_save(model: S3T, path) -> int:
     interpreter's imports and a second fit. Returns the child's exit code.
     """
     import time
+    import warnings
 
-    pid = os.fork()
+    with warnings.catch_warnings():  # 3.12+: fork of a process with threads; the
+        warnings.simplefilter("ignore", DeprecationWarning)  # child only writes
+        pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
         try:
             os.replace = lambda *args: os._exit(17)  # die after the temporary write
