@@ -38,6 +38,7 @@ Run the defense-suite benchmarks and report their results.
   defense-suite bench [--profile quick|full]      run a profile, then report
   defense-suite audit SPEC --out DIR              audit your own fitted model
   defense-suite federated run [APP] [CONNECTION]  flwr run, validated, exit = status
+  defense-suite federated supernode ARGS...       a SuperNode, app verification on
 
 A metric is named by its section and key, e.g. success.auc or utility.accuracy.
 """
@@ -274,7 +275,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 def _cmd_federated(args: argparse.Namespace) -> int:
     from defense_suite.federated.__main__ import main as federated_main
 
-    return federated_main(["run", *args.rest])
+    return federated_main([args.action, *args.rest])
 
 
 def build_parser(audit: bool = True) -> argparse.ArgumentParser:
@@ -384,11 +385,11 @@ def build_parser(audit: bool = True) -> argparse.ArgumentParser:
     federated = sub.add_parser(
         "federated", help="run a Flower app; the exit code is its final status"
     )
-    federated.add_argument("action", choices=("run",), help="the only action: run")
+    federated.add_argument("action", choices=("run", "supernode"), help="what to do")
     federated.add_argument(
         "rest",
         nargs=argparse.REMAINDER,
-        help="[APP] [CONNECTION] [--run-config ...], as for flwr run",
+        help="run: as for flwr run; supernode: as for flower-supernode",
     )
     federated.set_defaults(func=_cmd_federated)
 

@@ -31,6 +31,17 @@ def test_a_supernode_without_app_verification_does_not_start(capsys):
     assert err.count("\n") == 1
 
 
+def test_the_suite_command_reaches_the_supernode_action():
+    done = subprocess.run(
+        [str(BIN / "defense-suite"), "federated", "supernode", "--insecure"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "pass --trusted-entities FILE" in done.stderr
+
+
 def test_the_supernode_command_keeps_flowers_arguments():
     command = entry.supernode_command(
         ["--insecure", "--trusted-entities", "t.yaml"], False
