@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -110,7 +111,7 @@ def _files_holding(root, needles: list[bytes]) -> dict[str, int]:
     return found
 
 
-def _killed_save(model: S3T, path) -> int:
+def _killed_save(model: S3T, path: Path) -> int:
     """Fork; the child dies (``os._exit``, no cleanup runs) after the temporary write.
 
     A forked child is killed exactly as a separate interpreter would be (no
