@@ -258,10 +258,12 @@ def _train_mlp(
     rng: np.random.Generator,
     sampling: Sampling,
     public_count: int,
+    constant_work: bool,
 ) -> Params:
     import torch
     from opacus import GradSampleModule
 
+    from .padding import RowMasks, padded, padded_rows
     from .private_optimizer import SanitizingDPOptimizer
 
     threads = torch.get_num_threads()
@@ -296,6 +298,11 @@ def _train_mlp(
             # Opacus returns the noisy clipped *sum*; lr / (q N) divides it by the
             # public expected batch size, as in the numpy backend.
             scale = expected_batch(plan.rate, public_count)
+            # constant work: every step computes the public padded_rows(q, N) rows,
+            # the sample first, the padding's gradients masked to zero before
+            # clipping (federated.padding): the same clipped sum.
+            masks = RowMasks() if constant_work else None
+            rows = padded_rows(plan.rate, public_count)
             optimizer = SanitizingDPOptimizer(
                 torch.optim.SGD(model.parameters(), lr=lr / scale),
                 noise_multiplier=plan.sigma,
@@ -303,10 +310,15 @@ def _train_mlp(
                 expected_batch_size=max(1, round(scale)),
                 loss_reduction="sum",
                 generator=generator,
+                masks=masks,
             )
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
                 for index in batches(rng, n, plan.rate, plan.steps, sampling):
+                    if masks is not None:
+                        rows_index, mask = padded(index.tolist(), rows, n)
+                        masks.push(mask)
+                        index = np.asarray(rows_index, dtype=np.int64)
                     optimizer.zero_grad(set_to_none=True)
                     loss_fn(model(X[index]), y[index]).backward()
                     optimizer.step()
@@ -364,10 +376,14 @@ def local_train(
     (post-processing), so it never raises because of the records or of the
     weights' values. ``public_count`` is the client's public record count
     (default ``len(data)``: only for research loops where the size is public).
-    ``constant_work`` (default) computes every record's gradient each step and
-    keeps the sample by a mask, so the time does not depend on the sample (numpy
-    backend); in-process research loops without a timing observer may turn it off
-    (2-4x faster at small rates). Shapes are checked first (they are public).
+    ``constant_work`` (default) makes a step's work independent of the sample and
+    of the private record count: the numpy backend computes every record's
+    gradient and keeps the sample by a mask; the Opacus backend computes the
+    public number of rows :func:`federated.padding.padded_rows` ``(q, N)``, the
+    sample padded with rows whose gradients are masked to zero before clipping
+    (same release, same epsilon). In-process research loops without a timing
+    observer may turn it off (faster at small rates). Shapes are checked first
+    (they are public).
     """
     if sampling not in SAMPLINGS:
         raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
@@ -386,7 +402,9 @@ def local_train(
             current, data, plan, lr, clip, rng, sampling, count, constant_work
         )
     else:
-        new = _train_mlp(current, data, plan, lr, clip, rng, sampling, count)
+        new = _train_mlp(
+            current, data, plan, lr, clip, rng, sampling, count, constant_work
+        )
     if plan.sigma is not None:
         return finite_release(new)
     if not all(np.isfinite(p).all() for p in new):

@@ -1,7 +1,14 @@
 r"""Opacus's ``DPOptimizer`` on the suite's one release path (:mod:`federated.release`).
 
-:class:`SanitizingDPOptimizer` changes three things in Opacus 1.6's optimizer, each
+:class:`SanitizingDPOptimizer` changes four things in Opacus 1.6's optimizer, each
 step (``pre_step``: clip, noise, scale):
+
+* **Mask the padding** (``clip_and_accumulate``, with ``masks``): a padded batch of
+  the public row count :math:`R` (:mod:`federated.padding`) carries a keep-mask
+  :math:`m`; every row with :math:`m_i = 0` gets a zero per-sample gradient before
+  clipping, so the clipped sum is the sum over the Poisson sample alone and the
+  step's work is :math:`R` rows whatever was sampled. The same ``torch.where`` runs
+  over every row each step (no branch on what was sampled or sanitized).
 
 * **Sanitize before clipping** (``clip_and_accumulate``): a sample whose per-sample
   gradient has a non-finite entry in any parameter (its loss overflowed, or the
@@ -24,11 +31,14 @@ step (``pre_step``: clip, noise, scale):
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from opacus.optimizers import DPOptimizer
 from opacus.optimizers.optimizer import _generate_noise
+
+from .padding import RowMasks
 
 logger = logging.getLogger(__name__)
 
@@ -37,39 +47,62 @@ class SanitizingDPOptimizer(DPOptimizer):  # type: ignore[misc]
     """``DPOptimizer`` that zeroes non-finite per-sample gradients before clipping.
 
     Takes the same arguments as Opacus's ``DPOptimizer``; ``expected_batch_size``
-    is required (the public normalizer, see the module).
+    is required (the public normalizer, see the module). ``masks``
+    (:class:`federated.padding.RowMasks`) hands it the keep-mask of each padded
+    batch; without it every row of a batch is a sampled record (Opacus's own
+    variable-size Poisson batches).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, masks: RowMasks | None = None, **kwargs: Any
+    ) -> None:
         if kwargs.get("expected_batch_size") is None:
             raise ValueError(
                 "expected_batch_size must be given from a public count (round(q * "
                 "public-num-examples)), never from the private data set's size"
             )
         super().__init__(*args, **kwargs)
+        self.masks = masks
         self.sanitized = 0
-        """Samples whose gradient was replaced by zero (the node's own log)."""
+        """Sampled records whose gradient was replaced by zero (the node's own log)."""
+        self.rows: list[int] = []
+        """Rows whose per-sample gradients each step computed (instrumentation)."""
+        self.guard: Callable[[SanitizingDPOptimizer], None] | None = None
+        """Called first in every step, before any record's gradient is used (the
+        round's step limit)."""
+
+    def pre_step(self, closure: Callable[[], float] | None = None) -> bool | None:
+        """The guard, then Opacus's step: clip, noise, scale."""
+        if self.guard is not None:
+            self.guard(self)
+        out: bool | None = super().pre_step(closure)
+        return out
 
     def clip_and_accumulate(self) -> None:
-        """Zero every sample's gradient that is not finite, then Opacus's clipping."""
+        """Zero every masked or non-finite sample's gradient, then Opacus's clipping."""
         samples = [self._get_flat_grad_sample(p) for p in self.params]
         if samples and len(samples[0]):
-            finite = torch.ones(len(samples[0]), dtype=torch.bool)
+            rows = len(samples[0])
+            self.rows.append(rows)
+            finite = torch.ones(rows, dtype=torch.bool)
             for g in samples:
-                finite &= torch.isfinite(g.reshape(len(g), -1)).all(dim=1).cpu()
-            if not bool(finite.all()):
-                self.sanitized += int((~finite).sum())
-                for p, g in zip(self.params, samples, strict=True):
-                    keep = finite.to(g.device).reshape(-1, *([1] * (g.dim() - 1)))
-                    p.grad_sample = torch.where(keep, g, torch.zeros_like(g))
+                finite &= torch.isfinite(g.reshape(rows, -1)).all(dim=1).cpu()
+            sampled = (
+                torch.ones(rows, dtype=torch.bool)
+                if self.masks is None
+                else self.masks.take(rows).cpu()
+            )
+            keep = finite & sampled
+            self.sanitized += int((sampled & ~finite).sum())
+            for p, g in zip(self.params, samples, strict=True):
+                where = keep.to(g.device).reshape(-1, *([1] * (g.dim() - 1)))
+                p.grad_sample = torch.where(where, g, torch.zeros_like(g))
         super().clip_and_accumulate()
         for p in self.params:
-            if p.summed_grad is not None and not bool(
-                torch.isfinite(p.summed_grad).all()
-            ):
+            if p.summed_grad is not None:
                 # A finite gradient with an overflowing norm: factor 0 times a
                 # huge value is 0, but 0 * inf cannot occur after sanitizing;
-                # keep the release path total regardless.
+                # keep the release path total regardless (no branch: same work).
                 p.summed_grad = torch.nan_to_num(p.summed_grad, 0.0, 0.0, 0.0)
 
     def add_noise(self) -> None:

@@ -20,6 +20,7 @@ and charged under a file lock). The round's sampling and noise come from
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from flwr.app import Context, Message
 
 from ..ledger import ClientPrivacy, Grant, PrivacyLedger, RoundRefused
 from . import records, runtime
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -78,6 +81,11 @@ class PrivateRound:
         """Epsilon spent so far, this round included (the ledger's)."""
         return self.ledger.epsilon
 
+    def _guard(self, _: object) -> None:
+        """Before a step's clipping: refuse a step past the grant."""
+        if self.taken >= self.grant.steps:
+            self._count(_)
+
     def _count(self, _: object) -> None:
         self.taken += 1
         if self.taken > self.grant.steps:
@@ -98,16 +106,21 @@ class PrivateRound:
         max_grad_norm: float,
         public_examples: int | None = None,
     ) -> tuple[Any, Any, Any]:
-        r"""The module, optimizer and a Poisson data loader made private with Opacus.
+        r"""The module, optimizer and a padded Poisson data loader made private.
 
-        Returns ``(GradSampleModule, SanitizingDPOptimizer, DPDataLoader)``. The
-        loss must be a mean over the batch (Opacus' default
+        Returns ``(GradSampleModule, SanitizingDPOptimizer, PaddedPoissonLoader)``.
+        The loss must be a mean over the batch (Opacus' default
         ``loss_reduction="mean"``); the optimizer divides the noisy clipped sum by
         the *public* expected batch size :math:`\mathrm{round}(q N)`, with
         :math:`N` = ``public_examples``, else the node config's
         ``public-num-examples`` (never ``len(dataset)``, which the noise scale
-        would reveal). Non-finite per-sample gradients contribute zero before
-        clipping and the noised sum is checked finite
+        would reveal). Every batch has the public row count
+        :math:`R` = :func:`federated.padding.padded_rows` ``(q, N)``: the Poisson
+        sample (Opacus's draw) padded with zero-weight rows, whose per-sample
+        gradients the optimizer zeroes before clipping, so a step's work does not
+        depend on the private record count or on the sample; step once per batch,
+        in order (as :meth:`batches` does). Non-finite per-sample gradients
+        contribute zero before clipping and the noised sum is checked finite
         (:class:`federated.private_optimizer.SanitizingDPOptimizer`). Sampling and
         noise share one ``torch.Generator`` seeded from :attr:`rng` (there is no
         generator argument: a seed the server can guess would let it subtract the
@@ -121,10 +134,10 @@ class PrivateRound:
         """
         import torch
         from opacus import GradSampleModule
-        from opacus.data_loader import DPDataLoader
 
         from defenses.checks import check_int, check_real
 
+        from ..padding import ETA, PaddedPoissonLoader, RowMasks, padded_rows, tail
         from ..private_optimizer import SanitizingDPOptimizer
         from ..release import expected_batch
 
@@ -138,7 +151,22 @@ class PrivateRound:
             )
         check_int("public_examples", count, 1)
         generator = torch.Generator().manual_seed(int(self.rng.integers(2**63 - 1)))
-        loader = DPDataLoader(dataset, sample_rate=self.rate, generator=generator)
+        rows, masks = padded_rows(self.rate, count), RowMasks()
+        loader = PaddedPoissonLoader(
+            dataset, sample_rate=self.rate, rows=rows, generator=generator, masks=masks
+        )
+        held = len(dataset)  # type: ignore[arg-type]
+        beyond = tail(rows, self.rate, held)  # computed always: no branch on held
+        if held > count and beyond > 1e3 * ETA:
+            logger.warning(  # the node's own log: its public count is too small
+                "%d records but public-num-examples %d: a step's batch exceeds the "
+                "%d padded rows with probability %.2g, and its reply time then "
+                "shows it; declare a public count >= the records",
+                held,
+                count,
+                rows,
+                beyond,
+            )
         model = (
             module
             if isinstance(module, GradSampleModule)
@@ -151,8 +179,10 @@ class PrivateRound:
             expected_batch_size=max(1, round(expected_batch(self.rate, count))),
             loss_reduction="mean",
             generator=generator,
+            masks=masks,
         )
         dp_optimizer.attach_step_hook(self._count)
+        dp_optimizer.guard = self._guard
         return model, dp_optimizer, loader
 
     def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
