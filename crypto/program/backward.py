@@ -41,12 +41,7 @@ from ..he.evaluator import Evaluator, Value
 from .attention import SoftmaxPolys
 from .forward import Run, Trace
 from .forward import block as frozen_block
-from .layer_grad import (
-    fused_norm_backward,
-    gk_backward,
-    norm_backward,
-    softmax_backward,
-)
+from .layer_grad import attention_backward, fused_norm_backward, norm_backward
 from .spec import Block, Program, depth
 from .tape import Matrix, derivative, fit, head, matmul_t, outer_sums, weight
 from .tape import block as traced_block
@@ -194,10 +189,7 @@ def _block_backward(
         ev, grads, f"{pre}wo", wo, tr[f"{pre}attended"], dh, f"{pre}{names['wo']}"
     )
     dz_in = fitted if want_input else None
-    if t.softmax is None:
-        dq, dks, dvs = gk_backward(ev, p, b, tr, datt)
-    else:
-        dq, dks, dvs = softmax_backward(ev, p, b, tr, datt, t.softmax)
+    dq, dks, dvs = attention_backward(ev, p, b, tr, datt, t.softmax)
     if r.masks is not None:
         for s in range(n):
             vals, [mk] = fit(ev, [dvs[s], [r.masks[s]]], 1, f"{pre}key weights grad")

@@ -101,89 +101,115 @@ def fused_norm_backward(
     return [ev.add(a, b) for a, b in zip(residual, back, strict=True)]
 
 
-def gk_backward(
-    ev: Evaluator, p: Program, b: Block, trace: Trace, datt: list[Value]
-) -> Grads:
-    """Gradients of the queries and of each shift's keys and values (kernel)."""
+def _empty(p: Program) -> Grads:
+    """Placeholders for the query, key and value gradients (filled per head)."""
     d, n = p.d, p.n_tokens
-    dq: list[Value] = [Value(None)] * d
-    dks = [[Value(None)] * d for _ in range(n)]
-    dvs = [[Value(None)] * d for _ in range(n)]
-    gk_d = derivative(b.gk)
-    for h, cols in enumerate(heads(p)):
-        tag = f"{b.prefix}head {h} "
-        dcol = [datt[f] for f in cols]
-        dcol, *vh = fit(
-            ev, [dcol, *(trace[f"{tag}v {s}"] for s in range(n))], 1, "kernel grad"
-        )
-        g = [
-            ev.total([ev.mul(dcol[i], vh[s][i]) for i in range(len(cols))])
-            for s in range(n)
-        ]
-        dcol, w = fit(ev, [dcol, trace[f"{tag}w"]], 1, "value grad")
-        for s in range(n):
-            for i, f in enumerate(cols):
-                dvs[s][f] = ev.mul(dcol[i], w[s])
-        [u] = fit(ev, [trace[f"{tag}u"]], 3, "kernel derivative")
-        slope = [ev.poly(x, gk_d) for x in u]
-        g, slope = fit(ev, [g, slope], 1, "distance grad")
-        du = [ev.mul(a, c) for a, c in zip(g, slope, strict=True)]
-        for s in range(n):
-            [dus], diff = fit(
-                ev, [[du[s]], trace[f"{tag}diff {s}"]], 1, "difference grad"
-            )
-            for i, f in enumerate(cols):
-                half = ev.mul(dus, diff[i])
-                ddiff = ev.add(half, half)
-                dks[s][f] = ev.neg(ddiff)
-                dq[f] = ddiff if s == 0 else ev.add(dq[f], ddiff)
-    return dq, dks, dvs
+    return (
+        [Value(None)] * d,
+        [[Value(None)] * d for _ in range(n)],
+        [[Value(None)] * d for _ in range(n)],
+    )
 
 
-def softmax_backward(
+def attention_backward(
     ev: Evaluator,
     p: Program,
     b: Block,
     trace: Trace,
     datt: list[Value],
-    polys: SoftmaxPolys,
+    polys: SoftmaxPolys | None,
 ) -> Grads:
-    """Gradients of the queries and of each shift's keys and values (softmax)."""
-    d, n = p.d, p.n_tokens
-    dq: list[Value] = [Value(None)] * d
-    dks = [[Value(None)] * d for _ in range(n)]
-    dvs = [[Value(None)] * d for _ in range(n)]
-    exp_d = derivative(polys.exp)
+    """Gradients of the queries and of each shift's keys and values, head by head.
+
+    The Gaussian kernel, or the polynomial softmax when ``polys`` is given.
+    """
+    grads = _empty(p)
     for h, cols in enumerate(heads(p)):
         tag = f"{b.prefix}head {h} "
-        saved_y = trace[f"{tag}y"]
         dcol = [datt[f] for f in cols]
-        dcol, [y] = fit(ev, [dcol, saved_y], 1, "softmax grad")
-        dacc = [ev.mul(x, y) for x in dcol]
-        dcol, acc = fit(ev, [dcol, trace[f"{tag}acc"]], 1, "softmax grad")
-        dy = ev.total([ev.mul(a, c) for a, c in zip(dcol, acc, strict=True)])
-        [[y]] = fit(ev, [saved_y], 1, "softmax grad")
-        [[dy, ysq]] = fit(ev, [[dy, ev.square(y)]], 1, "softmax grad")
-        dtotal = ev.neg(ev.mul(dy, ysq))
-        vs = [trace[f"{tag}v {s}"] for s in range(n)]
-        dacc, *vh = fit(ev, [dacc, *vs], 1, "softmax value")
-        de = [
-            ev.total([ev.mul(dacc[i], vh[s][i]) for i in range(len(cols))])
-            for s in range(n)
-        ]
-        de = [ev.add(x, dtotal) for x in de]
-        [scores] = fit(ev, [trace[f"{tag}scores"]], 3, "exp derivative")
-        slope = [ev.poly(x, exp_d) for x in scores]
-        de, slope = fit(ev, [de, slope], 1, "score grad")
-        dsc = [ev.mul(a, c) for a, c in zip(de, slope, strict=True)]
-        ks = [trace[f"{tag}k {s}"] for s in range(n)]
-        dsc, *kh = fit(ev, [dsc, *ks], 1, "query grad")
+        if polys is None:
+            _gk_head(ev, b, trace, tag, cols, dcol, grads)
+        else:
+            _softmax_head(ev, trace, tag, cols, dcol, grads, polys)
+    return grads
+
+
+def _gk_head(
+    ev: Evaluator,
+    b: Block,
+    trace: Trace,
+    tag: str,
+    cols: list[int],
+    dcol: list[Value],
+    grads: Grads,
+) -> None:
+    """One head of the kernel's backward pass, written into ``grads``."""
+    dq, dks, dvs = grads
+    n = len(dks)
+    gk_d = derivative(b.gk)
+    dcol, *vh = fit(
+        ev, [dcol, *(trace[f"{tag}v {s}"] for s in range(n))], 1, "kernel grad"
+    )
+    g = [
+        ev.total([ev.mul(dcol[i], vh[s][i]) for i in range(len(cols))])
+        for s in range(n)
+    ]
+    dcol, w = fit(ev, [dcol, trace[f"{tag}w"]], 1, "value grad")
+    for s in range(n):
         for i, f in enumerate(cols):
-            dq[f] = ev.total([ev.mul(dsc[s], kh[s][i]) for s in range(n)])
-        dsc, qh = fit(ev, [dsc, trace[f"{tag}q"]], 1, "key grad")
-        dacc, e = fit(ev, [dacc, trace[f"{tag}e"]], 1, "value grad")
-        for s in range(n):
-            for i, f in enumerate(cols):
-                dks[s][f] = ev.mul(dsc[s], qh[i])
-                dvs[s][f] = ev.mul(dacc[i], e[s])
-    return dq, dks, dvs
+            dvs[s][f] = ev.mul(dcol[i], w[s])
+    [u] = fit(ev, [trace[f"{tag}u"]], 3, "kernel derivative")
+    slope = [ev.poly(x, gk_d) for x in u]
+    g, slope = fit(ev, [g, slope], 1, "distance grad")
+    du = [ev.mul(a, c) for a, c in zip(g, slope, strict=True)]
+    for s in range(n):
+        [dus], diff = fit(ev, [[du[s]], trace[f"{tag}diff {s}"]], 1, "difference grad")
+        for i, f in enumerate(cols):
+            half = ev.mul(dus, diff[i])
+            ddiff = ev.add(half, half)
+            dks[s][f] = ev.neg(ddiff)
+            dq[f] = ddiff if s == 0 else ev.add(dq[f], ddiff)
+
+
+def _softmax_head(
+    ev: Evaluator,
+    trace: Trace,
+    tag: str,
+    cols: list[int],
+    dcol: list[Value],
+    grads: Grads,
+    polys: SoftmaxPolys,
+) -> None:
+    """One head of the softmax's backward pass, written into ``grads``."""
+    dq, dks, dvs = grads
+    n = len(dks)
+    exp_d = derivative(polys.exp)
+    saved_y = trace[f"{tag}y"]
+    dcol, [y] = fit(ev, [dcol, saved_y], 1, "softmax grad")
+    dacc = [ev.mul(x, y) for x in dcol]
+    dcol, acc = fit(ev, [dcol, trace[f"{tag}acc"]], 1, "softmax grad")
+    dy = ev.total([ev.mul(a, c) for a, c in zip(dcol, acc, strict=True)])
+    [[y]] = fit(ev, [saved_y], 1, "softmax grad")
+    [[dy, ysq]] = fit(ev, [[dy, ev.square(y)]], 1, "softmax grad")
+    dtotal = ev.neg(ev.mul(dy, ysq))
+    vs = [trace[f"{tag}v {s}"] for s in range(n)]
+    dacc, *vh = fit(ev, [dacc, *vs], 1, "softmax value")
+    de = [
+        ev.total([ev.mul(dacc[i], vh[s][i]) for i in range(len(cols))])
+        for s in range(n)
+    ]
+    de = [ev.add(x, dtotal) for x in de]
+    [scores] = fit(ev, [trace[f"{tag}scores"]], 3, "exp derivative")
+    slope = [ev.poly(x, exp_d) for x in scores]
+    de, slope = fit(ev, [de, slope], 1, "score grad")
+    dsc = [ev.mul(a, c) for a, c in zip(de, slope, strict=True)]
+    ks = [trace[f"{tag}k {s}"] for s in range(n)]
+    dsc, *kh = fit(ev, [dsc, *ks], 1, "query grad")
+    for i, f in enumerate(cols):
+        dq[f] = ev.total([ev.mul(dsc[s], kh[s][i]) for s in range(n)])
+    dsc, qh = fit(ev, [dsc, trace[f"{tag}q"]], 1, "key grad")
+    dacc, e = fit(ev, [dacc, trace[f"{tag}e"]], 1, "value grad")
+    for s in range(n):
+        for i, f in enumerate(cols):
+            dks[s][f] = ev.mul(dsc[s], qh[i])
+            dvs[s][f] = ev.mul(dacc[i], e[s])

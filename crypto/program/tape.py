@@ -36,6 +36,8 @@ from .spec import Block, Norm, Program, depth
 
 Matrix = FloatArray | list[list[Value]]
 """A public array, or the client's encrypted matrix (one value per entry)."""
+QKV = tuple[list[Value], list[list[Value]], list[list[Value]]]
+"""Queries, and the keys and values of each shift (rolled copies)."""
 
 TANH_STAGE = {"heformer": "pooler", "bert": "tanh"}
 """The name of the pre-tanh refresh in each family's public schedule."""
@@ -133,15 +135,9 @@ def heads(p: Program) -> list[list[int]]:
     return [list(range(h * dh, (h + 1) * dh)) for h in range(p.heads)]
 
 
-def gk_forward(
-    r: Run,
-    p: Program,
-    b: Block,
-    q: list[Value],
-    ks: list[list[Value]],
-    vs: list[list[Value]],
-) -> list[Value]:
+def gk_forward(r: Run, p: Program, b: Block, qkv: QKV) -> list[Value]:
     """Gaussian-kernel attention; keeps per head its differences, distances, weights."""
+    q, ks, vs = qkv
     ev, pre, n = r.ev, b.prefix, len(ks)
     q, *ks = fit(ev, [q, *ks], 1, "kernel distance")
     out: list[Value] = [Value(None)] * p.d
@@ -167,15 +163,10 @@ def gk_forward(
 
 
 def softmax_forward(
-    r: Run,
-    p: Program,
-    b: Block,
-    q: list[Value],
-    ks: list[list[Value]],
-    vs: list[list[Value]],
-    polys: SoftmaxPolys,
+    r: Run, p: Program, b: Block, qkv: QKV, polys: SoftmaxPolys
 ) -> list[Value]:
     """Polynomial-softmax attention; keeps per head what its backward pass reads."""
+    q, ks, vs = qkv
     ev, pre, n = r.ev, b.prefix, len(ks)
     out: list[Value] = [Value(None)] * p.d
     for h, cols in enumerate(heads(p)):
@@ -277,9 +268,9 @@ def block(
             vals, [mk] = fit(ev, [vs[s], [r.masks[s]]], 1, f"{pre}key weights")
             vs[s] = [ev.mul(x, mk) for x in vals]
     if softmax is None:
-        att = gk_forward(r, p, b, proj["q"], ks, vs)
+        att = gk_forward(r, p, b, (proj["q"], ks, vs))
     else:
-        att = softmax_forward(r, p, b, proj["q"], ks, vs, softmax)
+        att = softmax_forward(r, p, b, (proj["q"], ks, vs), softmax)
     [att] = fit(ev, [att], 1, f"{pre}output projection")
     r.keep(f"{pre}attended", att)
     projected = dense(r, att, weight(r, b, "o"), b.o.bias)
