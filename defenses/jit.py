@@ -359,12 +359,33 @@ def vectorizable(function: Kernel, inline: bool = False) -> Kernel:
     return _njit(function, error_model="numpy")
 
 
+_in_call = threading.local()
+
+
+def compiling_in_call() -> bool:
+    """Whether calls compile their kernels themselves (inside :func:`warm`).
+
+    Outside it, a package may answer a call whose kernel is not compiled yet from
+    a numpy twin while another process compiles (``defenses.ssd.kernels.background``).
+    """
+    return bool(getattr(_in_call, "value", False))
+
+
 def warm(modules: tuple[str, ...] = WARMUPS) -> dict[str, float]:
     """Compile (or load) every kernel the suite's calls need; seconds per module.
 
     Each module's ``run()`` makes representative calls (every dtype and kernel
-    path); a module that does not exist is skipped.
+    path), which compile in the call (:func:`compiling_in_call`); a module that
+    does not exist is skipped.
     """
+    _in_call.value = True
+    try:
+        return _warm(modules)
+    finally:
+        _in_call.value = False
+
+
+def _warm(modules: tuple[str, ...]) -> dict[str, float]:
     took = {}
     for name in modules:
         try:

@@ -326,19 +326,23 @@ class StealthyShield:
         out = np.empty((n if answers else 0, k), dtype=rows.dtype)
         labels = np.empty(0 if answers else n, dtype=np.int64)
 
+        from defenses.ssd.kernels import plain
+        from defenses.ssd.kernels.background import pick
         from defenses.ssd.kernels.shield import shield_rows  # imports numba
         from defenses.ssd.kernels.small import SMALL_K, shield_rows_small
 
         small = k <= min(SMALL_K, MAX_NEWTON_STEPS)
-        kernel = shield_rows_small if small else shield_rows
-
-        view, fixed = frozen(rows), frozen(prototypes)
+        args = (
+            frozen(rows), frozen(prototypes), frozen(uniforms), self.key_,
+            self.counter_, settings, MAX_NEWTON_STEPS, 0, n, out, labels,
+        )  # fmt: skip
+        kernel = pick(
+            shield_rows_small if small else shield_rows, plain.shield_rows, args
+        )
 
         def block(bounds: tuple[int, int]) -> FloatArray:
-            return kernel(
-                view, fixed, frozen(uniforms), self.key_, self.counter_, settings,
-                MAX_NEWTON_STEPS, bounds[0], bounds[1], out, labels,
-            )  # fmt: skip
+            result: FloatArray = kernel(*args[:7], bounds[0], bounds[1], *args[9:])
+            return result
 
         results = run_blocks(block, n, k, self.n_threads)
         check_stats(results, self._tolerance(given, k))

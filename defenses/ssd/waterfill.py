@@ -173,15 +173,15 @@ def _water_filling_numpy(
     f: FloatArray, q: FloatArray, budget: FloatArray, tolerance: float
 ) -> FloatArray:
     """Solve every row in one compiled pass, then check the inputs' row statistics."""
+    from defenses.ssd.batch import frozen
+    from defenses.ssd.kernels import plain
+    from defenses.ssd.kernels.background import pick
     from defenses.ssd.kernels.projection import project_rows  # imports numba
 
     out = np.empty_like(f)
     stats = np.empty((f.shape[0], 4))
-    from defenses.ssd.batch import frozen
-
-    project_rows(
-        frozen(f), frozen(q), FLOOR, frozen(0.5 * budget), MAX_NEWTON_STEPS, stats, out
-    )
+    args = (frozen(f), frozen(q), FLOOR, frozen(0.5 * budget), MAX_NEWTON_STEPS)
+    pick(project_rows, plain.project_rows, (*args, stats, out))(*args, stats, out)
     if f.size:
         for name, column in (("f", 0), ("q", 1)):
             smallest = float(stats[:, column + 2].min())
