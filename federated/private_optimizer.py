@@ -36,7 +36,11 @@ from typing import Any
 
 import torch
 from opacus.optimizers import DPOptimizer
-from opacus.optimizers.optimizer import _generate_noise
+from opacus.optimizers.optimizer import (
+    _check_processed_flag,
+    _generate_noise,
+    _mark_as_processed,
+)
 
 from .padding import RowMasks
 
@@ -67,6 +71,8 @@ class SanitizingDPOptimizer(DPOptimizer):  # type: ignore[misc]
         """Sampled records whose gradient was replaced by zero (the node's own log)."""
         self.rows: list[int] = []
         """Rows whose per-sample gradients each step computed (instrumentation)."""
+        self.sampled: list[int] = []
+        """Sampled records among them, each step (the node's own instrumentation)."""
         self.guard: Callable[[SanitizingDPOptimizer], None] | None = None
         """Called first in every step, before any record's gradient is used (the
         round's step limit)."""
@@ -79,31 +85,51 @@ class SanitizingDPOptimizer(DPOptimizer):  # type: ignore[misc]
         return out
 
     def clip_and_accumulate(self) -> None:
-        """Zero every masked or non-finite sample's gradient, then Opacus's clipping."""
+        r"""Opacus's clipping with masked and non-finite samples at factor 0.
+
+        Per row :math:`i`: :math:`\nu_i = \lVert (g_i^p)_p\rVert` over every
+        parameter :math:`p`; :math:`k_i = m_i \wedge (\nu_i\ \text{finite})` (a NaN
+        or infinite entry, or a norm that overflows, makes :math:`\nu_i`
+        non-finite); :math:`f_i = \min(1, C / (\nu_i + 10^{-6}))` if :math:`k_i`
+        else 0. Rows not kept are set to zero in place (so that
+        :math:`0 \cdot \mathrm{NaN}` never occurs) and :math:`\sum_i f_i g_i` is
+        accumulated, as Opacus does. Every step makes the same passes over all
+        rows, whatever was sampled or sanitized.
+        """
         samples = [self._get_flat_grad_sample(p) for p in self.params]
-        if samples and len(samples[0]):
-            rows = len(samples[0])
-            self.rows.append(rows)
-            finite = torch.ones(rows, dtype=torch.bool)
-            for g in samples:
-                finite &= torch.isfinite(g.reshape(rows, -1)).all(dim=1).cpu()
-            sampled = (
-                torch.ones(rows, dtype=torch.bool)
-                if self.masks is None
-                else self.masks.take(rows).cpu()
-            )
-            keep = finite & sampled
-            self.sanitized += int((sampled & ~finite).sum())
-            for p, g in zip(self.params, samples, strict=True):
-                where = keep.to(g.device).reshape(-1, *([1] * (g.dim() - 1)))
-                p.grad_sample = torch.where(where, g, torch.zeros_like(g))
-        super().clip_and_accumulate()
-        for p in self.params:
-            if p.summed_grad is not None:
-                # A finite gradient with an overflowing norm: factor 0 times a
-                # huge value is 0, but 0 * inf cannot occur after sanitizing;
-                # keep the release path total regardless (no branch: same work).
-                p.summed_grad = torch.nan_to_num(p.summed_grad, 0.0, 0.0, 0.0)
+        rows = len(samples[0])
+        self.rows.append(rows)
+        sampled = (
+            torch.ones(rows, dtype=torch.bool)
+            if self.masks is None
+            else self.masks.take(rows).cpu()
+        )
+        if rows:
+            device = samples[0].device
+            norms = torch.stack(
+                [g.reshape(rows, -1).norm(2, dim=-1).to(device) for g in samples],
+                dim=1,
+            ).norm(2, dim=1)
+        else:  # an empty Poisson batch (Opacus's own loader, no padding)
+            device, norms = samples[0].device, torch.zeros(0)
+        finite = torch.isfinite(norms).cpu()
+        keep = finite & sampled
+        self.sampled.append(int(sampled.sum()))
+        self.sanitized += int((sampled & ~finite).sum())
+        on = keep.to(device)
+        factor = torch.where(
+            on, (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0), 0.0
+        )
+        for p, g in zip(self.params, samples, strict=True):
+            _check_processed_flag(p.grad_sample)
+            g = g.to(p.dtype)
+            g.masked_fill_(~on.to(g.device).reshape(-1, *([1] * (g.dim() - 1))), 0.0)
+            grad = torch.einsum("i,i...", factor.to(g.device).to(p.dtype), g)
+            # 0 * inf cannot occur after zeroing; nan_to_num keeps the release
+            # path total regardless (no branch: the same work every step).
+            grad = torch.nan_to_num(grad, 0.0, 0.0, 0.0)
+            p.summed_grad = grad if p.summed_grad is None else p.summed_grad + grad
+            _mark_as_processed(p.grad_sample)
 
     def add_noise(self) -> None:
         """Opacus's noise; the noise alone everywhere if a sum is not finite."""

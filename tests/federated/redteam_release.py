@@ -13,8 +13,9 @@ requests' order. Each attack here is judged on what the client released:
   ``B``, hence the client's record count, unless ``B`` comes from a public count;
 * **the evaluate split chosen by the server**: a second run with another run-config
   seed, evaluate probes on the node's "public" split;
-* **side channels**: reply time against the number of sampled records, the steps
-  actually taken, the error categories;
+* **side channels**: reply time against the number of sampled records and the
+  private record count (:mod:`tests.federated.redteam_timing`), the steps actually
+  taken, the error categories;
 * **transcripts**: two clients that differ in one record play the same malicious
   server; what they emit must have the same structure (kinds, shapes, dtypes,
   metric names and values) and be finite.
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
@@ -34,7 +34,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 from flwr.serverapp.strategy import FedAvg
 
-from defense_suite.federated.client import LocalData, StepPlan, batches, local_train
+from defense_suite.federated.client import LocalData, StepPlan, local_train
 from defense_suite.federated.flower import TimeAdaptiveStrategy
 from defense_suite.federated.flower import app as package_app
 from defense_suite.federated.flower.app import client_app, client_data, test_set
@@ -42,6 +42,7 @@ from defense_suite.federated.flower.config import AppConfig
 from defense_suite.federated.store import fingerprints
 from defense_suite.federated.training import accuracy_of
 from tests.federated import redteam
+from tests.federated import redteam_timing as timing
 from tests.federated.loopback import LoopbackGrid, node_contexts
 
 FMAX = float(np.finfo(np.float64).max)
@@ -328,28 +329,6 @@ def scale_outcome(backend: str = "numpy", releases: int = 400) -> list[redteam.O
     return rows
 
 
-def timing(
-    data: LocalData, trials: int = 200, seed: int = 0
-) -> tuple[float, float, float]:
-    """Correlation of reply time and sampled records; median times (few, many)."""
-    times, sampled = [], []
-    weights = [np.zeros((data.X.shape[1], data.n_classes)), np.zeros(data.n_classes)]
-    for trial in range(trials):
-        q = 0.02 if trial % 2 else 0.5
-        plan = StepPlan(q, 4, 1.0)
-        draw = batches(np.random.default_rng([seed, trial]), len(data), q, 4, "poisson")
-        start = time.perf_counter()
-        local_train(
-            weights, data, plan, lr=0.5, clip=1.0,
-            rng=np.random.default_rng([seed, trial]), public_count=500,
-        )  # fmt: skip
-        times.append(time.perf_counter() - start)
-        sampled.append(sum(b.size for b in draw))
-    t, s = np.asarray(times), np.asarray(sampled)
-    few, many = np.median(t[s < np.median(s)]), np.median(t[s >= np.median(s)])
-    return float(np.corrcoef(t, s)[0, 1]), float(few), float(many)
-
-
 def server_chosen_split() -> tuple[redteam.Outcome, dict[str, int]]:
     """Run 1 trains; run 2 (another run-config seed) probes evaluate on every node.
 
@@ -419,12 +398,31 @@ def table() -> list[redteam.Outcome]:
     rows.append(server_chosen_split()[0])
     os.environ["DEFENSE_SUITE_STATE_DIR"] = tempfile.mkdtemp()
     rows.append(moved_split())
-    corr, few, many = timing(client_data(redteam.CONFIG, 0, 2))
-    rows.append(
-        redteam.Outcome(
-            "reply time vs sampled records (numpy, 200 rounds)",
-            [f"correlation {corr:.3f}; median {few * 1e3:.3f} vs {many * 1e3:.3f} ms"],
-            [],
-        )
+    return rows + timing_rows()
+
+
+def timing_rows() -> list[redteam.Outcome]:
+    """Reply time against the records sampled (both backends) and the cost."""
+
+    def row(label: str, stats: tuple[float, float, float]) -> redteam.Outcome:
+        corr, few, many = stats
+        said = f"correlation {corr:.3f}; median {few * 1e3:.3f} vs {many * 1e3:.3f} ms"
+        return redteam.Outcome(label, [said], [])
+
+    data = client_data(redteam.CONFIG, 0, 2)
+    rows = [row("reply time vs sampled records (numpy, 200 rounds)",
+                timing.numpy_timing(data))]  # fmt: skip
+    opacus = timing.opacus_timing()
+    where = (
+        f"60 or 600 records, public count {timing.PUBLIC}, q {timing.Q}, "
+        f"{timing.STEPS} steps, 200 rounds"
     )
+    rows.append(row(f"reply time vs sampled records (opacus, padded; {where})",
+                    opacus["padded"]))  # fmt: skip
+    rows.append(row(f"reply time vs sampled records (opacus, old sampled batches; "
+                    f"{where})", opacus["old"]))  # fmt: skip
+    padded, sampled = timing.mlp_cost(data)
+    said = f"{padded * 1e3:.2f} vs {sampled * 1e3:.2f} ms ({padded / sampled:.2f}x)"
+    label = "cost per local_train call (MLP, Opacus), padded vs sampled rows"
+    rows.append(redteam.Outcome(label, [said], []))
     return rows
