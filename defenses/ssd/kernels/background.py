@@ -74,15 +74,18 @@ class _Job:
         self.lock = lock
         self.process = process
         self.checked = time.monotonic()
+        self.done = False
 
     def finished(self) -> bool:
         """Whether the compilation ended (the cache may then hold the code)."""
+        if self.done:
+            return True
         if self.process is not None:
-            return self.process.poll() is not None
-        if time.monotonic() - self.checked < POLL_S:
-            return False
-        self.checked = time.monotonic()
-        return _holder(self.lock) is None
+            self.done = self.process.poll() is not None
+        elif time.monotonic() - self.checked >= POLL_S:
+            self.checked = time.monotonic()
+            self.done = _holder(self.lock) is None
+        return self.done
 
     def failed(self) -> bool:
         return self.process is not None and self.process.returncode != 0
@@ -126,14 +129,22 @@ def _load(kernel: Any, sig: tuple[Any, ...]) -> bool:
     return True
 
 
-def _start(kernel: Any, sig: tuple[Any, ...]) -> _Job | None:
-    """Start (or join) the compilation of ``kernel`` for ``sig`` (None: cannot)."""
+def lock_path(kernel: Any, sig: tuple[Any, ...]) -> Path | None:
+    """The lock file of ``kernel``'s compilation for ``sig`` (None: no folder)."""
     func = kernel.py_func
     folder = jit.cache_folders(func.__code__.co_filename)[1]
     if folder is None:
         return None
     digest = hashlib.sha256(repr((func.__qualname__, sig)).encode()).hexdigest()[:16]
-    lock = folder / f"{func.__qualname__}-{digest}.compiling"
+    return folder / f"{func.__qualname__}-{digest}.compiling"
+
+
+def _start(kernel: Any, sig: tuple[Any, ...]) -> _Job | None:
+    """Start (or join) the compilation of ``kernel`` for ``sig`` (None: cannot)."""
+    func = kernel.py_func
+    lock = lock_path(kernel, sig)
+    if lock is None:
+        return None
     for _ in range(2):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
@@ -181,7 +192,7 @@ def _start(kernel: Any, sig: tuple[Any, ...]) -> _Job | None:
         func.__qualname__,
         sig[0] if sig else "()",
         process.pid,
-        folder,
+        lock.parent,
     )
     return _Job(lock, process)
 

@@ -81,7 +81,8 @@ def test_answers_are_the_projection_towards_the_drawn_prototype(k):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_extra_memory_is_the_answer_alone(dtype):
+def test_extra_memory_is_the_answer_alone(dtype, monkeypatch):
+    monkeypatch.setenv("DEFENSE_SUITE_JIT", "inline")  # the kernel's, not the twin's
     probs = np.random.default_rng(4).dirichlet(np.full(50, 0.3), 20000).astype(dtype)
     probs /= probs.sum(axis=1, keepdims=True)
     shield = _shield(50, n_threads=2)
@@ -99,7 +100,8 @@ def test_extra_memory_is_the_answer_alone(dtype):
 
 
 @pytest.mark.parametrize(("n", "threads"), [(10_000, 1), (30_000, 2)])
-def test_at_small_k_the_answer_holds_the_kernel_scratch(n, threads):
+def test_at_small_k_the_answer_holds_the_kernel_scratch(n, threads, monkeypatch):
+    monkeypatch.setenv("DEFENSE_SUITE_JIT", "inline")  # the kernel's, not the twin's
     # the row-batched kernel's blocks live in answer rows not yet written, so the
     # first call of a new shield allocates the answer and 1 % more (30,000 rows
     # at K = 10 are split among threads, each chunk holding its own scratch)
