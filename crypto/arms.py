@@ -14,13 +14,13 @@ import torch
 from defenses.arrays import FloatArray
 from defenses.cost import phase
 
-from .ckks import CKKSParams
-from .evaluator import Evaluator, NumpyBackend, Value
-from .heval import HEWeights, forward, lora_factors
-from .model import HEFormer, ModelConfig
-from .packing import pack, roll_tokens, unit
+from .he.ckks import CKKSParams
+from .he.evaluator import Evaluator, NumpyBackend, Value
+from .he.packing import pack, roll_tokens, unit
+from .models.heformer import HEFormer, ModelConfig
+from .models.train import TrainConfig, personalise, predict_logits, pretrain
+from .program.heformer import HEWeights, forward, lora_factors
 from .tasks import Sequences
-from .train import TrainConfig, personalise, predict_logits, pretrain
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,9 @@ class CryptoTask:
 class Deployment:
     """A personalised model served through the plaintext protocol.
 
-    The server evaluates :func:`crypto.heval.forward` on plaintext packed embeddings
-    (what it receives is recorded in ``received``); the client's optional Gaussian
-    ``noise`` on the embeddings is the non-cryptographic baseline.
+    The server evaluates :func:`crypto.program.heformer.forward` on plaintext packed
+    embeddings (what it receives is recorded in ``received``); the client's optional
+    Gaussian ``noise`` on the embeddings is the non-cryptographic baseline.
     """
 
     model: HEFormer
@@ -177,7 +177,7 @@ class EncryptedDeployment:
 
     def client(self) -> Any:
         """The key owner (created once)."""
-        from .protocol import Client
+        from .protocol.client import Client
 
         if self._client is None:
             with phase("keygen"):
@@ -190,7 +190,7 @@ class EncryptedDeployment:
 
     def serve(self, X: FloatArray) -> FloatArray:
         """Encrypted inference; records the uploads and error statistics."""
-        from .protocol import Server
+        from .protocol.client import Server
 
         client = self.client()
         server = Server.for_model(client.public_context(), self.model, self.params)

@@ -31,7 +31,7 @@ from defenses.cost import count
 from defenses.metrics import clopper_pearson
 from defenses.threat import Capability
 
-from .heval import HEWeights
+from .program.heformer import HEWeights
 
 
 @dataclass(frozen=True)
@@ -220,15 +220,15 @@ class AuditReport:
 def secrets_reachable(root: object, limit: int = 200_000) -> list[str]:
     """What, among the objects reachable from ``root``, could decrypt.
 
-    Walks instance attributes and containers (not modules, classes or functions)
-    and reports every :class:`~crypto.protocol.Client`, every TenSEAL context that
+    Walks instance attributes and containers (not modules, classes or functions) and
+    reports every :class:`~crypto.protocol.client.Client`, every TenSEAL context that
     holds a secret key and every ciphertext whose context does.
     """
     import types
 
     import tenseal as ts
 
-    from .protocol import Client
+    from .protocol.client import Client
 
     found: list[str] = []
     seen: set[int] = set()
@@ -276,8 +276,8 @@ def secrets_reachable(root: object, limit: int = 200_000) -> list[str]:
 
 
 def audit(server: Any) -> AuditReport:
-    """Check a :class:`~crypto.protocol.Server`'s transcript, context and reach."""
-    from .ckks import load_ciphertext, load_public
+    """Check a :class:`~crypto.protocol.server.Server`'s transcript, context, reach."""
+    from .he.ckks import load_ciphertext, load_public
 
     only = bool(server.transcript.inbound)
     sample = None

@@ -12,7 +12,7 @@ from defenses.api import DefenseKind
 from defenses.checks import check_real
 
 from .arms import EncryptedDeployment, EncryptedLearner, NoisyLearner
-from .ckks import HE_STANDARD_128, INTERACTIVE, CKKSParams
+from .he.ckks import HE_STANDARD_128, INTERACTIVE, CKKSParams
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from .benchmark.lora import lora_benchmark
 from .benchmark.sweep import finetune_sweep
 from .defense import CKKSDefense, EmbeddingNoise
 from .figures import figures
-from .model import ModelConfig
+from .models.heformer import ModelConfig
 from .tasks import client_transform, digit_sequences, negation_sentiment
 
 TASKS = ("digits", "negation")

@@ -82,3 +82,34 @@ def test_no_import_cycle_between_modules():
     for module in sorted(edges):
         if module not in done:
             visit(module, [], done)
+
+
+CRYPTO_ROOT = {
+    "__init__.py",
+    "arms.py",
+    "attacks.py",
+    "defense.py",
+    "figures.py",
+    "scenario.py",
+    "tasks.py",
+}
+"""The files every package of the suite has; everything else lives in a layer."""
+CRYPTO_LAYERS = {"he": 1, "models": 2, "conversion": 3, "program": 4, "protocol": 5}
+"""Issue 41's layers, bottom to top: each imports only those below it (and itself)."""
+
+
+def test_the_crypto_root_holds_only_the_common_files_and_the_layers():
+    root = ROOT / "crypto"
+    assert {p.name for p in root.glob("*.py")} == CRYPTO_ROOT
+    packages = {p.parent.name for p in root.glob("*/__init__.py")}
+    assert packages == {*CRYPTO_LAYERS, "benchmark"}
+
+
+def test_no_crypto_module_is_named_after_a_model_family():
+    """A model family is a value, not a file prefix (``bert_*``, ``*_bert``)."""
+    named = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "crypto").rglob("*.py")
+        if "bert_" in p.stem or p.stem.endswith("_bert")
+    ]
+    assert not named, named

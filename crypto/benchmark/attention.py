@@ -23,11 +23,11 @@ from defenses.checks import int_param
 from defenses.harness import measurement
 from defenses.results import Result
 
-from ..approx import exp_poly, gaussian_kernel_poly, reciprocal_poly
-from ..ckks import CKKSParams, TenSEALBackend, make_context
-from ..evaluator import Evaluator, Value
-from ..heval import SoftmaxPolys, gk_attention, softmax_attention
-from ..packing import roll_tokens
+from ..he.approx import exp_poly, gaussian_kernel_poly, reciprocal_poly
+from ..he.ckks import CKKSParams, TenSEALBackend, make_context
+from ..he.evaluator import Evaluator, Value
+from ..he.packing import roll_tokens
+from ..program.heformer import SoftmaxPolys, gk_attention, softmax_attention
 
 GK_PARAMS = CKKSParams(8192, (38, 30, 30, 30, 30, 30, 30), 30)
 SOFTMAX_PARAMS = CKKSParams(16384, (38, *([30] * 12), 30), 30)

@@ -1,18 +1,16 @@
 """Benchmark ``crypto-byo``: bring your own transformer, converted and distilled.
 
-Per seed: a tokenizer trained with ``tokenizers`` on the generated negation
-sentences (:func:`~crypto.tasks.negation_texts`); a ``transformers``
-``BertForSequenceClassification`` built from a config (softmax attention, GELU)
-and trained as usual (AdamW, dropout); :func:`~crypto.conversion.convert`; then
-:func:`~crypto.distill.distill` on the first ``distill_train`` training rows with
-their labels. Three
-variants on the held-out split: ``none`` (the original model), ``converted``
-(polynomial form, calibrated, before distillation) and ``distilled``; then the
-distilled model encrypted (:mod:`~crypto.benchmark.byo_he`): ``encrypted``
-(one packed batch of held-out sequences under CKKS), ``lora_step`` (one
-encrypted LoRA step of the classifier adapter) and ``qkv_lora_step`` (one
-encrypted step of the last block's Q/K/V LoRA factors), each when its setting
-is > 0.
+Per seed: a tokenizer trained with ``tokenizers`` on the generated negation sentences
+(:func:`~crypto.tasks.negation_texts`); a ``transformers``
+``BertForSequenceClassification`` built from a config (softmax attention, GELU) and
+trained as usual (AdamW, dropout); :func:`~crypto.conversion.convert`; then
+:func:`~crypto.conversion.distill.distill` on the first ``distill_train`` training rows
+with their labels. Three variants on the held-out split: ``none`` (the original model),
+``converted`` (polynomial form, calibrated, before distillation) and ``distilled``; then
+the distilled model encrypted (:mod:`~crypto.benchmark.byo_he`): ``encrypted`` (one
+packed batch of held-out sequences under CKKS), ``lora_step`` (one encrypted LoRA step
+of the classifier adapter) and ``qkv_lora_step`` (one encrypted step of the last block's
+Q/K/V LoRA factors), each when its setting is > 0.
 """
 
 from __future__ import annotations
@@ -30,8 +28,8 @@ from defenses.results import Result
 from defenses.threads import torch_threads
 
 from ..conversion import convert
-from ..distill import DistillConfig, distill, teacher_logits
-from ..hf import build_tokenizer, encode
+from ..conversion.distill import DistillConfig, distill, teacher_logits
+from ..conversion.tokenizer import build_tokenizer, encode
 from ..tasks import negation_texts
 from .byo_he import encrypted_rows
 

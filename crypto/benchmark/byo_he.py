@@ -1,17 +1,17 @@
 """The encrypted rows of ``crypto-byo``: the distilled BERT under CKKS (TenSEAL).
 
-* ``encrypted``: one packed batch of held-out sequences (as many as one
-  ciphertext holds, at most ``encrypted``) through :class:`~crypto.bert_client.
-  BertClient` and an in-process :class:`~crypto.server.Server` on the
-  ``INTERACTIVE`` chain; accuracy, agreement with the distilled plaintext model,
-  the largest logit error, time and traffic per sequence;
+* ``encrypted``: one packed batch of held-out sequences (as many as one ciphertext
+  holds, at most ``encrypted``) through :class:`~crypto.protocol.encoder_client.
+  BertClient` and an in-process :class:`~crypto.protocol.server.Server` on the
+  ``INTERACTIVE`` chain; accuracy, agreement with the distilled plaintext model, the
+  largest logit error, time and traffic per sequence;
 * ``lora_step``: one encrypted LoRA step of the classifier adapter
-  (:func:`~crypto.bert_tuning.encrypted_head_step`, ``INTERACTIVE_WIDE``: the
+  (:func:`~crypto.program.head_step.encrypted_head_step`, ``INTERACTIVE_WIDE``: the
   slot sums need its 60-bit special prime) on ``lora_step`` sequences, beside the
   same step in plaintext (``torch`` autograd), and their largest difference;
 * ``qkv_lora_step`` (setting ``qkv_lora_step``, 0 or absent: off): one encrypted
   step of the last encoder block's Q/K/V LoRA factors
-  (:func:`~crypto.bert_lora_step.encrypted_qkv_step`, ``INTERACTIVE_WIDE``, the
+  (:func:`~crypto.program.qkv_step.encrypted_qkv_step`, ``INTERACTIVE_WIDE``, the
   earlier blocks frozen) on that many sequences, beside the same step by ``torch``
   autograd, and their largest difference.
 
@@ -30,11 +30,11 @@ import numpy as np
 from defenses.harness import measurement
 from defenses.results import Result
 
-from ..bert_client import BertClient
-from ..bert_lora_step import encrypted_qkv_step, reference_qkv_step
-from ..bert_tuning import encrypted_head_step, reference_head_step
-from ..ckks import INTERACTIVE, INTERACTIVE_WIDE
-from ..server import Server
+from ..he.ckks import INTERACTIVE, INTERACTIVE_WIDE
+from ..program.head_step import encrypted_head_step, reference_head_step
+from ..program.qkv_step import encrypted_qkv_step, reference_qkv_step
+from ..protocol.encoder_client import BertClient
+from ..protocol.server import Server
 
 if TYPE_CHECKING:
     from ..conversion.model import HEBert

@@ -1,17 +1,17 @@
 r"""Benchmark ``crypto-convert-error``: encrypted logit error of a converted BERT.
 
 Per depth (``layers``), width (``width``, FFN ``2 * width``, 2 heads) and seed, a
-``transformers`` BERT is converted (:func:`~crypto.conversion.convert`) and run
-under CKKS (:class:`~crypto.bert_client.BertClient` and an in-process
-:class:`~crypto.server.Server`, the ``INTERACTIVE`` chain: N 8192, 30-bit scale,
-client-aided refreshes and rolls). Two kinds of model (``kind``):
+``transformers`` BERT is converted (:func:`~crypto.conversion.convert`) and run under
+CKKS (:class:`~crypto.protocol.encoder_client.BertClient` and an in-process
+:class:`~crypto.protocol.server.Server`, the ``INTERACTIVE`` chain: N 8192, 30-bit
+scale, client-aided refreshes and rolls). Two kinds of model (``kind``):
 
 * ``random``: random weights (``initializer_range``, 0.2), calibrated on the
   sampled sequences themselves (margin 1.25); ``wide``: the same with
   ``wide_initializer_range`` (0.3), wider ranges;
 * ``distilled``: trained on the generated negation sentences as
-  :mod:`~crypto.benchmark.byo` does (AdamW, softmax, GELU), converted and
-  distilled (:func:`~crypto.distill.distill`), the held-out sentences encrypted.
+  :mod:`~crypto.benchmark.byo` does (AdamW, softmax, GELU), converted and distilled
+  (:func:`~crypto.conversion.distill.distill`), the held-out sentences encrypted.
 
 Each row's error is :math:`e_i = \max_c |\hat z_{ic} - z_{ic}|`, the encrypted
 logits :math:`\hat z` against the plaintext polynomial model's :math:`z`
@@ -35,10 +35,10 @@ from defenses.harness import measurement
 from defenses.results import Result
 from defenses.threads import torch_threads
 
-from ..bert_client import BertClient
-from ..ckks import INTERACTIVE
 from ..conversion import HEBert, convert
-from ..server import Server
+from ..he.ckks import INTERACTIVE
+from ..protocol.encoder_client import BertClient
+from ..protocol.server import Server
 
 KINDS = ("random", "wide", "distilled")
 
@@ -97,8 +97,8 @@ def _random_case(
 def _distilled_case(
     layers: int, width: int, seed: int, settings: Mapping[str, Any]
 ) -> tuple[HEBert, np.ndarray, np.ndarray]:
-    from ..distill import DistillConfig, distill
-    from ..hf import build_tokenizer, encode
+    from ..conversion.distill import DistillConfig, distill
+    from ..conversion.tokenizer import build_tokenizer, encode
     from ..tasks import negation_texts
     from .byo import _teacher, _train
 

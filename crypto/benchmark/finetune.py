@@ -2,7 +2,7 @@
 
 Rho et al. (2025) report that fine-tuning with LoRA and Gaussian-kernel attention is
 6.94x faster under HE than full fine-tuning with softmax attention. This benchmark
-times one encrypted SGD step of the whole layer (:func:`crypto.finetune.
+times one encrypted SGD step of the whole layer (:func:`crypto.program.steps.
 encrypted_step`, forward, backward and the server-side update) for each arm on the
 same batch, the same model and the same key, one after the other in one process:
 
@@ -28,9 +28,9 @@ from defenses.checks import int_param
 from defenses.harness import measurement
 from defenses.results import Result
 
-from ..finetune import TRAIN_PARAMS, KeyOwner, encrypted_step, simulated_step
-from ..folding import Arm, initial_weights
-from ..model import ModelConfig
+from ..models.heformer import ModelConfig
+from ..program.folding import Arm, initial_weights
+from ..program.steps import TRAIN_PARAMS, KeyOwner, encrypted_step, simulated_step
 from ..tasks import digit_sequences
 from .personalised import personalised_model
 

@@ -4,7 +4,7 @@ Three measurements on a micro HEFormer (2 tokens of 3 features, d = 2, personal
 head), each arm alternated with the other ``rounds`` times so that drift in the
 machine's load hits both alike:
 
-* **answers**: :func:`crypto.reaction.answer_times` (4 ciphertexts of 0.5 or
+* **answers**: :func:`crypto.protocol.reaction.answer_times` (4 ciphertexts of 0.5 or
   0.5 * 2^150, doubled by additions) with ``answer_floor = 0`` and ``"auto"``:
   the median difference huge - small, the small answers' spread, and the
   answers a two-sided test would need to read one bit from the difference,
@@ -31,15 +31,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..ckks import INTERACTIVE
-from ..finetune import encrypted_step
-from ..folding import Arm
-from ..model import HEFormer, ModelConfig
-from ..protocol import Client
-from ..reaction import answer_times
-from ..server import Server
+from ..he.ckks import INTERACTIVE
+from ..models.heformer import HEFormer, ModelConfig
+from ..models.train import TrainConfig, personalise, pretrain
+from ..program.folding import Arm
+from ..program.steps import encrypted_step
+from ..protocol.client import Client
+from ..protocol.reaction import answer_times
+from ..protocol.server import Server
 from ..tasks import Sequences
-from ..train import TrainConfig, personalise, pretrain
 
 
 def micro_model(seed: int = 0) -> HEFormer:

@@ -1,8 +1,8 @@
 """Benchmark ``crypto-layer``: the whole encrypted layer, interactive vs not.
 
 One full layer (attention, LayerNorm, feed-forward, head) of a trained model runs
-under CKKS between a :class:`~crypto.protocol.Client` and a public-context
-:class:`~crypto.protocol.Server` on a few client sequences, in two configurations
+under CKKS between a :class:`~crypto.protocol.client.Client` and a public-context
+:class:`~crypto.protocol.server.Server` on a few client sequences, in two configurations
 (Rho et al., 2025, run theirs non-interactively with bootstrapping):
 
 * ``none`` (interactive) - N = 8192, 5 levels of 30 bits; the client refreshes
@@ -32,12 +32,12 @@ from defenses.checks import int_param
 from defenses.harness import measurement
 from defenses.results import Result
 
-from ..ckks import INTERACTIVE, NON_INTERACTIVE, CKKSParams
-from ..model import ModelConfig
-from ..protocol import Client, Server
+from ..he.ckks import INTERACTIVE, NON_INTERACTIVE, CKKSParams
+from ..models.heformer import ModelConfig
+from ..models.train import predict_logits
+from ..protocol.client import Client, Server
+from ..protocol.transport import Loopback
 from ..tasks import digit_sequences
-from ..train import predict_logits
-from ..transport import Loopback
 from .personalised import personalised_model
 
 TRANSPORTS = ("in-process", "loopback")

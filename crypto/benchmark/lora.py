@@ -18,8 +18,8 @@ from defenses.checks import int_param
 from defenses.harness import measurement
 from defenses.results import Result
 
-from ..ckks import CKKSParams, make_context
-from ..lora_he import (
+from ..he.ckks import CKKSParams, make_context
+from ..program.lora_he import (
     encrypted_steps,
     full_forward,
     full_gradient,

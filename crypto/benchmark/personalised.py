@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..model import HEFormer, ModelConfig
+from ..models.heformer import HEFormer, ModelConfig
+from ..models.train import TrainConfig, personalise, pretrain
 from ..tasks import Sequences, client_transform
-from ..train import TrainConfig, personalise, pretrain
 
 
 def personalised_model(

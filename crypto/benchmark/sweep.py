@@ -4,7 +4,7 @@ Rho et al. (2025) report 6.94x for LoRA + Gaussian-kernel fine-tuning against fu
 fine-tuning + softmax at BERT-base width (d = 768), far beyond what one encrypted
 step can reach on a laptop. This benchmark
 
-1. times one encrypted SGD step (:func:`crypto.finetune.encrypted_step`) of each
+1. times one encrypted SGD step (:func:`crypto.program.steps.encrypted_step`) of each
    arm over a grid of widths and sequence lengths, one after the other in one
    process and under one key per sequence length; the model is fitted on the user
    CPU seconds of this process (``step_cpu_s``: the computation), with the
@@ -13,15 +13,15 @@ step can reach on a laptop. This benchmark
    seconds (on a shared machine they measure the other processes too) and the
    process's peak resident memory so far (``peak_rss_mb``: widths listed in
    increasing order make it the peak of the widest step yet);
-2. counts each arm's operations exactly: :class:`~crypto.costmodel.CountModel` is
+2. counts each arm's operations exactly: :class:`~crypto.he.costmodel.CountModel` is
    fitted on simulated steps of 15 small shapes and checked on larger ones;
 3. times each operation in isolation and fits how a real step scales the bare
    operations and how that scale grows with the width
-   (:class:`~crypto.costmodel.CostModel`; with ``free_units``, an extra cost per
+   (:class:`~crypto.he.costmodel.CostModel`; with ``free_units``, an extra cost per
    operation of the named kinds) on the widths below ``held_out``, and
    checks the model on every width from ``held_out`` up (the signed relative error
    :math:`e = (\hat T - T) / T` of each arm at each held-out width);
-4. projects each arm's step to :data:`~crypto.costmodel.PAPER` (and along a curve of
+4. projects each arm's step to :data:`~crypto.he.costmodel.PAPER` (and along a curve of
    widths up to it), in this package's layout and ring, with an interval from the
    held-out errors (:func:`interval`).
 
@@ -45,9 +45,9 @@ from defenses.cost import peak_rss_mb
 from defenses.harness import measurement
 from defenses.results import Result
 
-from ..costmodel import OPERATIONS, PAPER, CostModel, CountModel, Shape, operations
-from ..finetune import TRAIN_PARAMS, KeyOwner, encrypted_step, simulated_step
-from ..folding import Arm
+from ..he.costmodel import OPERATIONS, PAPER, CostModel, CountModel, Shape, operations
+from ..program.folding import Arm
+from ..program.steps import TRAIN_PARAMS, KeyOwner, encrypted_step, simulated_step
 from ..tasks import Sequences, digit_sequences
 from .finetune import ARM_NAMES, BASELINE
 from .heldout import bounds, interval

@@ -14,13 +14,13 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ..ckks import TenSEALBackend
-from ..costmodel import CountModel, Shape
-from ..finetune import KeyOwner, simulated_step
-from ..folding import Arm
-from ..model import HEFormer, ModelConfig
+from ..he.ckks import TenSEALBackend
+from ..he.costmodel import CountModel, Shape
+from ..models.heformer import HEFormer, ModelConfig
+from ..models.train import TrainConfig, pretrain
+from ..program.folding import Arm
+from ..program.steps import KeyOwner, simulated_step
 from ..tasks import Sequences
-from ..train import TrainConfig, pretrain
 
 COUNT_DESIGN = tuple(
     Shape(d, f, n, h, 2)

@@ -9,7 +9,8 @@
   polynomial LayerNorm, activation and pooler, LoRA on Q, K, V);
 * :func:`expected_logit_error` - the encrypted logit error measured per depth and
   width, and :func:`uncertain` - predictions whose top-2 margin is below it;
-* :func:`~crypto.distill.distill` recovers the accuracy the substitutions cost.
+* :func:`~crypto.conversion.distill.distill` recovers the accuracy the substitutions
+  cost.
 """
 
 from .bert import ConversionReport, Substitution, convert

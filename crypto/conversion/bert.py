@@ -19,7 +19,7 @@ from torch import nn
 
 from defenses.checks import check_int
 
-from ..approx import depth_of
+from ..he.approx import depth_of
 from .errors import ConversionError
 from .functions import SourceFunctions
 from .installed import check_installed, check_norms
@@ -218,8 +218,8 @@ def convert(
     Returns
     -------
     HEBert, ConversionReport
-        The converted model (calibrate it, or :func:`~crypto.distill.distill` it,
-        before polynomial use) and the report of every substitution.
+        The converted model (calibrate it, or :func:`~crypto.conversion.distill.distill`
+        it, before polynomial use) and the report of every substitution.
 
     Raises
     ------

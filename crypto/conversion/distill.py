@@ -31,8 +31,8 @@ from defenses.arrays import FloatArray
 from defenses.checks import check_choice, check_int, check_real
 from defenses.threads import torch_threads
 
-from .conversion.model import HEBert
-from .tasks import check_labels
+from ..tasks import check_labels
+from .model import HEBert
 
 logger = logging.getLogger(__name__)
 

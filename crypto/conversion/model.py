@@ -48,8 +48,8 @@ from torch import nn
 from defenses.arrays import FloatArray
 from defenses.checks import check_choice, check_int
 
-from ..approx import RangeError, RangeGuard
-from ..model import GUARD_SLACK, HEADROOM, torch_poly
+from ..he.approx import RangeError, RangeGuard
+from ..models.heformer import GUARD_SLACK, HEADROOM, torch_poly
 from .functions import SourceFunctions, softmax_attention
 from .inputs import check_ids
 from .layers import HEBertLayer, layer_norm, linear
@@ -316,7 +316,7 @@ class HEBert(nn.Module):
         poly : bool
             Evaluate the polynomials (needs :meth:`calibrate`).
         guard : bool
-            Raise :class:`~crypto.approx.RangeError` naming the site when a
+            Raise :class:`~crypto.he.approx.RangeError` naming the site when a
             polynomial's input leaves its calibrated range.
         trace : dict, optional
             Filled with every site's normalised input (raw input before calibration).

@@ -11,7 +11,7 @@ range is measured on the user's data (exact mode) and widened by a margin:
   :math:`t \mapsto f(B t)` on :math:`[-1, 1]` (ReLU, GELU or tanh).
 
 Inputs are normalised to ``[0, 1]`` or ``[-1, 1]`` before the polynomial, as in
-:mod:`crypto.approx`.
+:mod:`crypto.he.approx`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 
 from defenses.arrays import FloatArray
 
-from ..approx import chebyshev_fit
+from ..he.approx import chebyshev_fit
 
 LN_FLOOR = 1e-4
 """A LayerNorm range's lower end is at least this fraction of its upper end."""

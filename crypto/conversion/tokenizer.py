@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from defenses.checks import check_int
 
-from .conversion.model import HEBert
+from .model import HEBert
 
 logger = logging.getLogger(__name__)
 

@@ -295,7 +295,7 @@ class Calibration:
         """(Re)fit every block's polynomials to the stored ranges.
 
         ``config`` gives ``gk_degree``, ``isqrt_degree`` and ``tanh_degree`` (a
-        :class:`~crypto.model.ModelConfig`).
+        :class:`~crypto.models.heformer.ModelConfig`).
         """
         for ranges in self.layers:
             ranges.polys = {

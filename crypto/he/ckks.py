@@ -255,7 +255,7 @@ def fingerprint(ctx: Any) -> str:
 
 @dataclass
 class TenSEALBackend:
-    """The :class:`~crypto.heval.Backend` on TenSEAL ``CKKSVector`` ciphertexts.
+    """The :class:`~crypto.he.evaluator.Backend` on TenSEAL ``CKKSVector`` ciphertexts.
 
     TenSEAL's automatic modulus switching lowers the *right* operand of a binary
     operation in place when it sits at a higher level (measured on 0.3.18): a

@@ -3,7 +3,7 @@ r"""Level-tracking slot-wise arithmetic, for any backend.
 A :class:`Backend` does slot-wise arithmetic on opaque handles: float64 arrays
 (:class:`NumpyBackend`, the HE simulation: exact arithmetic, optionally CKKS-like
 Gaussian noise after each operation) or ciphertexts (the TenSEAL backend of
-:mod:`crypto.ckks`). :class:`Evaluator` tracks each value's multiplicative level;
+:mod:`crypto.he.ckks`). :class:`Evaluator` tracks each value's multiplicative level;
 before a stage that would exceed the modulus chain it asks the key owner for a
 *refresh* (decrypt and re-encrypt, the client-aided stand-in for bootstrapping) and
 counts it, or raises :class:`DepthError` when running non-interactively.

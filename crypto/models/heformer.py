@@ -17,12 +17,12 @@ weights and calibrated ranges:
     \\text{logits} &= \\tau(o_0 W_p / B_p)\\, W_c,
       \\quad \\tau \\approx \\tanh(2\\,\\cdot)
 
-In *polynomial* mode every non-linearity is the polynomial of :mod:`crypto.approx` on
+In *polynomial* mode every non-linearity is the polynomial of :mod:`crypto.he.approx` on
 its calibrated range: the kernel is :math:`p(u)\\approx e^{-D u}` with
 :math:`u = \\lVert q-k\\rVert^2/(2\\sqrt{d_h} D)`; the inverse square root is a degree-3
 fit on :math:`[a, 1]` of :math:`s = \\sigma^2/\\text{div}` plus one Newton step.
 Calibration stores the ranges in the model; :meth:`HEFormer.forward` with
-``guard=True`` raises :class:`~crypto.approx.RangeError` when a value leaves them.
+``guard=True`` raises :class:`~crypto.he.approx.RangeError` when a value leaves them.
 The softmax twin replaces the kernel by :math:`\\mathrm{softmax}(q k^T/\\sqrt{d_h})`.
 """
 
@@ -38,7 +38,7 @@ from torch import nn
 from defenses.arrays import FloatArray
 from defenses.checks import check_int
 
-from .approx import TANH_GAIN, Calibration, LayerRanges, RangeGuard
+from ..he.approx import TANH_GAIN, Calibration, LayerRanges, RangeGuard
 
 __all__ = ["Block", "Calibration", "HEFormer", "LayerRanges", "ModelConfig"]
 
@@ -323,7 +323,7 @@ class HEFormer(nn.Module):
         poly : bool
             Use the polynomial approximations (needs :meth:`calibrate` first).
         guard : bool
-            Raise :class:`~crypto.approx.RangeError` when a polynomial's input leaves
+            Raise :class:`~crypto.he.approx.RangeError` when a polynomial's input leaves
             its calibrated range.
         noise : float
             HE simulation: standard deviation of Gaussian noise added after every

@@ -24,9 +24,9 @@ from tqdm.auto import tqdm
 
 from defenses.checks import check_real
 
-from .approx import RangeError
-from .model import HEFormer, ModelConfig
-from .tasks import Sequences, check_sequences
+from ..he.approx import RangeError
+from ..tasks import Sequences, check_sequences
+from .heformer import HEFormer, ModelConfig
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 r"""Attention on rolled copies: the Gaussian kernel and the polynomial-softmax baseline.
 
 Copy ``s`` of K and V holds token ``(i + s) mod n`` in slot ``i`` (the rotation-free
-layout of :mod:`crypto.packing`), so the scores of shift ``s`` are slot-wise: the
+layout of :mod:`crypto.he.packing`), so the scores of shift ``s`` are slot-wise: the
 Gaussian kernel's :math:`u_s = \sum_{f\in h}(q_f - k_{s,f})^2` and the output
 :math:`\sum_s p(u_s)\, v_{s,f}` (Rho et al., 2025, Sec. 4.1, in our layout).
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from defenses.arrays import FloatArray
 
-from ..evaluator import Evaluator, Value
+from ..he.evaluator import Evaluator, Value
 
 
 def gk_attention(

@@ -9,7 +9,7 @@ Gaussian-kernel attention per shift ``s`` (rolled copies :math:`k_s, v_s`,
     \bar u_s = g'(u_s) \textstyle\sum_f \bar o_{att,f} v_{s,f}, \quad
     \bar q = \textstyle\sum_s 2\bar u_s (q - k_s), \quad \bar k_s = -2\bar u_s(q-k_s).
 
-The polynomial-softmax baseline (:func:`crypto.heval.softmax_attention`) is
+The polynomial-softmax baseline (:func:`crypto.program.heformer.softmax_attention`) is
 differentiated the same way, with :math:`\partial(1/S)/\partial S = -y^2` evaluated on
 the refined reciprocal :math:`y`. Each forward pass stores in ``cache["attention"]``
 what its backward pass reads.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .evaluator import Evaluator, Value
+from ..he.evaluator import Evaluator, Value
 from .net import Net, derivative, fit, heads_of
 
 

@@ -1,13 +1,13 @@
 r"""One fine-tuning step of the HE-friendly layer on packed values: both passes.
 
-The layer of :mod:`crypto.heval` (feature-major layout, slot ``b n + i`` = token
-``i`` of sequence ``b``), differentiated by hand so that the backward pass is made of
-the same slot-wise operations as the forward pass (Rho et al., 2025, train the
-LoRA factors and the head under HE the same way, with bootstrapping). With the
-squared error :math:`L = \tfrac1{2B}\sum_b \lVert \ell_b - y_b\rVert^2` on the CLS
-logits, the gradient of the logits is :math:`m \odot (\ell - Y)` with the public
-mask ``m`` (``1/B`` on CLS slots, 0 elsewhere), and, writing :math:`\bar x` for
-:math:`\partial L/\partial x`:
+The layer of :mod:`crypto.program.heformer` (feature-major layout, slot ``b n + i`` =
+token ``i`` of sequence ``b``), differentiated by hand so that the backward pass is made
+of the same slot-wise operations as the forward pass (Rho et al., 2025, train the LoRA
+factors and the head under HE the same way, with bootstrapping). With the squared error
+:math:`L = \tfrac1{2B}\sum_b \lVert \ell_b - y_b\rVert^2` on the CLS logits, the
+gradient of the logits is :math:`m \odot (\ell - Y)` with the public mask ``m`` (``1/B``
+on CLS slots, 0 elsewhere), and, writing :math:`\bar x` for :math:`\partial L/\partial
+x`:
 
 .. math::
 
@@ -20,7 +20,7 @@ mask ``m`` (``1/B`` on CLS slots, 0 elsewhere), and, writing :math:`\bar x` for
 
 where :math:`Y(s) = p(s)(3 - s p(s)^2)` is the (doubled) Newton-refined inverse square
 root, :math:`C` the centring matrix, :math:`\sum_t` a slot sum (rotate-and-add with
-Galois keys). The attention passes are in :mod:`crypto.attention_grad`.
+Galois keys). The attention passes are in :mod:`crypto.program.attention_grad`.
 
 The rolled gradients :math:`\bar k_s, \bar v_s` are rolled back and summed by the key
 owner (a counted round trip; the layout stays rotation-free, like the forward roll).
@@ -38,13 +38,8 @@ from typing import Any
 
 from defenses.arrays import FloatArray
 
-from .attention_grad import (
-    gk_backward,
-    gk_forward,
-    softmax_backward,
-    softmax_forward,
-)
-from .evaluator import Evaluator, Value
+from ..he.evaluator import Evaluator, Value
+from .attention_grad import gk_backward, gk_forward, softmax_backward, softmax_forward
 from .net import Net, derivative, fit, matmul, matmul_t, outer_sums
 
 Unroll = Callable[[list[list[Value]]], list[Value]]

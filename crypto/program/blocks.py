@@ -1,6 +1,6 @@
 r"""The program's layers on packed values: affine maps, LayerNorm, polynomial maps.
 
-Each function takes values of :class:`~crypto.evaluator.Evaluator` and asks for
+Each function takes values of :class:`~crypto.he.evaluator.Evaluator` and asks for
 the refreshes its stage needs (``ev.ensure``) under the stage names it is given, so
 the public schedule is a function of the spec alone.
 """
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from defenses.arrays import FloatArray
 
-from ..evaluator import Evaluator, Value
+from ..he.evaluator import Evaluator, Value
 from .spec import Affine, Norm, depth
 
 

@@ -16,8 +16,8 @@ function, :func:`bound_update`, before it is applied:
 
 ``entry`` and ``norm`` are part of the public agreement, chosen by the client
 from its own configuration (never from the server): the fine-tuning job states
-them (:attr:`crypto.tuning.TuningJob.bounds`,
-:attr:`crypto.bert_tuning_protocol.QKVJob.bounds`), the client's ``train``
+them (:attr:`crypto.protocol.tuning.TuningJob.bounds`,
+:attr:`crypto.protocol.qkv_tuning.QKVJob.bounds`), the client's ``train``
 message states them and so does every message of the server's side of the
 session, under the public metadata key :data:`BOUNDS_KEY`
 (:meth:`UpdateBounds.statement`, read back by :func:`stated`). The client
@@ -29,7 +29,7 @@ sent).
 
 The bounds limit how far one step can move the model; they do not make the
 updated model's range guard pass. That guard is therefore advisory on the
-client's side (:mod:`crypto.shadow`): it never changes what the client sends.
+client's side (:mod:`crypto.program.shadow`): it never changes what the client sends.
 """
 
 from __future__ import annotations
@@ -192,8 +192,8 @@ def apply_weights(
 ) -> int:
     r"""Write an HEFormer step's weights (model parametrisation) into ``model``.
 
-    ``weights`` is a :class:`~crypto.finetune.StepResult`'s (names of
-    :attr:`crypto.folding.Arm.names`); they are bounded again against the
+    ``weights`` is a :class:`~crypto.program.steps.StepResult`'s (names of
+    :attr:`crypto.program.folding.Arm.names`); they are bounded again against the
     model's current matrices (idempotent for a step made from this model), so
     the model moves by at most ``bounds`` and stays finite whatever they hold. A
     merged Q, K or V weight (the ``full`` arm's ``wq``, ...) is written as

@@ -4,9 +4,9 @@ The program itself is :mod:`crypto.program` (the converted BERT as a value:
 :func:`crypto.program.from_bert`); :func:`forward`, :func:`encode`,
 :func:`layer_norm` and :func:`affine` here are thin uses of it, kept for their
 callers. :func:`forward` evaluates :meth:`crypto.conversion.model.HEBert.encode` in the
-rotation-free layout of :mod:`crypto.packing` (one value per feature, slot
+rotation-free layout of :mod:`crypto.he.packing` (one value per feature, slot
 ``b n + i`` = token ``i`` of sequence ``b``), through the level-tracking
-:class:`~crypto.evaluator.Evaluator`, on any backend (NumpyBackend or TenSEAL).
+:class:`~crypto.he.evaluator.Evaluator`, on any backend (NumpyBackend or TenSEAL).
 Per block, with public plaintext matrices and biases (a bias is a plaintext add,
 no level) and the client's encrypted LoRA factors:
 
@@ -42,13 +42,13 @@ import numpy as np
 
 from defenses.arrays import FloatArray
 
-from . import program
-from .evaluator import Evaluator, Roll, Value
-from .program import blocks
-from .program.attention import gk_attention
-from .program.blocks import affine
-from .program.forward import Run, Trace, attention
-from .program.spec import Affine, bert_block, bert_norm, depth, from_bert
+from .. import program
+from ..he.evaluator import Evaluator, Roll, Value
+from . import blocks
+from .attention import gk_attention
+from .blocks import affine
+from .forward import Run, Trace, attention
+from .spec import Affine, bert_block, bert_norm, depth, from_bert
 
 __all__ = [
     "LORA",
@@ -119,7 +119,7 @@ class BertWeights:
     @classmethod
     def from_model(cls, model: object) -> BertWeights:
         """Extract and fold the weights of a calibrated converted model."""
-        from .conversion.model import HEBert
+        from ..conversion.model import HEBert
 
         if not isinstance(model, HEBert):
             raise TypeError(f"model must be an HEBert, got {type(model).__name__}")
@@ -194,7 +194,7 @@ def lora_factors(model: object) -> dict[str, FloatArray]:
     :math:`\kappa` of block ``i`` (from its calibrated kernel range) is folded into
     the ``A`` factors of Q and K, as into the public :math:`W_q, W_k`.
     """
-    from .conversion.model import HEBert
+    from ..conversion.model import HEBert
 
     if not isinstance(model, HEBert):
         raise TypeError(f"model must be an HEBert, got {type(model).__name__}")

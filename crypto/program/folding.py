@@ -19,14 +19,14 @@ import numpy as np
 
 from defenses.arrays import FloatArray
 
-from .approx import exp_poly, reciprocal_poly
-from .heval import HEWeights, SoftmaxPolys, lora_factors
+from ..he.approx import exp_poly, reciprocal_poly
+from .heformer import HEWeights, SoftmaxPolys, lora_factors
 from .net import FULL_TRAINED, LORA_TRAINED, Matrix, Net
 
 if TYPE_CHECKING:
     import torch
 
-    from .model import HEFormer
+    from ..models.heformer import HEFormer
 
 ARMS = ("lora", "full")
 

@@ -1,8 +1,8 @@
 r"""One encrypted forward program for every model family (:mod:`crypto.program.spec`).
 
-Values are feature-major packed (:mod:`crypto.packing`: one value per feature, slot
+Values are feature-major packed (:mod:`crypto.he.packing`: one value per feature, slot
 ``b n + i`` = token ``i`` of sequence ``b``) and evaluated by the level-tracking
-:class:`~crypto.evaluator.Evaluator` on any backend (NumpyBackend or TenSEAL). Per
+:class:`~crypto.he.evaluator.Evaluator` on any backend (NumpyBackend or TenSEAL). Per
 block, with public matrices, optional plaintext biases and the client's encrypted
 LoRA factors (``lora[f"{prefix}q_a"]`` ...):
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..evaluator import Evaluator, Roll, Value
+from ..he.evaluator import Evaluator, Roll, Value
 from .attention import gk_attention
 from .blocks import layer_norm, mapped, project, residual
 from .spec import Block, Program

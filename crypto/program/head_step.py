@@ -3,12 +3,12 @@ r"""One encrypted LoRA step of a converted BERT's classifier, on the encrypted e
 What is trained: a rank-``r`` LoRA adapter :math:`A B` on the classifier,
 :math:`\ell = p\,(W_c^T + A B) + b_c`, the client's secret, encrypted (one
 replicated ciphertext per entry). What runs encrypted: the whole frozen encoder
-(:func:`crypto.heval_bert.encode`, with the client's encrypted Q/K/V LoRA factors
+(:func:`crypto.program.encoder.encode`, with the client's encrypted Q/K/V LoRA factors
 and mask, the key owner refreshing and rolling K and V), the adapted logits, the
 loss gradient and the adapter's gradient sums. What is not trained: the encoder's
 LoRA factors (their gradient would need backpropagation through both polynomial
 LayerNorms, the activation and the kernel attention of every block; the HEFormer
-fine-tuning of :mod:`crypto.backprop` does that for its one-block layer only).
+fine-tuning of :mod:`crypto.program.backprop` does that for its one-block layer only).
 
 With the squared error on the CLS logits,
 :math:`L = \tfrac1{2B}\sum_b\lVert \ell_b - y_b\rVert^2`, and the public mask ``m``
@@ -23,9 +23,9 @@ With the squared error on the CLS logits,
 (:math:`\sum_t` a slot sum: rotations with Galois keys). The server returns the
 encrypted gradients; the key owner decrypts them and updates its adapter,
 :math:`A \leftarrow A - \eta\nabla A`, :math:`B \leftarrow B - \eta\nabla B`,
-each change bounded by public bounds first (:mod:`crypto.bounds`)
+each change bounded by public bounds first (:mod:`crypto.program.bounds`)
 (function-call path: the key owner's refresh, roll and decryption are calls, as
-in :func:`crypto.finetune.encrypted_step`). :func:`reference_head_step` is the
+in :func:`crypto.program.steps.encrypted_step`). :func:`reference_head_step` is the
 same step by ``torch`` autograd on the plaintext polynomial model.
 """
 
@@ -42,15 +42,15 @@ import numpy.typing as npt
 from defenses.arrays import FloatArray
 from defenses.checks import check_real
 
+from ..he.ckks import CKKSParams, TenSEALBackend, local_key_owner
+from ..he.evaluator import Backend, Evaluator, NumpyBackend, Value
+from ..he.packing import roll_tokens
 from .bounds import DEFAULT_BOUNDS, UpdateBounds, bound_update
-from .ckks import CKKSParams, TenSEALBackend, local_key_owner
-from .evaluator import Backend, Evaluator, NumpyBackend, Value
-from .heval_bert import BertWeights, affine, encode, lora_factors
-from .packing import roll_tokens
+from .encoder import BertWeights, affine, encode, lora_factors
 from .shadow import flag_ids, pack_ids, report
 
 if TYPE_CHECKING:
-    from .conversion.model import HEBert
+    from ..conversion.model import HEBert
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class HeadStep:
     """The adapter after one step, its gradients, seconds and operation counts.
 
     ``a`` and ``b`` are within the step's public bounds of the adapter before it
-    (:mod:`crypto.bounds`); ``clipped`` counts the entries the bounds changed.
+    (:mod:`crypto.program.bounds`); ``clipped`` counts the entries the bounds changed.
     """
 
     a: FloatArray
@@ -235,8 +235,8 @@ def encrypted_head_step(
 ) -> HeadStep:
     """The step under CKKS (TenSEAL, Galois keys for the slot sums).
 
-    The updated adapter is bounded (``bounds``, :mod:`crypto.bounds`) against the
-    one before the step; the range guard on the ids is advisory (logged).
+    The updated adapter is bounded (``bounds``, :mod:`crypto.program.bounds`) against
+    the one before the step; the range guard on the ids is advisory (logged).
     """
     encrypt, decrypt = local_key_owner(params, galois=True)
     slots = params.slots - params.slots % model.config.n_tokens

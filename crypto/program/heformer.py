@@ -7,9 +7,9 @@ LayerNorms and with one block (:func:`crypto.program.from_heformer`). Layout
 holds token ``i`` of sequence ``b``; attention reads ``n`` *rolled* copies of K and
 V (:mod:`crypto.program.attention`, re-exported here with the softmax baseline).
 
-The same code runs on the plaintext :class:`~crypto.evaluator.NumpyBackend` (the HE
-simulation) and on the TenSEAL backend of :mod:`crypto.ckks`, through the
-level-tracking :class:`~crypto.evaluator.Evaluator` of :mod:`crypto.evaluator`.
+The same code runs on the plaintext :class:`~crypto.he.evaluator.NumpyBackend` (the HE
+simulation) and on the TenSEAL backend of :mod:`crypto.he.ckks`, through the
+level-tracking :class:`~crypto.he.evaluator.Evaluator` of :mod:`crypto.he.evaluator`.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import numpy as np
 from defenses.arrays import FloatArray
 from defenses.checks import check_int
 
-from . import program
-from .evaluator import Evaluator, NumpyBackend, Roll, Value
-from .packing import pack
-from .program import simulation
-from .program.attention import SoftmaxPolys, gk_attention, softmax_attention
-from .program.forward import Trace
+from .. import program
+from ..he.evaluator import Evaluator, NumpyBackend, Roll, Value
+from ..he.packing import pack
+from . import simulation
+from .attention import SoftmaxPolys, gk_attention, softmax_attention
+from .forward import Trace
 
 __all__ = [
     "HEWeights",
@@ -43,12 +43,12 @@ __all__ = [
 if TYPE_CHECKING:
     import torch
 
-    from .model import HEFormer
+    from ..models.heformer import HEFormer
 
 
 @dataclass(frozen=True)
 class HEWeights:
-    r"""The public, HE-ready weights of a :class:`~crypto.model.HEFormer`.
+    r"""The public, HE-ready weights of a :class:`~crypto.models.heformer.HEFormer`.
 
     Scales are folded into the public matrices so every polynomial sees inputs in
     [0, 1] or [-1, 1]: :math:`\\kappa = (2\\sqrt{d_h} D)^{-1/2}` into :math:`W_q, W_k`
@@ -191,7 +191,7 @@ def simulate(
     """
     import torch
 
-    from .train import predict_logits
+    from ..models.train import predict_logits
 
     predict_logits(model, X, guard=True)  # refuses bad shapes, values and ranges
     X = np.asarray(X, dtype=np.float64)

@@ -1,7 +1,7 @@
 r"""The client's packing of a converted BERT's inputs, its simulation and schedule.
 
 The client embeds token ids with the public embedding (exact LayerNorm, on its
-side), and packs them feature-major (:func:`crypto.packing.pack`): slot ``b n + i``
+side), and packs them feature-major (:func:`crypto.he.packing.pack`): slot ``b n + i``
 holds token ``i`` of sequence ``b``. The batch is *tiled* over every slot (slot
 group ``g`` holds sequence ``g mod B``), so no slot carries zeros that the
 polynomial LayerNorm would take outside its calibrated range (CKKS mixes all
@@ -10,8 +10,8 @@ The attention mask travels as ``n`` key-weight values
 :math:`M_s[bn+i] = m_{b,(i+s) \bmod n}/\sum_j m_{b,j}` (client data, encrypted).
 
 :func:`inference_schedule` derives the public request schedule by running
-:func:`crypto.heval_bert.forward` on zeros with a recording key owner, as
-:func:`crypto.schedule.inference_schedule` does for HEFormer: no value changes
+:func:`crypto.program.encoder.forward` on zeros with a recording key owner, as
+:func:`crypto.protocol.schedule.inference_schedule` does for HEFormer: no value changes
 which requests the program makes.
 """
 
@@ -25,15 +25,15 @@ import numpy.typing as npt
 
 from defenses.arrays import FloatArray
 
-from .ckks import CKKSParams
-from .evaluator import Evaluator, NumpyBackend, Value
-from .heval_bert import BertWeights, forward, lora_factors
-from .packing import pack, roll_tokens, unit
-from .program import from_bert, simulation
-from .schedule import Recorder, Schedule, Step, safe_bound
+from ..he.ckks import CKKSParams
+from ..he.evaluator import Evaluator, NumpyBackend, Value
+from ..he.packing import pack, roll_tokens, unit
+from ..protocol.schedule import Recorder, Schedule, Step, safe_bound
+from . import from_bert, simulation
+from .encoder import BertWeights, forward, lora_factors
 
 if TYPE_CHECKING:
-    from .conversion.model import HEBert
+    from ..conversion.model import HEBert
 
 
 def tiled(rows: FloatArray, slots: int, n: int) -> FloatArray:
@@ -68,7 +68,7 @@ def pack_inputs(
 
     Refuses (``RangeError``) sequences that leave the calibrated ranges, as the
     client does before encrypting; ``guard=False`` checks shapes and vocabulary
-    only and leaves the range verdict to the caller (:mod:`crypto.shadow`).
+    only and leaves the range verdict to the caller (:mod:`crypto.program.shadow`).
     """
     import torch
 
@@ -115,7 +115,7 @@ def inference_schedule(model: HEBert, params: CKKSParams, slots: int) -> Schedul
     """The public schedule of one interactive encrypted inference of ``model``.
 
     Derived on zeros (one sequence, zero LoRA factors of the model's shapes) with a
-    :class:`~crypto.schedule.Recorder`; ``slots`` is every ciphertext's length.
+    :class:`~crypto.protocol.schedule.Recorder`; ``slots`` is every ciphertext's length.
     """
     w = BertWeights.from_model(model)
     n, d = w.n_tokens, w.d

@@ -2,7 +2,7 @@ r"""The packed network of one fine-tuning arm and its dense primitives.
 
 :class:`Net` holds the arm's matrices, plaintext (frozen, public) or one encrypted
 replicated value per entry (trained). The primitives are the products the forward
-and backward passes of :mod:`crypto.backprop` are made of: :func:`matmul`
+and backward passes of :mod:`crypto.program.backprop` are made of: :func:`matmul`
 (:math:`y_f = \sum_g x_g W_{gf}`), its transpose, the slot-summed outer products of
 the weight gradients, and :func:`fit`, which refreshes (client-aided, counted) the
 operands that would overrun the modulus chain.
@@ -16,8 +16,8 @@ import numpy as np
 
 from defenses.arrays import FloatArray
 
-from .evaluator import Evaluator, Value
-from .heval import SoftmaxPolys
+from ..he.evaluator import Evaluator, Value
+from .heformer import SoftmaxPolys
 
 Matrix = FloatArray | list[list[Value]]
 LORA_TRAINED = ("q_a", "q_b", "k_a", "k_b", "v_a", "v_b", "pool", "classifier")

@@ -1,6 +1,6 @@
 r"""Backpropagation of the converted BERT's blocks to their Q/K/V LoRA factors.
 
-The program of :func:`crypto.heval_bert.encode` with the trained blocks' forward
+The program of :func:`crypto.program.encoder.encode` with the trained blocks' forward
 passes keeping what their backward passes read, then the backward pass from the
 loss to the LoRA factors :math:`A_x, B_x` (:math:`x \in \{q, k, v\}`) of the last
 ``trained`` blocks; the earlier blocks run frozen (:func:`frozen_block`, the
@@ -8,7 +8,7 @@ forward pass only). Between two trained blocks the gradient of a block's input i
 the residual's plus :math:`\bar x' W_x^T + (\bar x' B_x^T) A_x^T` for each of
 Q, K, V (the rolled keys' and values' gradients rolled back first).
 Every stage is a slot-wise operation of the level-tracking
-:class:`~crypto.evaluator.Evaluator`, so the same program runs on NumpyBackend
+:class:`~crypto.he.evaluator.Evaluator`, so the same program runs on NumpyBackend
 (float64) and on CKKS ciphertexts. Writing :math:`\bar x` for
 :math:`\partial L/\partial x`, with :math:`L = \tfrac1{2B}\sum_b \lVert\ell_b -
 y_b\rVert^2` on the CLS logits and the public mask ``m`` (``1/B`` on the CLS slots
@@ -25,7 +25,7 @@ of the batch's first copy):
 The polynomial LayerNorm :math:`o_f = \hat x_f\, y + \beta_f` (:math:`\hat x = x S_o`,
 :math:`c = x S_c`, :math:`\sigma = \sum_f c_f^2`, :math:`y_0 = P(\sigma)`,
 :math:`y_{k+1} = y_k(3/2 - \sigma y_k^2)`; the folded form of
-:func:`crypto.heval_bert.layer_norm`) is differentiated as evaluated
+:func:`crypto.program.encoder.layer_norm`) is differentiated as evaluated
 (:math:`\mathrm{LN}^*`):
 
 .. math::
@@ -36,13 +36,13 @@ The polynomial LayerNorm :math:`o_f = \hat x_f\, y + \beta_f` (:math:`\hat x = x
     \bar x = \bar{\hat x} S_o^T + 2\bar\sigma\, c\, S_c^T.
 
 The Gaussian-kernel attention's backward pass is
-:func:`crypto.attention_grad.gk_backward` on the masked rolled values
+:func:`crypto.program.attention_grad.gk_backward` on the masked rolled values
 :math:`M_s v_s`, so :math:`\bar v_s = M_s \odot \overline{(M_s v_s)}`; the key owner
 rolls :math:`\bar k_s, \bar v_s` back and sums them (a counted round trip). With
 :math:`x' = z W_x + b_x + (z A_x) B_x`:
 :math:`\bar B_{x,rf} = \sum_t (z A_x)_r \bar x'_f` and
 :math:`\bar A_{x,gr} = \sum_t z_g (\bar x' B_x^T)_r` (slot sums). The factors are
-in the folded form of :func:`crypto.heval_bert.lora_factors` (:math:`\kappa` in
+in the folded form of :func:`crypto.program.encoder.lora_factors` (:math:`\kappa` in
 :math:`A_q, A_k`).
 """
 
@@ -53,10 +53,10 @@ from typing import Any
 
 from defenses.arrays import FloatArray
 
+from ..he.evaluator import Evaluator, Roll, Value
 from .attention_grad import gk_backward, gk_forward
 from .backprop import Unroll
-from .evaluator import Evaluator, Roll, Value
-from .heval_bert import (
+from .encoder import (
     LORA,
     BertWeights,
     BlockWeights,
@@ -84,7 +84,7 @@ class NormCache:
 def norm_forward(
     ev: Evaluator, x: list[Value], w: NormWeights, newton: int, stage: str
 ) -> tuple[list[Value], NormCache]:
-    """:func:`crypto.heval_bert.layer_norm`, keeping its intermediates."""
+    """:func:`crypto.program.encoder.layer_norm`, keeping its intermediates."""
     x = ev.ensure(x, 2, f"{stage} statistics")
     centred = ev.linear(x, w.stats)
     scaled = ev.linear(x, w.out)
@@ -141,7 +141,7 @@ def frozen_block(
     lora: dict[str, list[list[Value]]],
     roll: Roll,
 ) -> list[Value]:
-    """Block ``i`` of :func:`crypto.heval_bert.encode` (forward only)."""
+    """Block ``i`` of :func:`crypto.program.encoder.encode` (forward only)."""
     bw = w.blocks[i]
     attended = _attention(ev, w, bw, z, masks, lora, roll, i)
     projected = affine(ev, attended, bw.wo, bw.bo)
@@ -156,7 +156,7 @@ def frozen_block(
 
 
 def _kernel_net(w: BertWeights, bw: BlockWeights) -> Net:
-    """The attention part of a :class:`~crypto.net.Net` for the kernel passes."""
+    """The attention part of a :class:`~crypto.program.net.Net` (kernel passes)."""
     return Net(
         "gk", w.heads, w.n_tokens, {}, (), bw.norm1.stats, bw.act, bw.norm1.isqrt,
         w.tanh, bw.gk,

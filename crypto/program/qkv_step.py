@@ -6,12 +6,12 @@ block only; ``blocks = n_layers``: every block); the earlier blocks, the
 embeddings, the public weights, the pooler and the classifier stay frozen. What
 runs encrypted: the whole encoder forward pass (the client's embeddings, mask and
 every block's LoRA factors encrypted), the backward pass of
-:func:`crypto.bert_lora.lora_gradients` through the trained blocks (the tanh
+:func:`crypto.program.qkv_grad.lora_gradients` through the trained blocks (the tanh
 polynomial, both polynomial LayerNorms as evaluated, the activation polynomial,
 the Gaussian-kernel attention and, between trained blocks, the residual and the
 Q/K/V projections) and the gradient sums. The key owner refreshes, rolls and
-unrolls (function-call path, as :func:`crypto.finetune.encrypted_step`;
-:mod:`crypto.bert_tuning_protocol` runs the same step as messages), decrypts
+unrolls (function-call path, as :func:`crypto.program.steps.encrypted_step`;
+:mod:`crypto.protocol.qkv_tuning` runs the same step as messages), decrypts
 six gradient matrices per trained block and updates its factors,
 :math:`A \leftarrow A - \eta \bar A`, :math:`B \leftarrow B - \eta \bar B`, in the
 model's own convention (the program's :math:`A_q, A_k` carry the block's
@@ -37,17 +37,17 @@ import numpy.typing as npt
 from defenses.arrays import FloatArray
 from defenses.checks import check_real
 
-from .bert_lora import lora_gradients
-from .bert_pack import pack_inputs
+from ..he.ckks import CKKSParams, TenSEALBackend, local_key_owner
+from ..he.evaluator import Backend, Evaluator, NumpyBackend, Value
 from .bounds import DEFAULT_BOUNDS, UpdateBounds, bound_update
-from .ckks import CKKSParams, TenSEALBackend, local_key_owner
-from .evaluator import Backend, Evaluator, NumpyBackend, Value
-from .finetune import _Services
-from .heval_bert import LORA, BertWeights, lora_factors
+from .encoder import LORA, BertWeights, lora_factors
+from .inputs import pack_inputs
+from .qkv_grad import lora_gradients
 from .shadow import flag_ids, pack_ids, report
+from .steps import _Services
 
 if TYPE_CHECKING:
-    from .conversion.model import HEBert
+    from ..conversion.model import HEBert
 
 NAMES = tuple(f"{x}_{f}" for x in LORA for f in "ab")
 """The trained factors of one block: ``q_a, q_b, k_a, k_b, v_a, v_b``."""
@@ -60,7 +60,7 @@ class QKVStep:
     ``factors`` and ``grads`` are keyed ``"layer {i} q_a"`` ... and use the
     model's convention (``lora_a`` of shape (d, r), ``lora_b`` (r, d), no
     :math:`\kappa`); ``layers`` are the trained blocks. ``factors`` are within
-    ``bounds`` of the factors before the step (:mod:`crypto.bounds`);
+    ``bounds`` of the factors before the step (:mod:`crypto.program.bounds`);
     ``clipped`` counts the entries the bounds changed (0 in an honest step).
     """
 
@@ -106,7 +106,7 @@ def apply_qkv_step(model: HEBert, step: QKVStep) -> None:
     """Write the step's factors into the model (the client's update).
 
     The factors are bounded again against the model's current ones
-    (:func:`crypto.bounds.bound_update` with ``step.bounds``: idempotent for a
+    (:func:`crypto.program.bounds.bound_update` with ``step.bounds``: idempotent for a
     step made from this model), so whatever a step holds, the model moves by at
     most the public bounds and never to a non-finite value.
     """
@@ -147,11 +147,11 @@ def step_inputs(
     """The client's plaintexts of one step: inputs, targets, loss mask, batch.
 
     The inputs are the packed features then the ``n`` key weights
-    (:func:`crypto.bert_pack.pack_inputs`); the targets are one-hot on the CLS
+    (:func:`crypto.program.inputs.pack_inputs`); the targets are one-hot on the CLS
     slots of the batch's first copy, where the mask :func:`loss_mask` is ``1/B``.
-    ``guard=False``: the range verdict is advisory (logged, :mod:`crypto.shadow`)
-    instead of a ``RangeError`` (the encrypted steps: a refusal there would
-    depend on weights an earlier step let the server influence).
+    ``guard=False``: the range verdict is advisory (logged,
+    :mod:`crypto.program.shadow`) instead of a ``RangeError`` (the encrypted steps: a
+    refusal there would depend on weights an earlier step let the server influence).
     """
     if guard:
         z, masks, batch = pack_inputs(model, ids, mask, slots)
@@ -186,7 +186,7 @@ def updated(
     :math:`\bar A = \kappa\,\bar A_{\text{folded}}` for Q and K, then
     :math:`A \leftarrow A - \eta \bar A`, :math:`B \leftarrow B - \eta \bar B`,
     each matrix's change bounded by the public ``bounds`` (non-finite entries of
-    the change to 0, then per entry and in norm: :func:`crypto.bounds.
+    the change to 0, then per entry and in norm: :func:`crypto.program.bounds.
     bound_update`) before it is returned, whatever the gradients hold.
     """
     layers = trained_layers(model, blocks)
@@ -262,7 +262,7 @@ def simulated_qkv_step(
 
     ``max_level`` set to a chain's levels counts the refreshes it would need;
     ``blocks`` is how many of the last blocks are trained; ``bounds`` the public
-    update bounds (:mod:`crypto.bounds`).
+    update bounds (:mod:`crypto.program.bounds`).
     """
     slots = model.check_ids(ids, mask)[0].shape[0] * model.config.n_tokens
 
@@ -298,7 +298,7 @@ def encrypted_qkv_step(
     """The step under CKKS (TenSEAL, Galois keys for the slot sums).
 
     Function-call path (no server): ``bounds`` are the client's public update
-    bounds (:mod:`crypto.bounds`); over messages, :class:`~crypto.
+    bounds (:mod:`crypto.program.bounds`); over messages, :class:`~crypto.
     bert_tuning_protocol.BertTuningClient` states them in the agreement.
     """
     encrypt, decrypt = local_key_owner(params, galois=True)

@@ -4,7 +4,7 @@ The encrypted program evaluates polynomials fitted on calibrated ranges; the
 client runs the same model in plaintext to see whether its batch stays inside
 them. Once a fine-tuning step has been applied, the model's weights are values
 the server influenced (without integrity, any function of the client's secrets:
-:mod:`crypto.bounds`), so a guard that *refused* before upload would turn the
+:mod:`crypto.program.bounds`), so a guard that *refused* before upload would turn the
 server's choice into a visible event (the next session never sends ``context``):
 one exact bit per step. Here the guard is **advisory**:
 
@@ -19,7 +19,7 @@ one exact bit per step. Here the guard is **advisory**:
 Site ``s`` of sequence ``b`` is out of range when a value leaves
 :math:`[lo_s - \epsilon (hi_s - lo_s), hi_s + \epsilon (hi_s - lo_s)]` or is not
 finite, :math:`\epsilon` being the model's guard slack: the same verdict as the
-raising guard of :meth:`crypto.model.HEFormer.forward`, per sequence.
+raising guard of :meth:`crypto.models.heformer.HEFormer.forward`, per sequence.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import numpy.typing as npt
 from defenses.arrays import FloatArray
 
 if TYPE_CHECKING:
-    from .conversion.model import HEBert
-    from .model import HEFormer
+    from ..conversion.model import HEBert
+    from ..models.heformer import HEFormer
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +58,11 @@ def flag_sequences(model: HEFormer, X: npt.ArrayLike) -> BoolArray:
     """Which sequences of ``X`` leave the HEFormer's calibrated ranges (no raise).
 
     All False when the model runs no polynomial (uncalibrated, or softmax), as
-    :func:`crypto.train.predict_logits` then guards nothing.
+    :func:`crypto.models.train.predict_logits` then guards nothing.
     """
     import torch
 
-    from .model import GUARD_SLACK
+    from ..models.heformer import GUARD_SLACK
 
     arr = np.asarray(X, dtype=np.float64)
     bad = np.zeros(arr.shape[0], dtype=np.bool_)
@@ -107,10 +107,10 @@ def pack_ids(
 ) -> tuple[list[FloatArray], list[FloatArray], int]:
     """(feature values, key-weight values, batch) of checked ids, no range guard.
 
-    :func:`crypto.bert_pack.pack_inputs` with ``guard=False``: the ids and mask
+    :func:`crypto.program.inputs.pack_inputs` with ``guard=False``: the ids and mask
     are checked (shape, vocabulary), the range verdict is left to
     :func:`flag_ids`.
     """
-    from .bert_pack import pack_inputs
+    from .inputs import pack_inputs
 
     return pack_inputs(model, ids, mask, slots, guard=False)

@@ -1,7 +1,7 @@
 """The HE simulation of a program: float64 values, a key owner that answers in kind.
 
 The simulated key owner refreshes and rolls as the real one does (a fresh value at
-level 0; the rolled copies of :func:`crypto.packing.roll_tokens`), adding the
+level 0; the rolled copies of :func:`crypto.he.packing.roll_tokens`), adding the
 backend's CKKS-like noise to every value it answers.
 """
 
@@ -13,8 +13,8 @@ import numpy as np
 
 from defenses.arrays import FloatArray
 
-from ..evaluator import Evaluator, NumpyBackend, Value
-from ..packing import roll_tokens, unit
+from ..he.evaluator import Evaluator, NumpyBackend, Value
+from ..he.packing import roll_tokens, unit
 from .forward import Run, forward
 from .spec import Program
 
@@ -56,7 +56,7 @@ def simulate(
 
     ``factors`` are the client's secret matrices (one simulated value per entry);
     non-interactive runs give the program the rolled copies of ``z`` instead of a
-    key owner (a chain too short raises :class:`~crypto.evaluator.DepthError`).
+    key owner (a chain too short raises :class:`~crypto.he.evaluator.DepthError`).
     """
     n = p.n_tokens
     owner = SimulatedOwner(backend, n)

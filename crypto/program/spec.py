@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Literal
 from defenses.arrays import FloatArray
 
 if TYPE_CHECKING:
-    from ..heval import HEWeights
-    from ..heval_bert import BertWeights, BlockWeights, NormWeights
+    from .encoder import BertWeights, BlockWeights, NormWeights
+    from .heformer import HEWeights
 
 KVGrouping = Literal["kind", "shift"]
 
@@ -180,5 +180,5 @@ def from_bert(w: BertWeights) -> Program:
 
 
 def depth(coefficients: FloatArray) -> int:
-    """Levels :meth:`~crypto.evaluator.Evaluator.poly` consumes for a polynomial."""
+    """Levels :meth:`~crypto.he.evaluator.Evaluator.poly` consumes for a polynomial."""
     return math.ceil(math.log2(len(coefficients)))

@@ -6,12 +6,12 @@ polynomial cross-entropy):
 
 1. the client encrypts its embedded batch (feature-major), the one-hot labels on the
    CLS slots and the trained weights (one replicated ciphertext per entry);
-2. the server runs :func:`crypto.backprop.forward` and
-   :func:`crypto.backprop.backward` under CKKS with its public context (Galois keys
-   for the slot sums) and applies :math:`W \leftarrow W - \eta\, c^2 \odot \bar W`
-   itself, :math:`c` being the public factor folded into each matrix
-   (:math:`\kappa` into Q and K, :math:`1/B_p` into the pooler, the LayerNorm gain
-   into :math:`W_1`), so the step is the model's own SGD step;
+2. the server runs :func:`crypto.program.backprop.forward` and
+   :func:`crypto.program.backprop.backward` under CKKS with its public context (Galois
+   keys for the slot sums) and applies :math:`W \leftarrow W - \eta\, c^2 \odot \bar W`
+   itself, :math:`c` being the public factor folded into each matrix (:math:`\kappa`
+   into Q and K, :math:`1/B_p` into the pooler, the LayerNorm gain into :math:`W_1`), so
+   the step is the model's own SGD step;
 3. the client only serves round trips: refreshes (decrypt and re-encrypt, the
    stand-in for bootstrapping, counted), the rolled copies of K and V, the
    rolled-back key and value gradients, and the refresh of the updated weights
@@ -41,27 +41,22 @@ import torch
 from defenses.arrays import FloatArray
 from defenses.checks import check_int, check_real
 
+from ..he.ckks import CKKSParams, load_public, make_context, public_bytes
+from ..he.evaluator import Backend, Evaluator, NumpyBackend, Value
+from ..he.packing import pack, roll_tokens
+from ..models.heformer import HEFormer
+from ..models.train import predict_logits
+from ..protocol.server import InProcess
+from ..protocol.timing import Floor
+from ..protocol.transport import Loopback
+from ..protocol.tuning import ProgramServer, TuningJob, TuningServer, sgd_steps
+from ..protocol.tuning_client import TuningClient
+from ..tasks import check_labels, check_sequences
 from .backprop import forward
 from .bounds import DEFAULT_BOUNDS, UpdateBounds, bound_update
-from .ckks import (
-    CKKSParams,
-    load_public,
-    make_context,
-    public_bytes,
-)
-from .evaluator import Backend, Evaluator, NumpyBackend, Value
 from .folding import LORA_GK, Arm, effective_weights, plain_net
-from .model import HEFormer
 from .net import Net
-from .packing import pack, roll_tokens
-from .server import InProcess
 from .shadow import flag_sequences, report
-from .tasks import check_labels, check_sequences
-from .timing import Floor
-from .train import predict_logits
-from .transport import Loopback
-from .tuning import ProgramServer, TuningJob, TuningServer, sgd_steps
-from .tuning_client import TuningClient
 
 TRAIN_PARAMS = CKKSParams(8192, (49, 40, 40, 40, 49), 40)
 """N = 8192, 3 levels of 40 bits (218 bits), 49-bit special prime (precise sums)."""
@@ -310,17 +305,17 @@ def encrypted_step(
 ) -> StepResult:
     """``steps`` encrypted SGD steps (TenSEAL) as messages with a public-context server.
 
-    The server (:class:`~crypto.tuning.TuningServer`, public weights only) runs in
-    a thread (``transport="inprocess"``) or another process (``"loopback"``); the
-    key owner answers only the public schedule of refreshes, rolls and unrolls
-    (:func:`~crypto.tuning.tuning_schedule`). ``owner`` lends its key;
+    The server (:class:`~crypto.protocol.tuning.TuningServer`, public weights only) runs
+    in a thread (``transport="inprocess"``) or another process (``"loopback"``); the key
+    owner answers only the public schedule of refreshes, rolls and unrolls
+    (:func:`~crypto.protocol.tuning.tuning_schedule`). ``owner`` lends its key;
     ``server`` makes the server from the public job (a test's malicious one);
-    ``answer_floor`` pads the key owner's answers (:mod:`crypto.timing`). The
-    returned weights' change is bounded by the public ``bounds`` (non-finite to 0,
-    per entry, in norm: :mod:`crypto.bounds`), the client's, which the job carries
-    and every server message must state (else refused before decryption), and
-    the range guard is advisory (logged), so nothing the client does next
-    depends on what the server sent.
+    ``answer_floor`` pads the key owner's answers (:mod:`crypto.protocol.timing`). The
+    returned weights' change is bounded by the public ``bounds`` (non-finite to 0, per
+    entry, in norm: :mod:`crypto.program.bounds`), the client's, which the job carries
+    and every server message must state (else refused before decryption), and the range
+    guard is advisory (logged), so nothing the client does next depends on what the
+    server sent.
     """
     if transport not in ("inprocess", "loopback"):
         raise ValueError(

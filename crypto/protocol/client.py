@@ -1,8 +1,8 @@
 """Encrypted inference between a key-holding client and a public-context server.
 
 The client (Rho et al., 2025, Fig. 1) embeds its sequences with the public embedding,
-encrypts them in the feature-major layout of :mod:`crypto.packing` together with its
-secret LoRA factors, and sends only bytes (:class:`~crypto.wire.Message`). The
+encrypts them in the feature-major layout of :mod:`crypto.he.packing` together with its
+secret LoRA factors, and sends only bytes (:class:`~crypto.protocol.wire.Message`). The
 server holds the frozen plaintext weights and, once the client has sent it, the
 public context (no secret key); it evaluates the layer and answers encrypted logits.
 Without bootstrapping (TenSEAL has none) the server *asks* the client, by a
@@ -12,12 +12,12 @@ re-encrypt, counted as bootstrap stand-ins) and for the rolled copies of K and V
 client-rolled inputs (the non-interactive configuration).
 
 Trust boundary: :meth:`Server.serve` reads and writes byte strings on a
-:class:`~crypto.wire.Channel` and never holds a reference to a :class:`Client`, a
-private context or a secret key. :class:`InProcess` (the default transport) runs it
-in a thread of this process behind two queues of bytes; :mod:`crypto.transport` runs
-it in another process over a loopback socket, so the boundary is a process boundary.
-Every message the server receives is kept in its :class:`Transcript`; the audit of
-:mod:`crypto.attacks` checks it holds only the public context and ciphertexts.
+:class:`~crypto.protocol.wire.Channel` and never holds a reference to a :class:`Client`,
+a private context or a secret key. :class:`InProcess` (the default transport) runs it in
+a thread of this process behind two queues of bytes; :mod:`crypto.protocol.transport`
+runs it in another process over a loopback socket, so the boundary is a process
+boundary. Every message the server receives is kept in its :class:`Transcript`; the
+audit of :mod:`crypto.attacks` checks it holds only the public context and ciphertexts.
 """
 
 from __future__ import annotations
@@ -33,26 +33,19 @@ from defenses.arrays import FloatArray
 from defenses.checks import check_int
 from defenses.cost import count
 
-from .ckks import CKKSParams, fingerprint, make_context, public_bytes
-from .heval import lora_factors
-from .packing import pack, roll_tokens
-from .schedule import (
-    ANSWERS,
-    Schedule,
-    Step,
-    calibrate,
-    exceeds,
-    inference_schedule,
-)
+from ..he.ckks import CKKSParams, fingerprint, make_context, public_bytes
+from ..he.packing import pack, roll_tokens
+from ..program.heformer import lora_factors
+from ..program.shadow import flag_sequences, report
+from ..tasks import check_sequences
+from .schedule import ANSWERS, Schedule, Step, calibrate, exceeds, inference_schedule
 from .server import InProcess, Server, Transcript
 from .session import Refused, abort, admit, clip, follow
-from .shadow import flag_sequences, report
-from .tasks import check_sequences
 from .timing import Floor, check_floor, pad, resolve_floor, units
 from .wire import Channel, Message, ProtocolError
 
 if TYPE_CHECKING:
-    from .model import HEFormer
+    from ..models.heformer import HEFormer
 
 __all__ = [
     "Client",
@@ -97,13 +90,13 @@ class Client:
         The modulus chain.
     calibration : array-like or None
         Public calibration sequences: each refresh and roll then clips to
-        ``margin`` x the magnitude seen there on them (:func:`crypto.schedule.
+        ``margin`` x the magnitude seen there on them (:func:`crypto.protocol.schedule.
         calibrate`), and a batch whose own values would exceed it is refused
         before upload. Without it the clip bound is the chain's encoding-safe
-        magnitude (:func:`crypto.schedule.safe_bound`).
+        magnitude (:func:`crypto.protocol.schedule.safe_bound`).
 
     answer_floor : float or "auto"
-        Seconds per unit (:mod:`crypto.timing`: one decryption and one
+        Seconds per unit (:mod:`crypto.protocol.timing`: one decryption and one
         encryption) that every answer to a refresh or roll, and the decryption of
         the logits, is padded to; 0: no padding; ``"auto"`` (default): twice the
         slowest unit of the client's own worst case, measured once when the first
@@ -119,7 +112,7 @@ class Client:
     flagged : ndarray of bool
         The advisory range verdict of the last :meth:`predict` (or
         :meth:`infer`), one per sequence
-        (:mod:`crypto.shadow`): True where the plaintext shadow left the
+        (:mod:`crypto.program.shadow`): True where the plaintext shadow left the
         calibrated ranges, so the encrypted logits may be wrong. It never changes
         what the client sends; acting on it where the server can see is acting
         on a decryption (see the IND-CPA^D rules in ``docs/crypto.md``).
@@ -218,7 +211,7 @@ class Client:
         """
         import torch
 
-        from .train import predict_logits
+        from ..models.train import predict_logits
 
         X = self.check_inputs(X)
         if guard:
@@ -286,7 +279,8 @@ class Client:
         """Seconds per unit answers are padded to (``"auto"`` measured once here).
 
         The measurement answers the client's own public worst case
-        (:func:`crypto.timing.resolve_floor`) and leaves the counters as they were.
+        (:func:`crypto.protocol.timing.resolve_floor`) and leaves the counters as they
+        were.
         """
         return resolve_floor(self, self._slots)
 
@@ -329,7 +323,7 @@ class Client:
         """One packed batch over an open session; answers the server's requests.
 
         :attr:`flagged` is left holding the batch's advisory verdict against a
-        calibrated schedule's clip bounds (:func:`crypto.schedule.exceeds`).
+        calibrated schedule's clip bounds (:func:`crypto.protocol.schedule.exceeds`).
         """
         schedule = self.schedule(interactive)
         over = interactive and exceeds(schedule, self.model, X)
@@ -362,11 +356,11 @@ class Client:
         """Encrypted logits for ``X`` (batched to fill the slots).
 
         ``server`` is a :class:`Server` (served in-process for this call) or an open
-        connection to one (:class:`InProcess`, :class:`~crypto.transport.Loopback`).
-        Bad input (shape, NaN) is refused before anything is sent; the range
-        guard is advisory (:attr:`flagged`, logged): every batch is sent the same
-        way whatever its verdict, since the verdict depends on the weights, which
-        an encrypted fine-tuning step lets the server influence.
+        connection to one (:class:`InProcess`,
+        :class:`~crypto.protocol.transport.Loopback`). Bad input (shape, NaN) is refused
+        before anything is sent; the range guard is advisory (:attr:`flagged`, logged):
+        every batch is sent the same way whatever its verdict, since the verdict depends
+        on the weights, which an encrypted fine-tuning step lets the server influence.
         """
         X = self.check_inputs(X)  # bad input is refused before any upload
         flags = flag_sequences(self.model, X)  # advisory: changes no message

@@ -1,18 +1,18 @@
 """Encrypted inference of a converted BERT: the key owner's side of the protocol.
 
-:class:`BertClient` is the :class:`~crypto.protocol.Client` of a converted
-:class:`~crypto.conversion.model.HEBert`: it takes token ids (from the user's
-tokenizer, :func:`crypto.hf.encode`) and their 0/1 attention mask, embeds them on
-its side (exact LayerNorm, :meth:`HEBert.embed_tokens`), encrypts the packed
-features and the key weights of the mask (:mod:`crypto.bert_pack`) with its secret
-LoRA factors (the range guard advisory, :mod:`crypto.shadow`), and answers the
-server's refresh and roll requests. The session
-runs through the same bytes-only messages and transports (``InProcess``,
-``Loopback``) and the same checks: the public schedule is derived by running the
-program on zeros (:func:`crypto.bert_pack.inference_schedule`), every request is
-admitted before decryption and its decrypted slots are clipped to the
-encoding-safe bound (:mod:`crypto.session`). The converted model's blocks need
-refreshes and rolls, so only the interactive configuration exists.
+:class:`BertClient` is the :class:`~crypto.protocol.client.Client` of a converted
+:class:`~crypto.conversion.model.HEBert`: it takes token ids (from the user's tokenizer,
+:func:`crypto.conversion.tokenizer.encode`) and their 0/1 attention mask, embeds them on
+its side (exact LayerNorm, :meth:`HEBert.embed_tokens`), encrypts the packed features
+and the key weights of the mask (:mod:`crypto.program.inputs`) with its secret LoRA
+factors (the range guard advisory, :mod:`crypto.program.shadow`), and answers the
+server's refresh and roll requests. The session runs through the same bytes-only
+messages and transports (``InProcess``, ``Loopback``) and the same checks: the public
+schedule is derived by running the program on zeros
+(:func:`crypto.program.inputs.inference_schedule`), every request is admitted before
+decryption and its decrypted slots are clipped to the encoding-safe bound
+(:mod:`crypto.protocol.session`). The converted model's blocks need refreshes and rolls,
+so only the interactive configuration exists.
 """
 
 from __future__ import annotations
@@ -27,23 +27,23 @@ import numpy.typing as npt
 from defenses.arrays import FloatArray
 from defenses.cost import count
 
-from .bert_pack import inference_schedule, pack_inputs
-from .ckks import INTERACTIVE
-from .conversion.error import CHAIN, expected_logit_error, uncertain
-from .heval_bert import lora_factors
-from .protocol import Client, Exchange
+from ..conversion.error import CHAIN, expected_logit_error, uncertain
+from ..he.ckks import INTERACTIVE
+from ..program.encoder import lora_factors
+from ..program.inputs import inference_schedule, pack_inputs
+from ..program.shadow import flag_ids, pack_ids, report
+from .client import Client, Exchange
 from .schedule import Schedule
 from .server import InProcess, Server
 from .session import Refused, abort, follow
-from .shadow import flag_ids, pack_ids, report
 from .timing import Floor
 from .wire import Channel, Message
 
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from .ckks import CKKSParams
-    from .conversion.model import HEBert
+    from ..conversion.model import HEBert
+    from ..he.ckks import CKKSParams
 
 
 def _interactive(interactive: bool) -> None:
@@ -65,11 +65,11 @@ class BertClient(Client):
     params : CKKSParams
         The modulus chain (at least 5 levels: the attention stage needs 5).
     answer_floor : float or "auto"
-        As for :class:`~crypto.protocol.Client` (default ``"auto"``).
+        As for :class:`~crypto.protocol.client.Client` (default ``"auto"``).
     """
 
     def __init__(self, model: HEBert, params: CKKSParams, answer_floor: Floor = "auto"):
-        from .conversion.model import HEBert
+        from ..conversion.model import HEBert
 
         if not isinstance(model, HEBert):
             raise TypeError(f"model must be an HEBert, got {type(model).__name__}")
@@ -189,10 +189,10 @@ class BertClient(Client):
     ) -> FloatArray:
         """Tokenize ``texts`` with the user's tokenizer on the client, then predict.
 
-        :func:`crypto.hf.encode` refuses a tokenizer whose vocabulary does not fit
-        the embedding and texts longer than the converted length.
+        :func:`crypto.conversion.tokenizer.encode` refuses a tokenizer whose vocabulary
+        does not fit the embedding and texts longer than the converted length.
         """
-        from .hf import encode
+        from ..conversion.tokenizer import encode
 
         ids, mask = encode(tokenizer, texts, self.bert)
         return self.predict(server, ids, mask=mask)
@@ -206,11 +206,11 @@ class BertClient(Client):
     ) -> FloatArray:
         """Encrypted logits for token ids ``X`` (batched to fill the slots).
 
-        ``server`` is a :class:`~crypto.server.Server` (served in-process for this
-        call) or an open connection to one (``InProcess``, ``Loopback``). Bad ids
-        or a mask of the wrong shape are refused before anything is uploaded;
-        the range guard is advisory (``flagged``, logged), as for
-        :meth:`crypto.protocol.Client.predict`.
+        ``server`` is a :class:`~crypto.protocol.server.Server` (served in-process for
+        this call) or an open connection to one (``InProcess``, ``Loopback``). Bad ids
+        or a mask of the wrong shape are refused before anything is uploaded; the range
+        guard is advisory (``flagged``, logged), as for
+        :meth:`crypto.protocol.client.Client.predict`.
         """
         _interactive(interactive)
         ids_t, mask_t = self.bert.check_ids(X, mask)

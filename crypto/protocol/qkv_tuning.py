@@ -1,32 +1,32 @@
 r"""The converted BERT's encrypted Q/K/V LoRA step as messages (bytes only).
 
-The step of :mod:`crypto.bert_lora_step` with the key owner's help on a
-:class:`~crypto.wire.Channel` (:class:`~crypto.server.InProcess` or
-:class:`~crypto.transport.Loopback`), under the rules of :mod:`crypto.tuning`:
+The step of :mod:`crypto.program.qkv_step` with the key owner's help on a
+:class:`~crypto.protocol.wire.Channel` (:class:`~crypto.protocol.server.InProcess` or
+:class:`~crypto.protocol.transport.Loopback`), under the rules of
+:mod:`crypto.protocol.tuning`:
 
-* the server (:class:`BertTuningServer`, a :class:`~crypto.tuning.ProgramServer`)
-  holds only a :class:`QKVJob`: the public folded weights
-  (:class:`~crypto.heval_bert.BertWeights`), the LoRA factors' shapes, how many
-  of the last blocks are trained and the agreed public
-  :class:`~crypto.bounds.UpdateBounds`. On a ``train`` message (the packed
-  features, the ``n`` key weights of the mask, the one-hot targets on the CLS
-  slots and every block's LoRA factor entries, encrypted; the batch size and the
-  client's stated bounds in ``meta``, which must be the job's) it
-  runs :func:`qkv_program` (:func:`crypto.bert_lora.lora_gradients` under CKKS),
-  asks for each refresh, roll of K and V and unroll of their gradients by
-  message, and answers ``weights``: the encrypted gradient sums
-  :math:`\bar A_x, \bar B_x` of the trained blocks;
+* the server (:class:`BertTuningServer`, a
+  :class:`~crypto.protocol.tuning.ProgramServer`) holds only a :class:`QKVJob`: the
+  public folded weights (:class:`~crypto.program.encoder.BertWeights`), the LoRA
+  factors' shapes, how many of the last blocks are trained and the agreed public
+  :class:`~crypto.program.bounds.UpdateBounds`. On a ``train`` message (the packed
+  features, the ``n`` key weights of the mask, the one-hot targets on the CLS slots and
+  every block's LoRA factor entries, encrypted; the batch size and the client's stated
+  bounds in ``meta``, which must be the job's) it runs :func:`qkv_program`
+  (:func:`crypto.program.qkv_grad.lora_gradients` under CKKS), asks for each refresh,
+  roll of K and V and unroll of their gradients by message, and answers ``weights``: the
+  encrypted gradient sums :math:`\bar A_x, \bar B_x` of the trained blocks;
 * the key owner (:class:`BertTuningClient`, a
-  :class:`~crypto.tuning_client.TuningClient`) derives the public schedule itself
-  (:func:`qkv_schedule`: the same program on zeros with a recording key owner),
-  admits each request before decrypting, clips it to the chain's encoding-safe
-  bound, answers fresh encryptions, checks the ``weights`` reply (count, level)
-  before decrypting it (every server message must state the client's own
-  bounds, else it is refused, nothing of it decrypted) and updates its factors,
-  the change of each bounded by those public bounds first,
-  :math:`A \leftarrow A - \eta\kappa\bar A_{\text{folded}}` for Q and K and
-  :math:`A \leftarrow A - \eta\bar A` for V, :math:`B \leftarrow B - \eta\bar B`
-  (:func:`crypto.bert_lora_step.updated`). Anything else gets the one ``abort``.
+  :class:`~crypto.protocol.tuning_client.TuningClient`) derives the public schedule
+  itself (:func:`qkv_schedule`: the same program on zeros with a recording key owner),
+  admits each request before decrypting, clips it to the chain's encoding-safe bound,
+  answers fresh encryptions, checks the ``weights`` reply (count, level) before
+  decrypting it (every server message must state the client's own bounds, else it is
+  refused, nothing of it decrypted) and updates its factors, the change of each bounded
+  by those public bounds first, :math:`A \leftarrow A - \eta\kappa\bar
+  A_{\text{folded}}` for Q and K and :math:`A \leftarrow A - \eta\bar A` for V, :math:`B
+  \leftarrow B - \eta\bar B` (:func:`crypto.program.qkv_step.updated`). Anything else
+  gets the one ``abort``.
 
 The learning rate never leaves the client. A slot sum leaves TenSEAL a one-slot
 vector, so every ciphertext of the schedule may carry one slot or all of them
@@ -47,12 +47,12 @@ import numpy.typing as npt
 from defenses.checks import check_real
 from defenses.cost import clock, since
 
-from .bert_lora import lora_gradients
-from .bert_lora_step import QKVStep, loss_mask, step_inputs, trained_layers, updated
-from .bounds import DEFAULT_BOUNDS, UpdateBounds
-from .ckks import CKKSParams, TenSEALBackend, public_bytes
-from .evaluator import Evaluator, NumpyBackend, Value
-from .heval_bert import BertWeights, lora_factors
+from ..he.ckks import CKKSParams, TenSEALBackend, public_bytes
+from ..he.evaluator import Evaluator, NumpyBackend, Value
+from ..program.bounds import DEFAULT_BOUNDS, UpdateBounds
+from ..program.encoder import BertWeights, lora_factors
+from ..program.qkv_grad import lora_gradients
+from ..program.qkv_step import QKVStep, loss_mask, step_inputs, trained_layers, updated
 from .schedule import Recorder, Schedule, Step, safe_bound
 from .server import InProcess
 from .session import follow
@@ -62,7 +62,7 @@ from .tuning_client import TuningClient
 from .wire import Channel, Message, ProtocolError
 
 if TYPE_CHECKING:
-    from .conversion.model import HEBert
+    from ..conversion.model import HEBert
 
 
 def step_slots(params: CKKSParams, n_tokens: int) -> int:
@@ -75,10 +75,10 @@ class QKVJob:
     """What the server of a Q/K/V step may know: public weights and shapes.
 
     ``shapes`` lists every block's LoRA factor (name, rows, cols) in the order of
-    :func:`crypto.heval_bert.lora_factors` (their values are the client's secret);
-    ``blocks`` is how many of the last blocks are trained; ``bounds`` are the
-    public bounds the client clips each factor's change to (:mod:`crypto.bounds`),
-    part of the agreement, taken from the client's own configuration.
+    :func:`crypto.program.encoder.lora_factors` (their values are the client's secret);
+    ``blocks`` is how many of the last blocks are trained; ``bounds`` are the public
+    bounds the client clips each factor's change to (:mod:`crypto.program.bounds`), part
+    of the agreement, taken from the client's own configuration.
     """
 
     weights: BertWeights
@@ -164,7 +164,7 @@ def qkv_schedule(job: QKVJob, params: CKKSParams) -> Schedule:
     key weights :math:`1/n`) with a recording key owner: no value and no batch
     size changes which requests the program makes. Every ciphertext may be one
     slot or all (``sizes`` 0); bounds are the chain's
-    :func:`~crypto.schedule.safe_bound`.
+    :func:`~crypto.protocol.schedule.safe_bound`.
     """
     n = job.weights.n_tokens
     slots = step_slots(params, n)
@@ -225,11 +225,11 @@ class BertTuningClient(TuningClient):
         An existing private context with Galois keys.
     bounds : UpdateBounds
         The public bounds every step's change of each factor is clipped to before
-        the step is returned (:mod:`crypto.bounds`; part of the agreement: the
+        the step is returned (:mod:`crypto.program.bounds`; part of the agreement: the
         step's job carries them, the ``train`` message states them, a server
         message stating others is refused before decryption).
     answer_floor : float or "auto"
-        As for :class:`~crypto.tuning_client.TuningClient`.
+        As for :class:`~crypto.protocol.tuning_client.TuningClient`.
     """
 
     def __init__(
@@ -240,7 +240,7 @@ class BertTuningClient(TuningClient):
         bounds: UpdateBounds = DEFAULT_BOUNDS,
         answer_floor: Floor = "auto",
     ):
-        from .conversion.model import HEBert
+        from ..conversion.model import HEBert
 
         if not isinstance(model, HEBert):
             raise TypeError(f"model must be an HEBert, got {type(model).__name__}")
@@ -266,9 +266,9 @@ class BertTuningClient(TuningClient):
         """One encrypted step over ``server`` (hosted in-process) or a channel.
 
         Returns the updated factors, bounded (:attr:`bounds`), and the decrypted
-        gradients (model convention, as :func:`crypto.bert_lora_step.
+        gradients (model convention, as :func:`crypto.program.qkv_step.
         encrypted_qkv_step`); the model itself is not changed
-        (:func:`~crypto.bert_lora_step.apply_qkv_step`). The range guard on the
+        (:func:`~crypto.program.qkv_step.apply_qkv_step`). The range guard on the
         ids is advisory (logged): a refusal would depend on factors an earlier
         step let the server influence.
 

@@ -36,13 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .evaluator import Value
+from ..he.evaluator import Value
 from .schedule import Schedule, Step, safe_bound
 from .server import Server
 from .wire import Channel, Message, ProtocolError
 
 if TYPE_CHECKING:
-    from .protocol import Client
+    from .client import Client
 
 Target = Callable[[Server, list[Value]], Any]
 """Picks the secret ciphertext from the server's state and the uploaded inputs."""
@@ -176,7 +176,7 @@ def bisect(
 
     A failed answer means ``c > a``: the interval moves up.
     """
-    from .protocol import InProcess
+    from .client import InProcess
 
     server.schedule = client.schedule(True)
     seen: list[bool] = []

@@ -1,24 +1,24 @@
 r"""The public schedule of client-aided requests, derived and enforced by the client.
 
-Without bootstrapping the server must ask the key owner to refresh values (decrypt
-and re-encrypt) and to roll K and V; in fine-tuning also to unroll the key and
-value gradients. Which requests one inference (or one fine-tuning step) needs is a
-function of public things only: the architecture (the sequence of stages of
-:func:`crypto.heval.forward` or :func:`crypto.backprop.forward` and
-:func:`~crypto.backprop.backward`, each consuming a known number of levels) and the
-CKKS chain (how many levels fit between refreshes). The program has no branch on a
-value, so the client derives the schedule itself by running that same program on
-dummy values in float64 with a recording key owner: the ``k``-th request is a
-:class:`Step` (kind, stage, the level of each ciphertext, the copies of a roll).
+Without bootstrapping the server must ask the key owner to refresh values (decrypt and
+re-encrypt) and to roll K and V; in fine-tuning also to unroll the key and value
+gradients. Which requests one inference (or one fine-tuning step) needs is a function of
+public things only: the architecture (the sequence of stages of
+:func:`crypto.program.heformer.forward` or :func:`crypto.program.backprop.forward` and
+:func:`~crypto.program.backprop.backward`, each consuming a known number of levels) and
+the CKKS chain (how many levels fit between refreshes). The program has no branch on a
+value, so the client derives the schedule itself by running that same program on dummy
+values in float64 with a recording key owner: the ``k``-th request is a :class:`Step`
+(kind, stage, the level of each ciphertext, the copies of a roll).
 
 The client then answers a server request only if it is the next step of the
 schedule, carries exactly that many whole ciphertexts under its key, of the
 agreed slot count, at least as deep as the agreed level (at most
 ``levels + 1 - level`` data primes), two polynomials, the agreed scale, all
-checked *before* anything is decrypted (:func:`crypto.session.admit`). A
+checked *before* anything is decrypted (:func:`crypto.protocol.session.admit`). A
 non-interactive session has an empty schedule: it answers nothing. Decrypted
 values are clipped to a public bound before re-encoding
-(:func:`crypto.session.clip`), so every answer succeeds and takes the same path
+(:func:`crypto.protocol.session.clip`), so every answer succeeds and takes the same path
 whatever the plaintext: SEAL refuses to encode coefficients above
 :math:`2^{\log Q_{data}-2}`, which a server could otherwise reach with additions
 alone (:math:`2^k(c-a)`) and turn into a one-bit reaction oracle on ``c > a``.
@@ -43,12 +43,12 @@ import numpy as np
 from defenses.arrays import FloatArray
 from defenses.checks import check_real
 
-from .ckks import CKKSParams
-from .evaluator import Evaluator, NumpyBackend, Value
-from .packing import pack, roll_tokens
+from ..he.ckks import CKKSParams
+from ..he.evaluator import Evaluator, NumpyBackend, Value
+from ..he.packing import pack, roll_tokens
 
 if TYPE_CHECKING:
-    from .model import HEFormer
+    from ..models.heformer import HEFormer
 
 KINDS = ("refresh", "roll", "unroll")
 ANSWERS = {"refresh": "refreshed", "roll": "rolled", "unroll": "unrolled"}
@@ -206,9 +206,9 @@ def _trace_inference(
     z: FloatArray,
     lora: dict[str, FloatArray],
 ) -> tuple[Recorder, list[Value]]:
-    """Run the public program of :func:`crypto.heval.forward` with a recorder."""
-    from .heval import HEWeights, forward
-    from .packing import unit
+    """Run the program of :func:`crypto.program.heformer.forward` with a recorder."""
+    from ..he.packing import unit
+    from ..program.heformer import HEWeights, forward
 
     w = HEWeights.from_model(model)
     n, slots = w.n_tokens, z.shape[0] * w.n_tokens
@@ -236,7 +236,7 @@ def inference_schedule(
     neither the values nor the batch change which requests the program makes.
     ``slots`` is the packed vector length every ciphertext carries.
     """
-    from .heval import lora_factors
+    from ..program.heformer import lora_factors
 
     c = model.config
     shapes = {name: np.zeros_like(M) for name, M in lora_factors(model).items()}
@@ -260,7 +260,7 @@ def _trace_values(
     """The plaintexts of each request of an interactive inference on ``X``."""
     import torch
 
-    from .heval import lora_factors
+    from ..program.heformer import lora_factors
 
     with torch.no_grad():
         z = model.embed_tokens(torch.as_tensor(X, dtype=torch.float64)).numpy()
@@ -332,7 +332,7 @@ def check_batch(schedule: Schedule, model: HEFormer, X: FloatArray) -> None:
     refresh or roll must lie within that point's public bound. A check for the
     caller's own use; the client's sessions use :func:`exceeds` (advisory).
     """
-    from .approx import RangeError
+    from ..he.approx import RangeError
 
     for step, j, top, bound in _excess(schedule, model, X)[:1]:
         raise RangeError(

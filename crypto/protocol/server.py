@@ -1,11 +1,11 @@
 """The honest-but-curious HE server, and the in-process transport that hosts it.
 
-:class:`Server` holds the frozen plaintext weights and the public context the
-client sends it; :meth:`Server.serve` answers the messages of one session on a
-:class:`~crypto.wire.Channel` (the layer of :mod:`crypto.heval` under CKKS, asking
-the client for refreshes and rolls by message). It never holds a reference to a
-:class:`~crypto.protocol.Client`, a private context or a secret key.
-:class:`InProcess` runs it in a thread of this process behind two queues of bytes.
+:class:`Server` holds the frozen plaintext weights and the public context the client
+sends it; :meth:`Server.serve` answers the messages of one session on a
+:class:`~crypto.protocol.wire.Channel` (the layer of :mod:`crypto.program.heformer`
+under CKKS, asking the client for refreshes and rolls by message). It never holds a
+reference to a :class:`~crypto.protocol.client.Client`, a private context or a secret
+key. :class:`InProcess` runs it in a thread of this process behind two queues of bytes.
 """
 
 from __future__ import annotations
@@ -17,23 +17,29 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .ckks import CKKSParams, TenSEALBackend, fingerprint, load_ciphertext, load_public
-from .evaluator import Evaluator, Value
-from .heval import HEWeights, forward
-from .heval_bert import BertWeights
-from .heval_bert import forward as bert_forward
+from ..he.ckks import (
+    CKKSParams,
+    TenSEALBackend,
+    fingerprint,
+    load_ciphertext,
+    load_public,
+)
+from ..he.evaluator import Evaluator, Value
+from ..program.encoder import BertWeights
+from ..program.encoder import forward as bert_forward
+from ..program.heformer import HEWeights, forward
 from .wire import Channel, Message, ProtocolError
 
 if TYPE_CHECKING:
-    from .conversion.model import HEBert
-    from .model import HEFormer
+    from ..conversion.model import HEBert
+    from ..models.heformer import HEFormer
 
 logger = logging.getLogger(__name__)
 
 
 def public_weights(model: HEFormer | HEBert) -> HEWeights | BertWeights:
     """The public folded weights of an HEFormer or of a converted BERT."""
-    from .conversion.model import HEBert
+    from ..conversion.model import HEBert
 
     if isinstance(model, HEBert):
         return BertWeights.from_model(model)
@@ -296,8 +302,8 @@ class InProcess:
 
     The server's thread sees only its end of two queues of byte strings. Within one
     process this is a discipline, not isolation (any code can walk the heap); use
-    :class:`~crypto.transport.Loopback` for a process boundary. ``server`` is any
-    object with ``serve(channel)``: a :class:`Server`, a fine-tuning server, or a
+    :class:`~crypto.protocol.transport.Loopback` for a process boundary. ``server`` is
+    any object with ``serve(channel)``: a :class:`Server`, a fine-tuning server, or a
     test's raw speaker of the wire format.
     """
 

@@ -1,25 +1,24 @@
 r"""The client's side of a session: admit each request before decrypting, clip, abort.
 
-:func:`admit` checks a server message against the :class:`~crypto.schedule.Step`
-it must be (kind, key, count, copies, slot count, level, polynomial count, scale)
-reading only what the server sent; :func:`clip` bounds decrypted slots to the
-step's public bound so every re-encoding succeeds the same way; :func:`abort`
-sends the one content-independent refusal; :func:`follow` walks a session's
-schedule. Used by the inference client (:mod:`crypto.protocol`) and the
-fine-tuning key owner (:mod:`crypto.tuning_client`).
+:func:`admit` checks a server message against the
+:class:`~crypto.protocol.schedule.Step` it must be (kind, key, count, copies, slot
+count, level, polynomial count, scale) reading only what the server sent; :func:`clip`
+bounds decrypted slots to the step's public bound so every re-encoding succeeds the same
+way; :func:`abort` sends the one content-independent refusal; :func:`follow` walks a
+session's schedule. Used by the inference client (:mod:`crypto.protocol.client`) and the
+fine-tuning key owner (:mod:`crypto.protocol.tuning_client`).
 
-The threat is a malicious server without integrity: it chooses every message,
-can compute any function of the client's encrypted secrets and time every
-answer. The client's rule, which this module and :mod:`crypto.bounds`,
-:mod:`crypto.shadow` and :mod:`crypto.timing` enforce by construction: every
-message the client sends (kind, count, ciphertext shapes, timing class) and
-every refusal depends only on public values (the schedule, the model's shape,
-the calibration ranges, the update bounds, the answer floor, what the server
-sent) and on the shapes and finiteness of the caller's own arguments, never on
-a decrypted value or on weights a server influenced. Refusals here read only
-what the server sent; a decrypted value is only clipped, re-encrypted and
-padded; a returned update is bounded before use; a range check after it is
-advisory.
+The threat is a malicious server without integrity: it chooses every message, can
+compute any function of the client's encrypted secrets and time every answer. The
+client's rule, which this module and :mod:`crypto.program.bounds`,
+:mod:`crypto.program.shadow` and :mod:`crypto.protocol.timing` enforce by construction:
+every message the client sends (kind, count, ciphertext shapes, timing class) and every
+refusal depends only on public values (the schedule, the model's shape, the calibration
+ranges, the update bounds, the answer floor, what the server sent) and on the shapes and
+finiteness of the caller's own arguments, never on a decrypted value or on weights a
+server influenced. Refusals here read only what the server sent; a decrypted value is
+only clipped, re-encrypted and padded; a returned update is bounded before use; a range
+check after it is advisory.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ import numpy as np
 
 from defenses.arrays import FloatArray
 
-from .ckks import CKKSParams, load_ciphertext
+from ..he.ckks import CKKSParams, load_ciphertext
 from .schedule import Schedule, Step
 from .wire import Channel, Message, ProtocolError
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from defenses.checks import check_real
 
-from .ckks import CKKSParams
+from ..he.ckks import CKKSParams
 from .schedule import Step, safe_bound
 from .wire import Message
 

@@ -1,12 +1,12 @@
 """The HE server in another process, over a real connection on loopback.
 
-:class:`Loopback` starts a fresh Python interpreter (nothing of the client's memory
-is inherited; the public weights arrive pickled on its standard input) that builds
-a :class:`~crypto.protocol.Server` from the public weights only, listens on an
+:class:`Loopback` starts a fresh Python interpreter (nothing of the client's memory is
+inherited; the public weights arrive pickled on its standard input) that builds a
+:class:`~crypto.protocol.server.Server` from the public weights only, listens on an
 ephemeral port of 127.0.0.1 and serves one session. The client connects with a TCP
 socket; each message travels as an 8-byte big-endian length and the bytes of
-:meth:`~crypto.wire.Message.encode`. The server's side of the boundary is then a
-process that never had the secret key in its address space.
+:meth:`~crypto.protocol.wire.Message.encode`. The server's side of the boundary is then
+a process that never had the secret key in its address space.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from .wire import Message
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from .ckks import CKKSParams
-    from .conversion.model import HEBert
-    from .heval import HEWeights
-    from .heval_bert import BertWeights
-    from .model import HEFormer
+    from ..conversion.model import HEBert
+    from ..he.ckks import CKKSParams
+    from ..models.heformer import HEFormer
+    from ..program.encoder import BertWeights
+    from ..program.heformer import HEWeights
 
 _FRAME = struct.Struct(">Q")
 MAX_MESSAGE = 1 << 36
@@ -98,7 +98,7 @@ class Loopback:
         Seconds to wait for the child to listen and for the client to connect.
     server : object with ``serve(channel)`` or None
         Instead of ``weights``: a server not yet serving (e.g. a
-        :class:`~crypto.tuning.TuningServer`), pickled to the child.
+        :class:`~crypto.protocol.tuning.TuningServer`), pickled to the child.
 
     Use as a context manager, or call :meth:`close`.
     """

@@ -1,34 +1,33 @@
 r"""Encrypted fine-tuning as messages between a server and the key owner.
 
-The SGD steps of :mod:`crypto.finetune` with the round trips on a
-:class:`~crypto.wire.Channel` (:class:`~crypto.server.InProcess` or
-:class:`~crypto.transport.Loopback`), under the same rules as inference:
+The SGD steps of :mod:`crypto.program.steps` with the round trips on a
+:class:`~crypto.protocol.wire.Channel` (:class:`~crypto.protocol.server.InProcess` or
+:class:`~crypto.protocol.transport.Loopback`), under the same rules as inference:
 
 * the key owner (:class:`TuningClient`) sends the public context (Galois keys
   included) and one ``train`` message: its embedded batch (feature-major), the
   one-hot targets on the CLS slots and every trained weight entry, encrypted;
 * the server (:class:`TuningServer`, a :class:`ProgramServer`: the session loop
-  and the round trips, shared with :mod:`crypto.bert_tuning_protocol`'s converted
+  and the round trips, shared with :mod:`crypto.protocol.qkv_tuning`'s converted
   BERT step) holds only a :class:`TuningJob`: the frozen public matrices, the
   public fold factors, the learning rate, the step count, the batch size (the
   trained matrices are zeros there, their shapes only) and the public
-  :class:`~crypto.bounds.UpdateBounds` the client bounds the returned weights'
+  :class:`~crypto.program.bounds.UpdateBounds` the client bounds the returned weights'
   change to. It runs :func:`sgd_steps` and asks for each refresh, roll of K and
   V and unroll of their gradients by a ``refresh``, ``roll`` or ``unroll``
   message;
 * the agreement on the bounds is stated on the wire: the ``train`` message's
   public metadata carries the client's bounds (its own configuration), every
   message of the server (requests and reply) its job's, under
-  :data:`crypto.bounds.BOUNDS_KEY`; the server answers ``error`` to a ``train``
+  :data:`crypto.program.bounds.BOUNDS_KEY`; the server answers ``error`` to a ``train``
   stating other bounds than its job's, the key owner refuses (the empty
   ``abort``, nothing of it decrypted) a server message stating other bounds
   than its own, or none;
 * the key owner derives the public schedule of those requests itself
   (:func:`tuning_schedule`: the same program on zeros with a recording key owner),
-  admits each request before decrypting (:func:`crypto.schedule.admit`), clips to
-  the public bound and answers fresh encryptions; the ``weights`` reply is checked
-  (count, level) before it is decrypted. Anything else gets the one empty
-  ``abort``.
+  admits each request before decrypting (:func:`crypto.protocol.schedule.admit`), clips
+  to the public bound and answers fresh encryptions; the ``weights`` reply is checked
+  (count, level) before it is decrypted. Anything else gets the one empty ``abort``.
 
 A slot sum leaves TenSEAL a one-slot vector, so a fine-tuning ciphertext may carry
 one slot or all of them (``sizes`` 0 in the schedule); a refreshed one-slot value
@@ -47,18 +46,12 @@ import numpy as np
 
 from defenses.arrays import FloatArray
 
-from .backprop import backward, forward
-from .bounds import BOUNDS_KEY, DEFAULT_BOUNDS, UpdateBounds, stated
-from .ckks import CKKSParams, TenSEALBackend, fingerprint, load_public
-from .evaluator import Evaluator, NumpyBackend, Value
-from .net import Net, fit
-from .schedule import (
-    ANSWERS,
-    Recorder,
-    Schedule,
-    Step,
-    safe_bound,
-)
+from ..he.ckks import CKKSParams, TenSEALBackend, fingerprint, load_public
+from ..he.evaluator import Evaluator, NumpyBackend, Value
+from ..program.backprop import backward, forward
+from ..program.bounds import BOUNDS_KEY, DEFAULT_BOUNDS, UpdateBounds, stated
+from ..program.net import Net, fit
+from .schedule import ANSWERS, Recorder, Schedule, Step, safe_bound
 from .wire import Channel, Message, ProtocolError
 
 Fresh = Callable[[list[Value]], list[Value]]
@@ -152,7 +145,7 @@ class TuningJob:
     ``net`` holds the frozen public matrices; its trained matrices are zeros
     (their shapes only: the values are the client's secret). ``bounds`` are the
     public bounds the client clips the returned weights' change to
-    (:mod:`crypto.bounds`), part of the agreement: the client takes them from
+    (:mod:`crypto.program.bounds`), part of the agreement: the client takes them from
     its own configuration and refuses a server stating others.
     """
 
@@ -211,7 +204,7 @@ def tuning_schedule(
 
     Derived by running :func:`sgd_steps` in float64 on zeros with a recording key
     owner; every ciphertext may be one slot or all (``sizes`` 0), bounds are the
-    chain's :func:`~crypto.schedule.safe_bound`.
+    chain's :func:`~crypto.protocol.schedule.safe_bound`.
     """
     n, slots = job.net.n_tokens, job.slots
     rec = Recorder(n, safe_bound(params), lambda h: 0)
@@ -323,7 +316,7 @@ class ProgramServer:
         channel.send(Message("error", meta=meta).encode())
 
     def _load(self, message: Message) -> list[Value]:
-        from .ckks import load_ciphertext
+        from ..he.ckks import load_ciphertext
 
         if self.context is None:
             raise ProtocolError("no public context yet: send a context message first")

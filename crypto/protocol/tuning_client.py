@@ -1,16 +1,16 @@
-r"""The key owner of an encrypted fine-tuning session (:mod:`crypto.tuning`).
+r"""The key owner of an encrypted fine-tuning session (:mod:`crypto.protocol.tuning`).
 
 :class:`TuningClient` holds the secret key, uploads the batch, targets and trained
 weights in one ``train`` message, answers the server's refreshes, rolls and
-unrolls only as the public schedule of :func:`~crypto.tuning.tuning_schedule`
+unrolls only as the public schedule of :func:`~crypto.protocol.tuning.tuning_schedule`
 allows (each admitted before decryption, clipped, answered fresh, padded to the
-public answer floor of :mod:`crypto.timing`), and checks the ``weights`` reply
+public answer floor of :mod:`crypto.protocol.timing`), and checks the ``weights`` reply
 before decrypting it. What it returns is the decrypted reply: the callers bound
-it (:mod:`crypto.bounds`) before anything uses it.
+it (:mod:`crypto.program.bounds`) before anything uses it.
 
 The update bounds are the client's own configuration (``bounds``), part of the
 agreement: the job it runs must carry them, its ``train`` message states them
-and every server message must state the same (:func:`crypto.bounds.stated`),
+and every server message must state the same (:func:`crypto.program.bounds.stated`),
 else the client refuses that message before decrypting any of it (the empty
 ``abort``): a check on public values only, at the first server message that
 states others.
@@ -26,9 +26,9 @@ import numpy as np
 from defenses.arrays import FloatArray
 from defenses.cost import clock, since
 
-from .bounds import BOUNDS_KEY, DEFAULT_BOUNDS, UpdateBounds, stated
-from .ckks import CKKSParams, fingerprint, make_context, public_bytes
-from .packing import roll_tokens
+from ..he.ckks import CKKSParams, fingerprint, make_context, public_bytes
+from ..he.packing import roll_tokens
+from ..program.bounds import BOUNDS_KEY, DEFAULT_BOUNDS, UpdateBounds, stated
 from .schedule import ANSWERS, Step
 from .session import Refused, abort, admit, clip, follow
 from .timing import Floor, check_floor, pad, resolve_floor, units
@@ -46,12 +46,13 @@ class TuningClient:
     n_tokens : int
         Sequence length (rolls and unrolls move whole tokens).
     context : TenSEAL context or None
-        An existing private context to use (a :class:`~crypto.finetune.KeyOwner`'s).
+        An existing private context to use (a
+        :class:`~crypto.program.steps.KeyOwner`'s).
     answer_floor : float or "auto"
         Seconds per unit every answer and the reply's decryption are padded to
-        (:mod:`crypto.timing`; default ``"auto"``: measured once per client).
+        (:mod:`crypto.protocol.timing`; default ``"auto"``: measured once per client).
     bounds : UpdateBounds
-        The public update bounds of the agreement (:mod:`crypto.bounds`): the
+        The public update bounds of the agreement (:mod:`crypto.program.bounds`): the
         job must carry them, every server message must state them.
     """
 

@@ -12,12 +12,12 @@ refusing anything malformed with a :class:`ValueError` that says what is wrong. 
 these bytes travel: the server never receives a Python object from the client.
 
 Kinds, client to server: ``context`` (the public context), ``lora`` (the encrypted
-secret factors), ``infer`` (an encrypted batch), ``train`` (an encrypted
-fine-tuning batch, targets and weights), ``refreshed``, ``rolled`` and
-``unrolled`` (answers), ``close``, and ``abort`` (the one reply to any request
-outside the public schedule of :mod:`crypto.schedule`: empty, whatever was asked).
-Server to client: ``refresh``, ``roll`` and ``unroll`` (requests), ``logits`` and
-``weights`` (the answers), ``error``.
+secret factors), ``infer`` (an encrypted batch), ``train`` (an encrypted fine-tuning
+batch, targets and weights), ``refreshed``, ``rolled`` and ``unrolled`` (answers),
+``close``, and ``abort`` (the one reply to any request outside the public schedule of
+:mod:`crypto.protocol.schedule`: empty, whatever was asked). Server to client:
+``refresh``, ``roll`` and ``unroll`` (requests), ``logits`` and ``weights`` (the
+answers), ``error``.
 """
 
 from __future__ import annotations

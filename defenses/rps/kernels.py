@@ -13,9 +13,9 @@ count ``own`` and the other classes' votes ``others``, sorted descending
 * :func:`lower_bound`: ``r`` votes leave the class, then abstentions join, then the
   smallest others drain, all into the largest other class.
 
-:func:`largest_radius` finds each entry's largest certified training radius by a
-galloping search over these bounds against the calibration parts' threshold bounds
-(:class:`defenses.rps.certificate.PartThresholds`).
+:func:`certified_radii` finds each entry's largest certified training radius, and
+its joint one, by a scan over these bounds against the calibration parts'
+threshold bounds (:class:`defenses.rps.certificate.PartThresholds`).
 """
 
 from __future__ import annotations
@@ -113,26 +113,24 @@ def lower_bound(
     joined = min(radius - first, n_voters - own_votes - room)
     drained = min(radius - first - joined, drainable)
     top = others[entry, 0] + first + joined + drained
-    # the others but the largest, ascending: classes m - 1, ..., 1 of the entry
-    length = m - 1
-    emptied = 0
-    before = 0
+    # ascending: the others but the largest (the emptied classes at e^0 = 1, the
+    # partly drained one, the untouched ones), then the largest
     if drained == 0:
-        while emptied < length and others[entry, m - 1 - emptied] == 0:
-            emptied += 1
+        rest = tail[1]  # nothing drained: the same terms in the same order
     else:
+        length = m - 1
+        emptied = 0
+        before = 0
         while emptied < length and before + others[entry, m - 1 - emptied] <= drained:
             before += others[entry, m - 1 - emptied]
             emptied += 1
-    # ascending: the emptied classes (e^0 = 1), the partly drained one, the
-    # untouched ones, the largest
-    rest = 0.0
-    for _ in range(emptied):
-        rest += 1.0
-    if emptied < length:
-        rest += table[others[entry, m - 1 - emptied] - (drained - before)]
-        for c in range(m - 2 - emptied, 0, -1):
-            rest += table[others[entry, c]]
+        rest = 0.0
+        for _ in range(emptied):
+            rest += 1.0
+        if emptied < length:
+            rest += table[others[entry, m - 1 - emptied] - (drained - before)]
+            for c in range(m - 2 - emptied, 0, -1):
+                rest += table[others[entry, c]]
     rest += table[top]
     mine = table[own]
     return float(mine / (mine + rest))
@@ -181,115 +179,13 @@ def bounds(
             )
 
 
-@inlined
-def _certified(
-    own_votes: int,
-    others: IntArray,
-    entry: int,
-    room: int,
-    tail: FloatArray,
-    member: bool,
-    r_t: int,
-    r_c: int,
-    n_voters: int,
-    table: FloatArray,
-    softmax: bool,
-    lower: FloatArray,
-    upper: FloatArray,
-    tau_hat: int,
-    guard: int,
-    tie: float,
-) -> bool:
-    """:meth:`PartThresholds.certified` for one entry (``r_t`` within the tables).
-
-    Kept: ``low >= cut`` exactly; left out: ``high < cut - tie`` (the safe sides).
-    """
-    if r_c > 0 and r_c > guard:
-        return False
-    if member:
-        keep_at = tau_hat + r_c
-        if keep_at >= lower.shape[0]:
-            return False
-        low = lower_bound(
-            own_votes, others, entry, room, tail, n_voters, table, softmax, r_t
-        )
-        return bool(low >= upper[keep_at, r_t])
-    drop_at = tau_hat - r_c
-    if drop_at < 0:
-        return False
-    high = upper_bound(
-        own_votes, others, entry, room, tail, n_voters, table, softmax, r_t
-    )
-    return bool(high < lower[drop_at, r_t] - tie)
-
-
 @compiled
-def largest_radius(
+def certified_radii(
     own: IntArray,
     others: IntArray,
     in_set: BoolArray,
     ceiling: IntArray,
-    joint: bool,
-    n_voters: int,
-    table: FloatArray,
-    softmax: bool,
-    lower: FloatArray,
-    upper: FloatArray,
-    tau_hat: int,
-    guard: int,
-    tie: float,
-    out: IntArray,
-) -> None:
-    """Largest certified ``r_t`` per entry, with ``r_c = 0`` or ``r_c = r_t``.
-
-    Certification is monotone in the radii, so probes 1, 2, 4, ... run until one
-    fails, then bisection; radius 0 is always certified and ``ceiling[i]`` (at most
-    the tables' last column) bounds the search.
-    """
-    tail = np.empty(others.shape[1] + 1)
-    for entry in range(own.shape[0]):
-        lo = 0
-        hi = ceiling[entry] + 1
-        if hi <= 1:
-            out[entry] = 0
-            continue
-        room = _entry_sums(others, entry, table, tail)
-        galloping = True
-        while hi - lo > 1:
-            probe = min(lo + max(lo, 1), hi - 1) if galloping else (lo + hi) // 2
-            ok = _certified(
-                own[entry],
-                others,
-                entry,
-                room,
-                tail,
-                in_set[entry],
-                probe,
-                probe if joint else 0,
-                n_voters,
-                table,
-                softmax,
-                lower,
-                upper,
-                tau_hat,
-                guard,
-                tie,
-            )
-            if ok:
-                lo = probe
-            else:
-                hi = probe
-                galloping = False
-        out[entry] = lo
-
-
-@compiled
-def training_and_joint(
-    own: IntArray,
-    others: IntArray,
-    in_set: BoolArray,
-    radius: int,
-    calibration: IntArray,
+    limit: IntArray,
     n_voters: int,
     table: FloatArray,
     softmax: bool,
@@ -301,51 +197,62 @@ def training_and_joint(
     training: IntArray,
     joint: IntArray,
 ) -> None:
-    """Both searches of :func:`largest_radius` in one pass over the entries.
+    r"""Largest certified training and joint radii per entry, in one pass.
 
-    ``training[i]``: largest ``r_t <= radius`` with ``r_c = 0``; ``joint[i]``:
-    largest ``r`` with ``r_t = r_c = r``, searched below
-    ``min(training[i], calibration[i])``. The entry's sums are computed once.
+    ``training[i]``: the largest :math:`r \le` ``ceiling[i]`` (and the tables' last
+    column) certified with :math:`r_c = 0`; ``joint[i]``: the largest
+    :math:`r \le \min(` ``training[i]``, ``limit[i]`` :math:`)` certified with
+    :math:`r_t = r_c = r` (:meth:`PartThresholds.certified`; kept: ``low >= cut``
+    exactly, left out: ``high < cut - tie``). Radius 0 always counts.
+
+    Certification is monotone in both radii, so the training radius is the step
+    before the first failing one, probed ``r = 1, 2, ...`` (most radii are a few
+    votes; each probe is O(1) when no class is drained). A joint certificate at
+    ``r`` implies the training one (the threshold columns are sorted over the
+    parts, so ``upper[tau_hat + r, r] >= upper[tau_hat, r]`` and
+    ``lower[tau_hat - r, r] <= lower[tau_hat, r]``), so the joint search compares
+    the score bounds the training search computed (kept in ``seen``) with other
+    thresholds and computes none. Every comparison is written in this loop:
+    an inlined helper taking arrays costs reference counting per call, about as
+    much as the bound itself.
     """
+    k_c = lower.shape[0]
+    widest = lower.shape[1] - 1
     tail = np.empty(others.shape[1] + 1)
+    seen = np.empty(widest + 1)
     for entry in range(own.shape[0]):
-        training[entry] = 0
-        joint[entry] = 0
-        if radius < 1:
-            continue
-        room = _entry_sums(others, entry, table, tail)
+        top = min(ceiling[entry], widest)
         member = in_set[entry]
-        for search in range(2):
-            lo = 0
-            top = radius if search == 0 else min(training[entry], calibration[entry])
-            hi = top + 1
-            galloping = True
-            while hi - lo > 1:
-                probe = min(lo + max(lo, 1), hi - 1) if galloping else (lo + hi) // 2
-                ok = _certified(
-                    own[entry],
-                    others,
-                    entry,
-                    room,
-                    tail,
-                    member,
-                    probe,
-                    probe if search == 1 else 0,
-                    n_voters,
-                    table,
-                    softmax,
-                    lower,
-                    upper,
-                    tau_hat,
-                    guard,
-                    tie,
-                )
-                if ok:
-                    lo = probe
+        found = 0
+        if top >= 1:
+            votes = own[entry]
+            room = _entry_sums(others, entry, table, tail)
+            while found < top:
+                r = found + 1
+                if member:
+                    bound = lower_bound(
+                        votes, others, entry, room, tail, n_voters, table, softmax, r
+                    )
+                    ok = tau_hat < k_c and bound >= upper[tau_hat, r]
                 else:
-                    hi = probe
-                    galloping = False
-            if search == 0:
-                training[entry] = lo
+                    bound = upper_bound(
+                        votes, others, entry, room, tail, n_voters, table, softmax, r
+                    )
+                    ok = bound < lower[tau_hat, r] - tie
+                seen[r] = bound
+                if not ok:
+                    break
+                found = r
+        training[entry] = found
+        both = 0
+        last = min(found, limit[entry], guard)
+        while both < last:
+            r = both + 1
+            if member:
+                ok = tau_hat + r < k_c and seen[r] >= upper[tau_hat + r, r]
             else:
-                joint[entry] = lo
+                ok = tau_hat >= r and seen[r] < lower[tau_hat - r, r] - tie
+            if not ok:
+                break
+            both = r
+        joint[entry] = both

@@ -64,7 +64,7 @@ import numpy.typing as npt
 from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.rps.certificate import TIE
 from defenses.rps.entries import descending_rows, entry_scores, vote_entries
-from defenses.rps.kernels import bounds, largest_radius, training_and_joint
+from defenses.rps.kernels import bounds, certified_radii
 
 if TYPE_CHECKING:
     from defenses.rps.certificate import PartThresholds
@@ -169,56 +169,22 @@ class VoteGeometry:
         """Smallest score after ``radius`` changed votes."""
         return self._bounds(radius, rows, False)
 
-    def largest(
+    def _searches(
         self,
         thresholds: PartThresholds,
         in_set: BoolArray,
-        joint: bool,
-        ceiling: IntArray | None = None,
-    ) -> IntArray:
-        """Largest certified training radius per entry (``ScoreGeometry.largest``).
-
-        A compiled galloping search per entry
-        (:func:`defenses.rps.kernels.largest_radius`).
-        """
-        top = np.full(self.size, thresholds.radius, dtype=np.int64)
-        if ceiling is not None:
-            np.minimum(top, ceiling, out=top)
-        out = np.zeros(self.size, dtype=np.int64)
-        largest_radius(
-            self.own,
-            self.others,
-            np.ascontiguousarray(in_set),
-            top,
-            joint,
-            self.n_voters,
-            self.__dict__["_table"],
-            self.softmax,
-            np.ascontiguousarray(thresholds.lower),
-            np.ascontiguousarray(thresholds.upper),
-            thresholds.tau_hat,
-            thresholds.guard,
-            TIE,
-            out,
-        )
-        return out
-
-    def radii(
-        self, thresholds: PartThresholds, in_set: BoolArray, calibration: IntArray
+        ceiling: IntArray,
+        limit: IntArray,
     ) -> tuple[IntArray, IntArray]:
-        """Training and joint radii per entry (``ScoreGeometry.radii``), one pass.
-
-        :func:`defenses.rps.kernels.training_and_joint`: the two searches of
-        :meth:`largest` sharing each entry's sums.
-        """
+        """:func:`defenses.rps.kernels.certified_radii`: training and joint radii."""
         training = np.empty(self.size, dtype=np.int64)
         joint = np.empty(self.size, dtype=np.int64)
-        training_and_joint(
+        certified_radii(
             self.own,
             self.others,
             np.ascontiguousarray(in_set),
-            thresholds.radius,
-            np.ascontiguousarray(calibration, dtype=np.int64),
+            np.ascontiguousarray(ceiling, dtype=np.int64),
+            np.ascontiguousarray(limit, dtype=np.int64),
             self.n_voters,
             self.__dict__["_table"],
             self.softmax,
@@ -231,6 +197,36 @@ class VoteGeometry:
             joint,
         )
         return training, joint
+
+    def largest(
+        self,
+        thresholds: PartThresholds,
+        in_set: BoolArray,
+        joint: bool,
+        ceiling: IntArray | None = None,
+    ) -> IntArray:
+        """Largest certified training radius per entry (``ScoreGeometry.largest``).
+
+        With ``joint``, the joint radius below ``ceiling``: it is at most the
+        training radius, which the same pass finds first
+        (:func:`defenses.rps.kernels.certified_radii`).
+        """
+        top = np.full(self.size, thresholds.radius, dtype=np.int64)
+        if ceiling is not None:
+            np.minimum(top, ceiling, out=top)
+        training, both = self._searches(thresholds, in_set, top, top)
+        return both if joint else training
+
+    def radii(
+        self, thresholds: PartThresholds, in_set: BoolArray, calibration: IntArray
+    ) -> tuple[IntArray, IntArray]:
+        """Training and joint radii per entry (``ScoreGeometry.radii``), one pass.
+
+        :func:`defenses.rps.kernels.certified_radii`: the joint search compares the
+        score bounds the training search computed.
+        """
+        top = np.full(self.size, thresholds.radius, dtype=np.int64)
+        return self._searches(thresholds, in_set, top, calibration)
 
 
 def _check_votes(votes: npt.ArrayLike, n_voters: int, abstain: bool) -> IntArray:

@@ -4,7 +4,7 @@ A ``transformers`` BERT that no test of the suite builds (width 12, 3 heads, 2
 layers, FFN 24), its own WordPiece tokenizer trained on its own generated corpus
 (fruit vs tool sentences), trained as usual with AdamW; then
 ``defense_suite.crypto.convert`` and ``distill``; encrypted inference of one packed
-batch over :class:`~crypto.transport.Loopback` (the server in another process),
+batch over :class:`~crypto.protocol.transport.Loopback` (the server in another process),
 checked against the converted model's plaintext argmax; and, with ``--step``, one
 encrypted step of the last block's Q/K/V LoRA factors over Loopback, checked
 against ``torch`` autograd. About 1.5 min without ``--step``, 4 min with it, on
@@ -21,17 +21,17 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from defense_suite.crypto import convert
-from defense_suite.crypto.bert_client import BertClient
-from defense_suite.crypto.bert_lora_step import reference_qkv_step
-from defense_suite.crypto.bert_tuning_protocol import (
+from defense_suite.crypto.conversion.distill import DistillConfig, distill
+from defense_suite.crypto.conversion.tokenizer import build_tokenizer, encode
+from defense_suite.crypto.he.ckks import INTERACTIVE, INTERACTIVE_WIDE
+from defense_suite.crypto.program.qkv_step import reference_qkv_step
+from defense_suite.crypto.protocol.encoder_client import BertClient
+from defense_suite.crypto.protocol.qkv_tuning import (
     BertTuningClient,
     BertTuningServer,
     QKVJob,
 )
-from defense_suite.crypto.ckks import INTERACTIVE, INTERACTIVE_WIDE
-from defense_suite.crypto.distill import DistillConfig, distill
-from defense_suite.crypto.hf import build_tokenizer, encode
-from defense_suite.crypto.transport import Loopback
+from defense_suite.crypto.protocol.transport import Loopback
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--step", action="store_true", help="also one encrypted LoRA step")

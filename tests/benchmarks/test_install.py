@@ -164,7 +164,7 @@ def test_a_fresh_install_works_beside_stray_packages_of_those_names(installed):
         installed.python,
         "-c",
         "import crypto, federated, benchmarks, defense_suite, defenses; "
-        "import defense_suite.crypto.protocol, defense_suite.federated.schedule; "
+        "import defense_suite.crypto.protocol.client,defense_suite.federated.schedule; "
         "from defense_suite.locations import audit_dir, checkout_root, spec_dir; "
         "print(crypto.STRAY, federated.STRAY, benchmarks.STRAY); "
         "print(defense_suite.__file__); print(defenses.__file__); "

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from defense_suite.crypto.model import HEFormer, ModelConfig
+from defense_suite.crypto.models.heformer import HEFormer, ModelConfig
+from defense_suite.crypto.models.train import TrainConfig, personalise, pretrain
 from defense_suite.crypto.tasks import Sequences, client_transform, digit_sequences
-from defense_suite.crypto.train import TrainConfig, personalise, pretrain
 from tests.crypto.tiny_bert import N_TOKENS, texts
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ def micro_inputs() -> np.ndarray:
 def tokenizer() -> object:
     """A WordPiece tokenizer trained on the tiny BERT's corpus."""
     pytest.importorskip("transformers")
-    from defense_suite.crypto.hf import build_tokenizer
+    from defense_suite.crypto.conversion.tokenizer import build_tokenizer
 
     return build_tokenizer(texts(), vocab_size=120)
 
@@ -101,7 +101,7 @@ def converted(tokenizer: object) -> HEBert:
     """A tiny 2-layer BERT (width 8, 2 heads), converted, LoRA B made nonzero."""
     transformers = pytest.importorskip("transformers")
     from defense_suite.crypto.conversion import convert
-    from defense_suite.crypto.hf import encode
+    from defense_suite.crypto.conversion.tokenizer import encode
 
     torch.manual_seed(1)
     config = transformers.BertConfig(

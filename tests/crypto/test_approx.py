@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from defense_suite.crypto.approx import (
+from defense_suite.crypto.he.approx import (
     RangeError,
     RangeGuard,
     chebyshev_fit,

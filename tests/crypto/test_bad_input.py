@@ -7,19 +7,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from defense_suite.crypto.ckks import (
+from defense_suite.crypto.he.ckks import (
     INTERACTIVE,
     CKKSParams,
     load_ciphertext,
     load_public,
 )
-from defense_suite.crypto.finetune import simulated_step
-from defense_suite.crypto.heval import simulate
-from defense_suite.crypto.model import HEFormer
-from defense_suite.crypto.protocol import Client, Server
+from defense_suite.crypto.models.heformer import HEFormer
+from defense_suite.crypto.models.train import predict_logits
+from defense_suite.crypto.program.heformer import simulate
+from defense_suite.crypto.program.steps import simulated_step
+from defense_suite.crypto.protocol.client import Client, Server
+from defense_suite.crypto.protocol.wire import Message
 from defense_suite.crypto.tasks import Sequences
-from defense_suite.crypto.train import predict_logits
-from defense_suite.crypto.wire import Message
 from defenses.testing import assert_rule, bad_arrays, bad_reals, rule_settings
 
 X_NAMES = ("x:", "x has", "x is", "x must", "x leaves")

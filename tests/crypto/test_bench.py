@@ -8,22 +8,30 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from defense_suite.crypto.approx import exp_poly, gaussian_kernel_poly, reciprocal_poly
 from defense_suite.crypto.benchmark.attention import (
     _exact_attention,
     attention_benchmark,
 )
-from defense_suite.crypto.ckks import CKKSParams, make_context
-from defense_suite.crypto.evaluator import DepthError, Evaluator, NumpyBackend, Value
 from defense_suite.crypto.figures import figures
-from defense_suite.crypto.heval import SoftmaxPolys, gk_attention, softmax_attention
-from defense_suite.crypto.lora_he import (
+from defense_suite.crypto.he.approx import (
+    exp_poly,
+    gaussian_kernel_poly,
+    reciprocal_poly,
+)
+from defense_suite.crypto.he.ckks import CKKSParams, make_context
+from defense_suite.crypto.he.evaluator import DepthError, Evaluator, NumpyBackend, Value
+from defense_suite.crypto.he.packing import roll_tokens
+from defense_suite.crypto.program.heformer import (
+    SoftmaxPolys,
+    gk_attention,
+    softmax_attention,
+)
+from defense_suite.crypto.program.lora_he import (
     encrypted_steps,
     full_forward,
     lora_forward,
     simulate_step,
 )
-from defense_suite.crypto.packing import roll_tokens
 from defenses.harness import measurement
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from defense_suite.crypto.ckks import (
+from defense_suite.crypto.he.ckks import (
     INTERACTIVE,
     INTERACTIVE_WIDE,
     NON_INTERACTIVE,

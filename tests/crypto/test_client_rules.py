@@ -1,12 +1,12 @@
 """The client's rules of issue 38, piece by piece (no encrypted session).
 
-* :mod:`crypto.bounds`: any returned update (NaN, infinities, huge values) moves
+* :mod:`crypto.program.bounds`: any returned update (NaN, infinities, huge values) moves
   each matrix by at most the public bounds and leaves it finite; an honest step
   is returned bit for bit; the apply functions bound again; the bounds stated
   on the wire read back exactly, and any other statement reads as none.
-* :mod:`crypto.shadow`: the advisory verdict equals the raising guard's, row by
+* :mod:`crypto.program.shadow`: the advisory verdict equals the raising guard's, row by
   row, and never raises, even on non-finite weights.
-* :mod:`crypto.timing`: the floor is checked, measured from public values with
+* :mod:`crypto.protocol.timing`: the floor is checked, measured from public values with
   the counters left alone, and pads.
 """
 
@@ -24,8 +24,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from defense_suite.crypto.approx import RangeError
-from defense_suite.crypto.bounds import (
+from defense_suite.crypto.he.approx import RangeError
+from defense_suite.crypto.he.ckks import INTERACTIVE
+from defense_suite.crypto.models.heformer import HEFormer
+from defense_suite.crypto.models.train import predict_logits
+from defense_suite.crypto.program.bounds import (
     BOUNDS_KEY,
     UpdateBounds,
     apply_weights,
@@ -34,15 +37,12 @@ from defense_suite.crypto.bounds import (
     sanitise,
     stated,
 )
-from defense_suite.crypto.ckks import INTERACTIVE
-from defense_suite.crypto.folding import Arm, effective_weights
-from defense_suite.crypto.model import HEFormer
-from defense_suite.crypto.protocol import Client
-from defense_suite.crypto.schedule import Step
-from defense_suite.crypto.shadow import flag_sequences
-from defense_suite.crypto.timing import check_floor, pad, units
-from defense_suite.crypto.train import predict_logits
-from defense_suite.crypto.wire import Message
+from defense_suite.crypto.program.folding import Arm, effective_weights
+from defense_suite.crypto.program.shadow import flag_sequences
+from defense_suite.crypto.protocol.client import Client
+from defense_suite.crypto.protocol.schedule import Step
+from defense_suite.crypto.protocol.timing import check_floor, pad, units
+from defense_suite.crypto.protocol.wire import Message
 
 if TYPE_CHECKING:
     from defense_suite.crypto.conversion import HEBert
@@ -235,14 +235,14 @@ def test_answer_floor_is_checked_measured_and_pads(micro_model: HEFormer) -> Non
 
 def test_converted_bert_steps_are_bounded(converted: HEBert, tokenizer: object) -> None:
     """The Q/K/V and adapter steps bound any step; apply_qkv_step bounds again."""
-    from defense_suite.crypto.bert_lora_step import (
+    from defense_suite.crypto.conversion.tokenizer import encode
+    from defense_suite.crypto.program.head_step import simulated_head_step
+    from defense_suite.crypto.program.qkv_step import (
         QKVStep,
         apply_qkv_step,
         current_factors,
         simulated_qkv_step,
     )
-    from defense_suite.crypto.bert_tuning import simulated_head_step
-    from defense_suite.crypto.hf import encode
     from tests.crypto.tiny_bert import texts
 
     ids, mask = encode(tokenizer, texts()[-4:], converted)
@@ -278,8 +278,8 @@ def test_calibrated_session_reports_a_batch_it_clips(
     """The calibrated client's batch check is advisory in a session too."""
     from dataclasses import replace
 
-    from defense_suite.crypto.schedule import check_batch, exceeds
-    from defense_suite.crypto.server import Server
+    from defense_suite.crypto.protocol.schedule import check_batch, exceeds
+    from defense_suite.crypto.protocol.server import Server
 
     client = Client(micro_model, INTERACTIVE, micro_inputs, answer_floor=0.0)
     schedule = client.schedule(True)

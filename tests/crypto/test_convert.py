@@ -13,12 +13,12 @@ from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
 
 transformers = pytest.importorskip("transformers")
 
-from defense_suite.crypto.approx import RangeError  # noqa: E402
 from defense_suite.crypto.conversion import (  # noqa: E402
     ConversionError,
     HEBertConfig,
     convert,
 )
+from defense_suite.crypto.he.approx import RangeError  # noqa: E402
 
 BertConfig = transformers.BertConfig
 Bert = transformers.BertForSequenceClassification

@@ -14,7 +14,8 @@ from defense_suite.crypto.benchmark.sweep import (
     unit_costs,
 )
 from defense_suite.crypto.benchmark.sweep_units import COUNT_CHECK, COUNT_DESIGN
-from defense_suite.crypto.costmodel import (
+from defense_suite.crypto.figures import figures
+from defense_suite.crypto.he.costmodel import (
     MONOMIALS,
     OPERATIONS,
     PAPER,
@@ -23,10 +24,9 @@ from defense_suite.crypto.costmodel import (
     Shape,
     operations,
 )
-from defense_suite.crypto.evaluator import Evaluator, NumpyBackend, Value
-from defense_suite.crypto.figures import figures
-from defense_suite.crypto.finetune import TRAIN_PARAMS, KeyOwner
-from defense_suite.crypto.folding import Arm
+from defense_suite.crypto.he.evaluator import Evaluator, NumpyBackend, Value
+from defense_suite.crypto.program.folding import Arm
+from defense_suite.crypto.program.steps import TRAIN_PARAMS, KeyOwner
 from defenses.harness import measurement
 
 

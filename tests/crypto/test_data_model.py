@@ -6,11 +6,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from defense_suite.crypto.approx import RangeError
-from defense_suite.crypto.evaluator import DepthError
-from defense_suite.crypto.heval import simulate
-from defense_suite.crypto.model import HEFormer, ModelConfig
-from defense_suite.crypto.packing import pack, roll_tokens
+from defense_suite.crypto.he.approx import RangeError
+from defense_suite.crypto.he.evaluator import DepthError
+from defense_suite.crypto.he.packing import pack, roll_tokens
+from defense_suite.crypto.models.heformer import HEFormer, ModelConfig
+from defense_suite.crypto.models.train import TrainConfig, predict_logits, pretrain
+from defense_suite.crypto.program.heformer import simulate
 from defense_suite.crypto.tasks import (
     VOCABULARY,
     Sequences,
@@ -18,7 +19,6 @@ from defense_suite.crypto.tasks import (
     digit_sequences,
     negation_sentiment,
 )
-from defense_suite.crypto.train import TrainConfig, predict_logits, pretrain
 
 
 def test_digit_sequences_shape() -> None:

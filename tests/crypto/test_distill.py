@@ -15,12 +15,12 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from defense_suite.crypto.conversion import convert  # noqa: E402
-from defense_suite.crypto.distill import (  # noqa: E402
+from defense_suite.crypto.conversion.distill import (  # noqa: E402
     DistillConfig,
     distill,
     teacher_logits,
 )
-from defense_suite.crypto.hf import build_tokenizer, encode  # noqa: E402
+from defense_suite.crypto.conversion.tokenizer import build_tokenizer, encode  # noqa: E402
 from defense_suite.crypto.tasks import negation_texts  # noqa: E402
 
 

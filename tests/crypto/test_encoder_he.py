@@ -13,26 +13,26 @@ from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
 
 transformers = pytest.importorskip("transformers")
 
-from defense_suite.crypto.approx import RangeError  # noqa: E402
-from defense_suite.crypto.bert_client import BertClient  # noqa: E402
-from defense_suite.crypto.bert_pack import inference_schedule, simulate  # noqa: E402
-from defense_suite.crypto.bert_tuning import (  # noqa: E402
-    encrypted_head_step,
-    reference_head_step,
-    simulated_head_step,
-)
-from defense_suite.crypto.ckks import (  # noqa: E402
+from defense_suite.crypto.conversion import HEBert, convert  # noqa: E402
+from defense_suite.crypto.conversion.tokenizer import encode  # noqa: E402
+from defense_suite.crypto.he.approx import RangeError  # noqa: E402
+from defense_suite.crypto.he.ckks import (  # noqa: E402
     INTERACTIVE,
     INTERACTIVE_WIDE,
     CKKSParams,
 )
-from defense_suite.crypto.conversion import HEBert, convert  # noqa: E402
-from defense_suite.crypto.evaluator import DepthError  # noqa: E402
-from defense_suite.crypto.heval_bert import BertWeights  # noqa: E402
-from defense_suite.crypto.hf import encode  # noqa: E402
-from defense_suite.crypto.protocol import InProcess, Refused, Server  # noqa: E402
-from defense_suite.crypto.transport import Loopback  # noqa: E402
-from defense_suite.crypto.wire import Channel, Message  # noqa: E402
+from defense_suite.crypto.he.evaluator import DepthError  # noqa: E402
+from defense_suite.crypto.program.encoder import BertWeights  # noqa: E402
+from defense_suite.crypto.program.head_step import (  # noqa: E402
+    encrypted_head_step,
+    reference_head_step,
+    simulated_head_step,
+)
+from defense_suite.crypto.program.inputs import inference_schedule, simulate  # noqa: E402
+from defense_suite.crypto.protocol.client import InProcess, Refused, Server  # noqa: E402
+from defense_suite.crypto.protocol.encoder_client import BertClient  # noqa: E402
+from defense_suite.crypto.protocol.transport import Loopback  # noqa: E402
+from defense_suite.crypto.protocol.wire import Channel, Message  # noqa: E402
 
 ERROR_BOUND = 5e-3
 """Largest |encrypted - plaintext| logit accepted on INTERACTIVE (N 8192, 2^30)."""

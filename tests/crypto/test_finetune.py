@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from defense_suite.crypto.finetune import (
+from defense_suite.crypto.models.heformer import HEFormer
+from defense_suite.crypto.program.folding import Arm, initial_weights
+from defense_suite.crypto.program.steps import (
     encrypted_step,
     reference_step,
     simulated_loss,
     simulated_step,
 )
-from defense_suite.crypto.folding import Arm, initial_weights
-from defense_suite.crypto.model import HEFormer
 from defense_suite.crypto.tasks import Sequences
 
 

@@ -6,16 +6,16 @@ import torch
 
 from defense_suite.crypto.attacks import audit
 from defense_suite.crypto.benchmark.layer import layer_benchmark
-from defense_suite.crypto.ckks import NON_INTERACTIVE
-from defense_suite.crypto.model import HEFormer, ModelConfig
-from defense_suite.crypto.protocol import Client, Server
-from defense_suite.crypto.tasks import Sequences
-from defense_suite.crypto.train import (
+from defense_suite.crypto.he.ckks import NON_INTERACTIVE
+from defense_suite.crypto.models.heformer import HEFormer, ModelConfig
+from defense_suite.crypto.models.train import (
     TrainConfig,
     personalise,
     predict_logits,
     pretrain,
 )
+from defense_suite.crypto.protocol.client import Client, Server
+from defense_suite.crypto.tasks import Sequences
 
 
 def test_non_interactive_chain_is_secure_and_deep_enough() -> None:
@@ -59,7 +59,7 @@ def test_non_interactive_layer_in_tenseal() -> None:
 
 
 def test_personal_head_travels_encrypted() -> None:
-    from defense_suite.crypto.heval import HEWeights, lora_factors, simulate
+    from defense_suite.crypto.program.heformer import HEWeights, lora_factors, simulate
 
     rng = np.random.default_rng(0)
     X = rng.random((64, 2, 3))

@@ -17,22 +17,22 @@ import numpy as np
 import pytest
 import tenseal as ts
 
-from defense_suite.crypto.approx import RangeError
-from defense_suite.crypto.ckks import INTERACTIVE, NON_INTERACTIVE
-from defense_suite.crypto.evaluator import Value
-from defense_suite.crypto.heval import lora_factors
-from defense_suite.crypto.model import HEFormer
-from defense_suite.crypto.protocol import Client, InProcess, Refused, Server
-from defense_suite.crypto.reaction import (
+from defense_suite.crypto.he.approx import RangeError
+from defense_suite.crypto.he.ckks import INTERACTIVE, NON_INTERACTIVE
+from defense_suite.crypto.he.evaluator import Value
+from defense_suite.crypto.models.heformer import HEFormer
+from defense_suite.crypto.models.train import predict_logits
+from defense_suite.crypto.program.heformer import lora_factors
+from defense_suite.crypto.protocol.client import Client, InProcess, Refused, Server
+from defense_suite.crypto.protocol.reaction import (
     OracleServer,
     answer_times,
     bisect,
     input_feature,
     lora_entry,
 )
-from defense_suite.crypto.schedule import check_batch, safe_bound
-from defense_suite.crypto.train import predict_logits
-from defense_suite.crypto.wire import MAGIC, Channel, Message
+from defense_suite.crypto.protocol.schedule import check_batch, safe_bound
+from defense_suite.crypto.protocol.wire import MAGIC, Channel, Message
 
 ABORT = Message("abort").encode()
 
@@ -170,7 +170,7 @@ def test_out_of_schedule_refused_before_decryption(
 
 
 def _frame(kind: str, key: str, blobs: list[bytes], meta: dict[str, Any]) -> bytes:
-    """The wire format written by hand (no crypto.wire code)."""
+    """The wire format written by hand (no crypto.protocol.wire code)."""
     header = json.dumps(
         {"kind": kind, "key": key, "sizes": [len(b) for b in blobs], "meta": meta}
     ).encode()
@@ -387,7 +387,7 @@ def test_raw_wire_speaker_bisection_on_an_input_slot(
         def craft(
             ctx: Any, inputs: list[Any], key: str, a: float = a, w: float = w
         ) -> list[bytes]:
-            from defense_suite.crypto.reaction import encoding_limit
+            from defense_suite.crypto.protocol.reaction import encoding_limit
 
             limit = encoding_limit(ctx, slots)
             p = inputs[0] + (-a)

@@ -8,13 +8,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from defense_suite.crypto.evaluator import Evaluator, NumpyBackend, Value
-from defense_suite.crypto.heval import HEWeights, lora_factors
-from defense_suite.crypto.model import HEFormer
-from defense_suite.crypto.packing import pack, roll_tokens, unit
+from defense_suite.crypto.he.evaluator import Evaluator, NumpyBackend, Value
+from defense_suite.crypto.he.packing import pack, roll_tokens, unit
+from defense_suite.crypto.models.heformer import HEFormer
+from defense_suite.crypto.models.train import predict_logits
 from defense_suite.crypto.program import Program, Run, forward, from_heformer
+from defense_suite.crypto.program.heformer import HEWeights, lora_factors
 from defense_suite.crypto.program.simulation import SimulatedOwner
-from defense_suite.crypto.train import predict_logits
 from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
 
 
@@ -103,9 +103,9 @@ def test_pack_inputs_without_the_guard_packs_the_same(
     pytest.importorskip("transformers")
     import copy
 
-    from defense_suite.crypto.approx import RangeError
-    from defense_suite.crypto.bert_pack import pack_inputs
-    from defense_suite.crypto.hf import encode
+    from defense_suite.crypto.conversion.tokenizer import encode
+    from defense_suite.crypto.he.approx import RangeError
+    from defense_suite.crypto.program.inputs import pack_inputs
     from tests.crypto.tiny_bert import texts
 
     ids, mask = encode(tokenizer, texts()[:3], converted)

@@ -15,19 +15,19 @@ import numpy as np
 import pytest
 import torch
 
-from defense_suite.crypto.evaluator import (
+from defense_suite.crypto.he.evaluator import (
     DepthError,
     Evaluator,
     NumpyBackend,
     Roll,
     Value,
 )
-from defense_suite.crypto.heval import HEWeights, gk_attention, lora_factors
-from defense_suite.crypto.heval_bert import BertWeights, BlockWeights, NormWeights
-from defense_suite.crypto.model import HEFormer
-from defense_suite.crypto.packing import pack, roll_tokens, unit
+from defense_suite.crypto.he.packing import pack, roll_tokens, unit
+from defense_suite.crypto.models.heformer import HEFormer
 from defense_suite.crypto.program import Run, forward, from_bert, from_heformer
-from defense_suite.crypto.schedule import Recorder
+from defense_suite.crypto.program.encoder import BertWeights, BlockWeights, NormWeights
+from defense_suite.crypto.program.heformer import HEWeights, gk_attention, lora_factors
+from defense_suite.crypto.protocol.schedule import Recorder
 from defenses.arrays import FloatArray
 from tests.crypto.tiny_bert import texts
 from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
@@ -113,7 +113,7 @@ def _head(
 
 
 def depth(coefficients: FloatArray) -> int:
-    """Levels :meth:`~crypto.evaluator.Evaluator.poly` consumes for a polynomial."""
+    """Levels :meth:`~crypto.he.evaluator.Evaluator.poly` consumes for a polynomial."""
     return math.ceil(math.log2(len(coefficients)))
 
 
@@ -335,10 +335,10 @@ def test_bert_program_equals_the_old_one(
     converted: Any, tokenizer: object, noise: float
 ) -> None:
     pytest.importorskip("transformers")
-    from defense_suite.crypto.bert_pack import pack_inputs
-    from defense_suite.crypto.heval_bert import forward as bert_forward
-    from defense_suite.crypto.heval_bert import lora_factors as bert_factors
-    from defense_suite.crypto.hf import encode
+    from defense_suite.crypto.conversion.tokenizer import encode
+    from defense_suite.crypto.program.encoder import forward as bert_forward
+    from defense_suite.crypto.program.encoder import lora_factors as bert_factors
+    from defense_suite.crypto.program.inputs import pack_inputs
 
     ids, mask = encode(tokenizer, texts()[:3], converted)
     w = BertWeights.from_model(converted)
@@ -380,7 +380,7 @@ def test_bert_program_equals_the_old_one(
 def test_heformer_simulate_equals_the_old_program(
     micro_model: HEFormer, micro_inputs: np.ndarray, interactive: bool
 ) -> None:
-    from defense_suite.crypto.heval import simulate
+    from defense_suite.crypto.program.heformer import simulate
 
     X = micro_inputs[:4]
     w = HEWeights.from_model(micro_model)
@@ -407,9 +407,9 @@ def test_bert_simulate_equals_the_old_program(
     converted: Any, tokenizer: object
 ) -> None:
     pytest.importorskip("transformers")
-    from defense_suite.crypto.bert_pack import pack_inputs, simulate
-    from defense_suite.crypto.heval_bert import lora_factors as bert_factors
-    from defense_suite.crypto.hf import encode
+    from defense_suite.crypto.conversion.tokenizer import encode
+    from defense_suite.crypto.program.encoder import lora_factors as bert_factors
+    from defense_suite.crypto.program.inputs import pack_inputs, simulate
 
     ids, mask = encode(tokenizer, texts()[:3], converted)
     w = BertWeights.from_model(converted)

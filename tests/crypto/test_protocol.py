@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 
 from defense_suite.crypto.attacks import audit, secrets_reachable
-from defense_suite.crypto.ckks import INTERACTIVE, make_context, public_bytes
-from defense_suite.crypto.evaluator import Value
-from defense_suite.crypto.model import HEFormer
-from defense_suite.crypto.protocol import Client, InProcess, Refused, Server
-from defense_suite.crypto.shadow import flag_sequences
+from defense_suite.crypto.he.ckks import INTERACTIVE, make_context, public_bytes
+from defense_suite.crypto.he.evaluator import Value
+from defense_suite.crypto.models.heformer import HEFormer
+from defense_suite.crypto.models.train import predict_logits
+from defense_suite.crypto.program.shadow import flag_sequences
+from defense_suite.crypto.protocol.client import Client, InProcess, Refused, Server
+from defense_suite.crypto.protocol.transport import Loopback
+from defense_suite.crypto.protocol.wire import Channel, Message
 from defense_suite.crypto.tasks import Sequences
-from defense_suite.crypto.train import predict_logits
-from defense_suite.crypto.transport import Loopback
-from defense_suite.crypto.wire import Channel, Message
 
 
 @pytest.fixture(scope="module")

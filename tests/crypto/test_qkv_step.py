@@ -10,16 +10,16 @@ from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
 
 transformers = pytest.importorskip("transformers")
 
-from defense_suite.crypto.bert_lora_step import (  # noqa: E402
+from defense_suite.crypto.conversion import HEBert  # noqa: E402
+from defense_suite.crypto.conversion.tokenizer import encode  # noqa: E402
+from defense_suite.crypto.he.ckks import INTERACTIVE_WIDE  # noqa: E402
+from defense_suite.crypto.program.qkv_step import (  # noqa: E402
     apply_qkv_step,
     current_factors,
     encrypted_qkv_step,
     reference_qkv_step,
     simulated_qkv_step,
 )
-from defense_suite.crypto.ckks import INTERACTIVE_WIDE  # noqa: E402
-from defense_suite.crypto.conversion import HEBert  # noqa: E402
-from defense_suite.crypto.hf import encode  # noqa: E402
 
 LABELS = np.array([1, 0, 1, 0])
 

@@ -9,13 +9,18 @@ from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
 
 pytest.importorskip("transformers")
 
-from defense_suite.crypto.bert_lora_step import (
+from defense_suite.crypto.conversion import HEBert
+from defense_suite.crypto.he.ckks import INTERACTIVE, INTERACTIVE_WIDE
+from defense_suite.crypto.he.evaluator import Evaluator, NumpyBackend, Value
+from defense_suite.crypto.program.bounds import DEFAULT_BOUNDS, UpdateBounds
+from defense_suite.crypto.program.encoder import lora_factors
+from defense_suite.crypto.program.qkv_step import (
     reference_qkv_step,
     simulated_qkv_step,
     step_inputs,
     updated,
 )
-from defense_suite.crypto.bert_tuning_protocol import (
+from defense_suite.crypto.protocol.qkv_tuning import (
     BertTuningClient,
     BertTuningServer,
     QKVJob,
@@ -23,17 +28,12 @@ from defense_suite.crypto.bert_tuning_protocol import (
     qkv_schedule,
     step_slots,
 )
-from defense_suite.crypto.bounds import DEFAULT_BOUNDS, UpdateBounds
-from defense_suite.crypto.ckks import INTERACTIVE, INTERACTIVE_WIDE
-from defense_suite.crypto.conversion import HEBert
-from defense_suite.crypto.evaluator import Evaluator, NumpyBackend, Value
-from defense_suite.crypto.heval_bert import lora_factors
-from defense_suite.crypto.schedule import Recorder, safe_bound
-from defense_suite.crypto.server import InProcess
-from defense_suite.crypto.session import Refused
-from defense_suite.crypto.transport import Loopback
-from defense_suite.crypto.wire import Channel, Message, ProtocolError
-from tests.crypto.test_bert_lora import LABELS, QKV_STEP_BOUND, _batch, _gap
+from defense_suite.crypto.protocol.schedule import Recorder, safe_bound
+from defense_suite.crypto.protocol.server import InProcess
+from defense_suite.crypto.protocol.session import Refused
+from defense_suite.crypto.protocol.transport import Loopback
+from defense_suite.crypto.protocol.wire import Channel, Message, ProtocolError
+from tests.crypto.test_qkv_step import LABELS, QKV_STEP_BOUND, _batch, _gap
 
 
 def _honest_run(

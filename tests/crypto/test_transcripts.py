@@ -27,20 +27,24 @@ import pytest
 import tenseal as ts
 import torch
 
-from defense_suite.crypto.approx import RangeError
-from defense_suite.crypto.bounds import UpdateBounds, apply_weights
-from defense_suite.crypto.ckks import INTERACTIVE
-from defense_suite.crypto.evaluator import Value
-from defense_suite.crypto.finetune import encrypted_step
-from defense_suite.crypto.folding import Arm
-from defense_suite.crypto.model import HEFormer
-from defense_suite.crypto.protocol import Client
-from defense_suite.crypto.server import Server
-from defense_suite.crypto.session import Refused
-from defense_suite.crypto.shadow import flag_sequences
-from defense_suite.crypto.train import predict_logits
-from defense_suite.crypto.tuning import TuningJob, TuningServer, tuning_schedule
-from defense_suite.crypto.wire import Channel, Message
+from defense_suite.crypto.he.approx import RangeError
+from defense_suite.crypto.he.ckks import INTERACTIVE
+from defense_suite.crypto.he.evaluator import Value
+from defense_suite.crypto.models.heformer import HEFormer
+from defense_suite.crypto.models.train import predict_logits
+from defense_suite.crypto.program.bounds import UpdateBounds, apply_weights
+from defense_suite.crypto.program.folding import Arm
+from defense_suite.crypto.program.shadow import flag_sequences
+from defense_suite.crypto.program.steps import encrypted_step
+from defense_suite.crypto.protocol.client import Client
+from defense_suite.crypto.protocol.server import Server
+from defense_suite.crypto.protocol.session import Refused
+from defense_suite.crypto.protocol.tuning import (
+    TuningJob,
+    TuningServer,
+    tuning_schedule,
+)
+from defense_suite.crypto.protocol.wire import Channel, Message
 
 Entry = tuple[Any, ...]
 
@@ -221,7 +225,7 @@ def _entry(model: HEFormer, name: str) -> int:
 
 
 def _weights(model: HEFormer) -> dict[str, np.ndarray]:
-    from defense_suite.crypto.folding import effective_weights
+    from defense_suite.crypto.program.folding import effective_weights
 
     return effective_weights(model, Arm("lora"))
 
@@ -329,9 +333,9 @@ def _bert_play(
     """The label-indicator forger against a converted BERT's Q/K/V step, then
     one inference session of the updated model (INTERACTIVE: the forger's
     values need no precision)."""
-    from defense_suite.crypto.bert_client import BertClient
-    from defense_suite.crypto.bert_lora_step import apply_qkv_step
-    from defense_suite.crypto.bert_tuning_protocol import (
+    from defense_suite.crypto.program.qkv_step import apply_qkv_step
+    from defense_suite.crypto.protocol.encoder_client import BertClient
+    from defense_suite.crypto.protocol.qkv_tuning import (
         BertTuningClient,
         BertTuningServer,
         QKVJob,
@@ -377,7 +381,7 @@ def _bert_play(
 
 
 def client_flags(he: Any, ids: np.ndarray, mask: np.ndarray) -> list[bool]:
-    from defense_suite.crypto.shadow import flag_ids
+    from defense_suite.crypto.program.shadow import flag_ids
 
     return flag_ids(he, ids, mask).tolist()
 
@@ -387,7 +391,7 @@ def test_converted_bert_qkv_step_label_indicator(
     converted: Any, tokenizer: object
 ) -> None:
     """The Q/K/V step of a converted BERT against the label-indicator forger."""
-    from tests.crypto.test_bert_lora import LABELS, _batch
+    from tests.crypto.test_qkv_step import LABELS, _batch
 
     ids, mask = _batch(converted, tokenizer)
     other = LABELS.copy()

@@ -8,22 +8,26 @@ from typing import Any
 import numpy as np
 import pytest
 
-from defense_suite.crypto import tuning
-from defense_suite.crypto.bounds import DEFAULT_BOUNDS, UpdateBounds
-from defense_suite.crypto.evaluator import Value
-from defense_suite.crypto.finetune import (
+from defense_suite.crypto.he.evaluator import Value
+from defense_suite.crypto.models.heformer import HEFormer
+from defense_suite.crypto.program.bounds import DEFAULT_BOUNDS, UpdateBounds
+from defense_suite.crypto.program.folding import Arm
+from defense_suite.crypto.program.steps import (
     TRAIN_PARAMS,
     _prepare,
     encrypted_step,
     simulated_step,
 )
-from defense_suite.crypto.folding import Arm
-from defense_suite.crypto.model import HEFormer
-from defense_suite.crypto.server import InProcess
-from defense_suite.crypto.session import Refused
-from defense_suite.crypto.tuning import TuningJob, TuningServer, tuning_schedule
-from defense_suite.crypto.tuning_client import TuningClient
-from defense_suite.crypto.wire import Channel, Message, ProtocolError
+from defense_suite.crypto.protocol import tuning
+from defense_suite.crypto.protocol.server import InProcess
+from defense_suite.crypto.protocol.session import Refused
+from defense_suite.crypto.protocol.tuning import (
+    TuningJob,
+    TuningServer,
+    tuning_schedule,
+)
+from defense_suite.crypto.protocol.tuning_client import TuningClient
+from defense_suite.crypto.protocol.wire import Channel, Message, ProtocolError
 
 ABORT = Message("abort").encode()
 
