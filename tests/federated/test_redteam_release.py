@@ -19,9 +19,11 @@ from defense_suite.federated.flower.app import client_app, client_data
 from defense_suite.federated.flower.client import PrivateRound
 from defense_suite.federated.flower.console import OneLineFailure, one_line_failures
 from defense_suite.federated.ledger import ClientPrivacy, Grant, PrivacyLedger
+from defense_suite.federated.padding import padded_rows
 from defense_suite.federated.private_optimizer import SanitizingDPOptimizer
 from tests.federated import redteam
 from tests.federated import redteam_release as rr
+from tests.federated import redteam_timing as timing
 from tests.federated.loopback import LoopbackGrid, node_contexts
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -172,6 +174,19 @@ def test_the_opacus_path_takes_exactly_the_granted_steps(n):
     rng = np.random.default_rng(n)
     data = LocalData(rng.normal(size=(n, 6)), rng.integers(0, 3, n), 3)
     rr.opacus_noise(data, 0.3, 1.0, 1.0, 0.1, 445, np.random.default_rng(0))
+
+
+def test_opacus_steps_compute_the_same_rows_whatever_the_sample_and_the_count():
+    """The timing channel by construction: make_private's steps, instrumented,
+    compute the public padded_rows(q, N) rows for nodes of 60, 444, 445 and 600
+    records under one public count, while the records sampled vary with n."""
+    seen = timing.opacus_rows((60, 444, 445, 600))
+    rows = padded_rows(timing.Q, timing.PUBLIC)
+    for computed, sampled in seen.values():
+        assert computed == [rows] * timing.STEPS
+        assert all(0 <= s <= rows for s in sampled)
+    total = {n: sum(sampled) for n, (_, sampled) in seen.items()}
+    assert total[60] < total[600] / 3  # what the old path's work followed
 
 
 def test_evaluate_on_a_split_the_server_chooses_is_answered_on_the_nodes_own():
