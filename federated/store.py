@@ -62,15 +62,22 @@ def _digest(body: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def fingerprints(rows: npt.ArrayLike) -> list[str]:
+def fingerprints(rows: npt.ArrayLike, pad_to: int = 0) -> list[str]:
     """One fingerprint per record: SHA-256 (first 128 bits) of its float64 bytes.
 
     ``rows`` has one record per leading index (features flattened); the same record
-    loaded the same way gives the same fingerprint in every run.
+    loaded the same way gives the same fingerprint in every run. ``pad_to`` (a
+    public count) hashes zero rows of the same width up to that many rows and
+    discards their digests, so that the time is that of ``max(n, pad_to)`` rows,
+    not of the private ``n``.
     """
     arr = np.ascontiguousarray(np.asarray(rows, dtype=np.float64))
     flat = arr.reshape(arr.shape[0], -1) if arr.ndim else arr.reshape(1, 1)
-    return [hashlib.sha256(row.tobytes()).hexdigest()[:32] for row in flat]
+    out = [hashlib.sha256(row.tobytes()).hexdigest()[:32] for row in flat]
+    padding = np.zeros((max(0, int(pad_to) - len(flat)), flat.shape[1]))
+    for row in padding:
+        hashlib.sha256(row.tobytes()).hexdigest()
+    return out
 
 
 def _agreement(privacy: ClientPrivacy) -> dict[str, Any]:

@@ -202,7 +202,8 @@ class TimeAdaptiveMod:
         if privacy is not None:
             used = runtime.ledger_file(ctxt).charged_records(privacy)
         if self.training_records is not None:
-            used |= set(fingerprints(self.training_records(ctxt)))
+            pad = self.public_examples(ctxt)  # the hashing time: public rows
+            used |= set(fingerprints(self.training_records(ctxt), pad))
         shared = len(public & used)
         if shared:
             raise refuse(
@@ -219,7 +220,7 @@ class TimeAdaptiveMod:
         if privacy is not None:
             charged: list[str] = []
             if self.training_records is not None:
-                charged = fingerprints(self.training_records(ctxt))
+                charged = fingerprints(self.training_records(ctxt), examples)
             ledger = TimeAdaptiveClient(privacy, ctxt).grant(msg, charged).ledger
         reply = call_next(msg, ctxt)  # a raise goes to the node's log only
         if reply.has_error():

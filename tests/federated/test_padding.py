@@ -194,3 +194,28 @@ def test_a_step_needs_exactly_one_batch_from_the_loader():
             torch.nn.functional.cross_entropy(model(xb), yb).backward()
         with pytest.raises(RuntimeError, match="step once per batch"):
             optimizer.step()
+
+
+def test_the_fingerprints_hash_the_public_count_of_rows(monkeypatch):
+    """The ledger's fingerprints of n training records take the time of
+    max(n, N) hashes (N public) and are the same digests as unpadded."""
+    import hashlib
+
+    from defense_suite.federated import store
+
+    rows = np.random.default_rng(0).normal(size=(12, 4))
+    plain = store.fingerprints(rows[:3])
+    calls = []
+    real = hashlib.sha256
+
+    def counting(data=b""):
+        calls.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(store.hashlib, "sha256", counting)
+    for n, pad, hashed in ((3, 10, 10), (10, 10, 10), (12, 10, 12), (3, 0, 3)):
+        calls.clear()
+        got = store.fingerprints(rows[:n], pad)
+        assert len(got) == n
+        assert calls == [4 * 8] * hashed  # every hash over one row's bytes
+    assert store.fingerprints(rows[:3], 10) == plain
