@@ -21,15 +21,20 @@ processes load it in a fraction of a second:
   they read, so an edit to a helper in another file invalidates its callers (numba's
   own stamp covers the kernel's file only).
 
-When a call has to compile (no cache entry for this machine and these argument
-types), one line is logged (``logging.WARNING``, so it reaches stderr without any
-logging set up) naming the kernel and the argument types before the compiler starts,
-and the time it took when it ends. ``python -m defenses.jit`` compiles every kernel
-a call of the suite can need, ahead of time (an install or image build step).
+A package may answer a call whose kernel is not compiled yet from a numpy twin
+with the same bits while a separate process compiles it (SSD does:
+:mod:`defenses.ssd.kernels.background`); calls inside :func:`compile_in_call` (and
+:func:`warm`) compile in the call. When a call has to compile (no cache entry for
+this machine and these argument types), one line is logged (``logging.WARNING``,
+so it reaches stderr without any logging set up) naming the kernel and the argument
+types before the compiler starts, and the time it took when it ends.
+``python -m defenses.jit`` compiles every kernel a call of the suite can need, ahead
+of time (an install or image build step).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import logging
@@ -371,18 +376,30 @@ def compiling_in_call() -> bool:
     return bool(getattr(_in_call, "value", False))
 
 
+@contextlib.contextmanager
+def compile_in_call() -> Iterator[None]:
+    """Within this block (this thread), calls compile their kernels themselves.
+
+    For what measures the compiled kernels (a benchmark's warm-up, a memory test)
+    and for :func:`warm`.
+    """
+    previous = compiling_in_call()
+    _in_call.value = True
+    try:
+        yield
+    finally:
+        _in_call.value = previous
+
+
 def warm(modules: tuple[str, ...] = WARMUPS) -> dict[str, float]:
     """Compile (or load) every kernel the suite's calls need; seconds per module.
 
     Each module's ``run()`` makes representative calls (every dtype and kernel
-    path), which compile in the call (:func:`compiling_in_call`); a module that
+    path), which compile in the call (:func:`compile_in_call`); a module that
     does not exist is skipped.
     """
-    _in_call.value = True
-    try:
+    with compile_in_call():
         return _warm(modules)
-    finally:
-        _in_call.value = False
 
 
 def _warm(modules: tuple[str, ...]) -> dict[str, float]:
@@ -405,7 +422,10 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m defenses.jit``: compile ahead of time, print where and how long."""
     del argv
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    for name, seconds in warm().items():
+    # run as ``-m``, this file is ``__main__``; the kernels read the flag of
+    # ``compile_in_call`` in the module ``defenses.jit``, so its ``warm`` runs
+    module: Any = importlib.import_module("defenses.jit")
+    for name, seconds in module.warm().items():
         folder = cache_folders(importlib.import_module(name).__file__ or "")[1]
         sys.stdout.write(f"{name}: {seconds:.1f} s (cache: {folder})\n")
     return 0

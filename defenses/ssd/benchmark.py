@@ -235,7 +235,9 @@ def _records(seed: int, setting: dict[str, Any]) -> Iterator[Result]:
     variants = _variants(f, q, budget, shields, with_torch)
     best = dict.fromkeys(variants, np.inf)
     wall = {"ssd": np.inf, "ssd_threads": np.inf}
-    with single_thread():
+    from defenses.jit import compile_in_call  # imports numba
+
+    with single_thread(), compile_in_call():
         for function in variants.values():
             function()  # warm-up: compiles kernels, faults pages in
         for _ in range(repeats):

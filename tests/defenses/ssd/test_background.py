@@ -127,3 +127,27 @@ def test_with_no_writable_cache_folder_the_call_compiles(root, tmp_path):
     assert answers == [6.0, True, 6.0]
     assert IN_CALL in err
     assert BACKGROUND not in err
+
+
+@pytest.mark.slow
+def test_the_ahead_of_time_step_compiles_in_its_own_process(tmp_path):
+    # run as ``python -m defenses.jit`` (the file is ``__main__`` there): every
+    # kernel compiles in that process, none in a background one, and a later
+    # process's first calls find them all
+    env = dict(os.environ, DEFENSE_SUITE_CACHE_DIR=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-m", "defenses.jit"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr
+    assert BACKGROUND not in done.stderr
+    assert "defenses.ssd.kernels.warmup" in done.stdout
+    code = "import numpy as np\nfrom defenses.ssd.kernels import warmup\nwarmup.run()\n"
+    later = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True
+    )
+    assert later.returncode == 0, later.stderr
+    assert "compiling" not in later.stderr
