@@ -240,26 +240,9 @@ def _check_readme(readme: Path) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from defense_suite.report import write_report
-    from defense_suite.spec import load_spec
+    from defense_suite.bench import command
 
-    specs = _spec_folder(Path(args.specs))
-    paths = sorted(specs.glob(f"*-{args.profile}.toml"))
-    if args.only:
-        paths = [p for p in paths if load_spec(p).package in args.only]
-    if not paths:
-        raise UserError(f"--specs {specs}: no *-{args.profile}.toml specs")
-    results_dir = Path(args.results)
-    mode = "resume" if args.resume else "overwrite"
-    runs = [
-        (_plan_run(p, results_dir / f"{p.stem}.jsonl", None, mode), p) for p in paths
-    ]
-    for number, ((chosen, skip), path) in enumerate(runs, 1):
-        logger.info("[%d/%d] running %s", number, len(runs), path.name)
-        _execute(chosen, results_dir / f"{path.stem}.jsonl", skip, mode)
-    out = write_report(_result_files(results_dir), specs, results_dir / "REPORT.md")
-    _say(args, f"wrote {out}")
-    return 0
+    return command(args)
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
@@ -393,12 +376,9 @@ def build_parser(audit: bool = True) -> argparse.ArgumentParser:
     )
     federated.set_defaults(func=_cmd_federated)
 
-    bench = sub.choices["bench"]
-    bench.add_argument("--profile", choices=("quick", "full"), default="quick")
-    bench.add_argument("--only", nargs="+", help="packages to run (e.g. ssd rps)")
-    bench.add_argument(
-        "--resume", action="store_true", help="skip records already in results/"
-    )
+    from defense_suite.bench import add_arguments as bench_arguments
+
+    bench_arguments(sub.choices["bench"])
     return parser
 
 

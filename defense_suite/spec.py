@@ -30,7 +30,9 @@ A *measurement* spec runs a registered benchmark function instead::
 
 A list-valued parameter is a sweep over its values (Cartesian product across
 parameters); to pass a list as a single value, nest it: ``hidden = [[64, 64]]``.
-Unknown keys and wrong types are errors that name the key.
+``[run] exclusive = true`` makes ``bench`` run the spec alone (a timing; by default
+decided by its claim: :func:`defense_suite.bench.exclusive`). Unknown keys and wrong
+types are errors that name the key.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ TOP_KEYS = {
     "benchmark",
     "params",
     "report",
+    "run",
 }
+RUN_KEYS = {"exclusive"}
 PARAM_KEYS = {"scenario", "attack", "defense", "benchmark"}
 REPORT_KEYS = {"columns", "x", "y", "delta", "notes", "summary"}
 SUMMARY_KEYS = {
@@ -277,6 +281,8 @@ class Spec:
     benchmark: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     report: ReportSettings = field(default_factory=ReportSettings)
+    exclusive: bool | None = None
+    """``[run] exclusive``: run alone in ``bench`` (None: decided by its claim)."""
 
     @property
     def package(self) -> str:
@@ -357,6 +363,13 @@ def parse(data: Mapping[str, Any], name: str) -> Spec:
             _expect(f"spec {name!r}: params.{role}.{key}", value, dict, "a table")
     for role in ("scenario", "benchmark"):
         _expect(f"spec {name!r}: params.{role}", params.get(role, {}), dict, "a table")
+    run = data.get("run", {})
+    _expect(f"spec {name!r}: run", run, dict, "a table")
+    _refuse_unknown(f"spec {name!r}", "run key(s)", run, RUN_KEYS)
+    if "exclusive" in run:
+        _expect(
+            f"spec {name!r}: run.exclusive", run["exclusive"], bool, "true or false"
+        )
     raw_report = data.get("report", {})
     _expect(f"spec {name!r}: report", raw_report, dict, "a table")
     _refuse_unknown(f"spec {name!r}", "report key(s)", raw_report, REPORT_KEYS)
@@ -394,6 +407,7 @@ def parse(data: Mapping[str, Any], name: str) -> Spec:
         benchmark=benchmark,
         params=dict(params),
         report=report,
+        exclusive=run.get("exclusive"),
     )
 
 
@@ -406,20 +420,8 @@ def _summary(name: str, raw: Any) -> SummarySettings | None:
     for key in ("threat", "metric", "defense"):
         if key not in raw:
             raise SpecError(f"{where}: '{key}' is required")
-    for key in (
-        "threat",
-        "metric",
-        "defense",
-        "attack",
-        "paper",
-        "direction",
-        "guarantee",
-        "baseline",
-        "utility",
-        "basis",
-        "measured_range",
-    ):
-        if key in raw:
+    for key in sorted(raw.keys() - {"relative_change", "peers", "interval"}):
+        if key not in MAGNITUDE_KEYS:
             _expect(f"{where}.{key}", raw[key], str, "a string")
     for key in ("relative_change", *MAGNITUDE_KEYS):
         if key in raw:

@@ -257,12 +257,13 @@ def test_bench_writes_only_under_results(tmp_path, capsys):
     results = tmp_path / "results"
     readme = REPO / "README.md"
     before = readme.read_bytes()
-    args = ["bench", "--specs", str(specs), "--results", str(results)]
+    args = ["bench", "--specs", str(specs), "--results", str(results), "--jobs", "1"]
     assert main(args) == 0
     assert readme.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results", "specs"]
     assert sorted(p.name for p in results.iterdir()) == [
         "REPORT.md",
+        "bench-times.json",
         "mini-quick.jsonl",
         "plots",
     ]

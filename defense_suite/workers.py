@@ -1,0 +1,240 @@
+"""Workers of ``defense-suite bench --jobs N``: one spec at a time, on one thread.
+
+A worker is ``python -m defense_suite.workers``, started with the thread counts of
+torch, OpenMP, the BLAS libraries and numba set to one (:data:`ONE_THREAD`, read by
+those libraries when they load, so before anything is imported). It reads one job a
+line on stdin (``{"spec", "out", "mode", "log"}``, JSON) and answers one line
+(``{"ok", "records", "seconds", "error"}``) on the stdout it was started with; while
+a spec runs, the worker's file descriptors 1 and 2 point at that spec's log, so
+everything the spec prints (its progress lines, warnings, a C library's output, the
+processes it starts) lands there and the bench's own output stays one line a spec.
+
+A worker lives for many specs, so the imports and the registry's discovery are paid
+once per worker, not per spec. A worker that dies (a crash in a C extension, out of
+memory) fails only the spec it was running; the next spec gets a fresh worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from defense_suite.bench import Outcome
+
+logger = logging.getLogger(__name__)
+
+ONE_THREAD = {
+    name: "1"
+    for name in (
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "BLIS_NUM_THREADS",
+        "VECLIB_MAXIMUM_THREADS",
+        "NUMEXPR_NUM_THREADS",
+        "NUMBA_NUM_THREADS",
+    )
+}
+"""Environment of a worker: every math library on one thread."""
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+class Worker:
+    """One worker process and the pipe to it."""
+
+    def __init__(self, log_dir: Path, number: int) -> None:
+        self.log = log_dir / f"worker-{number}.log"
+        with self.log.open("w", encoding="utf-8") as stderr:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "defense_suite.workers"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                env={**os.environ, **ONE_THREAD},
+            )
+
+    def run(self, spec: Path, out: Path, mode: str, log: Path) -> Outcome:
+        """Run one spec in the worker; a dead worker gives a failed outcome."""
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        start = time.perf_counter()
+        job = {"spec": str(spec), "out": str(out), "mode": mode, "log": str(log)}
+        try:
+            self.process.stdin.write(json.dumps(job) + "\n")
+            self.process.stdin.flush()
+            answer = self.process.stdout.readline()
+        except OSError:
+            answer = ""
+        seconds = time.perf_counter() - start
+        if not answer:
+            code = self.process.wait()
+            why = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+            return Outcome(
+                spec.stem, False, 0, seconds, False, f"worker died ({why})", str(log)
+            )
+        reply = json.loads(answer)
+        return Outcome(
+            spec.stem,
+            bool(reply["ok"]),
+            int(reply["records"]),
+            float(reply["seconds"]),
+            False,
+            str(reply.get("error", "")),
+            "" if reply["ok"] else str(log),
+        )
+
+    def close(self) -> None:
+        """End the worker: end of input, then SIGINT, then kill."""
+        if self.process.poll() is None and self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        for stop in (None, signal.SIGINT, signal.SIGKILL):
+            if stop is not None and self.process.poll() is None:
+                self.process.send_signal(stop)
+            try:
+                self.process.wait(timeout=10)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+class Pool:
+    """``size`` workers fed from one list of specs, longest first (as given)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.log_dir = Path(tempfile.mkdtemp(prefix="defense-suite-bench-"))
+        self.failed = False
+        # started now, so that their imports overlap whatever the caller does next
+        self.workers = [Worker(self.log_dir, n) for n in range(1, size + 1)]
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        for worker in self.workers:
+            worker.close()
+        if not self.failed:
+            for path in self.log_dir.iterdir():
+                path.unlink()
+            self.log_dir.rmdir()
+        else:
+            logger.warning("the workers' logs are kept in %s", self.log_dir)
+
+    def _drive(
+        self, number: int, jobs: deque[tuple[Path, Path]], mode: str, done: Any
+    ) -> None:
+        worker: Worker | None = self.workers[number - 1]
+        while True:
+            try:
+                spec, out = jobs.popleft()
+            except IndexError:
+                return
+            if worker is None:
+                worker = Worker(self.log_dir, number)
+                self.workers.append(worker)
+            outcome = worker.run(spec, out, mode, self.log_dir / f"{spec.stem}.log")
+            if worker.process.poll() is not None:
+                worker = None  # died: the next spec gets a fresh one
+            done.put(outcome)
+
+    def run(self, specs: Sequence[tuple[Path, Path]], mode: str) -> Iterator[Outcome]:
+        """Run every ``(spec, out)``; yield each outcome as its spec finishes."""
+        jobs = deque(specs)
+        done: queue.Queue[Outcome] = queue.Queue()
+        for number in range(1, self.size + 1):
+            threading.Thread(
+                target=self._drive, args=(number, jobs, mode, done), daemon=True
+            ).start()
+        for _ in specs:
+            while True:
+                try:
+                    outcome = done.get(timeout=0.5)
+                    break
+                except queue.Empty:
+                    continue
+            self.failed = self.failed or not outcome.ok
+            yield outcome
+
+
+def _serve(reply: IO[str]) -> None:
+    """The worker's loop: one job a line on stdin, one answer a line on ``reply``."""
+    from defense_suite.bench import run_spec
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    for line in sys.stdin:
+        job = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        start = time.perf_counter()
+        answer: dict[str, Any] = {"ok": True, "records": 0, "error": ""}
+        try:
+            answer["records"] = run_spec(
+                Path(job["spec"]), Path(job["out"]), job["mode"]
+            )
+        except Exception as error:  # reported per spec, not raised
+            logger.exception("%s failed", job["spec"])
+            answer.update(ok=False, error=_one_line(error))
+        answer["seconds"] = time.perf_counter() - start
+        sys.stdout.flush()
+        sys.stderr.flush()
+        reply.write(json.dumps(answer) + "\n")
+        reply.flush()
+
+
+def _warm_up() -> None:
+    """Import every package and register its components before the first job."""
+    from defenses.registry import discover
+
+    try:
+        discover()
+    except Exception:  # the first spec's plan names what is wrong
+        logger.warning("discovery failed; each spec will say why", exc_info=True)
+
+
+def main() -> int:
+    """Entry point of ``python -m defense_suite.workers``."""
+    reply = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # nothing but answers on the reply pipe
+    logging.basicConfig(
+        level=logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        _warm_up()
+        _serve(reply)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,170 @@
+"""``defense-suite bench``: parallel workers, timing specs alone, failures per spec."""
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from defense_suite.bench import (
+    TIMES_FILE,
+    default_jobs,
+    exclusive,
+    longest_first,
+    measures_time,
+    read_times,
+)
+from defense_suite.cli import main
+from defense_suite.spec import SpecError, load_spec, parse
+from defense_suite.workers import ONE_THREAD, Worker
+from tests.benchmarks.test_cli import SPEC
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = REPO / "benchmarks" / "specs"
+COMPARED = ("scenario", "attack", "defense", "seed", "params", "threat")
+SECTIONS = ("utility", "success", "certificate")
+
+
+@pytest.mark.parametrize(
+    ("metric", "expected"),
+    [
+        ("cost.step_s", True),
+        ("cost.ms_per_sequence", True),
+        ("cost.target_p50_ms", True),
+        ("cost.seconds", True),
+        ("cost.projected_step_cpu_s", True),
+        ("utility.speedup_vs_softmax", True),
+        ("cost.refresh_rounds", False),
+        ("cost.mb_per_seq", False),
+        ("utility.accuracy", False),
+        ("success.acc@1", False),
+        ("cost.sessions", False),  # "sessions" is not the unit s
+    ],
+)
+def test_a_time_is_told_by_the_words_of_its_key(metric, expected):
+    assert measures_time(metric) is expected
+
+
+def test_shipped_timing_claims_run_alone_and_the_others_beside_each_other():
+    quick = {p.stem: load_spec(p) for p in sorted(SHIPPED.glob("*-quick.toml"))}
+    alone = {name for name, spec in quick.items() if exclusive(spec)}
+    assert {
+        "ssd_perf-quick",
+        "rps_perf-quick",
+        "crypto_sweep-quick",
+        "crypto_finetune-quick",
+        "crypto_attention-quick",
+        "crypto_lora-quick",
+        "serve-quick",
+    } <= alone
+    assert not alone & {"reference-quick", "ssd-quick", "crypto_byo-quick", "rps-quick"}
+
+
+def test_run_table_overrides_the_claim_and_is_validated():
+    base = {"title": "t", "benchmark": "b"}
+    timed = base | {
+        "report": {"summary": {"threat": "x", "metric": "cost.s", "defense": "d"}}
+    }
+    assert exclusive(parse(timed, "a")) is True
+    assert exclusive(parse(timed | {"run": {"exclusive": False}}, "a")) is False
+    assert exclusive(parse(base | {"run": {"exclusive": True}}, "a")) is True
+    assert exclusive(parse(base, "a")) is False
+    with pytest.raises(SpecError, match=r"run.exclusive must be true or false, got 1"):
+        parse(base | {"run": {"exclusive": 1}}, "a")
+    with pytest.raises(SpecError, match=r"unknown run key\(s\) \['threads'\]"):
+        parse(base | {"run": {"threads": 2}}, "a")
+
+
+def test_order_is_longest_first_with_untimed_specs_first(tmp_path):
+    paths = [Path(f"{n}-quick.toml") for n in ("a", "b", "c", "d")]
+    times = {"a-quick": 1.0, "b-quick": 30.0, "d-quick": 5.0}
+    assert [p.stem[0] for p in longest_first(paths, times)] == ["c", "b", "d", "a"]
+    assert read_times(tmp_path) == {}
+    (tmp_path / TIMES_FILE).write_text("not json")
+    assert read_times(tmp_path) == {}
+    assert 1 <= default_jobs() <= 2
+
+
+def test_a_dead_worker_fails_its_spec_only(tmp_path):
+    worker = Worker(tmp_path, 1)
+    try:
+        worker.process.send_signal(signal.SIGKILL)
+        worker.process.wait()
+        spec = tmp_path / "x-quick.toml"
+        outcome = worker.run(spec, tmp_path / "x.jsonl", "overwrite", tmp_path / "l")
+    finally:
+        worker.close()
+    assert not outcome.ok
+    assert outcome.name == "x-quick"
+    assert "worker died (killed by signal 9)" in outcome.error
+
+
+def _records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_parallel_bench_equals_a_serial_run_and_reports_each_spec(tmp_path, capsys):
+    """Two game specs in two one-thread workers give the records a serial in-process
+    ``run`` gives (every section but cost and meta, bit for bit); a timing spec runs
+    alone, after them; a spec that fails at run time is named on its own line, the
+    others are written, the report is not, and the exit code is 1."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "mini-quick.toml").write_text(SPEC)
+    (specs / "other-quick.toml").write_text(SPEC.replace("[0, 1]", "[2]"))
+    timed = SPEC.replace("[0, 1]", "[3]").replace(
+        '"success.auc"\npaper', '"cost.fit_s"\npaper'
+    )
+    (specs / "timed-quick.toml").write_text(timed)
+    (specs / "broken-quick.toml").write_text(
+        'benchmark = "rps-coverage"\n[params.benchmark]\nn_train_parts = "many"\n'
+    )
+    results = tmp_path / "results"
+    args = ["bench", "--specs", str(specs), "--results", str(results), "--jobs", "2"]
+    assert main(args) == 1
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()
+    assert len(lines) == 4, captured.out
+    by_name = {line.split("] ")[1].split(":")[0]: line for line in lines}
+    assert set(by_name) == {"mini-quick", "other-quick", "timed-quick", "broken-quick"}
+    assert "4 records in" in by_name["mini-quick"]
+    assert "(beside others)" in by_name["mini-quick"]
+    assert lines[-1] == by_name["timed-quick"]  # alone, after the workers
+    assert "(alone)" in by_name["timed-quick"]
+    assert "FAILED" in by_name["broken-quick"]
+    assert "n_train_parts" in by_name["broken-quick"]
+    assert "1 of 4 specs failed (broken-quick)" in captured.err
+    assert not (results / "REPORT.md").exists()
+    assert not (results / "broken-quick.jsonl").exists()
+    times = json.loads((results / TIMES_FILE).read_text())
+    assert set(times) == {"mini-quick", "other-quick", "timed-quick"}
+    assert times["timed-quick"]["alone"] is True
+
+    for name in ("mini-quick", "other-quick"):
+        serial = tmp_path / f"{name}.jsonl"
+        assert main(["run", str(specs / f"{name}.toml"), "--out", str(serial)]) == 0
+        parallel = _records(results / f"{name}.jsonl")
+        alone = _records(serial)
+        assert len(parallel) == len(alone) > 0
+        for mine, theirs in zip(parallel, alone, strict=True):
+            for key in (*COMPARED, *SECTIONS):
+                assert mine[key] == theirs[key], (name, key)
+
+
+def test_workers_run_on_one_thread():
+    """The worker's environment reaches torch and numba (they read it at import)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import torch, numba; print(torch.get_num_threads(), numba.get_num_threads())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**os.environ, **ONE_THREAD},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert out == ["1", "1"]
