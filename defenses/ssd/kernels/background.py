@@ -75,11 +75,18 @@ class _Job:
         self.process = process
         self.checked = time.monotonic()
         self.done = False
+        self.owner = os.getpid()
 
     def finished(self) -> bool:
-        """Whether the compilation ended (the cache may then hold the code)."""
+        """Whether the compilation ended (the cache may then hold the code).
+
+        A forked worker that inherited the job watches the lock file: the process
+        is its parent's child, not its own.
+        """
         if self.done:
             return True
+        if self.process is not None and self.owner != os.getpid():
+            self.process = None
         if self.process is not None:
             self.done = self.process.poll() is not None
         elif time.monotonic() - self.checked >= POLL_S:

@@ -289,16 +289,22 @@ def _checks(
 
 
 def _draw(work: FloatArray, threshold: FloatArray, x: FloatArray) -> IntArray:
-    """The first column of positive weight whose running weight passes the threshold."""
-    running = np.zeros(x.shape[0])
-    label = np.full(x.shape[0], -1, dtype=np.int64)
-    finished = np.zeros(x.shape[0], dtype=np.bool_)
-    for col in range(x.shape[1]):
-        running += work[:, col]
-        take = (work[:, col] > 0.0) & ~finished
-        label[take] = col
-        finished |= take & (running > threshold)
-    none = label < 0
+    """The first column of positive weight whose running weight passes the threshold.
+
+    Else the last column of positive weight, else the arg-max of ``x``: the row
+    kernel's loop, which adds the weights left to right and stops there. Its running
+    sums are ``np.add.accumulate``'s (only compared, so the sign of a zero sum,
+    ``0.0 + -0.0`` there and ``-0.0`` here, does not matter).
+    """
+    positive = work > 0.0
+    passed = positive & (np.add.accumulate(work, axis=1) > threshold[:, None])
+    k = x.shape[1]
+    label: IntArray = np.where(
+        passed.any(axis=1),
+        np.argmax(passed, axis=1),
+        k - 1 - np.argmax(positive[:, ::-1], axis=1),
+    ).astype(np.int64)
+    none = ~positive.any(axis=1)
     label[none] = np.argmax(x[none], axis=1)
     return label
 
