@@ -1,8 +1,9 @@
 """One backward pass for both families, against the backward passes it replaces.
 
-Each test runs the old pass and :mod:`crypto.program.backward` on NumpyBackend
-(float64, no noise) with a recording key owner, and asks for bit-equal gradients,
-equal operation counts and the same refresh schedule (stage, size, in order).
+Each test runs the old pass (kept verbatim in :mod:`tests.crypto.backward_reference`)
+and :mod:`crypto.program.backward` on NumpyBackend (float64, no noise) with a
+recording key owner, and asks for bit-equal gradients, equal operation counts and
+the same refresh schedule (stage, size, in order).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import pytest
 from defense_suite.crypto.he.evaluator import Evaluator, NumpyBackend, Value
 from defense_suite.crypto.he.packing import roll_tokens
 from defense_suite.crypto.models.heformer import HEFormer
-from defense_suite.crypto.program import backprop
 from defense_suite.crypto.program.backward import (
     Trained,
     adapter_gradients,
@@ -25,9 +25,10 @@ from defense_suite.crypto.program.backward import (
 )
 from defense_suite.crypto.program.folding import Arm
 from defense_suite.crypto.program.forward import Run
-from defense_suite.crypto.program.net import Net, fit
+from defense_suite.crypto.program.net import Net
 from defense_suite.crypto.program.spec import Affine, Block, Head, Norm, Program
 from defense_suite.crypto.program.steps import _prepare
+from tests.crypto import backward_reference as ref
 from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
 
 Grads = dict[str, list[list[Value]]]
@@ -123,12 +124,10 @@ def _heformer_pair(
     targets = [Value(t) for t in onehot]
     old_owner, new_owner = Owner(n), Owner(n)
     ev = old_owner.evaluator(max_level)
-    logits, cache = backprop.forward(
-        ev, net, [Value(p) for p in packed], old_owner.roll
-    )
-    [logits] = fit(ev, [logits], 1, "loss")
+    logits, cache = ref.forward(ev, net, [Value(p) for p in packed], old_owner.roll)
+    [logits] = ref.fit(ev, [logits], 1, "loss")
     dlog = [ev.mask(ev.sub(lg, t), m) for lg, t in zip(logits, targets, strict=True)]
-    old = backprop.backward(ev, net, cache, dlog, old_owner.unroll)
+    old = ref.backward(ev, net, cache, dlog, old_owner.unroll)
     p = net_program(net, len(packed), model.config.n_classes)
     lora: dict[str, list[list[Value]]] = {k: net.mats[k] for k in net.trained}  # type: ignore[misc]
     ev2 = new_owner.evaluator(max_level)
@@ -185,7 +184,6 @@ def test_bert_qkv_gradients_equal_the_old_pass(
     converted: Any, tokenizer: object, blocks: int, max_level: int
 ) -> None:
     pytest.importorskip("transformers")
-    from defense_suite.crypto.program.qkv_grad import lora_gradients
     from defense_suite.crypto.program.spec import from_bert
 
     w, inputs, targets, m, factors = _bert_setup(converted, tokenizer)
@@ -198,7 +196,7 @@ def test_bert_qkv_gradients_equal_the_old_pass(
         runs.append((owner, owner.evaluator(max_level), values, lora))
     (o1, ev1, v1, lora1), (o2, ev2, v2, lora2) = runs
     Y1, Y2 = ([Value(np.array(t)) for t in targets] for _ in range(2))
-    old = lora_gradients(
+    old = ref.lora_gradients(
         ev1, w, v1[:d], v1[d:], lora1, o1.roll, o1.unroll, Y1, m, blocks
     )
     p, t = from_bert(w), Trained(blocks)
@@ -221,7 +219,6 @@ def test_bert_adapter_gradients_equal_the_old_pass(
     pytest.importorskip("transformers")
     from defense_suite.crypto.program.encoder import encode
     from defense_suite.crypto.program.forward import encode as program_encode
-    from defense_suite.crypto.program.head_step import head_gradients
     from defense_suite.crypto.program.spec import from_bert
 
     w, inputs, targets, m, factors = _bert_setup(converted, tokenizer)
@@ -237,7 +234,7 @@ def test_bert_adapter_gradients_equal_the_old_pass(
         Y = [Value(np.array(t)) for t in targets]
         if use_old:
             pooled = encode(ev, w, values[:d], values[d:], lora, owner.roll)
-            ga, gb = head_gradients(
+            ga, gb = ref.head_gradients(
                 ev, w, pooled, _encrypted(A, slots), _encrypted(B, slots), Y, m
             )
             grads = {"a": ga, "b": gb}
