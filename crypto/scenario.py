@@ -28,6 +28,8 @@ from defenses.threat import Capability, ThreatModel
 from .arms import CryptoTask, PersonalisedLearner
 from .attacks import DistinguisherAttack, Guess, InversionAttack, ServerView
 from .benchmark.attention import attention_benchmark
+from .benchmark.byo import byo_benchmark
+from .benchmark.convert_error import convert_error_benchmark
 from .benchmark.finetune import finetune_benchmark
 from .benchmark.layer import layer_benchmark
 from .benchmark.lora import lora_benchmark
@@ -48,6 +50,8 @@ register_package(
         "crypto-finetune": finetune_benchmark,
         "crypto-layer": layer_benchmark,
         "crypto-finetune-sweep": finetune_sweep,
+        "crypto-byo": byo_benchmark,  # transformers is imported when it runs
+        "crypto-convert-error": convert_error_benchmark,
     },
     figures={"crypto": figures},
 )

@@ -113,3 +113,28 @@ def test_no_crypto_module_is_named_after_a_model_family():
         if "bert_" in p.stem or p.stem.endswith("_bert")
     ]
     assert not named, named
+
+
+def _crypto_layer(module: str) -> int:
+    """A crypto module's layer: 0 for ``tasks`` (data), 6 for the root's harness."""
+    parts = module.split(".")
+    if parts[0] != "crypto" or len(parts) == 1:
+        return -1
+    if parts[1] == "tasks":
+        return 0
+    return CRYPTO_LAYERS.get(parts[1], 6)
+
+
+def test_each_crypto_layer_imports_only_the_layers_below_it():
+    """The program does not know the protocol, the backend knows no model, ...
+
+    Run-time imports only (``TYPE_CHECKING`` blocks are annotations).
+    """
+    upward = []
+    for path in (ROOT / "crypto").rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        layer = _crypto_layer(name)
+        for imported in _imports(path):
+            if _crypto_layer(imported) > layer:
+                upward.append(f"{name} -> {imported}")
+    assert not upward, sorted(upward)

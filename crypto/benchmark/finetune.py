@@ -2,7 +2,7 @@
 
 Rho et al. (2025) report that fine-tuning with LoRA and Gaussian-kernel attention is
 6.94x faster under HE than full fine-tuning with softmax attention. This benchmark
-times one encrypted SGD step of the whole layer (:func:`crypto.program.steps.
+times one encrypted SGD step of the whole layer (:func:`crypto.protocol.finetune.
 encrypted_step`, forward, backward and the server-side update) for each arm on the
 same batch, the same model and the same key, one after the other in one process:
 
@@ -30,7 +30,8 @@ from defenses.results import Result
 
 from ..models.heformer import ModelConfig
 from ..program.folding import Arm, initial_weights
-from ..program.steps import TRAIN_PARAMS, KeyOwner, encrypted_step, simulated_step
+from ..program.steps import TRAIN_PARAMS, simulated_step
+from ..protocol.finetune import KeyOwner, encrypted_step
 from ..tasks import digit_sequences
 from .personalised import personalised_model
 

@@ -35,8 +35,8 @@ from ..he.ckks import INTERACTIVE
 from ..models.heformer import HEFormer, ModelConfig
 from ..models.train import TrainConfig, personalise, pretrain
 from ..program.folding import Arm
-from ..program.steps import encrypted_step
 from ..protocol.client import Client
+from ..protocol.finetune import encrypted_step
 from ..protocol.reaction import answer_times
 from ..protocol.server import Server
 from ..tasks import Sequences

@@ -4,8 +4,8 @@ Rho et al. (2025) report 6.94x for LoRA + Gaussian-kernel fine-tuning against fu
 fine-tuning + softmax at BERT-base width (d = 768), far beyond what one encrypted
 step can reach on a laptop. This benchmark
 
-1. times one encrypted SGD step (:func:`crypto.program.steps.encrypted_step`) of each
-   arm over a grid of widths and sequence lengths, one after the other in one
+1. times one encrypted SGD step (:func:`crypto.protocol.finetune.encrypted_step`) of
+   each arm over a grid of widths and sequence lengths, one after the other in one
    process and under one key per sequence length; the model is fitted on the user
    CPU seconds of this process (``step_cpu_s``: the computation), with the
    system CPU seconds beside them (``step_system_s``: page faults and memory
@@ -47,7 +47,8 @@ from defenses.results import Result
 
 from ..he.costmodel import OPERATIONS, PAPER, CostModel, CountModel, Shape, operations
 from ..program.folding import Arm
-from ..program.steps import TRAIN_PARAMS, KeyOwner, encrypted_step, simulated_step
+from ..program.steps import TRAIN_PARAMS, simulated_step
+from ..protocol.finetune import KeyOwner, encrypted_step
 from ..tasks import Sequences, digit_sequences
 from .finetune import ARM_NAMES, BASELINE
 from .heldout import bounds, interval

@@ -19,7 +19,8 @@ from ..he.costmodel import CountModel, Shape
 from ..models.heformer import HEFormer, ModelConfig
 from ..models.train import TrainConfig, pretrain
 from ..program.folding import Arm
-from ..program.steps import KeyOwner, simulated_step
+from ..program.steps import simulated_step
+from ..protocol.finetune import KeyOwner
 from ..tasks import Sequences
 
 COUNT_DESIGN = tuple(

@@ -1,6 +1,6 @@
 r"""The cost of an encrypted fine-tuning step, from its operation counts.
 
-A step of :func:`crypto.program.steps.encrypted_step` is a fixed program of CKKS
+A step of :func:`crypto.protocol.finetune.encrypted_step` is a fixed program of CKKS
 operations whose number depends only on the layer's shape
 :math:`s = (d, f, n, h)` (width, feed-forward width, tokens, heads) and the arm. The
 model has two parts:

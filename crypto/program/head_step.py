@@ -25,7 +25,7 @@ encrypted gradients; the key owner decrypts them and updates its adapter,
 :math:`A \leftarrow A - \eta\nabla A`, :math:`B \leftarrow B - \eta\nabla B`,
 each change bounded by public bounds first (:mod:`crypto.program.bounds`)
 (function-call path: the key owner's refresh, roll and decryption are calls, as
-in :func:`crypto.program.steps.encrypted_step`). :func:`reference_head_step` is the
+in :func:`crypto.protocol.finetune.encrypted_step`). :func:`reference_head_step` is the
 same step by ``torch`` autograd on the plaintext polynomial model.
 """
 

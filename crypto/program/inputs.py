@@ -17,7 +17,6 @@ which requests the program makes.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,12 +24,10 @@ import numpy.typing as npt
 
 from defenses.arrays import FloatArray
 
-from ..he.ckks import CKKSParams
-from ..he.evaluator import Evaluator, NumpyBackend, Value
-from ..he.packing import pack, roll_tokens, unit
-from ..protocol.schedule import Recorder, Schedule, Step, safe_bound
+from ..he.evaluator import NumpyBackend
+from ..he.packing import pack, roll_tokens
 from . import from_bert, simulation
-from .encoder import BertWeights, forward, lora_factors
+from .encoder import BertWeights, lora_factors
 
 if TYPE_CHECKING:
     from ..conversion.model import HEBert
@@ -109,32 +106,3 @@ def simulate(
         NumpyBackend(noise, rng),
         masks=masks,
     )
-
-
-def inference_schedule(model: HEBert, params: CKKSParams, slots: int) -> Schedule:
-    """The public schedule of one interactive encrypted inference of ``model``.
-
-    Derived on zeros (one sequence, zero LoRA factors of the model's shapes) with a
-    :class:`~crypto.protocol.schedule.Recorder`; ``slots`` is every ciphertext's length.
-    """
-    w = BertWeights.from_model(model)
-    n, d = w.n_tokens, w.d
-    rec = Recorder(n, safe_bound(params), lambda h: int(np.asarray(h).size))
-    ev = Evaluator(NumpyBackend(), params.levels, rec.refresh)
-    rec.ev = ev
-    shapes = {k: unit(lambda x: 0.0 * x, M) for k, M in lora_factors(model).items()}
-    zeros = [Value(np.zeros(n)) for _ in range(d)]
-    masks = [Value(np.full(n, 1.0 / n)) for _ in range(n)]
-    logits = forward(ev, w, zeros, masks, shapes, rec.roll)
-    steps = tuple(
-        Step(s.kind, s.stage, s.levels, (slots,) * len(s.levels), s.bounds, s.copies)
-        for s in rec.steps
-    )
-    reply = Step(
-        "logits",
-        "logits",
-        tuple(v.level for v in logits),
-        (slots,) * len(logits),
-        (math.inf,) * len(logits),
-    )
-    return Schedule(steps, reply, params)

@@ -10,7 +10,7 @@ every block's LoRA factors encrypted), the backward pass of
 polynomial, both polynomial LayerNorms as evaluated, the activation polynomial,
 the Gaussian-kernel attention and, between trained blocks, the residual and the
 Q/K/V projections) and the gradient sums. The key owner refreshes, rolls and
-unrolls (function-call path, as :func:`crypto.program.steps.encrypted_step`;
+unrolls (function-call path, as :func:`crypto.protocol.finetune.encrypted_step`;
 :mod:`crypto.protocol.qkv_tuning` runs the same step as messages), decrypts
 six gradient matrices per trained block and updates its factors,
 :math:`A \leftarrow A - \eta \bar A`, :math:`B \leftarrow B - \eta \bar B`, in the

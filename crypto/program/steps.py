@@ -1,4 +1,4 @@
-r"""Encrypted fine-tuning steps of the whole layer, and their plaintext reference.
+r"""The HEFormer layer's fine-tuning steps by function calls, and their reference.
 
 One SGD step on a batch of ``B`` client sequences (Rho et al., 2025, Sec. 4.2, with
 SGD instead of AdamW-HE and the squared error on the logits instead of the
@@ -21,9 +21,12 @@ Two arms: ``lora`` trains the LoRA factors of Q, K and V and the head (pooler an
 classifier), all encrypted, with every other weight plaintext on the server;
 ``full`` trains every weight matrix (Q, K, V, output, both feed-forward matrices,
 the head), all encrypted. Either runs with Gaussian-kernel or polynomial-softmax
-attention. :func:`reference_step` is the same step by torch autograd on the
-polynomial model (the HE simulation); :func:`simulated_step` is the packed
-computation in float64.
+attention. :func:`simulated_step` is the packed computation in float64 (the
+server's :func:`~crypto.program.sgd.sgd_steps`, the key owner's round trips as
+calls); :func:`reference_step` is the same step by torch autograd on the polynomial
+model (the HE simulation). The step under CKKS, as messages with a public-context
+server, is :func:`crypto.protocol.finetune.encrypted_step`: it reuses the client's
+side here (the batch's checks, the fold and the unfold).
 """
 
 from __future__ import annotations
@@ -41,21 +44,17 @@ import torch
 from defenses.arrays import FloatArray
 from defenses.checks import check_int, check_real
 
-from ..he.ckks import CKKSParams, load_public, make_context, public_bytes
+from ..he.ckks import CKKSParams
 from ..he.evaluator import Backend, Evaluator, NumpyBackend, Value
 from ..he.packing import pack, roll_tokens
 from ..models.heformer import HEFormer
 from ..models.train import predict_logits
-from ..protocol.server import InProcess
-from ..protocol.timing import Floor
-from ..protocol.transport import Loopback
-from ..protocol.tuning import ProgramServer, TuningJob, TuningServer, sgd_steps
-from ..protocol.tuning_client import TuningClient
 from ..tasks import check_labels, check_sequences
 from .backprop import forward
-from .bounds import DEFAULT_BOUNDS, UpdateBounds, bound_update
+from .bounds import DEFAULT_BOUNDS, UpdateBounds
 from .folding import LORA_GK, Arm, effective_weights, plain_net
 from .net import Net
+from .sgd import cls_mask, sgd_steps
 from .shadow import flag_sequences, report
 
 TRAIN_PARAMS = CKKSParams(8192, (49, 40, 40, 40, 49), 40)
@@ -81,40 +80,6 @@ class StepResult:
     """Entries the public update bounds changed (encrypted step; 0 if honest)."""
     bounds: UpdateBounds = DEFAULT_BOUNDS
     """The agreed update bounds (``apply_weights(model, weights, bounds)``)."""
-
-
-class KeyOwner:
-    """The client side of the fine-tuning protocol (holds the secret key).
-
-    ``encrypt`` hands the server ciphertexts loaded under the public context only
-    (serialised and deserialised, as over the wire); ``decrypt`` and the round
-    trips (refresh, roll, unroll) reload server ciphertexts under the secret
-    context.
-    """
-
-    def __init__(self, params: CKKSParams, n_tokens: int):
-        self.params = params
-        self.n = n_tokens
-        self.context = make_context(params, galois=True)
-        self.public = load_public(public_bytes(self.context))
-        self.bytes_up = 0
-
-    def encrypt(self, values: FloatArray) -> Any:
-        """A ciphertext of ``values`` as the server receives it."""
-        import tenseal as ts
-
-        blob = ts.ckks_vector(
-            self.context, list(np.asarray(values, dtype=float))
-        ).serialize()
-        self.bytes_up += len(blob)
-        return ts.ckks_vector_from(self.public, blob)
-
-    def decrypt(self, handle: Any) -> FloatArray:
-        """Decrypt a server ciphertext."""
-        import tenseal as ts
-
-        ct = ts.ckks_vector_from(self.context, handle.serialize())
-        return np.asarray(ct.decrypt(), dtype=np.float64)
 
 
 @dataclass
@@ -221,7 +186,6 @@ def _run(
     """The step with the key owner's round trips as function calls (float64)."""
     lr, steps = _check_step(lr, steps, arm)
     net, fold, packed, onehot, b = _prepare(model, X, y, arm)
-    job = TuningJob.public(net, fold, lr, steps, b)
     owner = services
 
     def encrypt(values: FloatArray) -> Any:
@@ -249,7 +213,7 @@ def _run(
         fold,
         zs,
         targets,
-        job.mask,
+        cls_mask(b, net.n_tokens),
         lr,
         steps,
         services.fresh,
@@ -287,78 +251,6 @@ def simulated_step(
         slots=slots,
     )
     return _run(model, X, y, lr, steps, arm, backend, services, max_level)
-
-
-def encrypted_step(
-    model: HEFormer,
-    X: FloatArray,
-    y: npt.ArrayLike,
-    lr: float,
-    arm: Arm = LORA_GK,
-    steps: int = 1,
-    params: CKKSParams = TRAIN_PARAMS,
-    owner: KeyOwner | None = None,
-    transport: str = "inprocess",
-    bounds: UpdateBounds = DEFAULT_BOUNDS,
-    server: Callable[[TuningJob, CKKSParams], ProgramServer] = TuningServer,
-    answer_floor: Floor = "auto",
-) -> StepResult:
-    """``steps`` encrypted SGD steps (TenSEAL) as messages with a public-context server.
-
-    The server (:class:`~crypto.protocol.tuning.TuningServer`, public weights only) runs
-    in a thread (``transport="inprocess"``) or another process (``"loopback"``); the key
-    owner answers only the public schedule of refreshes, rolls and unrolls
-    (:func:`~crypto.protocol.tuning.tuning_schedule`). ``owner`` lends its key;
-    ``server`` makes the server from the public job (a test's malicious one);
-    ``answer_floor`` pads the key owner's answers (:mod:`crypto.protocol.timing`). The
-    returned weights' change is bounded by the public ``bounds`` (non-finite to 0, per
-    entry, in norm: :mod:`crypto.program.bounds`), the client's, which the job carries
-    and every server message must state (else refused before decryption), and the range
-    guard is advisory (logged), so nothing the client does next depends on what the
-    server sent.
-    """
-    if transport not in ("inprocess", "loopback"):
-        raise ValueError(
-            f"transport must be 'inprocess' or 'loopback', got {transport!r}"
-        )
-    X, _ = _check_batch(model, X, y, guard=False)
-    check_real("lr", lr, 0.0, open_low=True)
-    check_int("steps", steps, 1)
-    if not isinstance(arm, Arm):
-        raise TypeError(f"arm must be an Arm, got {type(arm).__name__}")
-    if params.slots < X.shape[0] * model.config.n_tokens:
-        raise ValueError(
-            f"X: {X.shape[0]} sequences of {model.config.n_tokens} tokens exceed "
-            f"{params.slots} slots"
-        )
-    lr, steps = _check_step(lr, steps, arm)
-    if not isinstance(bounds, UpdateBounds):
-        raise TypeError(f"bounds must be UpdateBounds, got {type(bounds).__name__}")
-    net, fold, packed, onehot, b = _prepare(model, X, y, arm, guard=False)
-    job = TuningJob.public(net, fold, lr, steps, b, bounds)
-    secret = {name: np.asarray(net.mats[name]) for name in net.trained}
-    client = TuningClient(
-        params,
-        model.config.n_tokens,
-        owner.context if owner is not None else None,
-        answer_floor,
-        bounds,
-    )
-    if transport == "loopback":
-        with Loopback(server=server(job, params)) as remote:
-            folded, counts = client.train(remote, job, secret, packed, onehot)
-    else:
-        local = InProcess(server(job, params))
-        try:
-            folded, counts = client.train(local, job, secret, packed, onehot)
-        finally:
-            local.close()
-    seconds, cpu, system = client.elapsed
-    if owner is not None:
-        owner.bytes_up += client.bytes_up
-    returned = _unfold(folded, fold, lr, strict=False)
-    weights, clipped = bound_update(_unfold(secret, fold, lr), returned, bounds)
-    return StepResult(weights, counts, seconds, cpu, system, clipped, bounds)
 
 
 def reference_step(

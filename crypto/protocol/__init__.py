@@ -39,8 +39,8 @@ _LAZY = {
     "QKVJob": ".qkv_tuning",
     "BertTuningServer": ".qkv_tuning",
     "BertTuningClient": ".qkv_tuning",
-    "KeyOwner": "..program.steps",
-    "encrypted_step": "..program.steps",
+    "KeyOwner": ".finetune",
+    "encrypted_step": ".finetune",
 }
 """Public name -> the module of this package that defines it."""
 

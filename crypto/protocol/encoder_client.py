@@ -9,7 +9,7 @@ factors (the range guard advisory, :mod:`crypto.program.shadow`), and answers th
 server's refresh and roll requests. The session runs through the same bytes-only
 messages and transports (``InProcess``, ``Loopback``) and the same checks: the public
 schedule is derived by running the program on zeros
-(:func:`crypto.program.inputs.inference_schedule`), every request is admitted before
+(:func:`inference_schedule`), every request is admitted before
 decryption and its decrypted slots are clipped to the encoding-safe bound
 (:mod:`crypto.protocol.session`). The converted model's blocks need refreshes and rolls,
 so only the interactive configuration exists.
@@ -18,6 +18,7 @@ so only the interactive configuration exists.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,11 +30,13 @@ from defenses.cost import count
 
 from ..conversion.error import CHAIN, expected_logit_error, uncertain
 from ..he.ckks import INTERACTIVE
-from ..program.encoder import lora_factors
-from ..program.inputs import inference_schedule, pack_inputs
+from ..he.evaluator import Evaluator, NumpyBackend, Value
+from ..he.packing import unit
+from ..program.encoder import BertWeights, forward, lora_factors
+from ..program.inputs import pack_inputs
 from ..program.shadow import flag_ids, pack_ids, report
 from .client import Client, Exchange
-from .schedule import Schedule
+from .schedule import Recorder, Schedule, Step, safe_bound
 from .server import InProcess, Server
 from .session import Refused, abort, follow
 from .timing import Floor
@@ -52,6 +55,35 @@ def _interactive(interactive: bool) -> None:
             "the converted BERT runs interactively only (its blocks need refreshes "
             "and rolls of K and V by the key owner)"
         )
+
+
+def inference_schedule(model: HEBert, params: CKKSParams, slots: int) -> Schedule:
+    """The public schedule of one interactive encrypted inference of ``model``.
+
+    Derived on zeros (one sequence, zero LoRA factors of the model's shapes) with a
+    :class:`~crypto.protocol.schedule.Recorder`; ``slots`` is every ciphertext's length.
+    """
+    w = BertWeights.from_model(model)
+    n, d = w.n_tokens, w.d
+    rec = Recorder(n, safe_bound(params), lambda h: int(np.asarray(h).size))
+    ev = Evaluator(NumpyBackend(), params.levels, rec.refresh)
+    rec.ev = ev
+    shapes = {k: unit(lambda x: 0.0 * x, M) for k, M in lora_factors(model).items()}
+    zeros = [Value(np.zeros(n)) for _ in range(d)]
+    masks = [Value(np.full(n, 1.0 / n)) for _ in range(n)]
+    logits = forward(ev, w, zeros, masks, shapes, rec.roll)
+    steps = tuple(
+        Step(s.kind, s.stage, s.levels, (slots,) * len(s.levels), s.bounds, s.copies)
+        for s in rec.steps
+    )
+    reply = Step(
+        "logits",
+        "logits",
+        tuple(v.level for v in logits),
+        (slots,) * len(logits),
+        (math.inf,) * len(logits),
+    )
+    return Schedule(steps, reply, params)
 
 
 class BertClient(Client):

@@ -53,11 +53,12 @@ from ..program.bounds import DEFAULT_BOUNDS, UpdateBounds
 from ..program.encoder import BertWeights, lora_factors
 from ..program.qkv_grad import lora_gradients
 from ..program.qkv_step import QKVStep, loss_mask, step_inputs, trained_layers, updated
+from ..program.sgd import Roll, Unroll
 from .schedule import Recorder, Schedule, Step, safe_bound
 from .server import InProcess
 from .session import follow
 from .timing import Floor
-from .tuning import ProgramServer, Roll, Unroll, chunked
+from .tuning import ProgramServer, chunked
 from .tuning_client import TuningClient
 from .wire import Channel, Message, ProtocolError
 

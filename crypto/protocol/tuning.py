@@ -1,6 +1,6 @@
 r"""Encrypted fine-tuning as messages between a server and the key owner.
 
-The SGD steps of :mod:`crypto.program.steps` with the round trips on a
+The SGD steps of :mod:`crypto.program.sgd` with the round trips on a
 :class:`~crypto.protocol.wire.Channel` (:class:`~crypto.protocol.server.InProcess` or
 :class:`~crypto.protocol.transport.Loopback`), under the same rules as inference:
 
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -48,15 +47,11 @@ from defenses.arrays import FloatArray
 
 from ..he.ckks import CKKSParams, TenSEALBackend, fingerprint, load_public
 from ..he.evaluator import Evaluator, NumpyBackend, Value
-from ..program.backprop import backward, forward
 from ..program.bounds import BOUNDS_KEY, DEFAULT_BOUNDS, UpdateBounds, stated
-from ..program.net import Net, fit
+from ..program.net import Net
+from ..program.sgd import Fresh, Roll, Unroll, cls_mask, sgd_steps
 from .schedule import ANSWERS, Recorder, Schedule, Step, safe_bound
 from .wire import Channel, Message, ProtocolError
-
-Fresh = Callable[[list[Value]], list[Value]]
-Roll = Callable[[list[Value], int], list[list[Value]]]
-Unroll = Callable[[list[list[Value]]], list[Value]]
 
 REFRESH_VALUES = 256
 """Ciphertexts per refresh request of a fine-tuning session (about 100 MB of fresh
@@ -79,63 +74,6 @@ def chunked(refresh: Fresh) -> Fresh:
         return out
 
     return in_chunks
-
-
-def sgd_steps(
-    ev: Evaluator,
-    net: Net,
-    fold: dict[str, Any],
-    zs: list[Value],
-    targets: list[Value],
-    mask: FloatArray,
-    lr: float,
-    steps: int,
-    fresh: Fresh,
-    roll: Roll,
-    unroll: Unroll,
-) -> None:
-    r"""``steps`` SGD steps on ``net``'s trained matrices, in place (server side).
-
-    Each step: forward, :math:`\bar\ell = m\odot(\ell - Y)`, backward, and
-    :math:`W \leftarrow W - \eta c^2 \bar W` with the fold factor :math:`c`;
-    the trained weights are refreshed (one round trip) before every step but the
-    first.
-    """
-    for step in range(steps):
-        if step:
-            stale = [v for name in net.trained for row in net.mats[name] for v in row]
-            ev.note("refresh_rounds")
-            ev.note("refreshed_values", len(stale))
-            ev.stage = "weights refresh"
-            renewed = iter(fresh(stale))
-            for name in net.trained:
-                net.mats[name] = [[next(renewed) for _ in r] for r in net.mats[name]]
-        logits, cache = forward(ev, net, list(zs), roll)
-        [logits] = fit(ev, [logits], 1, "loss")
-        dlog = [
-            ev.mask(ev.sub(lg, t), mask) for lg, t in zip(logits, targets, strict=True)
-        ]
-        grads = backward(ev, net, cache, dlog, unroll)
-        del logits, cache, dlog  # the activations are not needed past the backward
-        flat = [v for G in grads.values() for row in G for v in row]
-        [flat] = fit(ev, [flat], 2, "SGD update")
-        at = iter(flat)
-        grads = {k: [[next(at) for _ in row] for row in G] for k, G in grads.items()}
-        del flat, at
-        while grads:
-            name, G = grads.popitem()
-            scale = np.broadcast_to(
-                np.asarray(fold[name], dtype=float), (len(G), len(G[0]))
-            )
-            W = net.mats[name]
-            assert not isinstance(W, np.ndarray)
-            net.mats[name] = [
-                [
-                    ev.sub(W[i][j], ev.scale(G[i][j], lr * float(scale[i, j]) ** 2))
-                    for j in range(len(G[0]))
-                ]
-                for i in range(len(G))
-            ]
 
 
 @dataclass(frozen=True)
@@ -180,9 +118,7 @@ class TuningJob:
     @property
     def mask(self) -> FloatArray:
         """``1/B`` on the CLS slots (the mean over the batch), 0 elsewhere."""
-        m = np.zeros(self.slots)
-        m[:: self.net.n_tokens] = 1.0 / self.batch
-        return m
+        return cls_mask(self.batch, self.net.n_tokens)
 
     def shapes(self) -> list[tuple[int, int]]:
         """Shapes of the trained matrices, in ``net.trained`` order."""

@@ -47,7 +47,7 @@ class TuningClient:
         Sequence length (rolls and unrolls move whole tokens).
     context : TenSEAL context or None
         An existing private context to use (a
-        :class:`~crypto.program.steps.KeyOwner`'s).
+        :class:`~crypto.protocol.finetune.KeyOwner`'s).
     answer_floor : float or "auto"
         Seconds per unit every answer and the reply's decryption are padded to
         (:mod:`crypto.protocol.timing`; default ``"auto"``: measured once per client).

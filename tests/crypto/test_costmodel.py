@@ -26,7 +26,8 @@ from defense_suite.crypto.he.costmodel import (
 )
 from defense_suite.crypto.he.evaluator import Evaluator, NumpyBackend, Value
 from defense_suite.crypto.program.folding import Arm
-from defense_suite.crypto.program.steps import TRAIN_PARAMS, KeyOwner
+from defense_suite.crypto.program.steps import TRAIN_PARAMS
+from defense_suite.crypto.protocol.finetune import KeyOwner
 from defenses.harness import measurement
 
 

@@ -28,9 +28,12 @@ from defense_suite.crypto.program.head_step import (  # noqa: E402
     reference_head_step,
     simulated_head_step,
 )
-from defense_suite.crypto.program.inputs import inference_schedule, simulate  # noqa: E402
+from defense_suite.crypto.program.inputs import simulate  # noqa: E402
 from defense_suite.crypto.protocol.client import InProcess, Refused, Server  # noqa: E402
-from defense_suite.crypto.protocol.encoder_client import BertClient  # noqa: E402
+from defense_suite.crypto.protocol.encoder_client import (  # noqa: E402
+    BertClient,
+    inference_schedule,
+)
 from defense_suite.crypto.protocol.transport import Loopback  # noqa: E402
 from defense_suite.crypto.protocol.wire import Channel, Message  # noqa: E402
 

@@ -7,11 +7,11 @@ import torch
 from defense_suite.crypto.models.heformer import HEFormer
 from defense_suite.crypto.program.folding import Arm, initial_weights
 from defense_suite.crypto.program.steps import (
-    encrypted_step,
     reference_step,
     simulated_loss,
     simulated_step,
 )
+from defense_suite.crypto.protocol.finetune import encrypted_step
 from defense_suite.crypto.tasks import Sequences
 
 

@@ -35,8 +35,8 @@ from defense_suite.crypto.models.train import predict_logits
 from defense_suite.crypto.program.bounds import UpdateBounds, apply_weights
 from defense_suite.crypto.program.folding import Arm
 from defense_suite.crypto.program.shadow import flag_sequences
-from defense_suite.crypto.program.steps import encrypted_step
 from defense_suite.crypto.protocol.client import Client
+from defense_suite.crypto.protocol.finetune import encrypted_step
 from defense_suite.crypto.protocol.server import Server
 from defense_suite.crypto.protocol.session import Refused
 from defense_suite.crypto.protocol.tuning import (

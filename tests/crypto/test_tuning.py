@@ -12,13 +12,9 @@ from defense_suite.crypto.he.evaluator import Value
 from defense_suite.crypto.models.heformer import HEFormer
 from defense_suite.crypto.program.bounds import DEFAULT_BOUNDS, UpdateBounds
 from defense_suite.crypto.program.folding import Arm
-from defense_suite.crypto.program.steps import (
-    TRAIN_PARAMS,
-    _prepare,
-    encrypted_step,
-    simulated_step,
-)
+from defense_suite.crypto.program.steps import TRAIN_PARAMS, _prepare, simulated_step
 from defense_suite.crypto.protocol import tuning
+from defense_suite.crypto.protocol.finetune import encrypted_step
 from defense_suite.crypto.protocol.server import InProcess
 from defense_suite.crypto.protocol.session import Refused
 from defense_suite.crypto.protocol.tuning import (

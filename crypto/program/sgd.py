@@ -1,0 +1,91 @@
+r"""The server's SGD steps of the HEFormer's fine-tuning layer on packed values.
+
+:func:`sgd_steps` is the one program every path runs: the function-call steps of
+:mod:`crypto.program.steps` (float64 or TenSEAL, the key owner's round trips as
+calls), the fine-tuning server of :mod:`crypto.protocol.tuning` (round trips as
+messages) and the public schedule it derives on zeros. The round trips are
+parameters (:data:`Fresh`, :data:`~crypto.he.evaluator.Roll`,
+:data:`~crypto.program.backprop.Unroll`), so the program does not know the protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from defenses.arrays import FloatArray
+
+from ..he.evaluator import Evaluator, Roll, Value
+from .backprop import Unroll, backward, forward
+from .net import Net, fit
+
+__all__ = ["Fresh", "Roll", "Unroll", "cls_mask", "sgd_steps"]
+
+Fresh = Callable[[list[Value]], list[Value]]
+"""The key owner's refresh: decrypt and re-encrypt each value (a round trip)."""
+
+
+def cls_mask(batch: int, n_tokens: int) -> FloatArray:
+    r"""The loss mask :math:`m`: ``1/B`` on the CLS slots (the batch mean), else 0."""
+    m = np.zeros(batch * n_tokens)
+    m[::n_tokens] = 1.0 / batch
+    return m
+
+
+def sgd_steps(
+    ev: Evaluator,
+    net: Net,
+    fold: dict[str, Any],
+    zs: list[Value],
+    targets: list[Value],
+    mask: FloatArray,
+    lr: float,
+    steps: int,
+    fresh: Fresh,
+    roll: Roll,
+    unroll: Unroll,
+) -> None:
+    r"""``steps`` SGD steps on ``net``'s trained matrices, in place (server side).
+
+    Each step: forward, :math:`\bar\ell = m\odot(\ell - Y)`, backward, and
+    :math:`W \leftarrow W - \eta c^2 \bar W` with the fold factor :math:`c`;
+    the trained weights are refreshed (one round trip) before every step but the
+    first.
+    """
+    for step in range(steps):
+        if step:
+            stale = [v for name in net.trained for row in net.mats[name] for v in row]
+            ev.note("refresh_rounds")
+            ev.note("refreshed_values", len(stale))
+            ev.stage = "weights refresh"
+            renewed = iter(fresh(stale))
+            for name in net.trained:
+                net.mats[name] = [[next(renewed) for _ in r] for r in net.mats[name]]
+        logits, cache = forward(ev, net, list(zs), roll)
+        [logits] = fit(ev, [logits], 1, "loss")
+        dlog = [
+            ev.mask(ev.sub(lg, t), mask) for lg, t in zip(logits, targets, strict=True)
+        ]
+        grads = backward(ev, net, cache, dlog, unroll)
+        del logits, cache, dlog  # the activations are not needed past the backward
+        flat = [v for G in grads.values() for row in G for v in row]
+        [flat] = fit(ev, [flat], 2, "SGD update")
+        at = iter(flat)
+        grads = {k: [[next(at) for _ in row] for row in G] for k, G in grads.items()}
+        del flat, at
+        while grads:
+            name, G = grads.popitem()
+            scale = np.broadcast_to(
+                np.asarray(fold[name], dtype=float), (len(G), len(G[0]))
+            )
+            W = net.mats[name]
+            assert not isinstance(W, np.ndarray)
+            net.mats[name] = [
+                [
+                    ev.sub(W[i][j], ev.scale(G[i][j], lr * float(scale[i, j]) ** 2))
+                    for j in range(len(G[0]))
+                ]
+                for i in range(len(G))
+            ]
