@@ -32,14 +32,16 @@ def descending_rows(votes: IntArray) -> IntArray:
 
 @compiled
 def vote_entries(
-    ordered: IntArray, rows: IntArray, inverse: IntArray, votes: IntArray
+    ordered: IntArray, rows: IntArray, inverse: IntArray, votes: IntArray, top: int
 ) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray]:
     """The entries of the distinct sorted rows ``ordered[rows]``, and each point's.
 
     Returns ``own``, ``others`` (the sorted row without the entry's position),
     ``index`` (n, K) of each (point, class), and each entry's distinct row and
     position in it. Entries run row by row, one per distinct vote count, in
-    descending order; point ``p`` has row ``inverse[p]``.
+    descending order; point ``p`` has row ``inverse[p]``. ``top`` bounds every
+    vote count (``n_voters``): a point's entries are found through a table from
+    vote count to its rank among the row's distinct counts, O(K) per point.
     """
     n, k = votes.shape
     d = rows.shape[0]
@@ -63,20 +65,23 @@ def vote_entries(
             own[at] = ordered[r, c]
             entry_row[at] = i
             entry_position[at] = c
-            for o in range(k - 1):
-                others[at, o] = ordered[r, o + int(o >= c)]
+            for o in range(c):
+                others[at, o] = ordered[r, o]
+            for o in range(c, k - 1):
+                others[at, o] = ordered[r, o + 1]
             at += 1
     index = np.empty((n, k), dtype=np.int64)
+    rank = np.empty(top + 1, dtype=np.int64)
     for p in range(n):
-        r = rows[inverse[p]]
+        # the point's own sorted row holds the counts of its distinct row
+        distinct = 0
+        rank[ordered[p, 0]] = 0
+        for o in range(1, k):
+            distinct += int(ordered[p, o] != ordered[p, o - 1])
+            rank[ordered[p, o]] = distinct
+        first = start[inverse[p]]
         for c in range(k):
-            greater = 0
-            for o in range(k):
-                value = ordered[r, o]
-                if value <= votes[p, c]:
-                    break
-                greater += int(o == 0 or value != ordered[r, o - 1])
-            index[p, c] = start[inverse[p]] + greater
+            index[p, c] = first + rank[votes[p, c]]
     return own, others, index, entry_row, entry_position
 
 

@@ -48,6 +48,37 @@ def _entry_sums(
 
 
 @inlined
+def _share(mine: float, rest: float) -> float:
+    """A score from its own term and the others' canonical sum."""
+    return float(mine / (mine + rest))
+
+
+@inlined
+def _gains(radius: int, own_votes: int, room: int, n_voters: int) -> tuple[int, int]:
+    """The upper bound's moves: the class's votes after ``radius`` changes.
+
+    Returns the class's new count and how many votes came from the other classes
+    (the rest came from abstaining parts).
+    """
+    return own_votes + min(radius, n_voters - own_votes), min(radius, room)
+
+
+@inlined
+def _losses(
+    radius: int, own_votes: int, room: int, largest: int, n_voters: int
+) -> tuple[int, int, int]:
+    """The lower bound's moves, in their order, all into the largest other class.
+
+    Returns the votes taken from the class, the abstentions that join, and the
+    votes drained from the other classes.
+    """
+    first = min(radius, own_votes)
+    joined = min(radius - first, n_voters - own_votes - room)
+    drained = min(radius - first - joined, room - largest)
+    return first, joined, drained
+
+
+@inlined
 def upper_bound(
     own_votes: int,
     others: IntArray,
@@ -69,10 +100,9 @@ def upper_bound(
     test point's bound and a threshold bound is computed as a tie.
     """
     m = others.shape[1]
-    own = own_votes + min(radius, n_voters - own_votes)
+    own, moved = _gains(radius, own_votes, room, n_voters)
     if not softmax:
         return own / n_voters
-    moved = min(radius, room)
     top = others[entry, 0]
     j = 1
     while j < m and top + others[entry, j] - (j + 1) * others[entry, j] <= moved:
@@ -87,8 +117,7 @@ def upper_bound(
         rest += table[level]
     for _ in range(high):
         rest += table[level + 1]
-    mine = table[own]
-    return float(mine / (mine + rest))
+    return _share(table[own], rest)
 
 
 @inlined
@@ -105,13 +134,12 @@ def lower_bound(
 ) -> float:
     """Smallest score of the entry after ``radius`` changed votes (canonical sum)."""
     m = others.shape[1]
-    first = min(radius, own_votes)
+    first, joined, drained = _losses(
+        radius, own_votes, room, others[entry, 0], n_voters
+    )
     own = own_votes - first
     if not softmax:
         return own / n_voters
-    drainable = room - others[entry, 0]
-    joined = min(radius - first, n_voters - own_votes - room)
-    drained = min(radius - first - joined, drainable)
     top = others[entry, 0] + first + joined + drained
     # ascending: the others but the largest (the emptied classes at e^0 = 1, the
     # partly drained one, the untouched ones), then the largest
@@ -132,8 +160,7 @@ def lower_bound(
             for c in range(m - 2 - emptied, 0, -1):
                 rest += table[others[entry, c]]
     rest += table[top]
-    mine = table[own]
-    return float(mine / (mine + rest))
+    return _share(table[own], rest)
 
 
 @compiled
@@ -212,13 +239,20 @@ def certified_radii(
     parts, so ``upper[tau_hat + r, r] >= upper[tau_hat, r]`` and
     ``lower[tau_hat - r, r] <= lower[tau_hat, r]``), so the joint search compares
     the score bounds the training search computed (kept in ``seen``) with other
-    thresholds and computes none. Every comparison is written in this loop:
-    an inlined helper taking arrays costs reference counting per call, about as
-    much as the bound itself.
+    thresholds and computes none.
+
+    The common bounds are computed in this loop from scalars: a lower bound that
+    drains no class is ``_share(e^{own - r}, tail[1] + e^{largest + r})``, an
+    upper bound that moves votes from the largest other class only is
+    ``_share(e^{own + r}, tail[1] + e^{largest - r})`` (the sums
+    :func:`lower_bound` and :func:`upper_bound` add, in their order); the others
+    call those functions. An inlined helper taking arrays costs six reference
+    count calls (about 30 ns) per call, more than the bound itself.
     """
     k_c = lower.shape[0]
     widest = lower.shape[1] - 1
-    tail = np.empty(others.shape[1] + 1)
+    m = others.shape[1]
+    tail = np.empty(m + 1)
     seen = np.empty(widest + 1)
     for entry in range(own.shape[0]):
         top = min(ceiling[entry], widest)
@@ -226,18 +260,46 @@ def certified_radii(
         found = 0
         if top >= 1:
             votes = own[entry]
-            room = _entry_sums(others, entry, table, tail)
+            largest = others[entry, 0]
+            second = others[entry, 1] if m > 1 else 0
+            # tail[1] and the other votes, as _entry_sums adds them
+            rest = 0.0
+            room = largest
+            for c in range(m - 1, 0, -1):
+                rest += table[others[entry, c]]
+                room += others[entry, c]
+            summed = False
             while found < top:
                 r = found + 1
                 if member:
-                    bound = lower_bound(
-                        votes, others, entry, room, tail, n_voters, table, softmax, r
-                    )
+                    first, joined, drained = _losses(r, votes, room, largest, n_voters)
+                    if not softmax:
+                        bound = (votes - first) / n_voters
+                    elif drained == 0:  # lower_bound without a drained class
+                        grown = largest + first + joined
+                        bound = _share(table[votes - first], rest + table[grown])
+                    else:
+                        if not summed:
+                            _entry_sums(others, entry, table, tail)
+                            summed = True
+                        bound = lower_bound(
+                            votes, others, entry, room, tail, n_voters, table, True, r
+                        )
                     ok = tau_hat < k_c and bound >= upper[tau_hat, r]
                 else:
-                    bound = upper_bound(
-                        votes, others, entry, room, tail, n_voters, table, softmax, r
-                    )
+                    mine, moved = _gains(r, votes, room, n_voters)
+                    if not softmax:
+                        bound = mine / n_voters
+                    elif m == 1 or largest - second > moved:
+                        # upper_bound when only the largest other class loses
+                        bound = _share(table[mine], rest + table[largest - moved])
+                    else:
+                        if not summed:
+                            _entry_sums(others, entry, table, tail)
+                            summed = True
+                        bound = upper_bound(
+                            votes, others, entry, room, tail, n_voters, table, True, r
+                        )
                     ok = bound < lower[tau_hat, r] - tie
                 seen[r] = bound
                 if not ok:

@@ -295,7 +295,9 @@ def vote_geometry(
     v = _check_votes(votes, n_voters, abstain)
     ordered = descending_rows(v)
     rows, inverse = _distinct_rows(ordered, n_voters)
-    own, others, index, point, position = vote_entries(ordered, rows, inverse, v)
+    own, others, index, point, position = vote_entries(
+        ordered, rows, inverse, v, n_voters
+    )
     del point, position
     if softmax:
         entry_scores = canonical_scores(own, others, n_voters, abstain)

@@ -192,3 +192,28 @@ def test_radii_at_a_threshold_on_the_entry_bound(member: bool) -> None:
         compare(geometry, bounds, rng)
         tried += 1
     assert tried >= 20
+
+
+@pytest.mark.parametrize("abstain", [False, True])
+def test_entries_of_each_point(abstain: bool) -> None:
+    """``index`` (built through a count-to-rank table) names each class's entry.
+
+    The entry of (point, class) holds the class's count as ``own`` and the
+    point's other counts, sorted descending, as ``others``; the entries of one
+    sorted vote vector are its distinct counts in descending order.
+    """
+    rng = np.random.default_rng(11)
+    for k_t, k in SHAPES:
+        votes = random_votes(rng, 150, k_t, k, abstain)
+        geometry = vote_geometry(votes, k_t, True, abstain)
+        for p in range(votes.shape[0]):
+            ordered = sorted(votes[p].tolist(), reverse=True)
+            distinct = sorted(set(ordered), reverse=True)
+            first = geometry.index[p].min()
+            for c in range(k):
+                e = geometry.index[p, c]
+                assert geometry.own[e] == votes[p, c]
+                rest = list(ordered)
+                rest.remove(int(votes[p, c]))
+                assert geometry.others[e].tolist() == rest
+                assert e - first == distinct.index(int(votes[p, c]))
