@@ -49,6 +49,7 @@ from defenses.civet.certificate import (
 )
 from defenses.civet.model import kl_standard_normal, sse
 from defenses.civet.protocol import VAEInterface, as_vae
+from defenses.civet.stacked import Coefficients, civet_objective
 from defenses.civet.support import check_levels, layer_cake_weights
 from defenses.threads import torch_generator, torch_threads
 
@@ -166,6 +167,9 @@ def _objective(
 ) -> Callable[[torch.Tensor, float], torch.Tensor]:
     weights = layer_cake_weights(config.levels).to(vae.dtype)
     fast = vae.fused() if method == "civet" and config.support_sampling else None
+    layout = fast.plan if fast is not None else None
+    params = layout.parameters() if layout is not None else []
+    total = float(weights.sum())
     ks = halfwidths(config.levels, vae.latent_dim, vae.dtype)
 
     def fused(x: torch.Tensor, frac: float) -> torch.Tensor:
@@ -173,6 +177,16 @@ def _objective(
         kappa, eps = config.kappa * frac, config.eps * frac
         nu = torch.randn((x.shape[0], vae.latent_dim), generator=generator)
         level = sampled_levels(weights, x.shape[0], generator)
+        if layout is not None:
+            how = Coefficients(
+                eps,
+                vae.domain,
+                layout.model.logvar_range,
+                1 - kappa,
+                kappa * total,
+                config.beta,
+            )
+            return civet_objective(layout, params, x, nu.to(x.dtype), ks[level], how)
         ball = Box.linf_ball(x, eps, vae.domain)
         recon, mu, logvar, out = fast.training_terms(  # type: ignore[union-attr]
             x, nu.to(x.dtype), ball, ks[level]

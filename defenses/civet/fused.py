@@ -35,6 +35,7 @@ from torch import nn
 
 from defenses.civet.box import Box
 from defenses.civet.model import VAE
+from defenses.civet.stacked import Plan, plan
 
 Chain = Callable[[torch.Tensor], torch.Tensor]
 
@@ -159,6 +160,7 @@ class FusedVAE:
     mu_head: Chain
     logvar_head: Chain
     decoder: Chain
+    plan: Plan | None = None
 
     def latent_bounds(self, box: Box) -> tuple[Box, Box]:
         """Bounds of ``mu`` and the clamped ``logvar`` over the input ``box``."""
@@ -205,10 +207,12 @@ def fused_parts(module: nn.Module) -> FusedVAE | None:
     """The fused bounds of ``module`` if it is a fusable built-in container."""
     if type(module) is not VAE or module._forward_hooks:
         return None
-    parts = []
+    parts, flat = [], []
     for part in (module.trunk, module.mu_head, module.logvar_head, module.decoder):
         layers = _flatten(part)
         if layers is None or not all(_fusable(layer) for layer in layers):
             return None
         parts.append(chain(layers))
-    return FusedVAE(module, *parts)
+        flat.append(layers)
+    trunk, mu_head, logvar_head, decoder = parts
+    return FusedVAE(module, trunk, mu_head, logvar_head, decoder, plan(module, flat))
