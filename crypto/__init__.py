@@ -7,6 +7,25 @@ non-linearities are low-degree polynomials with calibrated ranges, fine-tuned wi
 and evaluated under CKKS (TenSEAL) between a :class:`~crypto.protocol.client.Client`
 that holds the secret key and a :class:`~crypto.protocol.server.Server` that holds only
 a public context. TenSEAL is imported lazily, so ``import crypto`` never needs it.
+
+Layers, bottom to top, each importing only those below it (issue 41):
+
+* :mod:`crypto.he` - the CKKS backend: parameters, evaluator, packing, polynomial
+  fits, cost model;
+* :mod:`crypto.models` - the HE-friendly transformer and its plaintext training;
+* :mod:`crypto.conversion` - a user's ``transformers`` model to the HE-friendly
+  form, distillation, tokenizer;
+* :mod:`crypto.program` - the encrypted program of either model family: forward
+  pass, backward pass, SGD steps;
+* :mod:`crypto.protocol` - the bytes between the key owner and the server: wire
+  format, transports, session, schedule, clients, servers, fine-tuning as messages,
+  the reaction red team;
+* at the root, the files every package of the suite has: ``tasks``, ``arms``,
+  ``attacks``, ``defense``, ``scenario``, ``figures`` and ``benchmark``.
+
+The names the docs teach (``convert``, ``distill``, ``Client``, ``Server``,
+``BertClient``, ``InProcess``, ``Loopback``, ``HEFormer``, ...) are attributes of
+this package, loaded on first use (:data:`_LAZY`).
 """
 
 from typing import Any

@@ -10,7 +10,12 @@
 * :func:`expected_logit_error` - the encrypted logit error measured per depth and
   width, and :func:`uncertain` - predictions whose top-2 margin is below it;
 * :func:`~crypto.conversion.distill.distill` recovers the accuracy the substitutions
-  cost.
+  cost;
+* :mod:`~crypto.conversion.tokenizer` - the user's tokenizer, built locally or
+  loaded, and the fixed-length ids and mask a converted model takes.
+
+Issue 41's layer 3: above the backend and the HEFormer (:mod:`crypto.models`),
+below the encrypted program.
 """
 
 from .bert import ConversionReport, Substitution, convert

@@ -5,6 +5,16 @@
 or the converted BERT's public weights); :mod:`~crypto.program.forward` evaluates
 any program on packed values, with an optional trace of activations;
 :mod:`~crypto.program.blocks` and :mod:`~crypto.program.attention` hold its layers.
+
+The rest of the layer: each family's public weights and secret factors
+(:mod:`~crypto.program.heformer`, :mod:`~crypto.program.encoder`), the client's
+packing of a converted model's inputs (:mod:`~crypto.program.inputs`), the backward
+passes and the SGD steps (:mod:`~crypto.program.sgd`, the function-call steps of
+:mod:`~crypto.program.steps`, :mod:`~crypto.program.qkv_step`,
+:mod:`~crypto.program.head_step`), the public update bounds every returned update
+passes (:mod:`~crypto.program.bounds`) and the client's advisory range guard
+(:mod:`~crypto.program.shadow`). The program does not know the protocol
+(:mod:`crypto.protocol`): the round trips it needs are parameters.
 """
 
 from __future__ import annotations

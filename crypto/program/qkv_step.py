@@ -299,7 +299,7 @@ def encrypted_qkv_step(
 
     Function-call path (no server): ``bounds`` are the client's public update
     bounds (:mod:`crypto.program.bounds`); over messages, :class:`~crypto.
-    bert_tuning_protocol.BertTuningClient` states them in the agreement.
+    protocol.qkv_tuning.BertTuningClient` states them in the agreement.
     """
     encrypt, decrypt = local_key_owner(params, galois=True)
     slots = params.slots - params.slots % model.config.n_tokens

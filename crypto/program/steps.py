@@ -91,6 +91,16 @@ class _Services:
     n: int
     slots: int
 
+    @classmethod
+    def plain(cls, n: int, slots: int) -> _Services:
+        """The float64 round trips (the HE simulation: a copy each way)."""
+        return cls(
+            encrypt=lambda v: np.asarray(v, dtype=np.float64).copy(),
+            decrypt=lambda h: np.asarray(h, dtype=np.float64),
+            n=n,
+            slots=slots,
+        )
+
     def fresh(self, values: list[Value]) -> list[Value]:
         return [Value(self.encrypt(self._full(self.decrypt(v.handle)))) for v in values]
 
@@ -244,12 +254,7 @@ def simulated_step(
     X, _ = _check_batch(model, X, y)
     backend = NumpyBackend(noise, rng)
     slots = X.shape[0] * model.config.n_tokens
-    services = _Services(
-        encrypt=lambda v: np.asarray(v, dtype=np.float64).copy(),
-        decrypt=lambda h: np.asarray(h, dtype=np.float64),
-        n=model.config.n_tokens,
-        slots=slots,
-    )
+    services = _Services.plain(model.config.n_tokens, slots)
     return _run(model, X, y, lr, steps, arm, backend, services, max_level)
 
 
@@ -317,12 +322,7 @@ def simulated_loss(
     with torch.no_grad():
         z = model.embed_tokens(torch.as_tensor(X, dtype=torch.float64)).numpy()
     slots = X.shape[0] * n
-    services = _Services(
-        encrypt=lambda v: np.asarray(v, dtype=np.float64).copy(),
-        decrypt=lambda h: np.asarray(h, dtype=np.float64),
-        n=n,
-        slots=slots,
-    )
+    services = _Services.plain(n, slots)
     ev = Evaluator(NumpyBackend(), 10**6)
     logits, _ = forward(ev, net, [Value(p) for p in pack(z, slots)], services.roll)
     cls = np.stack([np.asarray(v.handle)[::n] for v in logits], axis=1)

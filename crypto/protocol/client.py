@@ -237,9 +237,13 @@ class Client:
         meta = {"interactive": not rolled, "sequences": int(X.shape[0])}
         return self._encrypt("infer", packed, meta)
 
+    def secret_factors(self) -> dict[str, FloatArray]:
+        """The secret LoRA factors (and personal head) by name."""
+        return lora_factors(self.model)
+
     def encrypt_lora(self) -> Message:
-        """The secret LoRA factors (and personal head), one ciphertext per entry."""
-        factors = lora_factors(self.model)
+        """The secret factors of :meth:`secret_factors`, one ciphertext per entry."""
+        factors = self.secret_factors()
         values = [np.full(self._slots, x) for M in factors.values() for x in M.ravel()]
         meta = {
             "names": list(factors),

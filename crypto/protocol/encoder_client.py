@@ -18,7 +18,6 @@ so only the interactive configuration exists.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +35,7 @@ from ..program.encoder import BertWeights, forward, lora_factors
 from ..program.inputs import pack_inputs
 from ..program.shadow import flag_ids, pack_ids, report
 from .client import Client, Exchange
-from .schedule import Recorder, Schedule, Step, safe_bound
+from .schedule import Recorder, Schedule, safe_bound, traced_inference
 from .server import InProcess, Server
 from .session import Refused, abort, follow
 from .timing import Floor
@@ -72,18 +71,7 @@ def inference_schedule(model: HEBert, params: CKKSParams, slots: int) -> Schedul
     zeros = [Value(np.zeros(n)) for _ in range(d)]
     masks = [Value(np.full(n, 1.0 / n)) for _ in range(n)]
     logits = forward(ev, w, zeros, masks, shapes, rec.roll)
-    steps = tuple(
-        Step(s.kind, s.stage, s.levels, (slots,) * len(s.levels), s.bounds, s.copies)
-        for s in rec.steps
-    )
-    reply = Step(
-        "logits",
-        "logits",
-        tuple(v.level for v in logits),
-        (slots,) * len(logits),
-        (math.inf,) * len(logits),
-    )
-    return Schedule(steps, reply, params)
+    return traced_inference(rec, logits, params, slots)
 
 
 class BertClient(Client):
@@ -139,15 +127,9 @@ class BertClient(Client):
         meta = {"interactive": True, "sequences": batch}
         return self._encrypt("infer", z + masks, meta)
 
-    def encrypt_lora(self) -> Message:
-        """The secret LoRA factors of every block, one ciphertext per entry."""
-        factors = lora_factors(self.bert)
-        values = [np.full(self._slots, x) for M in factors.values() for x in M.ravel()]
-        meta = {
-            "names": list(factors),
-            "shapes": [list(M.shape) for M in factors.values()],
-        }
-        return self._encrypt("lora", values, meta)
+    def secret_factors(self) -> dict[str, FloatArray]:
+        """The secret LoRA factors of every block, by name."""
+        return lora_factors(self.bert)
 
     def _warn_uncertain(self, logits: FloatArray) -> None:
         """Log (locally, never to the server) predictions within the measured error.

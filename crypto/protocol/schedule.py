@@ -243,6 +243,18 @@ def inference_schedule(
     rec, logits = _trace_inference(
         model, params, interactive, np.zeros((1, c.n_tokens, c.d)), shapes
     )
+    return traced_inference(rec, logits, params, slots)
+
+
+def traced_inference(
+    rec: Recorder, logits: list[Value], params: CKKSParams, slots: int
+) -> Schedule:
+    """The schedule ``rec`` recorded for an inference on zeros, replying ``logits``.
+
+    Every request and the reply carry ``slots``-long ciphertexts; the reply's
+    bounds are open (the client decrypts it, nothing is re-encoded). Either model
+    family's inference schedule ends here.
+    """
     steps = tuple(replace(s, sizes=(slots,) * len(s.levels)) for s in rec.steps)
     reply = Step(
         "logits",
