@@ -187,6 +187,16 @@ def _centre(
     return sse(out, x)
 
 
+ATTACK_POINT = "the short joint attack's point"
+
+
+def _place(rows: torch.Tensor, names: Sequence[str], i: int) -> str:
+    """Where point ``i`` is, for a message: its row and its kind."""
+    if names[i] == ATTACK_POINT:
+        return f"{ATTACK_POINT} of row {int(rows[i])}"
+    return f"a sampled point of row {int(rows[i])} ({names[i]})"
+
+
 def _user_loss(
     user: VAEInterface,
     xs: torch.Tensor,
@@ -208,31 +218,37 @@ def _user_loss(
         i = _first(finite)
         raise CrossCheckError(
             f"model: its reconstruction in its own dtype ({dtype}) is NaN or inf at "
-            f"a sampled point of row {int(rows[i])} ({names[i]}) inside the input "
+            f"{_place(rows, names, i)} inside the input "
             "ball and the noise box: the certificate would bound a float64 copy, "
             "not the model as it runs; no certificate"
         )
     return sse(out.to(targets.dtype), targets)
 
 
-def _user_within(
+def _within(
     loss: torch.Tensor,
     required: torch.Tensor,
     rows: torch.Tensor,
     names: Sequence[str],
-    dtype: torch.dtype,
     slack: float,
+    dtype: torch.dtype | None = None,
 ) -> None:
-    """Refuse if the user's module's own error exceeds its bound (dtype slack)."""
-    loose = max(slack, 1e3 * torch.finfo(dtype).eps)
-    bad = ~(loss <= required + loose * (1.0 + required.abs()))
+    """Refuse if an error exceeds its bound beyond the relative slack.
+
+    ``dtype`` names the user's module's own dtype (its slack is at least ``1e3``
+    units in its last place); None is the float64 copy the bounds describe.
+    """
+    loose = slack if dtype is None else max(slack, 1e3 * torch.finfo(dtype).eps)
+    bad = _over(loss, required, loose)
     if bool(bad.any()):
         i = _first(~bad)
+        whose = "" if dtype is None else f"in its own dtype ({dtype}) "
+        what = "this module" if dtype is None else "the model as it runs"
         raise CrossCheckError(
-            f"model: in its own dtype ({dtype}) its error at a sampled point of row "
-            f"{int(rows[i])} ({names[i]}), {float(loss[i]):.6g}, exceeds the "
-            f"certified bound {float(required[i]):.6g}: the bound is wrong for "
-            "the model as it runs; no certificate"
+            f"model: {whose}its error at {_place(rows, names, i)}, "
+            f"{float(loss[i]):.6g}, exceeds the certified bound "
+            f"{float(required[i]):.6g}: the bound is wrong for {what}; "
+            "no certificate"
         )
 
 
@@ -241,20 +257,48 @@ def _inside(nu: torch.Tensor, widths: torch.Tensor, slack: float) -> torch.Tenso
     return (nu.abs()[None] <= widths * (1.0 + slack)).all(dim=2)
 
 
-def _violations(
-    loss: torch.Tensor,
+def _required(
     nu: torch.Tensor,
     widths: torch.Tensor,
     bounds: torch.Tensor,
     ceiling: torch.Tensor,
     slack: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The bound each point must meet (smallest level holding it) and the flags."""
+) -> torch.Tensor:
+    """The bound each point must meet: that of the smallest level holding it."""
     inside = _inside(nu, widths, slack)  # (levels, m)
     candidates = torch.where(inside, bounds, torch.inf)
-    required = torch.minimum(candidates.min(dim=0).values, ceiling)
-    bad = ~(loss <= required + slack * (1.0 + required.abs()))
-    return required, bad
+    return torch.minimum(candidates.min(dim=0).values, ceiling)
+
+
+def _over(loss: torch.Tensor, required: torch.Tensor, slack: float) -> torch.Tensor:
+    """Flags: ``loss`` exceeds ``required`` beyond the relative slack."""
+    return ~(loss <= required + slack * (1.0 + required.abs()))
+
+
+def _check_points(
+    exact: VAEInterface,
+    user: VAEInterface,
+    point: tuple[torch.Tensor, torch.Tensor],
+    targets: torch.Tensor,
+    required: torch.Tensor,
+    rows: torch.Tensor,
+    names: Sequence[str],
+    slack: float,
+) -> torch.Tensor:
+    """Checks 3-5 at evaluated points ``(x', nu)``: the ratios error / bound.
+
+    The float64 copy's error must be finite and within ``required`` (else the
+    bound is wrong for the module), then the user's module's own error in its own
+    dtype (:func:`_user_loss`, :func:`_within`). ``names[i]`` says which
+    point of row ``rows[i]`` it was (a sampled kind, or the attack's point).
+    """
+    xs, nus = point
+    loss = sse(exact.reconstruct(xs, nus), targets)
+    _finite("the reconstruction at an evaluated point", loss[:, None], "model")
+    _within(loss, required, rows, names, slack)
+    theirs = _user_loss(user, xs, nus, targets, rows, names)
+    _within(theirs, required, rows, names, slack, user.dtype)
+    return torch.cat([loss / required, theirs / required])
 
 
 def _samples(
@@ -328,7 +372,7 @@ def cross_check(
     with torch.no_grad():
         centre = _centre(exact, user, x, slack)
         zeros = torch.zeros(n, exact.latent_dim, dtype=x.dtype)
-        _, bad = _violations(centre, zeros, widths, bounds, ceiling, slack)
+        bad = _over(centre, _required(zeros, widths, bounds, ceiling, slack), slack)
         worst = centre / torch.minimum(bounds[0], ceiling)
         if bool(bad.any()):
             row = _first(~bad)
@@ -340,43 +384,24 @@ def cross_check(
         if config.samples:
             xs, nus, names = _samples(ball, widths, p_index, config.samples, g)
             rows = torch.arange(n).repeat(config.samples)
-            loss = sse(exact.reconstruct(xs, nus), x[rows])
-            _finite("the reconstruction at a sampled point", loss[:, None], "model")
-            required, bad = _violations(
-                loss, nus, widths[:, rows], bounds[:, rows], ceiling[rows], slack
+            required = _required(
+                nus, widths[:, rows], bounds[:, rows], ceiling[rows], slack
             )
-            worst = torch.cat([worst, loss / required])
-            if bool(bad.any()):
-                i = _first(~bad)
-                raise CrossCheckError(
-                    f"model: at a sampled point of row {int(rows[i])} ({names[i]}) "
-                    f"its error {float(loss[i]):.6g} exceeds the certified bound "
-                    f"{float(required[i]):.6g}: the bound is wrong for this module; "
-                    "no certificate"
-                )
-            theirs = _user_loss(user, xs, nus, x[rows], rows, names)
-            worst = torch.cat([worst, theirs / required])
-            _user_within(theirs, required, rows, names, user.dtype, slack)
+            ratios = _check_points(
+                exact, user, (xs, nus), x[rows], required, rows, names, slack
+            )
+            worst = torch.cat([worst, ratios])
     attack = centre
     if config.steps:
         attack, point = _attack(exact, x, ball, widths[p_index], config.steps, g)
         _finite("the reconstruction at the attack's point", attack[:, None], "model")
         required = torch.minimum(bounds[p_index], ceiling)
-        worst = torch.cat([worst, attack / required])
-        bad = ~(attack <= required + slack * (1.0 + required.abs()))
-        if bool(bad.any()):
-            row = _first(~bad)
-            raise CrossCheckError(
-                f"model: a short joint attack on row {row} reaches error "
-                f"{float(attack[row]):.6g}, above the certified bound "
-                f"{float(required[row]):.6g}: the bound is wrong for this module; "
-                "no certificate"
-            )
+        what = [ATTACK_POINT] * n
         with torch.no_grad():
-            what = ["the short joint attack's point"] * n
-            theirs = _user_loss(user, *point, x, torch.arange(n), what)
-        _user_within(theirs, required, torch.arange(n), what, user.dtype, slack)
-        worst = torch.cat([worst, theirs / required])
+            ratios = _check_points(
+                exact, user, point, x, required, torch.arange(n), what, slack
+            )
+        worst = torch.cat([worst, ratios])
     ratios = worst[torch.isfinite(worst)]
     return CheckReport(
         points=n * (1 + config.samples + (1 if config.steps else 0)),

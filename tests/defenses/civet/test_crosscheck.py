@@ -72,7 +72,11 @@ def test_a_scripted_module_is_refused_saying_what_is_missing() -> None:
     ("kept", "config", "where"),
     [
         (0.5, CheckConfig(steps=0), "at a sampled point of row"),
-        (0.3, CheckConfig(samples=0, steps=5), "short joint attack on row"),
+        (
+            0.3,
+            CheckConfig(samples=0, steps=5),
+            "at the short joint attack.s point of row",
+        ),
         (0.03, CheckConfig(samples=0, steps=0), "at the centre of row"),
     ],
 )
