@@ -22,7 +22,9 @@ audit of :mod:`crypto.attacks` checks it holds only the public context and ciphe
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -369,17 +371,26 @@ class Client:
         X = self.check_inputs(X)  # bad input is refused before any upload
         flags = flag_sequences(self.model, X)  # advisory: changes no message
         per_batch = self._slots // self.model.config.n_tokens
-        connection = InProcess(server) if isinstance(server, Server) else server
-        try:
-            self.open(connection)
+        with self.connected(server) as connection:
             out = []
             for start in range(0, X.shape[0], per_batch):
                 batch = X[start : start + per_batch]
                 out.append(self.infer(connection, batch, interactive))
                 flags[start : start + per_batch] |= self.flagged
-        finally:
-            if isinstance(server, Server):
-                assert isinstance(connection, InProcess)
-                connection.close()
         self.flagged = report(flags, "sequences")
         return np.concatenate(out)
+
+    @contextlib.contextmanager
+    def connected(self, server: Server | Channel) -> Iterator[Channel]:
+        """An opened session with ``server`` for one call.
+
+        A :class:`Server` is served in-process (:class:`InProcess`) and closed when
+        the call ends, however it ends; an open connection is used as it is.
+        """
+        connection = InProcess(server) if isinstance(server, Server) else server
+        try:
+            self.open(connection)
+            yield connection
+        finally:
+            if isinstance(server, Server) and isinstance(connection, InProcess):
+                connection.close()

@@ -36,7 +36,7 @@ from ..program.inputs import pack_inputs
 from ..program.shadow import flag_ids, pack_ids, report
 from .client import Client, Exchange
 from .schedule import Recorder, Schedule, safe_bound, traced_inference
-from .server import InProcess, Server
+from .server import Server
 from .session import Refused, abort, follow
 from .timing import Floor
 from .wire import Channel, Message
@@ -232,9 +232,7 @@ class BertClient(Client):
         m = np.asarray(mask_t.numpy())
         flags = flag_ids(self.bert, ids, m)  # advisory: changes no message
         per_batch = self._slots // self.bert.config.n_tokens
-        connection = InProcess(server) if isinstance(server, Server) else server
-        try:
-            self.open(connection)
+        with self.connected(server) as connection:
             out = [
                 self.infer(
                     connection,
@@ -243,9 +241,5 @@ class BertClient(Client):
                 )
                 for start in range(0, ids.shape[0], per_batch)
             ]
-        finally:
-            if isinstance(server, Server):
-                assert isinstance(connection, InProcess)
-                connection.close()
         self.flagged = report(flags, "sequences")
         return np.concatenate(out)
