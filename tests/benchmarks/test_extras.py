@@ -147,20 +147,6 @@ def test_a_spec_whose_extra_is_missing_is_refused_before_the_first_game(tmp_path
     assert not out.exists()
 
 
-def test_list_marks_what_cannot_run_and_the_rest_is_unmarked(tmp_path):
-    done = _blocked(["tenseal"], ["list", "--components"], tmp_path)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    marked = [line.split()[0] for line in lines if "not installed" in line]
-    assert "crypto-ckks" in marked
-    assert "crypto-private-inference" in marked
-    assert all(name.startswith("crypto-") for name in marked)
-    assert "  ssd-shield" in lines
-    assert all(
-        "pip install 'defense-suite[crypto]'" in line for line in lines if "not" in line
-    )
-
-
 def test_an_import_error_of_an_optional_library_is_explained_with_its_line():
     try:
         try:
@@ -178,16 +164,33 @@ def test_an_import_error_of_an_optional_library_is_explained_with_its_line():
     assert explain_import_error(ImportError("cannot import name x")) is None
 
 
-def test_without_flower_list_leaves_out_only_the_flower_app_and_names_its_extra(
-    tmp_path,
-):
-    """Discovery leaves out a built-in package whose optional library is missing
-    (docs/suite.md): list shows every other component and the pip line."""
-    done = _blocked(["flwr"], ["list", "--components"], tmp_path)
+def test_list_without_tenseal_and_flower_marks_exactly_what_cannot_run(tmp_path):
+    """One fresh interpreter without tenseal, flwr and opacus (one discovery for
+    what took three).
+
+    Discovery leaves out a built-in package whose optional library is missing
+    (docs/suite.md), and only that one: the Flower app is the one module not
+    loaded, named with the library it lacks and its pip line; every other component
+    is listed, and exactly those whose extra lacks tenseal (crypto) or flwr and
+    opacus (federated) are marked, each with its own pip line.
+    """
+    done = _blocked(["tenseal", "flwr", "opacus"], ["list", "--components"], tmp_path)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
-    assert (
+    not_loaded = [line for line in done.stdout.splitlines() if "not loaded" in line]
+    assert not_loaded == [
         "not loaded: defense_suite.federated.flower (no module 'flwr': "
-        "pip install 'defense-suite[federated]')" in done.stdout
-    )
+        "pip install 'defense-suite[federated]')"
+    ], done.stdout
     assert "  ssd-digits\n" in done.stdout
+    lines = done.stdout.splitlines()
+    assert "  ssd-shield" in lines
+    listed = [line.split()[0] for line in lines if line.startswith("  ")]
+    marked = {line.split()[0]: line for line in lines if "not installed" in line}
+    assert {"crypto-ckks", "crypto-private-inference"} <= set(marked)
+    assert any(name.startswith("federated-") for name in marked)
+    lacking = {"crypto", "federated"}
+    assert set(marked) == {n for n in listed if lacking & set(extras_of(n))}
+    for name, line in marked.items():
+        extras = sorted(lacking & set(extras_of(name)))
+        assert line.endswith(f"(not installed: {install_line(extras)})"), line
