@@ -26,7 +26,14 @@ from defenses.api import DefenseKind
 from defenses.arrays import FloatArray
 from defenses.checks import check_choice, check_int, check_real
 from defenses.civet.certificate import Certificate, certify
-from defenses.civet.defense import METHODS, Method, TrainConfig, TrainLog, train_vae
+from defenses.civet.defense import (
+    METHODS,
+    Method,
+    TrainConfig,
+    TrainLog,
+    epoch_ratio,
+    train_vae,
+)
 from defenses.civet.model import conv_vae, mlp_vae
 from defenses.civet.protocol import VAEInterface, as_vae
 from defenses.civet.support import check_levels
@@ -80,6 +87,9 @@ class VAELearner:
         Training objective.
     config : TrainConfig
         Training hyper-parameters.
+    ratio_rounds : int
+        Alternated rounds of :func:`~defenses.civet.defense.epoch_ratio` after a
+        PGD or CIVET fit (0 skips the measurement).
     """
 
     arch: str = "mlp"
@@ -87,9 +97,11 @@ class VAELearner:
     hidden: tuple[int, ...] = (64, 32)
     method: Method = "standard"
     config: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    ratio_rounds: int = 5
 
     def __post_init__(self) -> None:
         check_choice("VAELearner.arch", self.arch, ARCHS)
+        check_int("VAELearner.ratio_rounds", self.ratio_rounds, 0)
         check_choice("VAELearner.method", self.method, METHODS)
         check_int("VAELearner.latent_dim", self.latent_dim, 1)
 
@@ -116,13 +128,24 @@ class VAELearner:
 
         Inside a harness run, records ``epoch_s``: the median wall time of the
         epochs after the warm-up (where PGD and CIVET training add their robust
-        term), so a benchmark shows each arm's cost per epoch side by side.
+        term), so a benchmark shows each arm's cost per epoch side by side; a PGD
+        or CIVET learner also records ``epoch_ratio`` (wall) and
+        ``epoch_ratio_cpu``, its epoch over a standard epoch measured alternated
+        on copies of the trained model (:func:`~defenses.civet.defense.
+        epoch_ratio`), which a loaded machine cannot skew the way it skews runs
+        minutes apart.
         """
         generator = torch_generator(rng)
         vae = as_vae(self.build(task, generator), task.train)
         log = train_vae(vae, task.train, self.method, self.config, generator)
         active = log.epoch_seconds[self.config.warmup :] or log.epoch_seconds
         count("epoch_s", float(np.median(active)))
+        if self.method != "standard" and self.ratio_rounds:
+            wall, cpu = epoch_ratio(
+                vae, task.train, self.method, self.config, self.ratio_rounds
+            )
+            count("epoch_ratio", wall)
+            count("epoch_ratio_cpu", cpu)
         return TrainedVAE(vae, self.method, log)
 
 

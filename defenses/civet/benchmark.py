@@ -156,7 +156,8 @@ def eps_sweep(
         fit_state = r_fit.bit_generator.state
         reference_epoch: float | None = None
         for method in methods:
-            learner = scenario.learner()
+            # epoch_ratio below is epoch_s over standard's from this sweep
+            learner = dataclasses.replace(scenario.learner(), ratio_rounds=0)
             if method in trainers:
                 learner = trainers[method].wrap(learner)
             r_fit.bit_generator.state = fit_state

@@ -24,6 +24,8 @@ The radius :math:`\varepsilon_t` and the weight :math:`\kappa_t` stay at 0 for
 
 from __future__ import annotations
 
+import copy
+import functools
 import logging
 import math
 import time
@@ -221,6 +223,94 @@ def _objective(
     return loss
 
 
+def run_epoch(
+    objective: Callable[[torch.Tensor, float], torch.Tensor],
+    optimiser: torch.optim.Optimizer,
+    data: torch.Tensor,
+    batch_size: int,
+    generator: torch.Generator,
+    fraction: Callable[[int], float],
+    step: int,
+) -> tuple[float, int]:
+    """One pass over ``data`` in a random order, one Adam step per mini-batch.
+
+    ``fraction(step)`` is the share of the final radius and weight at each step.
+    Returns the loss summed over the rows and the next step's index.
+    """
+    n = data.shape[0]
+    order = torch.randperm(n, generator=generator)
+    total = 0.0
+    for i in range(math.ceil(n / batch_size)):
+        batch = data[order[i * batch_size : (i + 1) * batch_size]]
+        loss = objective(batch, fraction(step))
+        optimiser.zero_grad()
+        torch.autograd.backward([loss])
+        optimiser.step()
+        total += float(loss.detach()) * batch.shape[0]
+        step += 1
+    return total, step
+
+
+def epoch_ratio(
+    vae: VAEInterface,
+    X: torch.Tensor | npt.ArrayLike,
+    method: Method,
+    config: TrainConfig,
+    rounds: int = 5,
+) -> tuple[float, float]:
+    """Cost of an epoch of ``method`` over an epoch of standard training.
+
+    Both train copies of ``vae``'s module on the same rows with the robust term
+    fully on (the end of the ramp), one epoch each, alternated for ``rounds``
+    rounds after one untimed epoch each, so both see the same machine load.
+
+    Returns
+    -------
+    (wall, cpu) : float
+        Medians over the rounds of the ratio of wall times and of this thread's
+        CPU times.
+    """
+    check_choice("method", method, METHODS)
+    check_int("rounds", rounds, 1)
+    arms = []
+    for name in ("standard", method):
+        twin = as_vae(
+            copy.deepcopy(vae.module),
+            X,
+            vae.encode_name,
+            vae.decode_name,
+            vae.domain,
+        )
+        generator = torch.Generator().manual_seed(0)
+        optimiser = torch.optim.Adam(twin.module.parameters(), lr=config.lr)
+        step = functools.partial(
+            run_epoch,
+            _objective(name, twin, config, generator),
+            optimiser,
+            twin.inputs(X, "X"),
+            config.batch_size,
+            generator,
+            lambda s: 1.0,
+            0,
+        )
+        twin.module.train()
+        arms.append(step)
+    wall: list[list[float]] = [[], []]
+    cpu: list[list[float]] = [[], []]
+    with torch_threads(config.threads):
+        for i in range(rounds + 1):
+            for arm, run in enumerate(arms):
+                began, ticks = time.perf_counter(), time.thread_time()
+                run()
+                if i:
+                    wall[arm].append(time.perf_counter() - began)
+                    cpu[arm].append(time.thread_time() - ticks)
+    return (
+        float(np.median(np.divide(wall[1], wall[0]))),
+        float(np.median(np.divide(cpu[1], cpu[0]))),
+    )
+
+
 def train_vae(
     model: nn.Module | VAEInterface,
     X: torch.Tensor | npt.ArrayLike,
@@ -285,16 +375,16 @@ def train_vae(
     with torch_threads(cfg.threads):
         bar = tqdm(range(cfg.epochs), disable=None if progress else True, leave=False)
         for _ in bar:
-            start, total = time.perf_counter(), 0.0
-            order = torch.randperm(n, generator=generator)
-            for i in range(per_epoch):
-                batch = data[order[i * cfg.batch_size : (i + 1) * cfg.batch_size]]
-                loss = objective(batch, schedule(step, per_epoch, cfg))
-                optimiser.zero_grad()
-                torch.autograd.backward([loss])
-                optimiser.step()
-                total += float(loss.detach()) * batch.shape[0]
-                step += 1
+            start = time.perf_counter()
+            total, step = run_epoch(
+                objective,
+                optimiser,
+                data,
+                cfg.batch_size,
+                generator,
+                lambda s: schedule(s, per_epoch, cfg),
+                step,
+            )
             seconds.append(time.perf_counter() - start)
             losses.append(total / n)
             bar.set_postfix_str(f"{method} loss={losses[-1]:.3f}")

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from defenses.civet.certificate import certify
-from defenses.civet.defense import TrainConfig, schedule, train_vae
+from defenses.civet.defense import TrainConfig, epoch_ratio, schedule, train_vae
+from defenses.civet.protocol import as_vae
 from tests.defenses.civet.helpers import generator, inputs, small_vae
 
 FAST = TrainConfig(epochs=3, batch_size=32, warmup=0, pgd_steps=2)
@@ -97,3 +98,21 @@ def test_double_precision_models_train() -> None:
     log = train_vae(model, inputs(0, 32), "civet", FAST, generator(0), progress=False)
     assert np.isfinite(log.losses).all()
     assert next(model.parameters()).dtype == torch.float64
+
+
+@pytest.mark.parametrize("method", ["pgd", "civet"])
+def test_epoch_ratio_times_copies_and_leaves_the_model(method: str) -> None:
+    model = small_vae(3)
+    before = [p.detach().clone() for p in model.parameters()]
+    vae = as_vae(model, inputs(0, 48))
+    wall, cpu = epoch_ratio(vae, inputs(0, 48), method, FAST, rounds=2)  # type: ignore[arg-type]
+    assert np.isfinite(wall)
+    assert wall > 0
+    assert np.isfinite(cpu)
+    assert cpu > 0
+    for p, q in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p, q)
+    with pytest.raises(ValueError, match="method"):
+        epoch_ratio(vae, inputs(0, 48), "sgd", FAST)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="rounds"):
+        epoch_ratio(vae, inputs(0, 48), "civet", FAST, rounds=0)
