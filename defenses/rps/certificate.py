@@ -35,6 +35,8 @@ import numpy.typing as npt
 
 from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.checks import check_int
+from defenses.rps.entries import spread
+from defenses.rps.kernels import calibration_radii
 
 TIE = 1e-10
 """A class out of the set is certified to stay out only if its score bound is below
@@ -263,29 +265,27 @@ class PartThresholds:
         self, geometry: ScoreGeometry, in_set: BoolArray, train_radius: int
     ) -> IntArray:
         """Largest certified r_c per entry at ``train_radius`` (-1: none)."""
-        out = np.full(geometry.size, -1, dtype=np.int64)
         if train_radius > self.radius:
-            return out
-        k_c = self.n_parts
-        inside = np.flatnonzero(in_set)
-        scores = geometry.score() if train_radius == 0 else None
-        # at radius 0 both bounds are the score itself (bit for bit)
-        low = (
-            scores[inside]
-            if scores is not None
-            else geometry.lower(train_radius, rows=inside)
+            return np.full(geometry.size, -1, dtype=np.int64)
+        out = np.empty(geometry.size, dtype=np.int64)
+        if train_radius == 0:  # both bounds are the score itself (bit for bit)
+            low = high = np.ascontiguousarray(geometry.score(), dtype=np.float64)
+        else:
+            low = np.ascontiguousarray(geometry.lower(train_radius), dtype=np.float64)
+            high = np.ascontiguousarray(geometry.upper(train_radius), dtype=np.float64)
+        calibration_radii(
+            low,
+            high,
+            np.ascontiguousarray(in_set, dtype=np.bool_),
+            np.ascontiguousarray(self.lower, dtype=np.float64),
+            np.ascontiguousarray(self.upper, dtype=np.float64),
+            train_radius,
+            self.tau_hat,
+            self.guard,
+            TIE,
+            out,
         )
-        sure_in = np.searchsorted(self.upper[:, train_radius], low, side="right")
-        out[inside] = sure_in - self.tau_hat - 1
-        outside = np.flatnonzero(~in_set)
-        high = (
-            scores[outside]
-            if scores is not None
-            else geometry.upper(train_radius, rows=outside)
-        )
-        not_out = np.searchsorted(self.lower[:, train_radius], high + TIE, side="right")
-        out[outside] = self.tau_hat - k_c + (k_c - not_out)
-        return np.where(out >= 0, np.minimum(out, self.guard), -1).astype(np.int64)
+        return out
 
 
 @dataclass(frozen=True)
@@ -372,14 +372,21 @@ def certify_batch(
     """
     thresholds = thresholds.truncated(radius)
     in_set = np.asarray(geometry.score() >= thresholds.cut)
-    index = geometry.index
+    index = np.ascontiguousarray(geometry.index, dtype=np.int64)
     calibration = thresholds.calibration_radius(geometry, in_set, 0)
     training, joint = geometry.radii(thresholds, in_set, calibration)
+    sets, calibrated, trained, both = spread(
+        index,
+        in_set,
+        calibration,
+        np.ascontiguousarray(training, dtype=np.int64),
+        np.ascontiguousarray(joint, dtype=np.int64),
+    )
     return Certificate(
-        sets=in_set[index],
-        training=training[index],
-        calibration=calibration[index],
-        joint=joint[index],
+        sets=sets,
+        training=trained,
+        calibration=calibrated,
+        joint=both,
         max_train_radius=radius,
         geometry=geometry,
         thresholds=thresholds,

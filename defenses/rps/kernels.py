@@ -318,3 +318,44 @@ def certified_radii(
                 break
             both = r
         joint[entry] = both
+
+
+@compiled
+def calibration_radii(
+    low: FloatArray,
+    high: FloatArray,
+    in_set: BoolArray,
+    lower: FloatArray,
+    upper: FloatArray,
+    radius: int,
+    tau_hat: int,
+    guard: int,
+    tie: float,
+    out: IntArray,
+) -> None:
+    r"""Largest certified calibration radius per entry at training radius ``radius``.
+
+    :meth:`PartThresholds.calibration_radius
+    <defenses.rps.certificate.PartThresholds.calibration_radius>`: a member is kept
+    by the :math:`g` parts whose upper threshold bound is at most its lower score
+    bound ``low`` (column ``radius`` of ``upper``, sorted), so ``r_c = g - tau_hat -
+    1``; a class out of the set is left out by every part but the :math:`g` whose
+    lower threshold bound is at most ``high + tie``, so ``r_c = tau_hat - g``.
+    Capped at ``guard``; -1 where not certified. :math:`g` is found by bisection
+    (``numpy.searchsorted(..., side="right")``).
+    """
+    k_c = lower.shape[0]
+    for entry in range(in_set.shape[0]):
+        member = in_set[entry]
+        value = low[entry] if member else high[entry] + tie
+        lo = 0
+        hi = k_c
+        while lo < hi:
+            mid = (lo + hi) // 2
+            cut = upper[mid, radius] if member else lower[mid, radius]
+            if cut <= value:
+                lo = mid + 1
+            else:
+                hi = mid
+        found = lo - tau_hat - 1 if member else tau_hat - lo
+        out[entry] = min(found, guard) if found >= 0 else -1

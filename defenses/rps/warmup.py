@@ -16,7 +16,8 @@ import numpy as np
 def run() -> None:
     """One fit, conformalize, predict_set and certify per kernel path."""
     from defenses.rps.calibration import calibrate_parts
-    from defenses.rps.certificate import certify_batch
+    from defenses.rps.certificate import ProbaGeometry, certify_batch
+    from defenses.rps.entries import point_sets
     from defenses.rps.scores import vote_geometry
 
     rng = np.random.default_rng(0)
@@ -31,6 +32,11 @@ def run() -> None:
             entries = geometry.index[np.arange(votes.shape[0]), labels]
             parts = np.array_split(np.arange(votes.shape[0]), 2)
             bounds = calibrate_parts(parts, entries, geometry, 0.2, "official", k_t)
-            certify_batch(geometry, bounds.part_thresholds, k_t)
+            certificate = certify_batch(geometry, bounds.part_thresholds, k_t)
+            certificate.calibration_radius(1)
             in_set = geometry.score() >= bounds.part_thresholds.cut
             geometry.largest(bounds.part_thresholds, in_set, joint=True)
+    cuts = np.array([bounds.part_thresholds.cut], dtype=np.float64)
+    point_sets(geometry.index, geometry.score(), cuts)  # predict_set
+    single = ProbaGeometry(rng.dirichlet(np.ones(classes), size=votes.shape[0]))
+    certify_batch(single, bounds.part_thresholds, 0)  # one training part

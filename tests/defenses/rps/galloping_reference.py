@@ -235,3 +235,27 @@ def bounds_at(
             int(own[e]), row, room, tail, t.n_voters, t.table_list, t.softmax, radius
         )
     return out
+
+
+def calibration_radius(
+    scores: FloatArray,
+    low: FloatArray,
+    high: FloatArray,
+    in_set: BoolArray,
+    lower: FloatArray,
+    upper: FloatArray,
+    train_radius: int,
+    tau_hat: int,
+    guard: int,
+    tie: float,
+) -> IntArray:
+    """The old numpy ``PartThresholds.calibration_radius`` (bounds given whole)."""
+    out = np.full(scores.shape[0], -1, dtype=np.int64)
+    k_c = lower.shape[0]
+    inside = np.flatnonzero(in_set)
+    sure_in = np.searchsorted(upper[:, train_radius], low[inside], side="right")
+    out[inside] = sure_in - tau_hat - 1
+    outside = np.flatnonzero(~in_set)
+    not_out = np.searchsorted(lower[:, train_radius], high[outside] + tie, side="right")
+    out[outside] = tau_hat - k_c + (k_c - not_out)
+    return np.where(out >= 0, np.minimum(out, guard), -1).astype(np.int64)
