@@ -101,12 +101,17 @@ class Worker:
             "" if reply["ok"] else str(log),
         )
 
-    def close(self) -> None:
-        """End the worker: end of input, then SIGINT, then kill."""
+    def close(self, interrupt: bool = False) -> None:
+        """End the worker: end of input, then SIGINT, then kill (10 s apart).
+
+        With ``interrupt`` (the bench was interrupted or failed) SIGINT comes at
+        once: the spec running is abandoned and its results file left as it was.
+        """
         if self.process.poll() is None and self.process.stdin is not None:
             with contextlib.suppress(OSError):
                 self.process.stdin.close()
-        for stop in (None, signal.SIGINT, signal.SIGKILL):
+        stops = (signal.SIGINT, signal.SIGKILL)
+        for stop in stops if interrupt else (None, *stops):
             if stop is not None and self.process.poll() is None:
                 self.process.send_signal(stop)
             try:
@@ -135,8 +140,12 @@ class Pool:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
+        if kind is not None:  # every worker stops its spec at once
+            for worker in self.workers:
+                if worker.process.poll() is None:
+                    worker.process.send_signal(signal.SIGINT)
         for worker in self.workers:
-            worker.close()
+            worker.close(interrupt=kind is not None)
         if not self.failed:
             for path in self.log_dir.iterdir():
                 path.unlink()

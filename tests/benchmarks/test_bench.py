@@ -168,3 +168,54 @@ def test_workers_run_on_one_thread():
         check=True,
     ).stdout.split()
     assert out == ["1", "1"]
+
+
+def _processes_with(tag):
+    """Pids of the processes whose environment holds ``tag`` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and tag in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_workers_and_keeps_no_part_of_a_running_spec(tmp_path):
+    """SIGINT to the bench alone (as ``kill -INT``): exit 130 at once, the specs
+    that finished keep their files, the running one leaves none, no worker lives on."""
+    import subprocess
+    import sys
+    import time
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "a-quick.toml").write_text(SPEC.replace("[0, 1]", "[0]"))
+    many = ", ".join(str(s) for s in range(60))
+    (specs / "b-quick.toml").write_text(SPEC.replace("[0, 1]", f"[{many}]"))
+    results = tmp_path / "results"
+    tag = f"DEFENSE_SUITE_TEST_TAG={os.getpid()}-{time.time_ns()}"
+    key, value = tag.split("=")
+    argv = ["bench", "--specs", str(specs), "--results", str(results), "--jobs", "2"]
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "defense_suite", *argv],
+        cwd=REPO,
+        env={**os.environ, key: value},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    first = bench.stdout.readline()  # a-quick's line: b-quick is still running
+    assert "a-quick: 2 records" in first, first + bench.stderr.read()
+    assert len(_processes_with(tag.encode())) == 3  # the bench and two workers
+    bench.send_signal(signal.SIGINT)
+    assert bench.wait(timeout=60) == 130
+    assert "interrupted" in bench.stderr.read()
+    assert (results / "a-quick.jsonl").exists()
+    assert sorted(p.name for p in results.iterdir()) == ["a-quick.jsonl"]
+    deadline = time.monotonic() + 30
+    while _processes_with(tag.encode()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _processes_with(tag.encode()) == []
