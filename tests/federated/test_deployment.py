@@ -11,31 +11,29 @@ import datetime
 import ipaddress
 import json
 import os
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "flower-own-model"
-BIN = Path(sys.executable).parent
-BUDGETS = (1.0, 3.0, 8.0)
-AGREEMENT = (
-    'delta=1e-5 rounds=3 local-steps=4 sigma=1.0 spending="time-adaptive" '
-    'save-fraction=0.5 save-ratio=0.7 accountant="rdp" '
-    "data-seed=0 public-num-examples=400"
+from tests.federated.superlink import (
+    BIN,
+    BUDGETS,
+    EXAMPLE,
+    REPO,
+    Processes,
+    assert_unsigned_fab_refused,
+    example_run,
+    flower_env,
+    free_port,
+    insecure_deployment,
+    node_config,
+    superlink_command,
+    superlink_home,
+    supernode_args,
+    trusted_entities,
 )
-"""Each SuperNode's own privacy agreement and data (a deployment reads no run
-config): its public record count and the seed of its partition and public split."""
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_tls(folder: Path) -> dict[str, Path]:
@@ -114,57 +112,22 @@ def make_node_key(folder: Path, name: str) -> tuple[Path, Path]:
     return private, public
 
 
-def _wait_for(path: Path, text: str, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text(errors="replace"):
-            return True
-        time.sleep(0.5)
-    return False
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(2400)  # a fresh ClientApp process per message, 12 in all
 def test_tls_deployment_with_authenticated_supernodes(tmp_path):
     tls = make_tls(tmp_path)
-    home = tmp_path / "home"
-    home.mkdir()
-    port, health = _free_port(), _free_port()
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
-        f'address = "127.0.0.1:{port}"\nroot-certificates = "{tls["ca"]}"\n'
-    )
+    port, health = free_port(), free_port()
     result = tmp_path / "result.json"
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(home),
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "FEDERATED_RESULT_PATH": str(result),
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
-    procs: list[subprocess.Popen] = []
-    logs: dict[str, Path] = {}
-
-    def start(name, command):
-        logs[name] = tmp_path / f"{name}.log"
-        out = logs[name].open("w")
-        procs.append(
-            subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-        )
-        return procs[-1]
-
+    env = flower_env(
+        superlink_home(tmp_path, port, tls["ca"]), FEDERATED_RESULT_PATH=str(result)
+    )
+    procs = Processes(tmp_path, env)
     try:
-        start("superlink", [
-            str(BIN / "flower-superlink"),
-            "--ssl-ca-certfile", str(tls["ca"]),
-            "--ssl-certfile", str(tls["cert"]),
-            "--ssl-keyfile", str(tls["key"]),
+        procs.start("superlink", superlink_command(
+            port, health, "--ssl-ca-certfile", str(tls["ca"]),
+            "--ssl-certfile", str(tls["cert"]), "--ssl-keyfile", str(tls["key"]),
             "--enable-supernode-auth",
-            "--disable-runtime-dependency-installation",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--health-server-address", f"127.0.0.1:{health}",
-        ])  # fmt: skip
+        ))  # fmt: skip
         time.sleep(8)
         keys = [make_node_key(tmp_path, f"node{i}") for i in range(4)]
         for _, public in keys[:3]:
@@ -174,23 +137,16 @@ def test_tls_deployment_with_authenticated_supernodes(tmp_path):
             )  # fmt: skip
             assert done.returncode == 0, done.stdout + done.stderr
         for i, (private, _) in enumerate(keys):
-            start(f"supernode{i}", [
+            procs.start(f"supernode{i}", [
                 str(BIN / "flower-supernode"),
                 "--superlink", f"127.0.0.1:{port}",
                 "--root-certificates", str(tls["ca"]),
                 "--auth-supernode-private-key", str(private),
-                "--host", "127.0.0.1", "--port", str(_free_port()),
+                "--host", "127.0.0.1", "--port", str(free_port()),
                 "--max-retries", "3",
-                "--node-config",
-                f"partition-id={min(i, 2)} num-partitions=3 "
-                f"epsilon={BUDGETS[min(i, 2)]} {AGREEMENT} ledger-init=true "
-                f'ledger-path="{tmp_path}/ledger-{i}.json"',
+                "--node-config", node_config(i, tmp_path / f"ledger-{i}.json"),
             ])  # fmt: skip
-        run = subprocess.run(
-            [sys.executable, "-m", "defense_suite.federated", "run", str(EXAMPLE),
-             "test", "--run-config", "num-server-rounds=3"],
-            env=env, capture_output=True, text=True, timeout=2200, check=False,
-        )  # fmt: skip
+        run = example_run(env, timeout=2200)
         assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
         assert "finished:completed" in run.stdout
         assert "uv sync" not in run.stdout
@@ -208,23 +164,13 @@ def test_tls_deployment_with_authenticated_supernodes(tmp_path):
             ledger = json.loads((tmp_path / f"ledger-{i}.json").read_text())
             assert [g["round"] for g in ledger["grants"]] == [1, 2, 3]
         # a second run on the same SuperNodes: refused, the budget is spent
-        again = subprocess.run(
-            [sys.executable, "-m", "defense_suite.federated", "run", str(EXAMPLE),
-             "test", "--run-config", "num-server-rounds=3"],
-            env=env, capture_output=True, text=True, timeout=1200, check=False,
-        )  # fmt: skip
+        again = example_run(env, timeout=1200)
         assert again.returncode == 1
         assert "refused: over-budget" in again.stdout
-        text = logs["supernode3"].read_text(errors="replace")
+        text = procs.logs["supernode3"].read_text(errors="replace")
         assert "Failed to activate SuperNode" in text  # Flower's exit code 305
     finally:
-        for proc in reversed(procs):
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        procs.stop()
 
 
 @pytest.mark.slow
@@ -237,69 +183,13 @@ def test_supernodes_with_trusted_entities_refuse_a_local_fab(tmp_path):
     ``valid_license`` verification that only a hub-backed SuperLink adds). This is
     why docs/federated.md assumes the node runs ClientApp code it trusts.
     """
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ed25519
+    trusted = trusted_entities(tmp_path)
 
-    public = ed25519.Ed25519PrivateKey.generate().public_key()
-    openssh = public.public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-    ).decode()
-    trusted = tmp_path / "trusted.yaml"
-    trusted.write_text(f'publisher-key: "{openssh}"\n')
-    home = tmp_path / "home"
-    home.mkdir()
-    port, health = _free_port(), _free_port()
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
-        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
-    )
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(home),
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
-    procs: list[subprocess.Popen] = []
-    logs = []
-    try:
-        log = (tmp_path / "superlink.log").open("w")
-        procs.append(subprocess.Popen([
-            str(BIN / "flower-superlink"), "--insecure",
-            "--disable-runtime-dependency-installation",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--health-server-address", f"127.0.0.1:{health}",
-        ], env=env, stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
-        time.sleep(8)
-        for i in range(2):
-            logs.append(tmp_path / f"supernode{i}.log")
-            out = logs[-1].open("w")
-            procs.append(subprocess.Popen([
-                str(BIN / "flower-supernode"), "--insecure",
-                "--superlink", f"127.0.0.1:{port}",
-                "--host", "127.0.0.1", "--port", str(_free_port()),
-                "--trusted-entities", str(trusted),
-                "--node-config",
-                f"partition-id={i} num-partitions=3 epsilon={BUDGETS[i]} "
-                f'{AGREEMENT} ledger-init=true ledger-path="{tmp_path}/l{i}.json"',
-            ], env=env, stdout=out, stderr=subprocess.STDOUT))  # fmt: skip
-        run = subprocess.run(
-            [sys.executable, "-m", "defense_suite.federated", "run", str(EXAMPLE),
-             "test", "--run-config", "num-server-rounds=3"],
-            env=env, capture_output=True, text=True, timeout=600, check=False,
-        )  # fmt: skip
-        assert run.returncode == 1, run.stdout[-3000:]
-        text = " ".join(p.read_text(errors="replace") for p in logs)
-        assert "App verification is not supported by the connected SuperLink" in text
-        assert not list(tmp_path.glob("l*.json"))  # no ClientApp code ever ran
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    def supernode(i, port):
+        return [str(BIN / "flower-supernode"), *supernode_args(i, port, tmp_path),
+                "--trusted-entities", str(trusted)]  # fmt: skip
+
+    assert_unsigned_fab_refused(tmp_path, supernode)
 
 
 MALICIOUS_SERVER = '''"""A malicious ServerApp in the FAB: round 1 twice per node."""
@@ -356,48 +246,16 @@ def test_a_malicious_server_app_gets_one_grant_per_round_on_real_supernodes(tmp_
     app = tmp_path / "app"
     shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__"))
     (app / "own_model" / "server_app.py").write_text(MALICIOUS_SERVER)
-    home = tmp_path / "home"
-    home.mkdir()
-    port, health = _free_port(), _free_port()
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
-        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
-    )
     result = tmp_path / "result.json"
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(home),
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "FEDERATED_RESULT_PATH": str(result),
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-    }
-    procs: list[subprocess.Popen] = []
-    try:
-        log = (tmp_path / "superlink.log").open("w")
-        procs.append(subprocess.Popen([
-            str(BIN / "flower-superlink"), "--insecure",
-            "--disable-runtime-dependency-installation",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--health-server-address", f"127.0.0.1:{health}",
-        ], env=env, stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
-        time.sleep(8)
-        for i in range(2):
-            out = (tmp_path / f"supernode{i}.log").open("w")
-            procs.append(subprocess.Popen([
-                str(BIN / "flower-supernode"), "--insecure",
-                "--superlink", f"127.0.0.1:{port}",
-                "--host", "127.0.0.1", "--port", str(_free_port()),
-                "--node-config",
-                f"partition-id={i} num-partitions=3 epsilon={BUDGETS[i]} "
-                f'{AGREEMENT} ledger-init=true ledger-path="{tmp_path}/l{i}.json"',
-            ], env=env, stdout=out, stderr=subprocess.STDOUT))  # fmt: skip
-        run = subprocess.run(
-            [sys.executable, "-m", "defense_suite.federated", "run", str(app),
-             "test", "--run-config", "num-server-rounds=3 delta=0.5"],
-            env=env, capture_output=True, text=True, timeout=1200, check=False,
-        )  # fmt: skip
+
+    def supernode(i, port):
+        return [str(BIN / "flower-supernode"), *supernode_args(i, port, tmp_path)]
+
+    pythonpath = f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    with insecure_deployment(
+        tmp_path, supernode, FEDERATED_RESULT_PATH=str(result), PYTHONPATH=pythonpath
+    ) as (env, _, _):
+        run = example_run(env, app, "num-server-rounds=3 delta=0.5", 1200)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
         answers = json.loads(result.read_text())
         for node in {n for n, _ in answers}:
@@ -407,11 +265,3 @@ def test_a_malicious_server_app_gets_one_grant_per_round_on_real_supernodes(tmp_
             ledger = json.loads((tmp_path / f"l{i}.json").read_text())
             assert len(ledger["grants"]) == 1
             assert ledger["agreement"]["delta"] == 1e-5
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()

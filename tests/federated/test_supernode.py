@@ -12,13 +12,16 @@
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from defense_suite.federated import __main__ as entry
-from tests.federated.test_deployment import AGREEMENT, BUDGETS, EXAMPLE, _free_port
+from tests.federated.superlink import (
+    assert_unsigned_fab_refused,
+    supernode_args,
+    trusted_entities,
+)
 from tests.federated.test_main import REPO, _left_running, _simulation_home
 
 BIN = Path(sys.executable).parent
@@ -73,75 +76,23 @@ def test_opting_out_says_what_an_unverified_app_can_do(monkeypatch, capsys):
 def test_supernodes_started_by_the_command_refuse_an_unverified_fab(tmp_path):
     """Real SuperLink, two SuperNodes through ``supernode --trusted-entities``: the
     local (unsigned) FAB is refused and no ClientApp code runs (no ledger)."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ed25519
+    trusted = trusted_entities(tmp_path)
 
-    key = ed25519.Ed25519PrivateKey.generate().public_key()
-    openssh = key.public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-    ).decode()
-    trusted = tmp_path / "trusted.yaml"
-    trusted.write_text(f'publisher-key: "{openssh}"\n')
-    home = tmp_path / "home"
-    home.mkdir()
-    port, health = _free_port(), _free_port()
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
-        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
-    )
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(home),
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
-    procs: list[subprocess.Popen] = []
-    logs = []
-    try:
-        out = (tmp_path / "superlink.log").open("w")
-        procs.append(subprocess.Popen([
-            str(BIN / "flower-superlink"), "--insecure",
-            "--disable-runtime-dependency-installation",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--health-server-address", f"127.0.0.1:{health}",
-        ], env=env, stdout=out, stderr=subprocess.STDOUT))  # fmt: skip
-        time.sleep(8)
-        for i in range(2):
-            logs.append(tmp_path / f"supernode{i}.log")
-            out = logs[-1].open("w")
-            procs.append(subprocess.Popen([
-                sys.executable, "-m", "defense_suite.federated", "supernode",
-                "--insecure", "--superlink", f"127.0.0.1:{port}",
-                "--host", "127.0.0.1", "--port", str(_free_port()),
-                "--trusted-entities", str(trusted),
-                "--node-config",
-                f"partition-id={i} num-partitions=3 epsilon={BUDGETS[i]} "
-                f'{AGREEMENT} ledger-init=true ledger-path="{tmp_path}/l{i}.json"',
-            ], env=env, stdout=out, stderr=subprocess.STDOUT))  # fmt: skip
+    def supernode(i, port):
+        return [sys.executable, "-m", "defense_suite.federated", "supernode",
+                *supernode_args(i, port, tmp_path),
+                "--trusted-entities", str(trusted)]  # fmt: skip
+
+    def unverified_does_not_start(deployment):
         unverified = subprocess.run(
             [sys.executable, "-m", "defense_suite.federated", "supernode",
-             "--insecure", "--superlink", f"127.0.0.1:{port}"],
-            env=env, capture_output=True, text=True, timeout=60, check=False,
+             "--insecure", "--superlink", f"127.0.0.1:{deployment.port}"],
+            env=deployment.env, capture_output=True, text=True, timeout=60,
+            check=False,
         )  # fmt: skip
         assert unverified.returncode == 2
-        run = subprocess.run(
-            [sys.executable, "-m", "defense_suite.federated", "run", str(EXAMPLE),
-             "test", "--run-config", "num-server-rounds=3"],
-            env=env, capture_output=True, text=True, timeout=600, check=False,
-        )  # fmt: skip
-        assert run.returncode == 1, run.stdout[-3000:]
-        text = " ".join(p.read_text(errors="replace") for p in logs)
-        assert "App verification is not supported by the connected SuperLink" in text
-        assert not list(tmp_path.glob("l*.json"))  # no ClientApp code ever ran
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+
+    assert_unsigned_fab_refused(tmp_path, supernode, unverified_does_not_start)
 
 
 def _run_twice(tmp_path, env):
