@@ -127,21 +127,18 @@ def _dense(
     scaled by 1/2 (exact: powers of two), the widths :math:`u - l` through
     :math:`|W|/2`.
     """
-    n = stack.shape[1]
-    rows = stack.new_empty((2, n, stack.shape[2]))
-    torch.mul(stack[0], 2.0, out=rows[0])
-    torch.add(stack[1], stack[2], out=rows[1])
-    width = stack[2] - stack[1]
+    points, lower, upper = stack.unbind(0)
+    n = points.shape[0]
+    rows = torch.cat((points + points, lower + upper))
+    width = upper - lower
     half = weight.abs().mul_(0.5)
-    out = stack.new_empty((3, n, weight.shape[0]))
-    front = out[:2].view(2 * n, -1)
     if bias is None:
-        torch.mm(rows.view(2 * n, -1), weight.t(), out=front).mul_(0.5)
+        front = torch.mm(rows, weight.t()).mul_(0.5)
     else:
-        torch.addmm(bias, rows.view(2 * n, -1), weight.t(), alpha=0.5, out=front)
+        front = torch.addmm(bias, rows, weight.t(), alpha=0.5)
     spread = width @ half.t()
-    torch.add(out[1], spread, out=out[2])
-    out[1].sub_(spread)
+    centre = front[n:]
+    out = torch.cat((front[:n], centre - spread, centre + spread)).view(3, n, -1)
     if relu:
         out.clamp_(min=0.0)
         return out, (rows, width, half, out)
@@ -156,28 +153,25 @@ def _dense_back(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of the stack (empty unless ``inputs``), the weight and the bias.
 
-    ``grad`` (the output's gradient) is owned by the caller and overwritten.
+    ``grad`` (the output's gradient) is owned by the caller and may be overwritten.
     """
     rows, width, half = saved[:3]
-    n = grad.shape[1]
     if len(saved) > 3:
         grad.mul_(saved[3].sign())
-    spread = grad[2] - grad[1]
-    grad[1].add_(grad[2])
-    front = grad[:2].view(2 * n, -1)
+    points, lower, upper = grad.unbind(0)
+    n = points.shape[0]
+    spread = upper - lower
+    front = torch.cat((points, lower + upper))
     grad_weight = (spread.t() @ width).mul_(weight.sign())
-    grad_weight = torch.addmm(
-        grad_weight, front.t(), rows.view(2 * n, -1), beta=0.5, alpha=0.5
-    )
+    grad_weight = torch.addmm(grad_weight, front.t(), rows, beta=0.5, alpha=0.5)
     grad_bias = front.sum(dim=0)
     if not inputs:
         return grad.new_empty(0), grad_weight, grad_bias
-    out = grad.new_empty((3, n, weight.shape[1]))
-    torch.mm(front, weight, out=out[:2].view(2 * n, -1))
+    through = front @ weight
     back = spread @ half
-    torch.add(back, out[1], alpha=0.5, out=out[2])
-    torch.sub(out[2], back, alpha=2.0, out=out[1])
-    return out, grad_weight, grad_bias
+    centre = through[n:].mul_(0.5)
+    grad_stack = torch.cat((through[:n], centre - back, centre + back))
+    return grad_stack.view(3, n, -1), grad_weight, grad_bias
 
 
 @dataclass(frozen=True)
