@@ -5,7 +5,7 @@ median and the fastest wall-clock time, which is what a user waits before anythi
 happens. Run from the checkout (or anywhere the suite is installed)::
 
     python benchmarks/startup.py [--repeat 7] [--json results/startup.json]
-        [--first-calls] [--cold-repeat 1]
+        [--first-calls] [--cold-repeat 1] [--cold-only]
 
 Targets: ``defense-suite --help`` and ``import defenses.ssd`` under 1 s.
 
@@ -137,7 +137,9 @@ def probe(name: str, cache: str) -> dict[str, float]:
     return row
 
 
-def first_calls(cold_repeat: int, cached_repeat: int) -> dict[str, object]:
+def first_calls(
+    cold_repeat: int, cached_repeat: int, cold_only: bool = False
+) -> dict[str, object]:
     """Cold and cached first calls of every case, and the install step's time.
 
     Cold and cached: the median run of ``cold_repeat`` and ``cached_repeat`` runs
@@ -151,6 +153,8 @@ def first_calls(cold_repeat: int, cached_repeat: int) -> dict[str, object]:
                 runs.append(probe(name, empty))
         runs.sort(key=lambda r: r["first_s"])
         rows[f"cold: {name}"] = runs[len(runs) // 2]  # the median run
+    if cold_only:
+        return {"install_step_s": float("nan"), "rows": rows}
     with tempfile.TemporaryDirectory() as cache:
         start = time.perf_counter()
         subprocess.run(
@@ -197,6 +201,9 @@ def main() -> int:
     parser.add_argument("--first-calls", action="store_true")
     parser.add_argument("--only-first-calls", action="store_true")
     parser.add_argument("--cold-repeat", type=int, default=1, help="0: no cold runs")
+    parser.add_argument(
+        "--cold-only", action="store_true", help="no install step, no cached runs"
+    )
     args = parser.parse_args()
     rows = {}
     for name, argv in commands().items():
@@ -213,7 +220,9 @@ def main() -> int:
         print(f"| `{name}` | {row['median_s']:.2f} | {row['min_s']:.2f} | {ok} |")
     report: dict[str, object] = {"load": load, "rows": rows}
     if args.first_calls or args.only_first_calls:
-        report["first_calls"] = first_calls(args.cold_repeat, args.repeat)
+        report["first_calls"] = first_calls(
+            args.cold_repeat, args.repeat, args.cold_only
+        )
         report["load_after"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0
         print_first_calls(report["first_calls"])  # type: ignore[arg-type]
         print(f"load average after: {report['load_after']:.1f}")
