@@ -34,13 +34,13 @@ def descending_rows(votes: IntArray) -> IntArray:
 @compiled
 def vote_entries(
     ordered: IntArray, rows: IntArray, inverse: IntArray, votes: IntArray, top: int
-) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray]:
+) -> tuple[IntArray, IntArray, IntArray]:
     """The entries of the distinct sorted rows ``ordered[rows]``, and each point's.
 
-    Returns ``own``, ``others`` (the sorted row without the entry's position),
-    ``index`` (n, K) of each (point, class), and each entry's distinct row and
-    position in it. Entries run row by row, one per distinct vote count, in
-    descending order; point ``p`` has row ``inverse[p]``. ``top`` bounds every
+    Returns ``own``, ``others`` (the sorted row without the entry's position) and
+    ``index`` (n, K) of each (point, class). Entries run row by row, one per
+    distinct vote count, in descending order; point ``p`` has row
+    ``inverse[p]``. ``top`` bounds every
     vote count (``n_voters``): a point's entries are found through a table from
     vote count to its rank among the row's distinct counts, O(K) per point.
     """
@@ -55,8 +55,6 @@ def vote_entries(
     size = start[d]
     own = np.empty(size, dtype=np.int64)
     others = np.empty((size, k - 1), dtype=np.int64)
-    entry_row = np.empty(size, dtype=np.int64)
-    entry_position = np.empty(size, dtype=np.int64)
     for i in range(d):
         r = rows[i]
         at = start[i]
@@ -64,8 +62,6 @@ def vote_entries(
             if c > 0 and ordered[r, c] == ordered[r, c - 1]:
                 continue
             own[at] = ordered[r, c]
-            entry_row[at] = i
-            entry_position[at] = c
             for o in range(c):
                 others[at, o] = ordered[r, o]
             for o in range(c, k - 1):
@@ -83,24 +79,32 @@ def vote_entries(
         first = start[inverse[p]]
         for c in range(k):
             index[p, c] = first + rank[votes[p, c]]
-    return own, others, index, entry_row, entry_position
+    return own, others, index
 
 
 @compiled
 def entry_scores(
-    own: IntArray, others: IntArray, table: FloatArray, out: FloatArray
+    own: IntArray,
+    others: IntArray,
+    table: FloatArray,
+    out: FloatArray,
+    tails: FloatArray,
 ) -> None:
-    """The softmax score of each entry, ``out[e] = m / (m + rest)``.
+    """The softmax score of each entry, ``out[e] = m / (m + rest)``, and its tail.
 
     ``m = table[own[e]]`` and ``rest`` the others' terms added smallest first from
     0.0: the canonical sum of :func:`defenses.rps.kernels.upper_bound`, whose
     radius-0 value this equals bit for bit (``others`` rows are sorted descending).
+    ``tails[e]`` is that sum before the largest other class's term (``tail[1]`` of
+    :func:`defenses.rps.kernels.certified_radii`).
     """
     m = others.shape[1]
     for e in range(own.shape[0]):
         rest = 0.0
-        for c in range(m - 1, -1, -1):
+        for c in range(m - 1, 0, -1):
             rest += table[others[e, c]]
+        tails[e] = rest
+        rest += table[others[e, 0]]
         mine = table[own[e]]
         out[e] = mine / (mine + rest)
 

@@ -210,6 +210,7 @@ def bounds(
 def certified_radii(
     own: IntArray,
     others: IntArray,
+    tails: FloatArray,
     in_set: BoolArray,
     ceiling: IntArray,
     limit: IntArray,
@@ -230,7 +231,9 @@ def certified_radii(
     column) certified with :math:`r_c = 0`; ``joint[i]``: the largest
     :math:`r \le \min(` ``training[i]``, ``limit[i]`` :math:`)` certified with
     :math:`r_t = r_c = r` (:meth:`PartThresholds.certified`; kept: ``low >= cut``
-    exactly, left out: ``high < cut - tie``). Radius 0 always counts.
+    exactly, left out: ``high < cut - tie``). Radius 0 always counts. ``tails[i]``
+    is the canonical sum of the entry's other terms but the largest (``tail[1]`` of
+    :func:`_entry_sums`, given by :func:`defenses.rps.entries.entry_scores`).
 
     Certification is monotone in both radii, so the training radius is the step
     before the first failing one, probed ``r = 1, 2, ...`` (most radii are a few
@@ -262,11 +265,9 @@ def certified_radii(
             votes = own[entry]
             largest = others[entry, 0]
             second = others[entry, 1] if m > 1 else 0
-            # tail[1] and the other votes, as _entry_sums adds them
-            rest = 0.0
+            rest = tails[entry]  # tail[1], as _entry_sums adds it
             room = largest
-            for c in range(m - 1, 0, -1):
-                rest += table[others[entry, c]]
+            for c in range(1, m):
                 room += others[entry, c]
             summed = False
             while found < top:

@@ -22,9 +22,9 @@ import pytest
 
 from defenses.rps.calibration import calibrate_parts
 from defenses.rps.certificate import TIE, PartThresholds, certify_batch
-from defenses.rps.entries import point_sets
+from defenses.rps.entries import descending_rows, point_sets
 from defenses.rps.quantile import minimum_part_size
-from defenses.rps.scores import VoteGeometry, vote_geometry
+from defenses.rps.scores import VoteGeometry, _distinct_rows, vote_geometry
 from tests.defenses.rps import galloping_reference as ref
 
 SHAPES = [(1, 2), (2, 3), (3, 2), (5, 4), (8, 3), (13, 7), (20, 10), (50, 10)]
@@ -36,6 +36,7 @@ def random_votes(
     """Votes of ``n`` points: confident and spread ensembles, some abstentions."""
     p = rng.dirichlet(np.full(k, rng.choice([0.1, 0.5, 2.0])), size=n)
     votes = np.array([rng.multinomial(k_t, row) for row in p], dtype=np.int64)
+    votes = votes.reshape(n, k)
     if abstain:
         drop = rng.integers(0, k_t + 1, size=n)
         for i in np.flatnonzero(rng.random(n) < 0.5):
@@ -269,3 +270,41 @@ def test_best_class_is_numpy_argmax_at_ties_and_nan() -> None:
     best, _ = point_sets(index, scores, np.array([0.3]))
     np.testing.assert_array_equal(best, scores[index].argmax(axis=1))
     assert best.tolist() == [1, 1, 1, 0, 0, 2]
+
+
+def test_distinct_rows_as_numpy_unique() -> None:
+    """The first row of each distinct sorted vote vector, in key order, as
+    ``numpy.unique(keys, return_index=True, return_inverse=True)`` gives them."""
+    rng = np.random.default_rng(13)
+    for n in (0, 1, 2, 7, 300):
+        for k_t, k in SHAPES:
+            votes = random_votes(rng, n, k_t, k, False)
+            ordered = descending_rows(votes)
+            rows, inverse = _distinct_rows(ordered, k_t)
+            keys = ordered @ ((k_t + 1) ** np.arange(k - 1, -1, -1, dtype=np.int64))
+            _, first, where = np.unique(keys, return_index=True, return_inverse=True)
+            np.testing.assert_array_equal(rows, first)
+            np.testing.assert_array_equal(inverse, where.ravel())
+            np.testing.assert_array_equal(ordered[rows[inverse]], ordered)
+
+
+def test_geometry_built_by_hand_computes_its_tails() -> None:
+    """A ``VoteGeometry`` made without ``tails`` sums them as ``vote_geometry``."""
+    rng = np.random.default_rng(17)
+    votes = random_votes(rng, 200, 20, 6, False)
+    geometry = vote_geometry(votes, 20, True)
+    fields = (geometry.own, geometry.others, geometry.index, geometry.scores)
+    by_hand = VoteGeometry(*fields, geometry.n_voters, geometry.softmax)
+    assert by_hand.tails is not None
+    assert geometry.tails is not None
+    assert by_hand.tails.tobytes() == geometry.tails.tobytes()
+    bounds = thresholds_of(rng, geometry, 200, 6, 20)
+    in_set = geometry.score() >= bounds.cut
+    calibration = bounds.calibration_radius(geometry, in_set, 0)
+    for got, want in zip(
+        by_hand.radii(bounds, in_set, calibration),
+        geometry.radii(bounds, in_set, calibration),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(got, want)
+    assert geometry.radii(bounds, in_set, calibration)[0].max() >= 2
