@@ -125,20 +125,25 @@ def _dense(
 
     The points and the doubled centres :math:`[2p; l + u]` go through one product
     scaled by 1/2 (exact: powers of two), the widths :math:`u - l` through
-    :math:`|W|/2`.
+    :math:`|W|/2`. Results are written in place (no copies of the stack).
     """
     points, lower, upper = stack.unbind(0)
     n = points.shape[0]
-    rows = torch.cat((points + points, lower + upper))
+    rows = stack.new_empty((2 * n, stack.shape[2]))
+    torch.add(points, points, out=rows[:n])
+    torch.add(lower, upper, out=rows[n:])
     width = upper - lower
     half = weight.abs().mul_(0.5)
+    out = stack.new_empty((3, n, weight.shape[0]))
+    front = out[:2].view(2 * n, -1)
     if bias is None:
-        front = torch.mm(rows, weight.t()).mul_(0.5)
+        torch.mm(rows, weight.t(), out=front).mul_(0.5)
     else:
-        front = torch.addmm(bias, rows, weight.t(), alpha=0.5)
+        torch.addmm(bias, rows, weight.t(), alpha=0.5, out=front)
     spread = width @ half.t()
-    centre = front[n:]
-    out = torch.cat((front[:n], centre - spread, centre + spread)).view(3, n, -1)
+    centre = out[1]
+    torch.add(centre, spread, out=out[2])
+    centre.sub_(spread)
     if relu:
         out.clamp_(min=0.0)
         return out, (rows, width, half, out)
@@ -153,25 +158,27 @@ def _dense_back(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of the stack (empty unless ``inputs``), the weight and the bias.
 
-    ``grad`` (the output's gradient) is owned by the caller and may be overwritten.
+    ``grad`` (the output's gradient) is owned by the caller and overwritten.
     """
     rows, width, half = saved[:3]
-    if len(saved) > 3:
-        grad.mul_(saved[3].sign())
-    points, lower, upper = grad.unbind(0)
-    n = points.shape[0]
+    if len(saved) > 3:  # ReLU: no gradient where the output is 0 (autograd's rule)
+        grad = torch.ops.aten.threshold_backward(grad, saved[3], 0.0)
+    _, lower, upper = grad.unbind(0)
+    n = lower.shape[0]
     spread = upper - lower
-    front = torch.cat((points, lower + upper))
+    lower.add_(upper)
+    front = grad[:2].view(2 * n, -1)
     grad_weight = (spread.t() @ width).mul_(weight.sign())
     grad_weight = torch.addmm(grad_weight, front.t(), rows, beta=0.5, alpha=0.5)
     grad_bias = front.sum(dim=0)
     if not inputs:
         return grad.new_empty(0), grad_weight, grad_bias
-    through = front @ weight
+    out = grad.new_empty((3, n, weight.shape[1]))
+    torch.mm(front, weight, out=out[:2].view(2 * n, -1))
     back = spread @ half
-    centre = through[n:].mul_(0.5)
-    grad_stack = torch.cat((through[:n], centre - back, centre + back))
-    return grad_stack.view(3, n, -1), grad_weight, grad_bias
+    torch.add(back, out[1], alpha=0.5, out=out[2])
+    torch.sub(out[2], back, alpha=2.0, out=out[1])
+    return out, grad_weight, grad_bias
 
 
 @dataclass(frozen=True)
@@ -264,7 +271,7 @@ class CivetObjective(torch.autograd.Function):
         torch.mul(miss[2], side + 1.0, out=back[2])
         back[1:].mul_(how.robust * scale)
         if layout.sigmoid:
-            back.mul_(ends * (1.0 - ends))
+            back = torch.ops.aten.sigmoid_backward(back, ends)
         grads: list[torch.Tensor | None] = [None] * (2 * len(weights))
         t = len(layout.trunk)
         for i in reversed(range(len(layout.decoder))):
