@@ -153,7 +153,13 @@ def split(ends: torch.Tensor) -> Box:
 
 @dataclass(frozen=True)
 class FusedVAE:
-    """Fused bounds of a built-in VAE container's encoder and decoder."""
+    """Fused bounds of a built-in VAE container's encoder and decoder.
+
+    ``plan`` is set when every part is a Linear/ReLU chain (the quick benchmark's
+    model): certified training then computes its whole objective in one node,
+    :class:`defenses.civet.stacked.CivetObjective`; otherwise it uses
+    :meth:`training_terms` on this module's ``[l | u]`` chains.
+    """
 
     model: VAE
     trunk: Chain
