@@ -8,18 +8,21 @@ any program on packed values, with an optional trace of activations;
 
 The rest of the layer: each family's public weights and secret factors
 (:mod:`~crypto.program.heformer`, :mod:`~crypto.program.encoder`), the client's
-packing of a converted model's inputs (:mod:`~crypto.program.inputs`), the backward
-passes and the SGD steps (:mod:`~crypto.program.sgd`, the function-call steps of
-:mod:`~crypto.program.steps`, :mod:`~crypto.program.qkv_step`,
-:mod:`~crypto.program.head_step`), the public update bounds every returned update
-passes (:mod:`~crypto.program.bounds`) and the client's advisory range guard
-(:mod:`~crypto.program.shadow`). The program does not know the protocol
-(:mod:`crypto.protocol`): the round trips it needs are parameters.
+packing of a converted model's inputs (:mod:`~crypto.program.inputs`), the one
+backward pass of either family (:mod:`~crypto.program.backward`: the traced training
+forward of :mod:`~crypto.program.tape`, the layers' backward passes of
+:mod:`~crypto.program.layer_grad`) and the SGD steps (:mod:`~crypto.program.sgd`,
+the function-call steps of :mod:`~crypto.program.steps`,
+:mod:`~crypto.program.qkv_step`, :mod:`~crypto.program.head_step`), the public
+update bounds every returned update passes (:mod:`~crypto.program.bounds`) and the
+client's advisory range guard (:mod:`~crypto.program.shadow`). The program does not
+know the protocol (:mod:`crypto.protocol`): the round trips it needs are parameters.
 """
 
 from __future__ import annotations
 
 from .attention import SoftmaxPolys, gk_attention, softmax_attention
+from .backward import Trained, adapter_gradients, loss_gradient, train_forward
 from .blocks import affine, layer_norm, mapped, project
 from .forward import Run, Trace, encode, forward
 from .spec import (
@@ -42,6 +45,8 @@ __all__ = [
     "Run",
     "SoftmaxPolys",
     "Trace",
+    "Trained",
+    "adapter_gradients",
     "affine",
     "depth",
     "encode",
@@ -50,7 +55,9 @@ __all__ = [
     "from_heformer",
     "gk_attention",
     "layer_norm",
+    "loss_gradient",
     "mapped",
     "project",
     "softmax_attention",
+    "train_forward",
 ]

@@ -5,10 +5,10 @@ What is trained: a rank-``r`` LoRA adapter :math:`A B` on the classifier,
 replicated ciphertext per entry). What runs encrypted: the whole frozen encoder
 (:func:`crypto.program.encoder.encode`, with the client's encrypted Q/K/V LoRA factors
 and mask, the key owner refreshing and rolling K and V), the adapted logits, the
-loss gradient and the adapter's gradient sums. What is not trained: the encoder's
-LoRA factors (their gradient would need backpropagation through both polynomial
-LayerNorms, the activation and the kernel attention of every block; the HEFormer
-fine-tuning of :mod:`crypto.program.backprop` does that for its one-block layer only).
+loss gradient and the adapter's gradient sums
+(:func:`crypto.program.backward.adapter_gradients`). What is not trained here: the
+encoder's LoRA factors (the Q/K/V step of :mod:`crypto.program.qkv_step` trains them
+with the same backward pass, :mod:`crypto.program.backward`).
 
 With the squared error on the CLS logits,
 :math:`L = \tfrac1{2B}\sum_b\lVert \ell_b - y_b\rVert^2`, and the public mask ``m``
@@ -45,9 +45,11 @@ from defenses.checks import check_real
 from ..he.ckks import CKKSParams, TenSEALBackend, local_key_owner
 from ..he.evaluator import Backend, Evaluator, NumpyBackend, Value
 from ..he.packing import roll_tokens
+from .backward import adapter_gradients
 from .bounds import DEFAULT_BOUNDS, UpdateBounds, bound_update
-from .encoder import BertWeights, affine, encode, lora_factors
+from .encoder import BertWeights, encode, lora_factors
 from .shadow import flag_ids, pack_ids, report
+from .spec import from_bert
 
 if TYPE_CHECKING:
     from ..conversion.model import HEBert
@@ -68,38 +70,6 @@ class HeadStep:
     seconds: float
     counts: dict[str, int]
     clipped: int = 0
-
-
-def head_gradients(
-    ev: Evaluator,
-    w: BertWeights,
-    pooled: list[Value],
-    A: list[list[Value]],
-    B: list[list[Value]],
-    Y: list[Value],
-    m: FloatArray,
-) -> tuple[list[list[Value]], list[list[Value]]]:
-    """Encrypted gradient sums (grad A, grad B) of the classifier adapter."""
-    rank = len(B)
-    pooled = ev.ensure(pooled, 2, "head LoRA forward")
-    low = [
-        ev.total([ev.mul(p, A[g][r]) for g, p in enumerate(pooled)])
-        for r in range(rank)
-    ]
-    base = affine(ev, pooled, w.classifier, w.classifier_bias)
-    logits = [
-        ev.add(base[c], ev.total([ev.mul(low[r], B[r][c]) for r in range(rank)]))
-        for c in range(len(base))
-    ]
-    diff = [ev.sub(a, y) for a, y in zip(logits, Y, strict=True)]
-    flat = ev.ensure(diff + low + pooled, 3, "head LoRA gradients")
-    C = len(diff)
-    G = [ev.mask(x, m) for x in flat[:C]]
-    low, pooled = flat[C : C + rank], flat[C + rank :]
-    grad_b = [[ev.slot_sum(ev.mul(low[r], g)) for g in G] for r in range(rank)]
-    gb = [ev.total([ev.mul(G[c], B[r][c]) for c in range(C)]) for r in range(rank)]
-    grad_a = [[ev.slot_sum(ev.mul(p, gb[r])) for r in range(rank)] for p in pooled]
-    return grad_a, grad_b
 
 
 def _check(
@@ -185,7 +155,8 @@ def _step(
         roll,
     )
     Y = [Value(encrypt(t)) for t in targets]
-    grad_a, grad_b = head_gradients(ev, w, pooled, enc(a), enc(b), Y, m)
+    grads, _ = adapter_gradients(ev, from_bert(w), pooled, enc(a), enc(b), Y, m)
+    grad_a, grad_b = grads["a"], grads["b"]
     ga = np.array([[decrypt(v.handle)[0] for v in row] for row in grad_a])
     gb = np.array([[decrypt(v.handle)[0] for v in row] for row in grad_b])
     seconds = time.perf_counter() - start

@@ -1,11 +1,10 @@
-r"""The packed network of one fine-tuning arm and its dense primitives.
+r"""The packed network of one HEFormer fine-tuning arm, and its program.
 
-:class:`Net` holds the arm's matrices, plaintext (frozen, public) or one encrypted
-replicated value per entry (trained). The primitives are the products the forward
-and backward passes of :mod:`crypto.program.backprop` are made of: :func:`matmul`
-(:math:`y_f = \sum_g x_g W_{gf}`), its transpose, the slot-summed outer products of
-the weight gradients, and :func:`fit`, which refreshes (client-aided, counted) the
-operands that would overrun the modulus chain.
+:class:`Net` holds the arm's folded matrices, plaintext (frozen, public) or one
+encrypted replicated value per entry (trained); :meth:`Net.program` is the same
+network as a :class:`~crypto.program.spec.Program` (the trained matrices are the
+client's, read from ``Run.lora``), which :mod:`crypto.program.backward`
+differentiates.
 """
 
 from __future__ import annotations
@@ -16,21 +15,20 @@ import numpy as np
 
 from defenses.arrays import FloatArray
 
-from ..he.evaluator import Evaluator, Value
+from ..he.evaluator import Value
 from .heformer import SoftmaxPolys
+from .spec import Affine, Block, Head, Norm, Program
 
 Matrix = FloatArray | list[list[Value]]
 LORA_TRAINED = ("q_a", "q_b", "k_a", "k_b", "v_a", "v_b", "pool", "classifier")
 FULL_TRAINED = ("wq", "wk", "wv", "wo", "w1", "w2", "pool", "classifier")
 
 
-def derivative(coefficients: FloatArray) -> FloatArray:
-    """Coefficients (low to high) of the derivative polynomial."""
-    c = np.asarray(coefficients, dtype=np.float64)
-    if c.size < 2:
-        raise ValueError("a polynomial of degree >= 1 is needed")
-    out: FloatArray = c[1:] * np.arange(1, c.size)
-    return out
+def _public(M: Matrix) -> Affine:
+    """A public matrix, or zeros of a secret one's shape (never read: Run.lora is)."""
+    if isinstance(M, np.ndarray):
+        return Affine(M)
+    return Affine(np.zeros((len(M), len(M[0]))))
 
 
 @dataclass
@@ -83,60 +81,30 @@ class Net:
         """Whether Q, K, V carry LoRA factors."""
         return "q_a" in self.mats
 
+    def program(self) -> Program:
+        r"""The network as a one-block program without biases (``"heformer"``).
 
-def matmul(ev: Evaluator, xs: list[Value], W: Matrix) -> list[Value]:
-    r""":math:`y_f = \sum_g x_g W_{gf}`: plaintext products or encrypted ones."""
-    if isinstance(W, np.ndarray):
-        zero = ~W.any(axis=0)
-        if not zero.any():
-            return ev.linear(xs, W)
-        out = [ev.scale(xs[0], 0.0)] * W.shape[1]
-        live = np.flatnonzero(~zero)
-        if live.size:
-            for f, y in zip(live, ev.linear(xs, W[:, live]), strict=True):
-                out[f] = y
+        Its one LayerNorm, on the feed-forward branch, has one Newton step
+        :math:`y(3 - \sigma y^2)` (the 1/2 and the gain folded into :math:`W_1`).
+        """
+        m = self.mats
+        qkv = (_public(m[x]) for x in ("wq", "wk", "wv", "wo", "w1", "w2"))
+        q, k, v, o, w1, w2 = qkv
+        norm = Norm(self.centre, None, None, self.isqrt, 1, 3.0, "LayerNorm")
+        block = Block("", q, k, v, o, w1, self.act, w2, self.gk, ffn_norm=norm)
+        pool, classifier = _public(m["pool"]), _public(m["classifier"])
+        head = Head(pool, self.tanh, classifier, "head")
+        d, classes = len(self.centre), classifier.weight.shape[1]
+        return Program(
+            "heformer", self.n_tokens, d, self.heads, classes, (block,), head, "kind"
+        )
+
+    def secrets(self) -> dict[str, list[list[Value]]]:
+        """The trained matrices (the client's encrypted values), by name."""
+        out = {}
+        for name in self.trained:
+            M = self.mats[name]
+            if isinstance(M, np.ndarray):
+                raise TypeError(f"Net.mats[{name!r}] is trained but not encrypted")
+            out[name] = M
         return out
-    if len(W) != len(xs):
-        raise ValueError(f"matmul: {len(xs)} inputs for {len(W)} weight rows")
-    return [
-        ev.total([ev.mul(xs[g], W[g][f]) for g in range(len(xs))])
-        for f in range(len(W[0]))
-    ]
-
-
-def matmul_t(ev: Evaluator, dys: list[Value], W: Matrix) -> list[Value]:
-    r""":math:`\bar x_g = \sum_f \bar y_f W_{gf}` (the transpose product)."""
-    if isinstance(W, np.ndarray):
-        return matmul(ev, dys, W.T)
-    return [
-        ev.total([ev.mul(dys[f], W[g][f]) for f in range(len(dys))])
-        for g in range(len(W))
-    ]
-
-
-def outer_sums(ev: Evaluator, xs: list[Value], dys: list[Value]) -> list[list[Value]]:
-    r""":math:`G_{gf} = \sum_t x_g[t]\, \bar y_f[t]` (one product and slot sum each)."""
-    return [[ev.slot_sum(ev.mul(x, dy)) for dy in dys] for x in xs]
-
-
-def fit(
-    ev: Evaluator, groups: list[list[Value]], need: int, stage: str
-) -> list[list[Value]]:
-    """Refresh (in one counted round trip) the values that lack ``need`` levels."""
-    flat = [v for g in groups for v in g]
-    stale = [i for i, v in enumerate(flat) if v.level + need > ev.max_level]
-    if stale:
-        fresh = ev.ensure([flat[i] for i in stale], need, stage)
-        for i, v in zip(stale, fresh, strict=True):
-            flat[i] = v
-    out, at = [], 0
-    for g in groups:
-        out.append(flat[at : at + len(g)])
-        at += len(g)
-    return out
-
-
-def heads_of(net: Net, d: int) -> list[list[int]]:
-    """The feature columns of each attention head."""
-    dh = d // net.heads
-    return [list(range(h * dh, (h + 1) * dh)) for h in range(net.heads)]

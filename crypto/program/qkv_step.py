@@ -5,10 +5,10 @@ What is trained: the rank-``r`` LoRA factors :math:`A_x, B_x` (:math:`x \in
 block only; ``blocks = n_layers``: every block); the earlier blocks, the
 embeddings, the public weights, the pooler and the classifier stay frozen. What
 runs encrypted: the whole encoder forward pass (the client's embeddings, mask and
-every block's LoRA factors encrypted), the backward pass of
-:func:`crypto.program.qkv_grad.lora_gradients` through the trained blocks (the tanh
-polynomial, both polynomial LayerNorms as evaluated, the activation polynomial,
-the Gaussian-kernel attention and, between trained blocks, the residual and the
+every block's LoRA factors encrypted), the backward pass of :func:`lora_gradients`
+(:mod:`crypto.program.backward`) through the trained blocks (the tanh polynomial,
+both polynomial LayerNorms as evaluated, the activation polynomial, the
+Gaussian-kernel attention and, between trained blocks, the residual and the
 Q/K/V projections) and the gradient sums. The key owner refreshes, rolls and
 unrolls (function-call path, as :func:`crypto.protocol.finetune.encrypted_step`;
 :mod:`crypto.protocol.qkv_tuning` runs the same step as messages), decrypts
@@ -38,12 +38,14 @@ from defenses.arrays import FloatArray
 from defenses.checks import check_real
 
 from ..he.ckks import CKKSParams, TenSEALBackend, local_key_owner
-from ..he.evaluator import Backend, Evaluator, NumpyBackend, Value
+from ..he.evaluator import Backend, Evaluator, NumpyBackend, Roll, Value
+from .backward import Trained, Unroll, backward, loss_gradient, train_forward
 from .bounds import DEFAULT_BOUNDS, UpdateBounds, bound_update
 from .encoder import LORA, BertWeights, lora_factors
+from .forward import Lora, Run
 from .inputs import pack_inputs
-from .qkv_grad import lora_gradients
 from .shadow import flag_ids, pack_ids, report
+from .spec import from_bert
 from .steps import _Services
 
 if TYPE_CHECKING:
@@ -51,6 +53,33 @@ if TYPE_CHECKING:
 
 NAMES = tuple(f"{x}_{f}" for x in LORA for f in "ab")
 """The trained factors of one block: ``q_a, q_b, k_a, k_b, v_a, v_b``."""
+
+
+def lora_gradients(
+    ev: Evaluator,
+    w: BertWeights,
+    z: list[Value],
+    masks: list[Value],
+    lora: Lora,
+    roll: Roll,
+    unroll: Unroll,
+    Y: list[Value],
+    m: FloatArray,
+    trained: int = 1,
+) -> dict[str, list[list[Value]]]:
+    """Encrypted gradient sums of the last ``trained`` blocks' Q/K/V factors.
+
+    :mod:`crypto.program.backward` on :func:`~crypto.program.spec.from_bert`: keys
+    ``"layer {i} q_a"`` ... ``"layer {i} v_b"``; ``Y`` the one-hot targets on the
+    CLS slots, ``m`` the public loss mask; ``lora`` the folded factors of every
+    block (the earlier blocks run forward only).
+    """
+    if len(z) != w.d or len(masks) != w.n_tokens:
+        raise ValueError(f"expected {w.d} feature and {w.n_tokens} key-weight values")
+    p, t = from_bert(w), Trained(trained)
+    run = Run(ev, lora, roll, masks=masks)
+    logits = train_forward(run, p, z, t)
+    return backward(run, p, loss_gradient(ev, logits, Y, m), unroll, t)
 
 
 @dataclass(frozen=True)

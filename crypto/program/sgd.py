@@ -5,7 +5,9 @@ r"""The server's SGD steps of the HEFormer's fine-tuning layer on packed values.
 calls), the fine-tuning server of :mod:`crypto.protocol.tuning` (round trips as
 messages) and the public schedule it derives on zeros. The round trips are
 parameters (:data:`Fresh`, :data:`~crypto.he.evaluator.Roll`,
-:data:`~crypto.program.backprop.Unroll`), so the program does not know the protocol.
+:data:`~crypto.program.backward.Unroll`), so the program does not know the protocol.
+Forward and backward are :mod:`crypto.program.backward`'s on the net's program
+(:meth:`~crypto.program.net.Net.program`), the same pass as the converted BERT's.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import numpy as np
 from defenses.arrays import FloatArray
 
 from ..he.evaluator import Evaluator, Roll, Value
-from .backprop import Unroll, backward, forward
-from .net import Net, fit
+from .backward import Trained, Unroll, backward, loss_gradient, train_forward
+from .forward import Run
+from .net import Net
+from .tape import fit
 
 __all__ = ["Fresh", "Roll", "Unroll", "cls_mask", "sgd_steps"]
 
@@ -54,6 +58,7 @@ def sgd_steps(
     the trained weights are refreshed (one round trip) before every step but the
     first.
     """
+    program, trained = net.program(), Trained(1, net.softmax)
     for step in range(steps):
         if step:
             stale = [v for name in net.trained for row in net.mats[name] for v in row]
@@ -63,13 +68,11 @@ def sgd_steps(
             renewed = iter(fresh(stale))
             for name in net.trained:
                 net.mats[name] = [[next(renewed) for _ in r] for r in net.mats[name]]
-        logits, cache = forward(ev, net, list(zs), roll)
-        [logits] = fit(ev, [logits], 1, "loss")
-        dlog = [
-            ev.mask(ev.sub(lg, t), mask) for lg, t in zip(logits, targets, strict=True)
-        ]
-        grads = backward(ev, net, cache, dlog, unroll)
-        del logits, cache, dlog  # the activations are not needed past the backward
+        run = Run(ev, net.secrets(), roll)
+        logits = train_forward(run, program, list(zs), trained)
+        dlog = loss_gradient(ev, logits, targets, mask)
+        grads = backward(run, program, dlog, unroll, trained)
+        del run, logits, dlog  # the activations are not needed past the backward
         flat = [v for G in grads.values() for row in G for v in row]
         [flat] = fit(ev, [flat], 2, "SGD update")
         at = iter(flat)

@@ -6,8 +6,8 @@ polynomial cross-entropy):
 
 1. the client encrypts its embedded batch (feature-major), the one-hot labels on the
    CLS slots and the trained weights (one replicated ciphertext per entry);
-2. the server runs :func:`crypto.program.backprop.forward` and
-   :func:`crypto.program.backprop.backward` under CKKS with its public context (Galois
+2. the server runs :func:`crypto.program.backward.train_forward` and
+   :func:`crypto.program.backward.backward` under CKKS with its public context (Galois
    keys for the slot sums) and applies :math:`W \leftarrow W - \eta\, c^2 \odot \bar W`
    itself, :math:`c` being the public factor folded into each matrix (:math:`\kappa`
    into Q and K, :math:`1/B_p` into the pooler, the LayerNorm gain into :math:`W_1`), so
@@ -50,9 +50,10 @@ from ..he.packing import pack, roll_tokens
 from ..models.heformer import HEFormer
 from ..models.train import predict_logits
 from ..tasks import check_labels, check_sequences
-from .backprop import forward
+from .backward import Trained, train_forward
 from .bounds import DEFAULT_BOUNDS, UpdateBounds
 from .folding import LORA_GK, Arm, effective_weights, plain_net
+from .forward import Run
 from .net import Net
 from .sgd import cls_mask, sgd_steps
 from .shadow import flag_sequences, report
@@ -324,7 +325,12 @@ def simulated_loss(
     slots = X.shape[0] * n
     services = _Services.plain(n, slots)
     ev = Evaluator(NumpyBackend(), 10**6)
-    logits, _ = forward(ev, net, [Value(p) for p in pack(z, slots)], services.roll)
+    for name in net.trained:  # the trained matrices as the program reads them
+        M = np.asarray(net.mats[name])
+        net.mats[name] = [[Value(np.full(slots, x)) for x in row] for row in M]
+    run = Run(ev, net.secrets(), services.roll)
+    packed = [Value(p) for p in pack(z, slots)]
+    logits = train_forward(run, net.program(), packed, Trained(1, net.softmax))
     cls = np.stack([np.asarray(v.handle)[::n] for v in logits], axis=1)
     target = np.eye(model.config.n_classes)[labels]
     return float(0.5 * np.mean(np.sum((cls - target) ** 2, axis=1)))

@@ -13,7 +13,7 @@ The step of :mod:`crypto.program.qkv_step` with the key owner's help on a
   features, the ``n`` key weights of the mask, the one-hot targets on the CLS slots and
   every block's LoRA factor entries, encrypted; the batch size and the client's stated
   bounds in ``meta``, which must be the job's) it runs :func:`qkv_program`
-  (:func:`crypto.program.qkv_grad.lora_gradients` under CKKS), asks for each refresh,
+  (:func:`crypto.program.qkv_step.lora_gradients` under CKKS), asks for each refresh,
   roll of K and V and unroll of their gradients by message, and answers ``weights``: the
   encrypted gradient sums :math:`\bar A_x, \bar B_x` of the trained blocks;
 * the key owner (:class:`BertTuningClient`, a
@@ -51,8 +51,14 @@ from ..he.ckks import CKKSParams, TenSEALBackend, public_bytes
 from ..he.evaluator import Evaluator, NumpyBackend, Value
 from ..program.bounds import DEFAULT_BOUNDS, UpdateBounds
 from ..program.encoder import BertWeights, lora_factors
-from ..program.qkv_grad import lora_gradients
-from ..program.qkv_step import QKVStep, loss_mask, step_inputs, trained_layers, updated
+from ..program.qkv_step import (
+    QKVStep,
+    lora_gradients,
+    loss_mask,
+    step_inputs,
+    trained_layers,
+    updated,
+)
 from ..program.sgd import Roll, Unroll
 from .schedule import Recorder, Schedule, Step, safe_bound
 from .server import InProcess

@@ -25,8 +25,6 @@ from defense_suite.crypto.program.backward import (
 )
 from defense_suite.crypto.program.folding import Arm
 from defense_suite.crypto.program.forward import Run
-from defense_suite.crypto.program.net import Net
-from defense_suite.crypto.program.spec import Affine, Block, Head, Norm, Program
 from defense_suite.crypto.program.steps import _prepare
 from tests.crypto import backward_reference as ref
 from tests.one_thread import one_torch_thread  # noqa: F401 - autouse fixture
@@ -71,24 +69,6 @@ def _encrypted(M: Any, slots: int) -> list[list[Value]]:
     return [[Value(np.full(slots, float(x))) for x in row] for row in np.asarray(M)]
 
 
-def _public(M: Any) -> Affine:
-    if isinstance(M, np.ndarray):
-        return Affine(M)
-    return Affine(np.zeros((len(M), len(M[0]))))  # the client's, never read
-
-
-def net_program(net: Net, d: int, n_classes: int) -> Program:
-    """The HEFormer's fine-tuning net as a program (trained matrices in ``lora``)."""
-    m = net.mats
-    norm = Norm(net.centre, None, None, net.isqrt, 1, 3.0, "LayerNorm")
-    q, k, v, o, w1, w2 = (_public(m[x]) for x in ("wq", "wk", "wv", "wo", "w1", "w2"))
-    block = Block("", q, k, v, o, w1, net.act, w2, net.gk, ffn_norm=norm)
-    head = Head(_public(m["pool"]), net.tanh, _public(m["classifier"]), "head")
-    return Program(
-        "heformer", net.n_tokens, d, net.heads, n_classes, (block,), head, "kind"
-    )
-
-
 def _plain(G: Grads) -> dict[str, np.ndarray]:
     return {
         k: np.array([[np.asarray(v.handle) for v in row] for row in M])
@@ -128,10 +108,9 @@ def _heformer_pair(
     [logits] = ref.fit(ev, [logits], 1, "loss")
     dlog = [ev.mask(ev.sub(lg, t), m) for lg, t in zip(logits, targets, strict=True)]
     old = ref.backward(ev, net, cache, dlog, old_owner.unroll)
-    p = net_program(net, len(packed), model.config.n_classes)
-    lora: dict[str, list[list[Value]]] = {k: net.mats[k] for k in net.trained}  # type: ignore[misc]
+    p = net.program()
     ev2 = new_owner.evaluator(max_level)
-    run = Run(ev2, lora, new_owner.roll)
+    run = Run(ev2, net.secrets(), new_owner.roll)
     t = Trained(1, net.softmax)
     logits2 = train_forward(run, p, [Value(x) for x in packed], t)
     new = backward(run, p, loss_gradient(ev2, logits2, targets, m), new_owner.unroll, t)
