@@ -104,18 +104,30 @@ def _records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_parallel_bench_equals_a_serial_run_and_reports_each_spec(tmp_path, capsys):
-    """Two game specs in two one-thread workers give the records a serial in-process
-    ``run`` gives (every section but cost and meta, bit for bit); a timing spec runs
-    alone, after them; a spec that fails at run time is named on its own line, the
-    others are written, the report is not, and the exit code is 1."""
+def test_parallel_bench_equals_a_serial_run_and_reports_each_spec(
+    tmp_path, capsys, monkeypatch
+):
+    """Two game specs in two one-thread workers (the environment of each worker
+    process read back from /proc) give the records a serial in-process ``run`` gives
+    (every section but cost and meta, bit for bit); a timing spec runs alone, after
+    them; a spec that fails at run time is named on its own line, the others are
+    written, the report is not, and the exit code is 1."""
+    environments = []
+    run = Worker.run
+
+    def spying(self, *args):
+        environments.append(Path(f"/proc/{self.process.pid}/environ").read_bytes())
+        return run(self, *args)
+
+    monkeypatch.setattr(Worker, "run", spying)
     specs = tmp_path / "specs"
     specs.mkdir()
-    (specs / "mini-quick.toml").write_text(SPEC)
-    (specs / "other-quick.toml").write_text(SPEC.replace("[0, 1]", "[2]"))
-    timed = SPEC.replace("[0, 1]", "[3]").replace(
-        '"success.auc"\npaper', '"cost.fit_s"\npaper'
+    (specs / "mini-quick.toml").write_text(SPEC.replace("[0, 1]", "[1]"))
+    (specs / "other-quick.toml").write_text(
+        SPEC.replace("[0, 1]", "[2]").replace('"none", "label-only"', '"none"')
     )
+    timed = SPEC.replace("[0, 1]", "[3]").replace('"none", "label-only"', '"none"')
+    timed = timed.replace('"success.auc"\npaper', '"cost.fit_s"\npaper')
     (specs / "timed-quick.toml").write_text(timed)
     (specs / "broken-quick.toml").write_text(
         'benchmark = "rps-coverage"\n[params.benchmark]\nn_train_parts = "many"\n'
@@ -128,9 +140,10 @@ def test_parallel_bench_equals_a_serial_run_and_reports_each_spec(tmp_path, caps
     assert len(lines) == 4, captured.out
     by_name = {line.split("] ")[1].split(":")[0]: line for line in lines}
     assert set(by_name) == {"mini-quick", "other-quick", "timed-quick", "broken-quick"}
-    assert "4 records in" in by_name["mini-quick"]
+    assert "2 records in" in by_name["mini-quick"]
     assert "(beside others)" in by_name["mini-quick"]
     assert lines[-1] == by_name["timed-quick"]  # alone, after the workers
+    assert "1 record in" in by_name["timed-quick"]
     assert "(alone)" in by_name["timed-quick"]
     assert "FAILED" in by_name["broken-quick"]
     assert "n_train_parts" in by_name["broken-quick"]
@@ -140,20 +153,25 @@ def test_parallel_bench_equals_a_serial_run_and_reports_each_spec(tmp_path, caps
     times = json.loads((results / TIMES_FILE).read_text())
     assert set(times) == {"mini-quick", "other-quick", "timed-quick"}
     assert times["timed-quick"]["alone"] is True
+    assert len(environments) == 3  # the three shared specs, each in a worker
+    for environment in environments:
+        variables = set(environment.split(b"\0"))
+        assert {f"{k}={v}".encode() for k, v in ONE_THREAD.items()} <= variables
 
-    for name in ("mini-quick", "other-quick"):
-        serial = tmp_path / f"{name}.jsonl"
-        assert main(["run", str(specs / f"{name}.toml"), "--out", str(serial)]) == 0
-        parallel = _records(results / f"{name}.jsonl")
-        alone = _records(serial)
-        assert len(parallel) == len(alone) > 0
-        for mine, theirs in zip(parallel, alone, strict=True):
-            for key in (*COMPARED, *SECTIONS):
-                assert mine[key] == theirs[key], (name, key)
+    serial = tmp_path / "serial.jsonl"
+    assert main(["run", str(specs / "mini-quick.toml"), "--out", str(serial)]) == 0
+    parallel = _records(results / "mini-quick.jsonl")
+    alone = _records(serial)
+    assert len(parallel) == len(alone) == 2
+    for mine, theirs in zip(parallel, alone, strict=True):
+        for key in (*COMPARED, *SECTIONS):
+            assert mine[key] == theirs[key], key
 
 
-def test_workers_run_on_one_thread():
-    """The worker's environment reaches torch and numba (they read it at import)."""
+@pytest.mark.slow
+def test_the_one_thread_environment_reaches_torch_and_numba():
+    """torch and numba read it at import (a property of the libraries, checked once
+    in the slow tier; the fast tier checks that every worker has it)."""
     import subprocess
     import sys
 
