@@ -27,13 +27,12 @@ import argparse
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from defense_suite.spec import Spec, load_spec
+from defense_suite.workers import Outcome, Pool, run_spec
 
 logger = logging.getLogger(__name__)
 
@@ -74,54 +73,6 @@ def default_jobs() -> int:
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
     return max(1, min(2, cores))
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How one spec's run ended."""
-
-    name: str
-    ok: bool
-    records: int
-    seconds: float
-    alone: bool
-    error: str = ""
-    log: str = ""
-
-    def line(self, number: int, total: int) -> str:
-        """``[ 3/29] crypto-quick: 12 records in 57.1 s (beside others)``."""
-        where = "alone" if self.alone else "beside others"
-        head = f"[{number:>{len(str(total))}}/{total}] {self.name}"
-        if self.ok:
-            plural = "" if self.records == 1 else "s"
-            took = f"{self.records} record{plural} in {self.seconds:.1f} s"
-            return f"{head}: {took} ({where})"
-        log = f"; log: {self.log}" if self.log else ""
-        return f"{head}: FAILED after {self.seconds:.1f} s ({where}): {self.error}{log}"
-
-
-def run_spec(path: Path, out: Path, mode: str) -> int:
-    """Run the spec at ``path`` into ``out`` as ``defense-suite run`` does.
-
-    ``mode`` is ``"overwrite"`` or ``"resume"`` (skip the records ``out`` holds).
-    Returns the number of records written.
-    """
-    from defense_suite.output import (
-        check_output,
-        interrupt_watch,
-        read_results,
-        write_results,
-    )
-    from defense_suite.runner import plan, record_key, run_plan
-
-    check_output(out)
-    chosen = plan(load_spec(path), None, str(path))
-    existing = read_results(out) if mode == "resume" and out.exists() else []
-    skip = {record_key(r) for r in existing}
-    with interrupt_watch() as check:
-        return write_results(
-            out, run_plan(chosen, skip, check), keep_existing=mode != "overwrite"
-        )
 
 
 def read_times(results_dir: Path) -> dict[str, float]:
@@ -189,8 +140,6 @@ def run_bench(
     timing specs run here, alone. ``say`` gets one line per finished spec. Returns
     the outcomes in the order the specs finished.
     """
-    from defense_suite.workers import Pool
-
     jobs = default_jobs() if jobs is None else jobs
     specs = {p: load_spec(p) for p in paths}
     alone = [p for p in paths if jobs == 1 or exclusive(specs[p])]
@@ -239,50 +188,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="specs run at once, one thread each (default: 2, or 1 on one core); "
         "a spec whose claim is a time runs alone; 1: all in this process",
     )
-
-
-def command(args: argparse.Namespace) -> int:
-    """``defense-suite bench``: check every spec, run them, then write the report.
-
-    Exit code 0, or 1 when a spec failed (each failure was reported on its line;
-    the report is then not written).
-    """
-    from defense_suite.cli import (
-        UserError,
-        _plan_run,
-        _result_files,
-        _say,
-        _spec_folder,
-    )
-    from defense_suite.report import write_report
-
-    specs = _spec_folder(Path(args.specs))
-    paths = sorted(specs.glob(f"*-{args.profile}.toml"))
-    if args.only:
-        paths = [p for p in paths if load_spec(p).package in args.only]
-    if not paths:
-        raise UserError(f"--specs {specs}: no *-{args.profile}.toml specs")
-    results, mode = Path(args.results), "resume" if args.resume else "overwrite"
-
-    def check() -> None:  # every spec is checked before any of them runs
-        for path in paths:
-            _plan_run(path, results / f"{path.stem}.jsonl", None, mode)
-
-    start = time.perf_counter()
-    outcomes = run_bench(
-        paths, results, mode, args.jobs, lambda line: _say(args, line), check
-    )
-    if failed := [o.name for o in outcomes if not o.ok]:
-        print(
-            f"defense-suite: error: {len(failed)} of {len(paths)} specs failed "
-            f"({', '.join(failed)}); the report was not written",
-            file=sys.stderr,
-        )
-        return 1
-    seconds = time.perf_counter() - start
-    _say(args, f"ran {len(paths)} specs in {seconds:.0f} s")
-    _say(
-        args,
-        f"wrote {write_report(_result_files(results), specs, results / 'REPORT.md')}",
-    )
-    return 0

@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -194,7 +195,7 @@ def _result_files(results_dir: Path) -> list[Path]:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from defense_suite.output import check_output, read_results
-    from defense_suite.report import write_report
+    from defense_suite.report import check_readme, write_report
     from defense_suite.security import security_markdown, security_report
 
     files = _result_files(Path(args.results))
@@ -210,7 +211,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         return 0
     readme = None if args.readme is None else Path(args.readme)
     if readme is not None:
-        _check_readme(readme)
+        check_readme(readme)
     out = Path(args.out or Path(args.results) / "REPORT.md")
     _say(args, f"wrote {write_report(files, Path(args.specs), out, readme)}")
     if readme is not None:
@@ -226,23 +227,37 @@ def _spec_folder(specs: Path) -> Path:
     return specs
 
 
-def _check_readme(readme: Path) -> None:
-    from defense_suite.report import README_END, README_START
-
-    if not readme.is_file():
-        raise UserError(f"--readme {readme}: no such file")
-    text = readme.read_text(encoding="utf-8")
-    if README_START not in text or README_END not in text:
-        raise UserError(
-            f"--readme {readme}: no results block (the lines {README_START} and "
-            f"{README_END})"
-        )
-
-
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from defense_suite.bench import command
+    """Check every spec, run them (:mod:`defense_suite.bench`), then the report.
 
-    return command(args)
+    Exit code 1 when a spec failed (named on its line; no report is written).
+    """
+    from defense_suite.bench import run_bench
+    from defense_suite.report import write_report
+    from defense_suite.spec import load_spec
+
+    specs = _spec_folder(Path(args.specs))
+    paths = sorted(specs.glob(f"*-{args.profile}.toml"))
+    if args.only:
+        paths = [p for p in paths if load_spec(p).package in args.only]
+    if not paths:
+        raise UserError(f"--specs {specs}: no *-{args.profile}.toml specs")
+    results, mode = Path(args.results), "resume" if args.resume else "overwrite"
+
+    def check() -> None:  # every spec is checked before any of them runs
+        for path in paths:
+            _plan_run(path, results / f"{path.stem}.jsonl", None, mode)
+
+    start = time.perf_counter()
+    done = run_bench(paths, results, mode, args.jobs, lambda s: _say(args, s), check)
+    if failed := [o.name for o in done if not o.ok]:
+        message = f"{len(failed)} of {len(paths)} specs failed ({', '.join(failed)})"
+        print(f"defense-suite: error: {message}; no report", file=sys.stderr)
+        return 1
+    _say(args, f"ran {len(paths)} specs in {time.perf_counter() - start:.0f} s")
+    out = write_report(_result_files(results), specs, results / "REPORT.md")
+    _say(args, f"wrote {out}")
+    return 0
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:

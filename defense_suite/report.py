@@ -171,6 +171,24 @@ def readme_table(groups: dict[str, list[Result]], specs: dict[str, Spec]) -> str
     return "\n".join(lines)
 
 
+def check_readme(readme: Path) -> None:
+    """Refuse a README without a results block (before anything is written).
+
+    Raises
+    ------
+    ValueError
+        ``--readme PATH: ...`` naming the missing file or the missing marker lines.
+    """
+    if not readme.is_file():
+        raise ValueError(f"--readme {readme}: no such file")
+    text = readme.read_text(encoding="utf-8")
+    if README_START not in text or README_END not in text:
+        raise ValueError(
+            f"--readme {readme}: no results block (the lines {README_START} and "
+            f"{README_END})"
+        )
+
+
 def update_readme(readme: Path, table: str) -> bool:
     """Replace the README's results block (between the markers); False if absent."""
     if not readme.exists():

@@ -29,11 +29,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from defense_suite.bench import Outcome
+from defense_suite.spec import load_spec
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,54 @@ ONE_THREAD = {
     )
 }
 """Environment of a worker: every math library on one thread."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one spec's run ended."""
+
+    name: str
+    ok: bool
+    records: int
+    seconds: float
+    alone: bool
+    error: str = ""
+    log: str = ""
+
+    def line(self, number: int, total: int) -> str:
+        """``[ 3/29] crypto-quick: 12 records in 57.1 s (beside others)``."""
+        where = "alone" if self.alone else "beside others"
+        head = f"[{number:>{len(str(total))}}/{total}] {self.name}"
+        if self.ok:
+            plural = "" if self.records == 1 else "s"
+            took = f"{self.records} record{plural} in {self.seconds:.1f} s"
+            return f"{head}: {took} ({where})"
+        log = f"; log: {self.log}" if self.log else ""
+        return f"{head}: FAILED after {self.seconds:.1f} s ({where}): {self.error}{log}"
+
+
+def run_spec(path: Path, out: Path, mode: str) -> int:
+    """Run the spec at ``path`` into ``out`` as ``defense-suite run`` does.
+
+    ``mode`` is ``"overwrite"`` or ``"resume"`` (skip the records ``out`` holds).
+    Returns the number of records written.
+    """
+    from defense_suite.output import (
+        check_output,
+        interrupt_watch,
+        read_results,
+        write_results,
+    )
+    from defense_suite.runner import plan, record_key, run_plan
+
+    check_output(out)
+    chosen = plan(load_spec(path), None, str(path))
+    existing = read_results(out) if mode == "resume" and out.exists() else []
+    skip = {record_key(r) for r in existing}
+    with interrupt_watch() as check:
+        return write_results(
+            out, run_plan(chosen, skip, check), keep_existing=mode != "overwrite"
+        )
 
 
 def _one_line(error: BaseException) -> str:
@@ -191,8 +240,6 @@ class Pool:
 
 def _serve(reply: IO[str]) -> None:
     """The worker's loop: one job a line on stdin, one answer a line on ``reply``."""
-    from defense_suite.bench import run_spec
-
     logging.basicConfig(
         level=logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )

@@ -147,7 +147,7 @@ def test_parallel_bench_equals_a_serial_run_and_reports_each_spec(
     assert "(alone)" in by_name["timed-quick"]
     assert "FAILED" in by_name["broken-quick"]
     assert "n_train_parts" in by_name["broken-quick"]
-    assert "1 of 4 specs failed (broken-quick)" in captured.err
+    assert "1 of 4 specs failed (broken-quick); no report" in captured.err
     assert not (results / "REPORT.md").exists()
     assert not (results / "broken-quick.jsonl").exists()
     times = json.loads((results / TIMES_FILE).read_text())
