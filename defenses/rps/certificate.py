@@ -35,7 +35,6 @@ import numpy.typing as npt
 
 from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.checks import check_int
-from defenses.rps.entries import spread
 from defenses.rps.kernels import calibration_radii
 
 TIE = 1e-10
@@ -372,21 +371,14 @@ def certify_batch(
     """
     thresholds = thresholds.truncated(radius)
     in_set = np.asarray(geometry.score() >= thresholds.cut)
-    index = np.ascontiguousarray(geometry.index, dtype=np.int64)
+    index = geometry.index
     calibration = thresholds.calibration_radius(geometry, in_set, 0)
     training, joint = geometry.radii(thresholds, in_set, calibration)
-    sets, calibrated, trained, both = spread(
-        index,
-        in_set,
-        calibration,
-        np.ascontiguousarray(training, dtype=np.int64),
-        np.ascontiguousarray(joint, dtype=np.int64),
-    )
     return Certificate(
-        sets=sets,
-        training=trained,
-        calibration=calibrated,
-        joint=both,
+        sets=in_set[index],
+        training=training[index],
+        calibration=calibration[index],
+        joint=joint[index],
         max_train_radius=radius,
         geometry=geometry,
         thresholds=thresholds,

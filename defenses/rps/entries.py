@@ -3,15 +3,14 @@
 :func:`descending_rows` sorts each point's votes; :func:`vote_entries` turns the
 distinct sorted rows into entries, one per distinct vote count of a row (see
 :class:`defenses.rps.scores.VoteGeometry`), and maps every (point, class) to its
-entry. Back from entries to points: :func:`spread` gives a certificate's (n, K)
-arrays, :func:`point_sets` the best class and the sets of each point.
+entry.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from defenses.arrays import BoolArray, FloatArray, IntArray
+from defenses.arrays import FloatArray, IntArray
 from defenses.jit import compiled
 
 
@@ -107,58 +106,3 @@ def entry_scores(
         rest += table[others[e, 0]]
         mine = table[own[e]]
         out[e] = mine / (mine + rest)
-
-
-@compiled
-def spread(
-    index: IntArray,
-    in_set: BoolArray,
-    calibration: IntArray,
-    training: IntArray,
-    joint: IntArray,
-) -> tuple[BoolArray, IntArray, IntArray, IntArray]:
-    """Per-entry membership and radii as (n, K) arrays of each (point, class).
-
-    ``in_set[index]``, ``calibration[index]``, ... in one pass over ``index``.
-    """
-    n, k = index.shape
-    sets = np.empty((n, k), dtype=np.bool_)
-    calibrated = np.empty((n, k), dtype=np.int64)
-    trained = np.empty((n, k), dtype=np.int64)
-    both = np.empty((n, k), dtype=np.int64)
-    for p in range(n):
-        for c in range(k):
-            entry = index[p, c]
-            sets[p, c] = in_set[entry]
-            calibrated[p, c] = calibration[entry]
-            trained[p, c] = training[entry]
-            both[p, c] = joint[entry]
-    return sets, calibrated, trained, both
-
-
-@compiled
-def point_sets(
-    index: IntArray, scores: FloatArray, cuts: FloatArray
-) -> tuple[IntArray, BoolArray]:
-    """Each point's best class and its sets at every cut, in one pass.
-
-    ``best[p]`` is ``numpy.argmax`` of the point's scores ``scores[index[p]]``
-    (the first largest; the first NaN if any), ``sets[p, c, l]`` is
-    ``scores[index[p, c]] >= cuts[l]``.
-    """
-    n, k = index.shape
-    levels = cuts.shape[0]
-    best = np.empty(n, dtype=np.int64)
-    sets = np.empty((n, k, levels), dtype=np.bool_)
-    for p in range(n):
-        chosen = 0
-        top = scores[index[p, 0]]
-        for c in range(k):
-            value = scores[index[p, c]]
-            if c > 0 and top == top and (value > top or value != value):
-                chosen = c
-                top = value
-            for level in range(levels):
-                sets[p, c, level] = value >= cuts[level]
-        best[p] = chosen
-    return best, sets

@@ -2,10 +2,11 @@
 
 RPS's compiled loops (:mod:`defenses.rps.kernels`, :mod:`defenses.rps.entries`)
 are compiled for the argument types a call brings (:mod:`defenses.jit`): the vote
-rows' sort and entries, the entry scores, the score bounds, and the two radius
-searches, with softmax scores and raw vote fractions, with and without abstaining
-parts. :func:`run` makes one small call of each path, so that every later process
-loads them from the cache instead of compiling on its first request.
+rows' sort and entries, the entry scores, the score bounds, the radius scan and the
+calibration radii, with softmax scores and raw vote fractions, with and without
+abstaining parts, and a single model's probabilities. :func:`run` makes one small
+call of each path, so that every later process loads them from the cache instead
+of compiling on its first request.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ def run() -> None:
     """One fit, conformalize, predict_set and certify per kernel path."""
     from defenses.rps.calibration import calibrate_parts
     from defenses.rps.certificate import ProbaGeometry, certify_batch
-    from defenses.rps.entries import point_sets
     from defenses.rps.scores import vote_geometry
 
     rng = np.random.default_rng(0)
@@ -36,7 +36,5 @@ def run() -> None:
             certificate.calibration_radius(1)
             in_set = geometry.score() >= bounds.part_thresholds.cut
             geometry.largest(bounds.part_thresholds, in_set, joint=True)
-    cuts = np.array([bounds.part_thresholds.cut], dtype=np.float64)
-    point_sets(geometry.index, geometry.score(), cuts)  # predict_set
     single = ProbaGeometry(rng.dirichlet(np.ones(classes), size=votes.shape[0]))
     certify_batch(single, bounds.part_thresholds, 0)  # one training part

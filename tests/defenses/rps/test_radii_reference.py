@@ -22,7 +22,7 @@ import pytest
 
 from defenses.rps.calibration import calibrate_parts
 from defenses.rps.certificate import TIE, PartThresholds, certify_batch
-from defenses.rps.entries import descending_rows, point_sets
+from defenses.rps.entries import descending_rows
 from defenses.rps.quantile import minimum_part_size
 from defenses.rps.scores import VoteGeometry, _distinct_rows, vote_geometry
 from tests.defenses.rps import galloping_reference as ref
@@ -223,9 +223,8 @@ def test_entries_of_each_point(abstain: bool) -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_certificate_and_sets_equal_the_numpy_code(seed: int) -> None:
-    """The certificate's (n, K) arrays, its calibration radii at every training
-    radius and ``predict_set``'s parts (first best class, sets per level) equal
-    the numpy expressions they replaced."""
+    """The certificate's sets and its calibration radii at every training radius
+    equal the numpy code the compiled bisection replaced."""
     rng = np.random.default_rng([seed, 5])
     k_t, k = SHAPES[(seed + 3) % len(SHAPES)]
     votes = random_votes(rng, 150, k_t, k, seed % 2 == 1)
@@ -255,21 +254,6 @@ def test_certificate_and_sets_equal_the_numpy_code(seed: int) -> None:
         np.testing.assert_array_equal(cert.calibration_radius(r), want[index])
         if r == 0:
             np.testing.assert_array_equal(cert.calibration, want[index])
-    cuts = np.array([thresholds.cut, 0.3, 1.0 / k], dtype=np.float64)
-    point_scores = geometry.score()[index]
-    best, sets = point_sets(index, geometry.score(), cuts)
-    np.testing.assert_array_equal(best, point_scores.argmax(axis=1))
-    np.testing.assert_array_equal(sets, point_scores[:, :, None] >= cuts)
-
-
-def test_best_class_is_numpy_argmax_at_ties_and_nan() -> None:
-    """First largest score; the first NaN wins, as ``numpy.argmax``."""
-    scores = np.array([0.2, 0.5, 0.5, np.nan, 0.1, np.nan, 0.7])
-    rows = [[0, 1, 2], [4, 0, 0], [1, 3, 6], [3, 6, 5], [6, 2, 1], [0, 4, 5]]
-    index = np.array(rows, dtype=np.int64)
-    best, _ = point_sets(index, scores, np.array([0.3]))
-    np.testing.assert_array_equal(best, scores[index].argmax(axis=1))
-    assert best.tolist() == [1, 1, 1, 0, 0, 2]
 
 
 def test_distinct_rows_as_numpy_unique() -> None:
