@@ -168,9 +168,7 @@ def run_bench(
 
 def _jobs(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(
-            f"--jobs must be an integer >= 1, got {text!r}"
-        )
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
     return int(text)
 
 

@@ -76,7 +76,7 @@ def test_run_table_overrides_the_claim_and_is_validated():
         parse(base | {"run": {"threads": 2}}, "a")
 
 
-def test_order_is_longest_first_with_untimed_specs_first(tmp_path):
+def test_order_is_longest_first_with_untimed_specs_first(tmp_path, capsys):
     paths = [Path(f"{n}-quick.toml") for n in ("a", "b", "c", "d")]
     times = {"a-quick": 1.0, "b-quick": 30.0, "d-quick": 5.0}
     assert [p.stem[0] for p in longest_first(paths, times)] == ["c", "b", "d", "a"]
@@ -84,6 +84,11 @@ def test_order_is_longest_first_with_untimed_specs_first(tmp_path):
     (tmp_path / TIMES_FILE).write_text("not json")
     assert read_times(tmp_path) == {}
     assert 1 <= default_jobs() <= 2
+    for bad in ("0", "x", "-1"):
+        assert main(["bench", "--jobs", bad]) == 2
+        assert (
+            f"--jobs: must be an integer >= 1, got '{bad}'" in capsys.readouterr().err
+        )
 
 
 def test_a_dead_worker_fails_its_spec_only(tmp_path):
