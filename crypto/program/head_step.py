@@ -32,9 +32,8 @@ same step by ``torch`` autograd on the plaintext polynomial model.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -42,12 +41,13 @@ import numpy.typing as npt
 from defenses.arrays import FloatArray
 from defenses.checks import check_real
 
-from ..he.ckks import CKKSParams, TenSEALBackend, local_key_owner
-from ..he.evaluator import Backend, Evaluator, NumpyBackend, Value
+from ..he.ckks import CKKSParams
+from ..he.evaluator import Evaluator, Value
 from ..he.packing import roll_tokens
 from .backward import adapter_gradients
 from .bounds import DEFAULT_BOUNDS, UpdateBounds, bound_update
 from .encoder import BertWeights, encode, lora_factors
+from .qkv_step import StepOwner
 from .shadow import flag_ids, pack_ids, report
 from .spec import from_bert
 
@@ -108,13 +108,10 @@ def _step(
     A: npt.ArrayLike,
     B: npt.ArrayLike,
     lr: float,
-    slots: int,
-    backend: Backend,
-    max_level: int,
-    encrypt: Callable[[FloatArray], Any],
-    decrypt: Callable[[Any], FloatArray],
+    owner: StepOwner,
     bounds: UpdateBounds = DEFAULT_BOUNDS,
 ) -> HeadStep:
+    encrypt, decrypt, slots = owner.encrypt, owner.decrypt, owner.slots
     labels, a, b, lr = _check(model, y, A, B, lr)
     if not np.all(np.isfinite(a)) or not np.all(np.isfinite(b)):
         raise ValueError("A, B: the adapter must be finite")
@@ -138,7 +135,7 @@ def _step(
     def enc(M: FloatArray) -> list[list[Value]]:
         return [[Value(encrypt(np.full(slots, x))) for x in row] for row in M]
 
-    ev = Evaluator(backend, max_level, fresh)
+    ev = Evaluator(owner.backend, owner.max_level, fresh)
     lora = {k: enc(M) for k, M in lora_factors(model).items()}
     onehot = np.zeros((batch, n, w.n_classes))
     onehot[np.arange(batch), 0, labels] = 1.0
@@ -183,14 +180,8 @@ def simulated_head_step(
     max_level: int = 10**6,
 ) -> HeadStep:
     """The step of the module docstring in float64 (the HE program, no encryption)."""
-    slots = model.check_ids(ids, mask)[0].shape[0] * model.config.n_tokens
-
-    def same(x: FloatArray) -> FloatArray:
-        return np.asarray(x, dtype=np.float64)
-
-    return _step(
-        model, ids, mask, y, A, B, lr, slots, NumpyBackend(), max_level, same, same
-    )
+    owner = StepOwner.float64(model, ids, mask, max_level)
+    return _step(model, ids, mask, y, A, B, lr, owner)
 
 
 def encrypted_head_step(
@@ -209,24 +200,7 @@ def encrypted_head_step(
     The updated adapter is bounded (``bounds``, :mod:`crypto.program.bounds`) against
     the one before the step; the range guard on the ids is advisory (logged).
     """
-    encrypt, decrypt = local_key_owner(params, galois=True)
-    slots = params.slots - params.slots % model.config.n_tokens
-
-    return _step(
-        model,
-        ids,
-        mask,
-        y,
-        A,
-        B,
-        lr,
-        slots,
-        TenSEALBackend(),
-        params.levels,
-        encrypt,
-        decrypt,
-        bounds,
-    )
+    return _step(model, ids, mask, y, A, B, lr, StepOwner.ckks(model, params), bounds)
 
 
 def reference_head_step(

@@ -231,27 +231,58 @@ def updated(
     return QKVStep(layers, new, plain, seconds, counts, bounds, clipped)
 
 
+@dataclass(frozen=True)
+class StepOwner:
+    """The key owner of a function-call step: arithmetic, chain, slots, keys."""
+
+    backend: Backend
+    max_level: int
+    slots: int
+    encrypt: Callable[[FloatArray], Any]
+    decrypt: Callable[[Any], FloatArray]
+
+    @classmethod
+    def float64(
+        cls,
+        model: HEBert,
+        ids: npt.ArrayLike,
+        mask: npt.ArrayLike | None,
+        max_level: int,
+    ) -> StepOwner:
+        """No encryption: the HE program on NumpyBackend, one slot per token."""
+        slots = model.check_ids(ids, mask)[0].shape[0] * model.config.n_tokens
+
+        def same(x: FloatArray) -> FloatArray:
+            return np.array(x, dtype=np.float64)
+
+        return cls(NumpyBackend(), max_level, slots, same, same)
+
+    @classmethod
+    def ckks(cls, model: HEBert, params: CKKSParams) -> StepOwner:
+        """TenSEAL under ``params`` (Galois keys for the slot sums), every slot."""
+        encrypt, decrypt = local_key_owner(params, galois=True)
+        slots = params.slots - params.slots % model.config.n_tokens
+        return cls(TenSEALBackend(), params.levels, slots, encrypt, decrypt)
+
+
 def _step(
     model: HEBert,
     ids: npt.ArrayLike,
     mask: npt.ArrayLike | None,
     y: npt.ArrayLike,
     lr: float,
-    slots: int,
-    backend: Backend,
-    max_level: int,
-    encrypt: Callable[[FloatArray], Any],
-    decrypt: Callable[[Any], FloatArray],
+    owner: StepOwner,
     blocks: int,
     bounds: UpdateBounds = DEFAULT_BOUNDS,
 ) -> QKVStep:
     lr = check_real("lr", lr, 0.0)
     layers = trained_layers(model, blocks)
     start = time.perf_counter()
+    encrypt, decrypt, slots = owner.encrypt, owner.decrypt, owner.slots
     inputs, targets, m, _ = step_inputs(model, ids, mask, y, slots, guard=False)
     w = BertWeights.from_model(model)
     services = _Services(encrypt, decrypt, w.n_tokens, slots)
-    ev = Evaluator(backend, max_level, services.fresh)
+    ev = Evaluator(owner.backend, owner.max_level, services.fresh)
     lora = {
         k: [[Value(encrypt(np.full(slots, x))) for x in row] for row in M]
         for k, M in lora_factors(model).items()
@@ -293,25 +324,8 @@ def simulated_qkv_step(
     ``blocks`` is how many of the last blocks are trained; ``bounds`` the public
     update bounds (:mod:`crypto.program.bounds`).
     """
-    slots = model.check_ids(ids, mask)[0].shape[0] * model.config.n_tokens
-
-    def same(x: FloatArray) -> FloatArray:
-        return np.array(x, dtype=np.float64)
-
-    return _step(
-        model,
-        ids,
-        mask,
-        y,
-        lr,
-        slots,
-        NumpyBackend(),
-        max_level,
-        same,
-        same,
-        blocks,
-        bounds,
-    )
+    owner = StepOwner.float64(model, ids, mask, max_level)
+    return _step(model, ids, mask, y, lr, owner, blocks, bounds)
 
 
 def encrypted_qkv_step(
@@ -330,23 +344,8 @@ def encrypted_qkv_step(
     bounds (:mod:`crypto.program.bounds`); over messages, :class:`~crypto.
     protocol.qkv_tuning.BertTuningClient` states them in the agreement.
     """
-    encrypt, decrypt = local_key_owner(params, galois=True)
-    slots = params.slots - params.slots % model.config.n_tokens
-
-    return _step(
-        model,
-        ids,
-        mask,
-        y,
-        lr,
-        slots,
-        TenSEALBackend(),
-        params.levels,
-        encrypt,
-        decrypt,
-        blocks,
-        bounds,
-    )
+    owner = StepOwner.ckks(model, params)
+    return _step(model, ids, mask, y, lr, owner, blocks, bounds)
 
 
 def reference_qkv_step(
