@@ -10,7 +10,9 @@ giving a :class:`PrivateRound`: the sampling rate
 :meth:`PrivateRound.make_private`, which makes the user's ``nn.Module``, optimizer and
 data set private with Opacus (record-level DP-SGD: Poisson sampling at rate
 :math:`q`, per-example clipping to :math:`C`, Gaussian noise :math:`\sigma C` on the
-clipped sum). The optimizer refuses a step past the :math:`k` granted. The ledger is
+clipped sum; every batch padded to the public row count of
+:mod:`federated.padding`, so a step's work does not depend on the private
+records). The optimizer refuses a step past the :math:`k` granted. The ledger is
 the one the mod enforces: one implementation (:class:`federated.ledger.PrivacyLedger`),
 kept durably in the node's own storage (:class:`federated.store.LedgerFile`, checked
 and charged under a file lock). The round's sampling and noise come from
