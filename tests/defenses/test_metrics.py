@@ -72,6 +72,17 @@ def test_clopper_pearson_equals_the_beta_quantiles(trials, confidence):
     ) == metrics.clopper_pearson(3, 10)
 
 
+@pytest.mark.parametrize("trials", [1, 3, 40, 400])
+def test_clopper_pearson_equals_scipy_binomtest(trials):
+    for successes in sorted({0, 1, trials // 2, trials - 1, trials}):
+        exact = stats.binomtest(successes, trials).proportion_ci(
+            confidence_level=0.95, method="exact"
+        )
+        low, high = metrics.clopper_pearson(successes, trials, 0.95)
+        assert low == pytest.approx(exact.low, abs=1e-12)
+        assert high == pytest.approx(exact.high, abs=1e-12)
+
+
 def test_tied_scores_cannot_fake_a_low_fpr_point():
     scores = np.zeros(200)
     truth = np.r_[np.ones(100, bool), np.zeros(100, bool)]
