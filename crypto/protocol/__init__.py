@@ -7,8 +7,11 @@ Wire format (:mod:`~crypto.protocol.wire`), transports (:class:`InProcess` in
 (:mod:`~crypto.protocol.schedule`), answer-time padding
 (:mod:`~crypto.protocol.timing`), the inference clients (:class:`Client` of an
 HEFormer, :class:`BertClient` of a converted transformer) and the server, the
-fine-tuning jobs as messages (:mod:`~crypto.protocol.tuning`,
-:mod:`~crypto.protocol.qkv_tuning`, :mod:`~crypto.protocol.finetune`) and the
+one fine-tuning protocol for every model family (the job
+:mod:`~crypto.protocol.jobs`, the server :mod:`~crypto.protocol.tuning` on the
+session loop of :mod:`~crypto.protocol.serving` that inference shares, the key
+owner :mod:`~crypto.protocol.tuning_client`, the HEFormer's
+:mod:`~crypto.protocol.finetune`) and the
 reaction-oracle red team (:mod:`~crypto.protocol.reaction`).
 
 The public classes are importable from here; each is loaded on first use, so
@@ -32,13 +35,19 @@ _LAZY = {
     "ProtocolError": ".wire",
     "Refused": ".session",
     "Schedule": ".schedule",
-    "ProgramServer": ".tuning",
-    "TuningJob": ".tuning",
+    "SessionServer": ".serving",
+    "hosted": ".serving",
+    "TuningJob": ".jobs",
+    "StepProgram": ".jobs",
+    "SGDProgram": ".jobs",
+    "GradientProgram": ".jobs",
+    "QKVJob": ".jobs",
     "TuningServer": ".tuning",
+    "ProgramServer": ".tuning",
+    "BertTuningServer": ".tuning",
+    "tuning_schedule": ".tuning",
     "TuningClient": ".tuning_client",
-    "QKVJob": ".qkv_tuning",
-    "BertTuningServer": ".qkv_tuning",
-    "BertTuningClient": ".qkv_tuning",
+    "BertTuningClient": ".tuning_client",
     "KeyOwner": ".finetune",
     "encrypted_step": ".finetune",
 }

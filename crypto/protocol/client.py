@@ -41,8 +41,8 @@ from ..program.heformer import lora_factors
 from ..program.shadow import flag_sequences, report
 from ..tasks import check_sequences
 from .schedule import ANSWERS, Schedule, Step, calibrate, exceeds, inference_schedule
-from .server import InProcess, Server, Transcript
-from .session import Refused, abort, admit, clip, follow
+from .server import InProcess, Server, Transcript, hosted
+from .session import Refused, abort, admit, follow, opened
 from .timing import Floor, check_floor, pad, resolve_floor, units
 from .wire import Channel, Message, ProtocolError
 
@@ -192,12 +192,8 @@ class Client:
         """Admit ``message`` as ``step`` (before decrypting), then decrypt and clip."""
         vectors = admit(step, message, self.context, self.key, self.params)
         self.decryptions += len(vectors)
-        out = []
-        for v, bound in zip(vectors, step.bounds, strict=True):
-            plain = np.asarray(v.decrypt(), dtype=np.float64)
-            clipped = clip(plain, bound)
-            self.clipped += int(np.count_nonzero(clipped != plain))
-            out.append(clipped)
+        out, changed = opened(vectors, step.bounds)
+        self.clipped += changed
         return out
 
     def check_inputs(self, X: npt.ArrayLike) -> FloatArray:
@@ -335,16 +331,31 @@ class Client:
         over = interactive and exceeds(schedule, self.model, X)
         self.flagged = np.full(X.shape[0], over, dtype=np.bool_)
         data = self.encrypt_inputs(X, rolled=not interactive, guard=False).encode()
+        return self._exchange(connection, schedule, data, X.shape[0], interactive)
+
+    def _exchange(
+        self,
+        connection: Channel,
+        schedule: Schedule,
+        data: bytes,
+        batch: int,
+        interactive: bool,
+    ) -> FloatArray:
+        """Send ``data`` (an ``infer`` message), answer ``schedule``, open the logits.
+
+        Records the :class:`Exchange` and counts its traffic; a refused reply ends
+        the session with the empty ``abort``.
+        """
         session = follow(connection, schedule, data, self.answer)
         reply, up, down = session.reply, session.bytes_up, session.bytes_down
         trips = session.round_trips
         try:
-            logits = self.decrypt_logits(reply, X.shape[0], interactive)
+            logits = self.decrypt_logits(reply, batch, interactive)
         except Refused as err:
             abort(connection, err)
         counts = {str(k): int(v) for k, v in dict(reply.meta.get("counts", {})).items()}
         exchange = Exchange(
-            X.shape[0], up, down, trips, float(reply.meta.get("seconds", 0.0)), counts
+            batch, up, down, trips, float(reply.meta.get("seconds", 0.0)), counts
         )
         self.exchanges.append(exchange)
         for name, amount in (
@@ -387,10 +398,6 @@ class Client:
         A :class:`Server` is served in-process (:class:`InProcess`) and closed when
         the call ends, however it ends; an open connection is used as it is.
         """
-        connection = InProcess(server) if isinstance(server, Server) else server
-        try:
+        with hosted(server) as connection:
             self.open(connection)
             yield connection
-        finally:
-            if isinstance(server, Server) and isinstance(connection, InProcess):
-                connection.close()

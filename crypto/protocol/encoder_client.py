@@ -25,7 +25,6 @@ import numpy as np
 import numpy.typing as npt
 
 from defenses.arrays import FloatArray
-from defenses.cost import count
 
 from ..conversion.error import CHAIN, expected_logit_error, uncertain
 from ..he.ckks import INTERACTIVE
@@ -34,10 +33,9 @@ from ..he.packing import unit
 from ..program.encoder import BertWeights, forward, lora_factors
 from ..program.inputs import pack_inputs
 from ..program.shadow import flag_ids, pack_ids, report
-from .client import Client, Exchange
-from .schedule import Recorder, Schedule, safe_bound, traced_inference
+from .client import Client
+from .schedule import Recorder, Schedule, finished, safe_bound
 from .server import Server
-from .session import Refused, abort, follow
 from .timing import Floor
 from .wire import Channel, Message
 
@@ -71,7 +69,7 @@ def inference_schedule(model: HEBert, params: CKKSParams, slots: int) -> Schedul
     zeros = [Value(np.zeros(n)) for _ in range(d)]
     masks = [Value(np.full(n, 1.0 / n)) for _ in range(n)]
     logits = forward(ev, w, zeros, masks, shapes, rec.roll)
-    return traced_inference(rec, logits, params, slots)
+    return finished(rec, "logits", "logits", logits, params, slots)
 
 
 class BertClient(Client):
@@ -168,34 +166,8 @@ class BertClient(Client):
         schedule = self.schedule(interactive)
         message = self.encrypt_inputs(X, mask=mask, guard=False)
         batch = int(message.meta["sequences"])
-        session = follow(connection, schedule, message.encode(), self.answer)
-        try:
-            logits = self.decrypt_logits(session.reply, batch)
-        except Refused as err:
-            abort(connection, err)
+        logits = self._exchange(connection, schedule, message.encode(), batch, True)
         self._warn_uncertain(logits)
-        counts = {
-            str(k): int(v)
-            for k, v in dict(session.reply.meta.get("counts", {})).items()
-        }
-        seconds = float(session.reply.meta.get("seconds", 0.0))
-        self.exchanges.append(
-            Exchange(
-                batch,
-                session.bytes_up,
-                session.bytes_down,
-                session.round_trips,
-                seconds,
-                counts,
-            )
-        )
-        for name, amount in (
-            ("ciphertext_bytes_up", session.bytes_up),
-            ("ciphertext_bytes_down", session.bytes_down),
-            ("round_trips", session.round_trips),
-            *counts.items(),
-        ):
-            count(name, amount)
         return logits
 
     def predict_texts(

@@ -33,10 +33,11 @@ from ..program.steps import (
     _prepare,
     _unfold,
 )
-from .server import InProcess
+from .jobs import TuningJob
+from .serving import hosted
 from .timing import Floor
 from .transport import Loopback
-from .tuning import ProgramServer, TuningJob, TuningServer
+from .tuning import TuningServer
 from .tuning_client import TuningClient
 
 
@@ -85,7 +86,7 @@ def encrypted_step(
     owner: KeyOwner | None = None,
     transport: str = "inprocess",
     bounds: UpdateBounds = DEFAULT_BOUNDS,
-    server: Callable[[TuningJob, CKKSParams], ProgramServer] = TuningServer,
+    server: Callable[[TuningJob, CKKSParams], TuningServer] = TuningServer,
     answer_floor: Floor = "auto",
 ) -> StepResult:
     """``steps`` encrypted SGD steps (TenSEAL) as messages with a public-context server.
@@ -120,7 +121,7 @@ def encrypted_step(
     if not isinstance(bounds, UpdateBounds):
         raise TypeError(f"bounds must be UpdateBounds, got {type(bounds).__name__}")
     net, fold, packed, onehot, b = _prepare(model, X, y, arm, guard=False)
-    job = TuningJob.public(net, fold, lr, steps, b, bounds)
+    job = TuningJob.sgd(net, fold, lr, steps, b, bounds)
     secret = {name: np.asarray(net.mats[name]) for name in net.trained}
     client = TuningClient(
         params,
@@ -129,15 +130,10 @@ def encrypted_step(
         answer_floor,
         bounds,
     )
-    if transport == "loopback":
-        with Loopback(server=server(job, params)) as remote:
-            folded, counts = client.train(remote, job, secret, packed, onehot)
-    else:
-        local = InProcess(server(job, params))
-        try:
-            folded, counts = client.train(local, job, secret, packed, onehot)
-        finally:
-            local.close()
+    made = server(job, params)
+    host = Loopback(server=made) if transport == "loopback" else hosted(made)
+    with host as connection:
+        folded, counts = client.train(connection, job, secret, packed, onehot)
     seconds, cpu, system = client.elapsed
     if owner is not None:
         owner.bytes_up += client.bytes_up

@@ -243,25 +243,29 @@ def inference_schedule(
     rec, logits = _trace_inference(
         model, params, interactive, np.zeros((1, c.n_tokens, c.d)), shapes
     )
-    return traced_inference(rec, logits, params, slots)
+    return finished(rec, "logits", "logits", logits, params, slots)
 
 
-def traced_inference(
-    rec: Recorder, logits: list[Value], params: CKKSParams, slots: int
+def finished(
+    rec: Recorder,
+    kind: str,
+    stage: str,
+    outputs: Sequence[Value],
+    params: CKKSParams,
+    size: int,
 ) -> Schedule:
-    """The schedule ``rec`` recorded for an inference on zeros, replying ``logits``.
+    """The schedule of a recorded run: its requests, then the reply ``outputs``.
 
-    Every request and the reply carry ``slots``-long ciphertexts; the reply's
-    bounds are open (the client decrypts it, nothing is re-encoded). Either model
-    family's inference schedule ends here.
+    Every ciphertext of a request and of the reply gets the slot count ``size``
+    (0: one slot or all, fine-tuning's slot sums); the reply is not clipped.
     """
-    steps = tuple(replace(s, sizes=(slots,) * len(s.levels)) for s in rec.steps)
+    steps = tuple(replace(s, sizes=(size,) * len(s.levels)) for s in rec.steps)
     reply = Step(
-        "logits",
-        "logits",
-        tuple(v.level for v in logits),
-        (slots,) * len(logits),
-        (math.inf,) * len(logits),
+        kind,
+        stage,
+        tuple(v.level for v in outputs),
+        (size,) * len(outputs),
+        (math.inf,) * len(outputs),
     )
     return Schedule(steps, reply, params)
 

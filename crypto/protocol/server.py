@@ -1,40 +1,39 @@
-"""The honest-but-curious HE server, and the in-process transport that hosts it.
+"""The honest-but-curious HE inference server.
 
-:class:`Server` holds the frozen plaintext weights and the public context the client
-sends it; :meth:`Server.serve` answers the messages of one session on a
-:class:`~crypto.protocol.wire.Channel` (the layer of :mod:`crypto.program.heformer`
-under CKKS, asking the client for refreshes and rolls by message). It never holds a
-reference to a :class:`~crypto.protocol.client.Client`, a private context or a secret
-key. :class:`InProcess` runs it in a thread of this process behind two queues of bytes.
+:class:`Server` holds the frozen plaintext weights and the public context the
+client sends it; it answers ``lora`` and ``infer`` messages on the session loop
+of :class:`~crypto.protocol.serving.SessionServer` (the forward program of an
+HEFormer or of a converted BERT under CKKS, asking the client for refreshes and
+rolls by message).
+It never holds a reference to a :class:`~crypto.protocol.client.Client`, a private
+context or a secret key. :class:`InProcess` runs it in a thread of this process
+behind two queues of bytes.
 """
 
 from __future__ import annotations
 
-import logging
-import queue
-import threading
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from ..he.ckks import (
-    CKKSParams,
-    TenSEALBackend,
-    fingerprint,
-    load_ciphertext,
-    load_public,
-)
+from ..he.ckks import CKKSParams, TenSEALBackend
 from ..he.evaluator import Evaluator, Value
 from ..program.encoder import BertWeights
 from ..program.encoder import forward as bert_forward
 from ..program.heformer import HEWeights, forward
+from .serving import (
+    InProcess,
+    Serving,
+    SessionServer,
+    Transcript,
+    hosted,
+)
 from .wire import Channel, Message, ProtocolError
 
 if TYPE_CHECKING:
     from ..conversion.model import HEBert
     from ..models.heformer import HEFormer
 
-logger = logging.getLogger(__name__)
+__all__ = ["InProcess", "Server", "Serving", "Transcript", "hosted", "public_weights"]
 
 
 def public_weights(model: HEFormer | HEBert) -> HEWeights | BertWeights:
@@ -46,23 +45,7 @@ def public_weights(model: HEFormer | HEBert) -> HEWeights | BertWeights:
     return HEWeights.from_model(model)
 
 
-class _Closed(Exception):
-    """The client closed the session in the middle of a request."""
-
-
-@dataclass
-class Transcript:
-    """Every message the server received, in order, and its seconds per inference."""
-
-    inbound: list[tuple[str, Message]] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)
-
-    def record(self, message: Message) -> None:
-        """Append one received message."""
-        self.inbound.append((message.kind, message))
-
-
-class Server:
+class Server(SessionServer):
     """The honest-but-curious server: public context and frozen plaintext weights.
 
     Parameters
@@ -93,11 +76,8 @@ class Server:
             )
         if not isinstance(params, CKKSParams):
             raise TypeError(f"params must be CKKSParams, got {type(params).__name__}")
+        super().__init__(params, params.slots - params.slots % weights.n_tokens)
         self.weights = weights
-        self.params = params
-        self.context: Any = None
-        self.key = ""
-        self.transcript = Transcript()
         self.counts: dict[str, int] = {}
         self._lora: dict[str, list[list[Value]]] | None = None
         if context is not None:
@@ -111,77 +91,18 @@ class Server:
         return cls(context, public_weights(model), params)
 
     def _set_context(self, blob: bytes) -> None:
-        self.context = load_public(blob)
-        self.key = fingerprint(self.context)
+        super()._set_context(blob)
         self._lora = None
 
-    def _load(self, message: Message) -> list[Value]:
-        if self.context is None:
-            raise ProtocolError("no public context yet: send a context message first")
-        if message.key != self.key:
-            raise ProtocolError(
-                "ciphertexts from another context: their key fingerprint "
-                f"{message.key} is not this server's {self.key}"
-            )
-        slots = self.params.slots - self.params.slots % self.weights.n_tokens
-        return [
-            Value(
-                load_ciphertext(
-                    self.context, c, f"{message.kind} ciphertext {i}", slots
-                )
-            )
-            for i, c in enumerate(message.blobs)
-        ]
+    def handlers(self) -> dict[str, Any]:
+        """``lora`` (the encrypted factors) and ``infer`` (a batch)."""
+        return {"lora": self._on_lora, "infer": self._on_infer}
 
-    def _dump(self, kind: str, values: list[Value], **meta: Any) -> Message:
-        return Message(
-            kind, self.key, tuple(v.handle.serialize() for v in values), meta
-        )
+    def _on_lora(self, channel: Channel, pending: list[Message]) -> None:
+        self._lora = self._factors(pending.pop())
 
-    def serve(self, channel: Channel) -> None:
-        """Answer messages on ``channel`` until a ``close`` message (or it breaks).
-
-        A refused message gets an ``error`` reply naming the defect; the session
-        goes on.
-        """
-        while True:
-            try:
-                message = Message.decode(channel.recv())
-            except (EOFError, OSError):
-                return
-            except ValueError as err:
-                self._refuse(channel, err)
-                continue
-            self.transcript.record(message)
-            if message.kind in ("close", "abort"):
-                return
-            try:
-                self._handle(channel, message)
-            except _Closed:
-                return
-            except Exception as err:  # a service answers every request
-                self._refuse(channel, err)
-
-    @staticmethod
-    def _refuse(channel: Channel, err: Exception) -> None:
-        logger.info("refused a request: %s", err)
-        meta = {
-            "error": str(err),
-            "value_error": isinstance(err, ValueError | TypeError),
-        }
-        channel.send(Message("error", meta=meta).encode())
-
-    def _handle(self, channel: Channel, message: Message) -> None:
-        if message.kind == "context":
-            if len(message.blobs) != 1:
-                raise ProtocolError("a context message carries exactly one context")
-            self._set_context(message.blobs[0])
-        elif message.kind == "lora":
-            self._lora = self._factors(message)
-        elif message.kind == "infer":
-            channel.send(self._infer(channel, message).encode())
-        else:
-            raise ProtocolError(f"unexpected {message.kind!r} message")
+    def _on_infer(self, channel: Channel, pending: list[Message]) -> None:
+        channel.send(self._infer(channel, pending.pop()).encode())
 
     def _factors(self, message: Message) -> dict[str, list[list[Value]]]:
         names, shapes = message.meta.get("names"), message.meta.get("shapes")
@@ -202,21 +123,6 @@ class Server:
             at += rows * cols
         return out
 
-    def _request(
-        self, channel: Channel, request: Message, reply_kind: str, expect: int
-    ) -> list[Value]:
-        channel.send(request.encode())
-        reply = Message.decode(channel.recv())
-        self.transcript.record(reply)
-        if reply.kind in ("close", "abort"):
-            raise _Closed
-        if reply.kind != reply_kind or len(reply.blobs) != expect:
-            raise ProtocolError(
-                f"expected a {reply_kind} message of {expect} ciphertexts, got "
-                f"{reply.kind!r} with {len(reply.blobs)}"
-            )
-        return self._load(reply)
-
     def _infer(self, channel: Channel, message: Message) -> Message:
         """Evaluate the layer on an ``infer`` message; refresh by asking the client."""
         start = time.perf_counter()
@@ -228,18 +134,7 @@ class Server:
         if self._lora is None:
             raise ProtocolError("send the LoRA factors (a lora message) before infer")
         values = self._load(message)
-
-        def refresh(vals: list[Value]) -> list[Value]:
-            return self._request(
-                channel, self._dump("refresh", vals), "refreshed", len(vals)
-            )
-
-        def roll(vals: list[Value], copies: int) -> list[list[Value]]:
-            request = self._dump("roll", vals, copies=copies)
-            fresh = self._request(channel, request, "rolled", copies * len(vals))
-            m = len(vals)
-            return [fresh[s * m : (s + 1) * m] for s in range(copies)]
-
+        refresh, roll, _ = self.services(channel)
         ev = Evaluator(
             TenSEALBackend(), self.params.levels, refresh if interactive else None
         )
@@ -274,65 +169,3 @@ class Server:
         seconds = time.perf_counter() - start
         self.transcript.seconds.append(seconds)
         return self._dump("logits", logits, counts=dict(ev.counts), seconds=seconds)
-
-
-class _QueueChannel:
-    """One end of a pair of byte queues."""
-
-    def __init__(self, inbox: queue.Queue[bytes], outbox: queue.Queue[bytes]):
-        self._inbox, self._outbox = inbox, outbox
-
-    def send(self, data: bytes) -> None:
-        self._outbox.put(bytes(data))
-
-    def recv(self) -> bytes:
-        return self._inbox.get()
-
-
-class Serving(Protocol):
-    """Anything that serves one session on a channel of bytes (a server)."""
-
-    def serve(self, channel: Channel) -> None:
-        """Answer messages on ``channel`` until the session ends."""
-        ...
-
-
-class InProcess:
-    """The default transport: the server in a thread of this process, bytes between.
-
-    The server's thread sees only its end of two queues of byte strings. Within one
-    process this is a discipline, not isolation (any code can walk the heap); use
-    :class:`~crypto.protocol.transport.Loopback` for a process boundary. ``server`` is
-    any object with ``serve(channel)``: a :class:`Server`, a fine-tuning server, or a
-    test's raw speaker of the wire format.
-    """
-
-    def __init__(self, server: Serving):
-        self._up: queue.Queue[bytes] = queue.Queue()
-        self._down: queue.Queue[bytes] = queue.Queue()
-        self._thread = threading.Thread(
-            target=server.serve,
-            args=(_QueueChannel(self._up, self._down),),
-            name="he-server",
-            daemon=True,
-        )
-        self._thread.start()
-
-    def send(self, data: bytes) -> None:
-        """Deliver bytes to the server."""
-        self._up.put(bytes(data))
-
-    def recv(self) -> bytes:
-        """The server's next message (RuntimeError if the server has stopped)."""
-        while True:
-            try:
-                return self._down.get(timeout=0.5)
-            except queue.Empty:
-                if not self._thread.is_alive():
-                    raise RuntimeError("the in-process server has stopped") from None
-
-    def close(self) -> None:
-        """End the session and wait for the server's thread."""
-        if self._thread.is_alive():
-            self._up.put(Message("close").encode())
-            self._thread.join()

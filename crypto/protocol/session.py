@@ -117,6 +117,27 @@ def clip(values: FloatArray, bound: float) -> FloatArray:
     return out
 
 
+def opened(
+    vectors: list[Any], bounds: tuple[float, ...], slots: int = 0
+) -> tuple[list[FloatArray], int]:
+    """Admitted ciphertexts decrypted and clipped (:func:`clip`); slots clipped.
+
+    With ``slots``, a one-slot value (a TenSEAL slot sum) is replicated to
+    ``slots``: every answer then has the same shape whatever the plaintext.
+    """
+    out, changed = [], 0
+    for v, bound in zip(vectors, bounds, strict=True):
+        plain = np.asarray(v.decrypt(), dtype=np.float64)
+        clipped = clip(plain, bound)
+        changed += int(np.count_nonzero(clipped != plain))
+        out.append(
+            clipped
+            if not slots or clipped.size == slots
+            else np.full(slots, clipped[0])
+        )
+    return out, changed
+
+
 def abort(connection: Channel, err: Refused) -> NoReturn:
     """Send the one content-independent refusal (an empty ``abort``), raise ``err``."""
     logger.info("refused a server message: %s", err)

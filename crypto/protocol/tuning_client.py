@@ -1,12 +1,15 @@
 r"""The key owner of an encrypted fine-tuning session (:mod:`crypto.protocol.tuning`).
 
-:class:`TuningClient` holds the secret key, uploads the batch, targets and trained
-weights in one ``train`` message, answers the server's refreshes, rolls and
+:class:`TuningClient` is the one key owner of a step, for any job
+(:class:`~crypto.protocol.jobs.TuningJob`: an HEFormer arm or a converted BERT's Q/K/V
+factors): it holds the secret key, uploads the inputs, targets and secret
+entries in one ``train`` message, answers the server's refreshes, rolls and
 unrolls only as the public schedule of :func:`~crypto.protocol.tuning.tuning_schedule`
 allows (each admitted before decryption, clipped, answered fresh, padded to the
 public answer floor of :mod:`crypto.protocol.timing`), and checks the ``weights`` reply
 before decrypting it. What it returns is the decrypted reply: the callers bound
-it (:mod:`crypto.program.bounds`) before anything uses it.
+it (:mod:`crypto.program.bounds`) before anything uses it. :class:`BertTuningClient`
+binds it to a converted BERT (its inputs, its factors, the bounded update).
 
 The update bounds are the client's own configuration (``bounds``), part of the
 agreement: the job it runs must carry them, its ``train`` message states them
@@ -19,21 +22,29 @@ states others.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from defenses.arrays import FloatArray
+from defenses.checks import check_real
 from defenses.cost import clock, since
 
 from ..he.ckks import CKKSParams, fingerprint, make_context, public_bytes
 from ..he.packing import roll_tokens
 from ..program.bounds import BOUNDS_KEY, DEFAULT_BOUNDS, UpdateBounds, stated
-from .schedule import ANSWERS, Step
-from .session import Refused, abort, admit, clip, follow
+from .jobs import TuningJob
+from .schedule import ANSWERS, Schedule, Step
+from .serving import SessionServer, hosted
+from .session import Refused, abort, admit, follow, opened
 from .timing import Floor, check_floor, pad, resolve_floor, units
-from .tuning import TuningJob, tuning_schedule
+from .tuning import tuning_schedule
 from .wire import Channel, Message
+
+if TYPE_CHECKING:
+    from ..conversion.model import HEBert
+    from ..program.qkv_step import QKVStep
 
 
 class TuningClient:
@@ -46,8 +57,7 @@ class TuningClient:
     n_tokens : int
         Sequence length (rolls and unrolls move whole tokens).
     context : TenSEAL context or None
-        An existing private context to use (a
-        :class:`~crypto.protocol.finetune.KeyOwner`'s).
+        An existing private context to use (a :class:`~crypto.finetune.KeyOwner`'s).
     answer_floor : float or "auto"
         Seconds per unit every answer and the reply's decryption are padded to
         (:mod:`crypto.protocol.timing`; default ``"auto"``: measured once per client).
@@ -114,16 +124,8 @@ class TuningClient:
     def _open(self, step: Step, message: Message) -> list[FloatArray]:
         vectors = admit(step, message, self.context, self.key, self.params, self.slots)
         self.decryptions += len(vectors)
-        out = []
-        for v, bound in zip(vectors, step.bounds, strict=True):
-            plain = np.asarray(v.decrypt(), dtype=np.float64)
-            clipped = clip(plain, bound)
-            self.clipped += int(np.count_nonzero(clipped != plain))
-            out.append(
-                clipped
-                if clipped.size == self.slots
-                else np.full(self.slots, clipped[0])
-            )
+        out, changed = opened(vectors, step.bounds, self.slots)
+        self.clipped += changed
         return out
 
     def floor(self) -> float:
@@ -173,25 +175,34 @@ class TuningClient:
         pad(start, floor, len(step.levels))  # as long whatever the weights
         return flat
 
+    def schedule(self, job: TuningJob) -> Schedule:
+        """The public schedule of ``job``'s session (:func:`tuning_schedule`)."""
+        return tuning_schedule(job, self.params)
+
     def train(
         self,
         connection: Channel,
         job: TuningJob,
         secret: dict[str, FloatArray],
-        packed: list[FloatArray],
+        inputs: list[FloatArray],
         targets: FloatArray,
+        meta: dict[str, Any] | None = None,
     ) -> tuple[dict[str, FloatArray], dict[str, int]]:
-        """Run one session: upload, answer the schedule, decrypt the weights.
+        """Run one session: upload, answer the schedule, decrypt the reply.
 
-        ``secret`` holds the trained matrices (folded), ``packed`` the embedded
-        batch (feature-major), ``targets`` the one-hot rows on the CLS slots.
-        Returns the updated folded matrices and the operation counts.
+        ``secret`` holds the job's uploaded matrices (:attr:`~crypto.protocol.jobs.
+        StepProgram.uploaded`: an HEFormer's trained matrices, folded; a
+        converted BERT's LoRA factors), ``inputs`` the packed inputs
+        (feature-major), ``targets`` the one-hot rows on the CLS slots, ``meta``
+        the ``train`` message's public metadata beside the bounds. Returns the
+        reply's matrices (:attr:`~crypto.protocol.jobs.StepProgram.returned`: updated
+        weights or gradient sums) and the operation counts.
 
         Raises
         ------
         ValueError
-            If ``job`` carries other update bounds than the client's (nothing
-            sent).
+            If ``job`` carries other update bounds than the client's, or the
+            upload does not have the job's layout (nothing sent).
         Refused
             When the server leaves the public schedule or states other bounds
             (nothing of that message decrypted; the session is aborted).
@@ -200,29 +211,41 @@ class TuningClient:
             raise ValueError(
                 f"job: update bounds {job.bounds} are not the client's {self.bounds}"
             )
-        self.slots = job.slots
+        program = job.program
+        shapes = {name: (rows, cols) for name, rows, cols in program.uploaded}
+        if {k: np.shape(secret[k]) if k in secret else () for k in shapes} != shapes:
+            raise ValueError(
+                f"secret: expected the matrices {shapes} of the job, got "
+                f"{ {k: np.shape(v) for k, v in secret.items()} }"
+            )
+        uploads = len(inputs) + len(targets) + sum(r * c for r, c in shapes.values())
+        if uploads != program.uploads():
+            raise ValueError(
+                f"train upload: {uploads} ciphertexts, the job takes "
+                f"{program.uploads()} (inputs, targets, secret entries)"
+            )
+        self.slots = program.slots(self.params)
         self.floor()  # measured before the session, from public values only
-        schedule = tuning_schedule(job, self.params, len(packed), len(targets))
+        schedule = self.schedule(job)
         connection.send(
             Message("context", self.key, (public_bytes(self.context),)).encode()
         )
         # the step's clock starts after the session's setup (the public context)
         self.started = clock()
         entries = [
-            np.full(job.slots, x)
-            for name in job.net.trained
-            for x in secret[name].ravel()
+            np.full(self.slots, x) for name in shapes for x in secret[name].ravel()
         ]
+        stated_meta = {**(meta or {}), **self.statement()}
 
         def upload() -> bytes:
-            sealed = self._encrypt("train", [*packed, *targets, *entries])
-            return Message("train", sealed.key, sealed.blobs, self.statement()).encode()
+            sealed = self._encrypt("train", [*inputs, *targets, *entries])
+            return Message("train", sealed.key, sealed.blobs, stated_meta).encode()
 
         session = follow(connection, schedule, upload, self.answer_agreed)
         self.bytes_up += session.bytes_up
         flat = self.open_reply(connection, schedule.reply, session.reply)
         out, at = {}, 0
-        for (rows, cols), name in zip(job.shapes(), job.net.trained, strict=True):
+        for name, rows, cols in program.returned:
             out[name] = np.array([f[0] for f in flat[at : at + rows * cols]]).reshape(
                 rows, cols
             )
@@ -236,3 +259,86 @@ class TuningClient:
         counts["round_trips"] = session.round_trips
         self.elapsed = since(self.started)
         return out, counts
+
+
+class BertTuningClient(TuningClient):
+    """A :class:`TuningClient` bound to a converted BERT: its ids, its factors.
+
+    Parameters
+    ----------
+    model : HEBert
+        The calibrated converted model (base weights public, LoRA factors secret).
+    params : CKKSParams
+        The chain (Galois keys are generated: the server's slot sums rotate).
+    context : TenSEAL context or None
+        An existing private context with Galois keys.
+    bounds : UpdateBounds
+        The public bounds every step's change of each factor is clipped to before
+        the step is returned (:mod:`crypto.program.bounds`; part of the agreement).
+    answer_floor : float or "auto"
+        As for :class:`TuningClient`.
+    """
+
+    def __init__(
+        self,
+        model: HEBert,
+        params: CKKSParams,
+        context: Any = None,
+        bounds: UpdateBounds = DEFAULT_BOUNDS,
+        answer_floor: Floor = "auto",
+    ):
+        from ..conversion.model import HEBert
+
+        if not isinstance(model, HEBert):
+            raise TypeError(f"model must be an HEBert, got {type(model).__name__}")
+        if not model.calibration.calibrated:
+            raise ValueError("calibrate the converted model before encrypting with it")
+        super().__init__(params, model.config.n_tokens, context, answer_floor, bounds)
+        self.model = model
+        self.counts: dict[str, int] = {}
+
+    def step(
+        self,
+        server: SessionServer | Channel,
+        ids: npt.ArrayLike,
+        y: npt.ArrayLike,
+        lr: float,
+        mask: npt.ArrayLike | None = None,
+        blocks: int = 1,
+    ) -> QKVStep:
+        """One encrypted Q/K/V step over ``server`` (hosted in-process) or a channel.
+
+        :meth:`TuningClient.train` on :meth:`~crypto.protocol.jobs.TuningJob.qkv`'s job
+        with the model's inputs and factors; returns the updated factors,
+        bounded (:attr:`bounds`), and the decrypted gradients (model convention,
+        :func:`crypto.program.qkv_step.updated`); the model itself is not changed
+        (:func:`~crypto.program.qkv_step.apply_qkv_step`). The range guard on the
+        ids is advisory (logged).
+
+        Raises
+        ------
+        Refused
+            When the server leaves the public schedule or states other update
+            bounds than :attr:`bounds` (nothing of that message decrypted).
+        """
+        from ..program.encoder import lora_factors
+        from ..program.qkv_step import step_inputs, updated
+
+        lr = check_real("lr", lr, 0.0)
+        job = TuningJob.qkv(self.model, blocks, self.bounds)
+        slots = job.program.slots(self.params)
+        inputs, targets, _, batch = step_inputs(
+            self.model, ids, mask, y, slots, guard=False
+        )
+        with hosted(server) as connection:
+            grads, self.counts = self.train(
+                connection,
+                job,
+                lora_factors(self.model),
+                inputs,
+                targets,
+                {"sequences": batch},
+            )
+        return updated(
+            self.model, grads, lr, blocks, self.elapsed[0], self.counts, self.bounds
+        )

@@ -37,13 +37,10 @@ from defense_suite.crypto.program.folding import Arm
 from defense_suite.crypto.program.shadow import flag_sequences
 from defense_suite.crypto.protocol.client import Client
 from defense_suite.crypto.protocol.finetune import encrypted_step
+from defense_suite.crypto.protocol.jobs import SGDProgram, TuningJob
 from defense_suite.crypto.protocol.server import Server
 from defense_suite.crypto.protocol.session import Refused
-from defense_suite.crypto.protocol.tuning import (
-    TuningJob,
-    TuningServer,
-    tuning_schedule,
-)
+from defense_suite.crypto.protocol.tuning import TuningServer, tuning_schedule
 from defense_suite.crypto.protocol.wire import Channel, Message
 
 Entry = tuple[Any, ...]
@@ -148,15 +145,16 @@ class Forger(TuningServer):
         self, channel: Channel, values: list[Value], meta: dict[str, Any]
     ) -> Message:
         job, levels = self.job, self.params.levels
-        d = len(job.net.centre)
-        schedule = tuning_schedule(job, self.params, d, 2)
+        assert isinstance(job.program, SGDProgram)
+        d = job.program.inputs
+        schedule = tuning_schedule(job, self.params)
         base = values[0].handle
         lifted = {lv: _down(base, lv, levels) for lv in range(levels + 1)}
         for step in schedule.steps:
             forged = [Value(lifted[lv]) for lv in step.levels]
             extra = {"copies": step.copies} if step.kind != "refresh" else {}
             self._ask(channel, step.kind, forged, **extra)
-        crafted = type(self).craft(values, d, job.slots)
+        crafted = type(self).craft(values, d, job.program.slots(self.params))
         blobs = tuple(
             _down(crafted, lv, levels).serialize() for lv in schedule.reply.levels
         )
@@ -335,15 +333,12 @@ def _bert_play(
     values need no precision)."""
     from defense_suite.crypto.program.qkv_step import apply_qkv_step
     from defense_suite.crypto.protocol.encoder_client import BertClient
-    from defense_suite.crypto.protocol.qkv_tuning import (
-        BertTuningClient,
-        BertTuningServer,
-        QKVJob,
-        qkv_schedule,
-    )
+    from defense_suite.crypto.protocol.jobs import QKVJob
+    from defense_suite.crypto.protocol.tuning import BertTuningServer
+    from defense_suite.crypto.protocol.tuning_client import BertTuningClient
 
     params, log = INTERACTIVE, []
-    w = QKVJob.public(he).weights
+    w = TuningJob.qkv(he).program.weights  # type: ignore[attr-defined]
 
     class BertForger(BertTuningServer):
         def serve(self, channel: Channel) -> None:
@@ -353,7 +348,7 @@ def _bert_play(
             self, channel: Channel, values: list[Value], meta: dict[str, Any]
         ) -> Message:
             levels = self.params.levels
-            schedule = qkv_schedule(self.job, self.params)
+            schedule = tuning_schedule(self.job, self.params)
             base = values[0].handle
             lifted = {lv: _down(base, lv, levels) for lv in range(levels + 1)}
             for step in schedule.steps:

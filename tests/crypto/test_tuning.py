@@ -15,13 +15,10 @@ from defense_suite.crypto.program.folding import Arm
 from defense_suite.crypto.program.steps import TRAIN_PARAMS, _prepare, simulated_step
 from defense_suite.crypto.protocol import tuning
 from defense_suite.crypto.protocol.finetune import encrypted_step
+from defense_suite.crypto.protocol.jobs import SGDProgram, TuningJob
 from defense_suite.crypto.protocol.server import InProcess
 from defense_suite.crypto.protocol.session import Refused
-from defense_suite.crypto.protocol.tuning import (
-    TuningJob,
-    TuningServer,
-    tuning_schedule,
-)
+from defense_suite.crypto.protocol.tuning import TuningServer, tuning_schedule
 from defense_suite.crypto.protocol.tuning_client import TuningClient
 from defense_suite.crypto.protocol.wire import Channel, Message, ProtocolError
 
@@ -36,8 +33,8 @@ def _batch() -> tuple[np.ndarray, np.ndarray]:
 def test_schedule_follows_the_program(micro_model: HEFormer) -> None:
     X, y = _batch()
     net, fold, _, _, b = _prepare(micro_model, X, y, Arm("lora"))
-    one = tuning_schedule(TuningJob.public(net, fold, 0.5, 1, b), TRAIN_PARAMS, 2, 2)
-    two = tuning_schedule(TuningJob.public(net, fold, 0.5, 2, b), TRAIN_PARAMS, 2, 2)
+    one = tuning_schedule(TuningJob.sgd(net, fold, 0.5, 1, b), TRAIN_PARAMS)
+    two = tuning_schedule(TuningJob.sgd(net, fold, 0.5, 2, b), TRAIN_PARAMS)
     kinds = [s.kind for s in one.steps]
     assert kinds[0] == "roll"
     assert kinds.count("unroll") == 1
@@ -46,8 +43,9 @@ def test_schedule_follows_the_program(micro_model: HEFormer) -> None:
     assert two.steps[one.requests].stage == "weights refresh"
     assert len(two.steps[one.requests].levels) == len(one.reply.levels)
     # no trained value leaks into the public job
-    job = TuningJob.public(net, fold, 0.5, 1, b)
-    assert all(not np.asarray(job.net.mats[n]).any() for n in net.trained)
+    job = TuningJob.sgd(net, fold, 0.5, 1, b)
+    assert isinstance(job.program, SGDProgram)
+    assert all(not np.asarray(job.program.net.mats[n]).any() for n in net.trained)
     assert any(np.asarray(net.mats[n]).any() for n in net.trained)
 
 
@@ -78,7 +76,9 @@ class MaliciousTuner(TuningServer):
     def _train(
         self, channel: Channel, values: list[Value], meta: dict[str, Any]
     ) -> Message:
-        d, classes = len(self.job.net.centre), 2
+        program = self.job.program
+        assert isinstance(program, SGDProgram)
+        d, classes = program.inputs, 2
         weights = values[d + classes :]
         if self.mode == "first":  # a refresh of the secret weights, at once
             request = [v.handle for v in weights]
@@ -89,7 +89,7 @@ class MaliciousTuner(TuningServer):
             for _ in range(100):
                 p = p + p
             request = [p * 1.0 * 1.0] * (2 * d)
-            extra, kind = {"copies": self.job.net.n_tokens}, "roll"
+            extra, kind = {"copies": program.n_tokens}, "roll"
         blobs = tuple(h.serialize() for h in request)
         # the agreed bounds stated, as a server that wants an answer does
         channel.send(self._stated(Message(kind, self.key, blobs, extra)).encode())
@@ -102,7 +102,7 @@ def _session(
 ) -> tuple[TuningClient, bytes]:
     X, y = _batch()
     net, fold, packed, onehot, b = _prepare(model, X, y, Arm("lora"))
-    job = TuningJob.public(net, fold, 0.5, 1, b)
+    job = TuningJob.sgd(net, fold, 0.5, 1, b)
     server = MaliciousTuner(job, TRAIN_PARAMS)
     server.mode, server.threshold = mode, threshold
     client = client or TuningClient(TRAIN_PARAMS, model.config.n_tokens)
@@ -148,7 +148,7 @@ def test_tuning_weights_reply_checked_before_decryption(
 
     X, y = _batch()
     net, fold, packed, onehot, b = _prepare(micro_model, X, y, Arm("lora"))
-    job = TuningJob.public(net, fold, 0.5, 1, b)
+    job = TuningJob.sgd(net, fold, 0.5, 1, b)
     client = TuningClient(TRAIN_PARAMS, micro_model.config.n_tokens)
     secret = {n: np.asarray(net.mats[n]) for n in net.trained}
     connection = InProcess(EarlyWeights(job, TRAIN_PARAMS))
@@ -167,10 +167,10 @@ def test_refresh_requests_are_chunked_alike_on_both_sides(
     X, y = _batch()
     arm = Arm("lora")
     net, fold, _, _, b = _prepare(micro_model, X, y, arm)
-    job = TuningJob.public(net, fold, 0.5, 2, b)
-    whole = tuning_schedule(job, TRAIN_PARAMS, 2, 2)
+    job = TuningJob.sgd(net, fold, 0.5, 2, b)
+    whole = tuning_schedule(job, TRAIN_PARAMS)
     monkeypatch.setattr(tuning, "REFRESH_VALUES", 3)
-    parts = tuning_schedule(job, TRAIN_PARAMS, 2, 2)
+    parts = tuning_schedule(job, TRAIN_PARAMS)
     assert parts.requests > whole.requests
     for kind in ("refresh", "roll", "unroll"):
         levels = [lv for s in whole.steps if s.kind == kind for lv in s.levels]
@@ -206,13 +206,17 @@ def test_the_job_carries_the_clients_bounds(micro_model: HEFormer) -> None:
     X, y = _batch()
     net, fold, packed, onehot, b = _prepare(micro_model, X, y, Arm("lora"))
     mine = UpdateBounds(entry=0.25, norm=0.5)
-    job = TuningJob.public(net, fold, 0.5, 1, b, mine)
+    job = TuningJob.sgd(net, fold, 0.5, 1, b, mine)
     assert job.bounds == mine
-    assert TuningJob.public(net, fold, 0.5, 1, b).bounds == DEFAULT_BOUNDS
+    assert TuningJob.sgd(net, fold, 0.5, 1, b).bounds == DEFAULT_BOUNDS
+    # the former name builds the same job
+    assert tuning_schedule(TuningJob.public(net, fold, 0.5, 1, b), TRAIN_PARAMS) == (
+        tuning_schedule(job, TRAIN_PARAMS)
+    )
     assert TuningServer(job, TRAIN_PARAMS).bounds == mine
     # the bounds change what the client does with the reply, not the program
-    assert tuning_schedule(job, TRAIN_PARAMS, 2, 2) == tuning_schedule(
-        replace(job, bounds=OTHER), TRAIN_PARAMS, 2, 2
+    assert tuning_schedule(job, TRAIN_PARAMS) == tuning_schedule(
+        replace(job, bounds=OTHER), TRAIN_PARAMS
     )
     client = TuningClient(TRAIN_PARAMS, micro_model.config.n_tokens, bounds=mine)
     secret = {n: np.asarray(net.mats[n]) for n in net.trained}
@@ -282,12 +286,12 @@ def test_other_bounds_in_the_reply_only_are_refused_before_its_decryption(
     """Honest requests, the reply states other bounds: the reply is not decrypted."""
     X, y = _batch()
     net, fold, packed, onehot, b = _prepare(micro_model, X, y, Arm("lora"))
-    job = TuningJob.public(net, fold, 0.5, 1, b)
+    job = TuningJob.sgd(net, fold, 0.5, 1, b)
     server = Misstating(job, TRAIN_PARAMS)
     server.said, server.kinds, server.answered = {}, ("weights",), []
     client = TuningClient(TRAIN_PARAMS, micro_model.config.n_tokens, answer_floor=0.0)
     secret = {n: np.asarray(net.mats[n]) for n in net.trained}
-    schedule = tuning_schedule(job, TRAIN_PARAMS, len(packed), len(onehot))
+    schedule = tuning_schedule(job, TRAIN_PARAMS)
     connection = InProcess(server)
     try:
         with pytest.raises(Refused, match="updated weights: the server states"):
@@ -335,3 +339,23 @@ def test_honest_step_under_agreed_bounds_is_unchanged(micro_model: HEFormer) -> 
     assert step.clipped == 0
     for name in arm.names:
         assert np.max(np.abs(step.weights[name] - want.weights[name])) < 1e-5
+
+
+def test_one_client_refuses_an_upload_off_the_jobs_layout(
+    micro_model: HEFormer,
+) -> None:
+    """The one key owner checks its upload against the public job before sending:
+    a secret matrix of another shape or a missing input ciphertext is refused
+    (ValueError), nothing encrypted, nothing sent."""
+    X, y = _batch()
+    net, fold, packed, onehot, b = _prepare(micro_model, X, y, Arm("lora"))
+    job = TuningJob.sgd(net, fold, 0.5, 1, b)
+    secret = {n: np.asarray(net.mats[n]) for n in net.trained}
+    client = TuningClient(TRAIN_PARAMS, micro_model.config.n_tokens, answer_floor=0.0)
+    wrong = dict(secret, q_a=secret["q_a"][:, :1])
+    for mine, inputs in ((wrong, packed), (secret, packed[:-1])):
+        channel = Recording()
+        with pytest.raises(ValueError, match="the job"):
+            client.train(channel, job, mine, inputs, onehot)
+        assert channel.sent == []
+    assert client.encryptions == 0
