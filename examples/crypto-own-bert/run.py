@@ -25,12 +25,8 @@ from defense_suite.crypto.conversion.distill import DistillConfig, distill
 from defense_suite.crypto.conversion.tokenizer import build_tokenizer, encode
 from defense_suite.crypto.he.ckks import INTERACTIVE, INTERACTIVE_WIDE
 from defense_suite.crypto.program.qkv_step import reference_qkv_step
+from defense_suite.crypto.protocol import BertTuningClient, BertTuningServer, QKVJob
 from defense_suite.crypto.protocol.encoder_client import BertClient
-from defense_suite.crypto.protocol.qkv_tuning import (
-    BertTuningClient,
-    BertTuningServer,
-    QKVJob,
-)
 from defense_suite.crypto.protocol.transport import Loopback
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
