@@ -150,11 +150,11 @@ def certified(
         keep_at = t.tau_hat + r_c
         if keep_at >= t.k_c:
             return False
-        return lower_bound(*args) >= t.upper[keep_at][r_t]
+        return bool(lower_bound(*args) >= t.upper[keep_at][r_t])
     drop_at = t.tau_hat - r_c
     if drop_at < 0:
         return False
-    return upper_bound(*args) < t.lower[drop_at][r_t] - t.tie
+    return bool(upper_bound(*args) < t.lower[drop_at][r_t] - t.tie)
 
 
 def gallop(
