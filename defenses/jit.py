@@ -311,8 +311,8 @@ class _CompileNotice(event.Listener):  # type: ignore[misc]
         write = cache_folders(func.__code__.co_filename)[1]
         logger.warning(
             "compiling %s.%s for %s: first call with these types on this machine "
-            "(10-60 s, once; cached in %s; `python -m defenses.jit` compiles "
-            "ahead of time)",
+            "(once, under a second to a minute; cached in %s; "
+            "`python -m defenses.jit` compiles ahead of time)",
             func.__module__,
             func.__qualname__,
             first,
