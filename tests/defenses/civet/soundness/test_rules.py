@@ -59,7 +59,14 @@ def _check_traced(key: Any, method: bool, data: st.DataObject) -> None:
         assert_inside(bound, setup.op(x), repr(key))
 
 
-@pytest.mark.parametrize("key", list(FUNCTION_CASES), ids=repr)
+def _stable_id(key: Any) -> str:
+    """A test id without a memory address (pytest-xdist's workers must agree)."""
+    owner = getattr(key, "__module__", None) or type(getattr(key, "__self__", None))
+    owner = owner if isinstance(owner, str) else owner.__name__
+    return f"{owner}.{getattr(key, '__qualname__', repr(key))}"
+
+
+@pytest.mark.parametrize("key", list(FUNCTION_CASES), ids=_stable_id)
 @EXAMPLES
 @given(data=st.data())
 def test_function_rule_holds_against_sampling(key: Any, data: st.DataObject) -> None:
