@@ -47,12 +47,12 @@ _LAZY = {
     "Server": (".protocol.server", "Server"),
     "InProcess": (".protocol.server", "InProcess"),
     "Loopback": (".protocol.transport", "Loopback"),
-    "TuningJob": (".protocol.tuning", "TuningJob"),
+    "TuningJob": (".protocol.jobs", "TuningJob"),
     "TuningServer": (".protocol.tuning", "TuningServer"),
     "TuningClient": (".protocol.tuning_client", "TuningClient"),
-    "QKVJob": (".protocol.qkv_tuning", "QKVJob"),
-    "BertTuningServer": (".protocol.qkv_tuning", "BertTuningServer"),
-    "BertTuningClient": (".protocol.qkv_tuning", "BertTuningClient"),
+    "QKVJob": (".protocol.jobs", "QKVJob"),
+    "BertTuningServer": (".protocol.tuning", "BertTuningServer"),
+    "BertTuningClient": (".protocol.tuning_client", "BertTuningClient"),
 }
 """Public names loaded on first use, so ``import crypto`` stays light: the functions
 and classes the docs teach, wherever their module lives (issue 41 moved the modules

@@ -16,8 +16,8 @@ function, :func:`bound_update`, before it is applied:
 
 ``entry`` and ``norm`` are part of the public agreement, chosen by the client
 from its own configuration (never from the server): the fine-tuning job states
-them (:attr:`crypto.protocol.tuning.TuningJob.bounds`,
-:attr:`crypto.protocol.qkv_tuning.QKVJob.bounds`), the client's ``train``
+them (:attr:`crypto.protocol.jobs.TuningJob.bounds`, for either model
+family), the client's ``train``
 message states them and so does every message of the server's side of the
 session, under the public metadata key :data:`BOUNDS_KEY`
 (:meth:`UpdateBounds.statement`, read back by :func:`stated`). The client

@@ -11,7 +11,8 @@ both polynomial LayerNorms as evaluated, the activation polynomial, the
 Gaussian-kernel attention and, between trained blocks, the residual and the
 Q/K/V projections) and the gradient sums. The key owner refreshes, rolls and
 unrolls (function-call path, as :func:`crypto.protocol.finetune.encrypted_step`;
-:mod:`crypto.protocol.qkv_tuning` runs the same step as messages), decrypts
+:class:`crypto.protocol.tuning_client.BertTuningClient` runs the same step as
+messages), decrypts
 six gradient matrices per trained block and updates its factors,
 :math:`A \leftarrow A - \eta \bar A`, :math:`B \leftarrow B - \eta \bar B`, in the
 model's own convention (the program's :math:`A_q, A_k` carry the block's
@@ -341,8 +342,9 @@ def encrypted_qkv_step(
     """The step under CKKS (TenSEAL, Galois keys for the slot sums).
 
     Function-call path (no server): ``bounds`` are the client's public update
-    bounds (:mod:`crypto.program.bounds`); over messages, :class:`~crypto.
-    protocol.qkv_tuning.BertTuningClient` states them in the agreement.
+    bounds (:mod:`crypto.program.bounds`); over messages,
+    :class:`~crypto.protocol.tuning_client.BertTuningClient` states them in the
+    agreement.
     """
     owner = StepOwner.ckks(model, params)
     return _step(model, ids, mask, y, lr, owner, blocks, bounds)
