@@ -31,8 +31,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# the fast tier on TEST_JOBS worker processes (pytest-xdist; a file's tests stay
+# together, so its module fixtures are built once): TEST_JOBS=1 runs in one process
+TEST_JOBS ?= 2
 unit: $(STAMP)
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile
 
 test: lint typecheck unit
 
