@@ -22,6 +22,7 @@ fraction :math:`p` of them stays under the certified bound.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -151,32 +152,47 @@ def _check(owner: str, **values: int) -> None:
 
 
 @dataclass(frozen=True)
-class JointPGD:
-    """PGD jointly over the input ball and the latent-noise box ``[-k, k]^d``.
+class WhiteBoxPGD:
+    """What the attacks share: white-box access, ``steps`` and ``threads``.
 
-    Restart 0 starts at the clean input and a random corner of the noise box; the
-    others start uniformly at random in both boxes.
+    Every field of an attack (these two and a subclass's own counts) is an int
+    >= 1, checked at construction and named ``Attack.field`` in the error.
 
     Parameters
     ----------
     steps : int
-        Ascent steps per restart, >= 1 (step size 2.5 x radius / steps).
-    restarts : int
-        Independent starts, >= 1.
+        Ascent (or descent) steps, >= 1 (per restart where there are restarts).
     threads : int
         Torch threads while attacking, >= 1.
     """
 
-    name: ClassVar[str] = "civet-joint-pgd"
     requires: ClassVar[frozenset[Capability]] = WHITE_BOX
     steps: int = 50
-    restarts: int = 2
     threads: int = 1
 
     def __post_init__(self) -> None:
         _check(
-            "JointPGD", steps=self.steps, restarts=self.restarts, threads=self.threads
+            type(self).__name__,
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
         )
+
+
+@dataclass(frozen=True)
+class JointPGD(WhiteBoxPGD):
+    """PGD jointly over the input ball and the latent-noise box ``[-k, k]^d``.
+
+    Restart 0 starts at the clean input and a random corner of the noise box; the
+    others start uniformly at random in both boxes. ``steps`` and ``threads`` as in
+    :class:`WhiteBoxPGD` (step size 2.5 x radius / steps).
+
+    Parameters
+    ----------
+    restarts : int
+        Independent starts, >= 1.
+    """
+
+    name: ClassVar[str] = "civet-joint-pgd"
+    restarts: int = 2
 
     def run(self, view: VAEView, rng: np.random.Generator) -> VAEGuess:
         """Return the worst (input, noise) pair found for each row."""
@@ -219,27 +235,17 @@ class JointPGD:
 
 
 @dataclass(frozen=True)
-class EOTPGD:
+class EOTPGD(WhiteBoxPGD):
     """PGD on the expected loss, with ``samples`` fresh noise draws per step.
 
     Parameters
     ----------
-    steps : int
-        Ascent steps, >= 1.
     samples : int
         Noise draws averaged per step, >= 1.
-    threads : int
-        Torch threads while attacking, >= 1.
     """
 
     name: ClassVar[str] = "civet-eot-pgd"
-    requires: ClassVar[frozenset[Capability]] = WHITE_BOX
-    steps: int = 50
     samples: int = 8
-    threads: int = 1
-
-    def __post_init__(self) -> None:
-        _check("EOTPGD", steps=self.steps, samples=self.samples, threads=self.threads)
 
     def run(self, view: VAEView, rng: np.random.Generator) -> VAEGuess:
         """Return the input that maximised the estimated expected loss per row."""
@@ -259,28 +265,16 @@ class EOTPGD:
 
 
 @dataclass(frozen=True)
-class LatentAttack:
+class LatentAttack(WhiteBoxPGD):
     r"""Targeted latent-space attack: move the posterior onto another input's.
 
     Each row's target is another row of the view (a random derangement drawn from
     the attack's generator); the attack minimises the KL divergence between the
-    diagonal Gaussians :math:`q(z \mid x')` and :math:`q(z \mid x_t)`.
-
-    Parameters
-    ----------
-    steps : int
-        Descent steps, >= 1.
-    threads : int
-        Torch threads while attacking, >= 1.
+    diagonal Gaussians :math:`q(z \mid x')` and :math:`q(z \mid x_t)` (``steps``
+    descent steps).
     """
 
     name: ClassVar[str] = "civet-latent"
-    requires: ClassVar[frozenset[Capability]] = WHITE_BOX
-    steps: int = 50
-    threads: int = 1
-
-    def __post_init__(self) -> None:
-        _check("LatentAttack", steps=self.steps, threads=self.threads)
 
     def run(self, view: VAEView, rng: np.random.Generator) -> VAEGuess:
         """Return inputs whose posterior is closest to their targets' posteriors."""
@@ -308,24 +302,13 @@ class LatentAttack:
 
 
 @dataclass(frozen=True)
-class MaxDamage:
-    r"""Maximum-damage attack on the mean decode, :math:`\|D(\mu(x')) - D(\mu(x))\|^2`.
+class MaxDamage(WhiteBoxPGD):
+    r"""Maximum-damage attack on the mean decode.
 
-    Parameters
-    ----------
-    steps : int
-        Ascent steps, >= 1.
-    threads : int
-        Torch threads while attacking, >= 1.
+    Ascends :math:`\|D(\mu(x')) - D(\mu(x))\|^2` from a random start in the ball.
     """
 
     name: ClassVar[str] = "civet-max-damage"
-    requires: ClassVar[frozenset[Capability]] = WHITE_BOX
-    steps: int = 50
-    threads: int = 1
-
-    def __post_init__(self) -> None:
-        _check("MaxDamage", steps=self.steps, threads=self.threads)
 
     def run(self, view: VAEView, rng: np.random.Generator) -> VAEGuess:
         """Return the inputs that moved the mean reconstruction the most."""
