@@ -216,8 +216,16 @@ def replace_training(
 
 @dataclass(frozen=True)
 class CertifyingTrainer:
-    """Shared parts of the training defenses: validation and certification."""
+    """Shared parts of the training defenses: validation, wrapping, certification.
 
+    A subclass names its training ``method`` and, in ``config_fields``, which of
+    its fields set which :class:`~defenses.civet.defense.TrainConfig` fields
+    (besides ``eps`` and ``kappa``).
+    """
+
+    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
+    method: ClassVar[Method]
+    config_fields: ClassVar[dict[str, str]]
     eps: float | None = None
     kappa: float = 0.5
 
@@ -226,6 +234,21 @@ class CertifyingTrainer:
         if self.eps is not None:
             check_real(f"{name}.eps", self.eps, 0.0)
         check_real(f"{name}.kappa", self.kappa, 0.0, 1.0)
+
+    def wrap(self, learner: VAELearner) -> VAELearner:
+        """Return a copy of ``learner`` that trains with this defense's ``method``.
+
+        Its config takes ``eps`` (unless None), ``kappa`` and the ``config_fields``.
+        """
+        changes = {to: getattr(self, mine) for mine, to in self.config_fields.items()}
+        return replace_training(
+            learner,
+            self.method,
+            type(self).__name__,
+            eps=self.eps,
+            kappa=self.kappa,
+            **changes,
+        )
 
     def certify(self, system: TrainedVAE, task: CertifiedTask) -> dict[str, float]:
         """Certified bounds of the fitted VAE at the task's radius and level."""
@@ -250,7 +273,8 @@ class CivetTraining(CertifyingTrainer):
     """
 
     name: ClassVar[str] = "civet-train"
-    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
+    method: ClassVar[Method] = "civet"
+    config_fields: ClassVar[dict[str, str]] = {"levels": "levels"}
     levels: tuple[float, ...] = (0.5, 0.75, 0.9, 0.95)
 
     def __post_init__(self) -> None:
@@ -259,17 +283,6 @@ class CivetTraining(CertifyingTrainer):
             object.__setattr__(self, "levels", check_levels(tuple(self.levels)))
         except (TypeError, ValueError) as error:
             raise ValueError(f"CivetTraining.levels: {error}") from error
-
-    def wrap(self, learner: VAELearner) -> VAELearner:
-        """Return a copy of ``learner`` that trains with ``method="civet"``."""
-        return replace_training(
-            learner,
-            "civet",
-            "CivetTraining",
-            eps=self.eps,
-            kappa=self.kappa,
-            levels=self.levels,
-        )
 
 
 @dataclass(frozen=True)
@@ -287,20 +300,10 @@ class PGDTraining(CertifyingTrainer):
     """
 
     name: ClassVar[str] = "civet-pgd-train"
-    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
+    method: ClassVar[Method] = "pgd"
+    config_fields: ClassVar[dict[str, str]] = {"steps": "pgd_steps"}
     steps: int = 7
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_int("PGDTraining.steps", self.steps, 1)
-
-    def wrap(self, learner: VAELearner) -> VAELearner:
-        """Return a copy of ``learner`` that trains with ``method="pgd"``."""
-        return replace_training(
-            learner,
-            "pgd",
-            "PGDTraining",
-            eps=self.eps,
-            kappa=self.kappa,
-            pgd_steps=self.steps,
-        )

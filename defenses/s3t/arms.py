@@ -15,7 +15,8 @@ All three certify exactness by a lineage audit of the served system.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABC
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -26,6 +27,7 @@ from torch import nn
 from defenses.api import DefenseKind, Learner
 from defenses.arrays import FloatArray
 from defenses.checks import check_choice, check_int
+from defenses.fields import values_of
 from defenses.s3t.attacks import lineage_audit
 from defenses.s3t.baselines import SISA, FullRetrain
 from defenses.s3t.defense import S3T, Selection, Unlearner
@@ -156,18 +158,37 @@ class UnlearningLearner:
 class UnlearningDefense(ABC):
     """What the three unlearning defenses share: how they wrap and what they certify.
 
-    A subclass names itself, holds its ``retrain`` policy and builds its unfitted
-    model; :meth:`wrap` swaps the undefended training for it and :meth:`certify`
-    audits the served system's lineage.
+    A subclass is a frozen dataclass that names itself and its ``estimator``, and
+    holds its ``retrain`` policy and the estimator's settings (``shards``,
+    ``slices``, ...) as fields of the same names; :meth:`build` makes the unfitted
+    model from them, :meth:`wrap` swaps the undefended training for it and
+    :meth:`certify` audits the served system's lineage.
     """
 
     name: ClassVar[str]
     kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
+    estimator: ClassVar[Callable[..., Unlearner]]
     retrain: Policy
 
-    @abstractmethod
+    def __post_init__(self) -> None:
+        """Check the policy and the grid (``shards``, ``slices``) where it is held."""
+        owner = type(self).__name__
+        check_choice(f"{owner}.retrain", self.retrain, POLICIES)
+        for grid in ("shards", "slices"):
+            if hasattr(self, grid):
+                check_int(f"{owner}.{grid}", getattr(self, grid), minimum=1)
+
     def build(self, task: UnlearningTask, base: NoUnlearning, seed: int) -> Unlearner:
-        """The unfitted model, with the undefended learner's training settings."""
+        """The unfitted model, with the undefended learner's training settings.
+
+        :attr:`estimator` called with the task's backbone, the undefended learner's
+        rank and :func:`training`, and this defense's fields but ``retrain``.
+        """
+        settings = values_of(type(self), self)
+        settings.pop("retrain", None)
+        return type(self).estimator(
+            task.backbone, rank=base.rank, **settings, **training(task, base, seed)
+        )
 
     def wrap(self, learner: Learner[Any, Any]) -> UnlearningLearner:
         """Replace the undefended training by this defense's model."""
@@ -201,6 +222,7 @@ class S3TDefense(UnlearningDefense):
     """
 
     name: ClassVar[str] = "s3t-s3t"
+    estimator: ClassVar[Callable[..., Unlearner]] = S3T
     shards: int = 3
     slices: int = 3
     sequences: int | None = None
@@ -208,24 +230,10 @@ class S3TDefense(UnlearningDefense):
     retrain: Policy = "when_dead"
 
     def __post_init__(self) -> None:
-        check_choice("S3TDefense.retrain", self.retrain, POLICIES)
-        check_int("S3TDefense.shards", self.shards, minimum=1)
-        check_int("S3TDefense.slices", self.slices, minimum=1)
+        super().__post_init__()
         if self.sequences is not None:
             check_int("S3TDefense.sequences", self.sequences, minimum=1)
         check_choice("S3TDefense.selection", self.selection, ("cyclic", "bms"))
-
-    def build(self, task: UnlearningTask, base: NoUnlearning, seed: int) -> Unlearner:
-        """The unfitted model."""
-        return S3T(
-            task.backbone,
-            self.shards,
-            self.slices,
-            self.sequences,
-            base.rank,
-            self.selection,
-            **training(task, base, seed),
-        )
 
 
 @dataclass(frozen=True)
@@ -233,24 +241,10 @@ class SISADefense(UnlearningDefense):
     """SISA as a harness defense (see :class:`defenses.s3t.baselines.SISA`)."""
 
     name: ClassVar[str] = "s3t-sisa"
+    estimator: ClassVar[Callable[..., Unlearner]] = SISA
     shards: int = 3
     slices: int = 3
     retrain: Policy = "always"
-
-    def __post_init__(self) -> None:
-        check_choice("SISADefense.retrain", self.retrain, POLICIES)
-        check_int("SISADefense.shards", self.shards, minimum=1)
-        check_int("SISADefense.slices", self.slices, minimum=1)
-
-    def build(self, task: UnlearningTask, base: NoUnlearning, seed: int) -> Unlearner:
-        """The unfitted model."""
-        return SISA(
-            task.backbone,
-            self.shards,
-            self.slices,
-            base.rank,
-            **training(task, base, seed),
-        )
 
 
 @dataclass(frozen=True)
@@ -258,12 +252,5 @@ class FullRetrainDefense(UnlearningDefense):
     """Retrain from scratch without the deleted points."""
 
     name: ClassVar[str] = "s3t-full-retrain"
+    estimator: ClassVar[Callable[..., Unlearner]] = FullRetrain
     retrain: Policy = field(default="always", init=False)
-
-    def build(self, task: UnlearningTask, base: NoUnlearning, seed: int) -> Unlearner:
-        """The unfitted model."""
-        return FullRetrain(
-            task.backbone,
-            base.rank,
-            **training(task, base, seed),
-        )
