@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from defenses.plotting import save_figure
 from defenses.results import Result
 
 from .regime import sweep_cells
@@ -142,10 +143,7 @@ def _sweep(results: list[Result], out_dir: Path) -> list[tuple[str, Path]]:
         ax.set_ylabel("accuracy: time-adaptive - uniform")
         ax.set_title(f"{key[0]}, {key[1]}, budgets {key[2]}", fontsize=9)
         ax.legend(fontsize=6)
-    fig.tight_layout()
-    path = out_dir / "federated_regime_sweep.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    path = save_figure(fig, out_dir / "federated_regime_sweep.png", dpi=120)
     caption = (
         "Paired accuracy difference, time-adaptive minus uniform spending (same "
         "seed), with its 95 % t-interval, over rounds and saving ratio; above 0 it "

@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from defenses.audit.verdict import HEADLINE
+from defenses.plotting import save_figure
 from defenses.results import UNDEFENDED, Summary, summarize
 from defenses.tradeoff_points import draw_arm_point
 
@@ -94,11 +95,7 @@ def roc_plot(report: Findings, out: Path) -> Path:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
     fig.suptitle(f"{report.name}: membership ROC (one line per seed)")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def tradeoff_plot(report: Findings, out: Path) -> Path | None:
@@ -137,8 +134,4 @@ def tradeoff_plot(report: Findings, out: Path) -> Path | None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"{report.name}: utility against attack success")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 from collections import defaultdict
+from collections.abc import Callable
 
 import matplotlib
 
@@ -11,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from defenses.plotting import save_figure
 from defenses.results import Result
 
 
@@ -19,11 +21,8 @@ def _spec(result: Result) -> str:
 
 
 def _tradeoff(
-    results: list[Result], out_dir: pathlib.Path
+    rows: list[Result], out_dir: pathlib.Path
 ) -> list[tuple[str, pathlib.Path]]:
-    rows = [r for r in results if r.scenario == "rps-tradeoff"]
-    if not rows:
-        return []
     out = []
     for dataset in sorted({str(r.params["benchmark"]["dataset"]) for r in rows}):
         groups: dict[tuple[int, float], dict[int, list[Result]]] = defaultdict(
@@ -66,10 +65,7 @@ def _tradeoff(
         for level in sorted({a for _, a in groups}):
             axes[0].axhline(level, color="grey", linestyle="--", linewidth=1)
         axes[0].legend(fontsize=8)
-        fig.tight_layout()
-        path = out_dir / f"rps_tradeoff_{dataset}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        path = save_figure(fig, out_dir / f"rps_tradeoff_{dataset}.png")
         caption = (
             f"RPS trade-off on {dataset}: coverage, set size and certified "
             "fraction vs. k_t, k_c (mean ± std over seeds)"
@@ -79,12 +75,8 @@ def _tradeoff(
 
 
 def _coverage(
-    results: list[Result], out_dir: pathlib.Path
+    rows: list[Result], out_dir: pathlib.Path
 ) -> list[tuple[str, pathlib.Path]]:
-    rows = [r for r in results if r.scenario == "rps-coverage"]
-    if not rows:
-        return []
-
     def setting(r: Result) -> str:
         b = r.params["benchmark"]
         return f"kt{b['n_train_parts']} kc{b['n_calib_parts']} c{b['confidence_level']}"
@@ -107,10 +99,7 @@ def _coverage(
         f"Clean coverage over {len(by_variant[names[0]])} calibration/test splits"
     )
     ax.legend()
-    fig.tight_layout()
-    path = out_dir / "rps_coverage.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = save_figure(fig, out_dir / "rps_coverage.png")
     means = ", ".join(
         f"{n.replace(chr(10), ' ')} {np.mean(by_variant[n]):.3f}" for n in names
     )
@@ -120,7 +109,7 @@ def _coverage(
 def _certified(
     results: list[Result], out_dir: pathlib.Path
 ) -> list[tuple[str, pathlib.Path]]:
-    rows = [r for r in results if r.scenario == "rps-tradeoff" and r.defense == "rps"]
+    rows = [r for r in results if r.defense == "rps"]
     if not rows:
         return []
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -150,15 +139,22 @@ def _certified(
         ax.set_ylabel("fraction of test points certified robust")
         ax.set_ylim(0, 1.02)
     axes[1].legend(fontsize=7)
-    fig.tight_layout()
-    path = out_dir / "rps_certified.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = save_figure(fig, out_dir / "rps_certified.png")
     caption = (
         "RPS certified robust fraction vs. poisoning radius "
         "(training only, calibration only)"
     )
     return [(caption, path)]
+
+
+Drawing = Callable[[list[Result], pathlib.Path], list[tuple[str, pathlib.Path]]]
+
+DRAWINGS: tuple[tuple[str, Drawing], ...] = (
+    ("rps-tradeoff", _tradeoff),
+    ("rps-coverage", _coverage),
+    ("rps-tradeoff", _certified),
+)
+"""Each figure and the scenario whose runs it draws (it is skipped without any)."""
 
 
 def figures(
@@ -167,6 +163,9 @@ def figures(
     """Trade-off curves, the coverage distribution and certified-fraction curves."""
     mine = [r for r in results if _spec(r).startswith("rps")]
     out_dir.mkdir(parents=True, exist_ok=True)
-    return (
-        _tradeoff(mine, out_dir) + _coverage(mine, out_dir) + _certified(mine, out_dir)
-    )
+    drawn: list[tuple[str, pathlib.Path]] = []
+    for scenario, draw in DRAWINGS:
+        rows = [r for r in mine if r.scenario == scenario]
+        if rows:
+            drawn += draw(rows, out_dir)
+    return drawn

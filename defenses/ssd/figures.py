@@ -13,6 +13,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from defenses.plotting import save_figure
 from defenses.registry import register
 from defenses.results import Result
 
@@ -58,11 +59,7 @@ def _trade_off(results: list[Result], spec: str, out_dir: pathlib.Path) -> pathl
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=6, loc="best")
     fig.suptitle(spec)
-    fig.tight_layout()
-    path = out_dir / f"{spec}-tradeoff.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out_dir / f"{spec}-tradeoff.png", dpi=120)
 
 
 def _speed(results: list[Result], spec: str, out_dir: pathlib.Path) -> pathlib.Path:
@@ -87,11 +84,7 @@ def _speed(results: list[Result], spec: str, out_dir: pathlib.Path) -> pathlib.P
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     fig.suptitle(spec)
-    fig.tight_layout()
-    path = out_dir / f"{spec}-speed.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out_dir / f"{spec}-speed.png", dpi=120)
 
 
 @register("figures", "ssd")
