@@ -7,7 +7,9 @@ without the ids, bit for bit; and the deactivation twin of
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -97,6 +99,30 @@ def _retrain_equals_fresh_fit(make, X, y, ids, forget) -> None:
     assert lineage_audit(model, forget.tolist()).clean
 
 
+def _twin_tests(make, X, y, ids, forget, target) -> None:
+    """Both forms of the twin test: retrain after deleting ``forget``; ``target``."""
+    _retrain_equals_fresh_fit(make, X, y, ids, forget)
+    report = twin_test(make, X, y, ids, target=target)
+    assert report.exact
+    assert report.switched_off_differed
+
+
+def _s3t(model: nn.Module, targets: list[str], head: str) -> Callable[[], S3T]:
+    """The factory of S3T (2 shards x 2 slices, 2 orders, rank 2) on ``model``."""
+    return functools.partial(
+        S3T,
+        model,
+        2,
+        2,
+        2,
+        2,
+        target_modules=targets,
+        head=head,
+        epochs=1,
+        batch_size=32,
+    )
+
+
 @pytest.mark.parametrize("kind", ["S3T", "SISA"])
 def test_small_cnn_twin_tests_and_lineage(cnn, digits, kind) -> None:
     model, X = cnn
@@ -107,33 +133,15 @@ def test_small_cnn_twin_tests_and_lineage(cnn, digits, kind) -> None:
     def make():
         return cls(model, 2, 3, rank=2, epochs=1, batch_size=32, **settings)
 
-    _retrain_equals_fresh_fit(make, X[pool], data.y[pool], pool, pool[[3, 50]])
-    report = twin_test(make, X[pool], data.y[pool], pool, target=pool[7])
-    assert report.exact
-    assert report.switched_off_differed
+    _twin_tests(make, X[pool], data.y[pool], pool, pool[[3, 50]], pool[7])
 
 
 def test_transformer_encoder_twin_tests_and_lineage(transformer, digits) -> None:
     model, X = transformer
     data, _, pool = digits
 
-    def make():
-        return S3T(
-            model,
-            2,
-            2,
-            2,
-            2,
-            target_modules=["linear1", "linear2"],
-            head="head",
-            epochs=1,
-            batch_size=32,
-        )
-
-    _retrain_equals_fresh_fit(make, X[pool], data.y[pool], pool, pool[[1, 2, 90]])
-    report = twin_test(make, X[pool], data.y[pool], pool, target=pool[11])
-    assert report.exact
-    assert report.switched_off_differed
+    make = _s3t(model, ["linear1", "linear2"], "head")
+    _twin_tests(make, X[pool], data.y[pool], pool, pool[[1, 2, 90]], pool[11])
     fitted = make().fit(X[pool], data.y[pool], pool)
     trained_b = [b for st in fitted.stages().values() for _, b in st.adapters.values()]
     assert all(torch.count_nonzero(b) > 0 for b in trained_b)  # gradients reached B
@@ -178,23 +186,8 @@ def test_bert_from_a_config_twin_tests_and_lineage(digits) -> None:
     tokens = tokens.astype(np.int64)
     labels = np.array(["low", "mid", "high"])[data.y % 3]
 
-    def make():
-        return S3T(
-            model,
-            2,
-            2,
-            2,
-            2,
-            target_modules=["query", "value"],
-            head="classifier",
-            epochs=1,
-            batch_size=32,
-        )
-
-    _retrain_equals_fresh_fit(make, tokens[pool], labels[pool], pool, pool[[0, 5]])
-    report = twin_test(make, tokens[pool], labels[pool], pool, target=pool[9])
-    assert report.exact
-    assert report.switched_off_differed
+    make = _s3t(model, ["query", "value"], "classifier")
+    _twin_tests(make, tokens[pool], labels[pool], pool, pool[[0, 5]], pool[9])
     fitted = make().fit(tokens[pool], labels[pool], pool)
     assert list(fitted.classes_) == ["high", "low", "mid"]
     assert set(fitted.predict(tokens[:20])) <= {"high", "low", "mid"}

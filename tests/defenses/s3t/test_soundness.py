@@ -121,17 +121,6 @@ class _PythonDraw(UserMLP):
         return self.out(self.hidden(x))
 
 
-@pytest.mark.parametrize(
-    ("module", "generator"),
-    [(_NumpyDraw, "numpy global generator"), (_PythonDraw, "python random")],
-)
-def test_draws_from_global_generators_outside_torch_are_refused(
-    module: type[UserMLP], generator: str
-) -> None:
-    with pytest.raises(ValueError, match=f"random generator '<{generator}>'"):
-        _make(module()).fit(X, Y, IDS)
-
-
 def test_a_global_forward_hook_with_state_is_refused() -> None:
     seen: list[int] = []
 
@@ -217,9 +206,15 @@ class _Memoised(UserMLP):
 
 @pytest.mark.parametrize(
     ("module", "phrase"),
-    [(_Ticker, "attribute 'ticks'"), (_Memoised, "global 'tests.defenses.s3t")],
+    [
+        (_NumpyDraw, "random generator '<numpy global generator>'"),
+        (_PythonDraw, "random generator '<python random>'"),
+        (_Ticker, "attribute 'ticks'"),
+        (_Memoised, "global 'tests.defenses.s3t"),
+    ],
+    ids=["numpy-draw", "python-draw", "c-iterator", "memo-cache"],
 )
-def test_state_in_c_iterators_and_memo_caches_is_refused(
+def test_draws_outside_torch_and_state_in_iterators_or_caches_are_refused(
     module: type[UserMLP], phrase: str
 ) -> None:
     _memo.cache_clear()
