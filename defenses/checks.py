@@ -2,10 +2,11 @@
 
 Every scenario, attack and defense validates its parameters when it is built, so a
 bad spec fails at once with a message naming the field, instead of deep inside a
-run. The three checks here cover what the dataclasses need: integers in a range
-(a ``bool`` is refused, though Python counts it as an ``int``), finite real numbers in
-an interval, one choice out of a fixed set, and no unknown keys in a benchmark's
-parameters; ``int_param`` reads a benchmark's positive integer parameter.
+run. The checks here cover what the dataclasses need: integers in a range (a
+``bool`` is refused, though Python counts it as an ``int``), finite real numbers in
+an interval (fractions: the open interval (0, 1)), one choice out of a fixed set,
+and no unknown keys in a benchmark's parameters; ``int_param`` reads a benchmark's
+positive integer parameter.
 """
 
 from __future__ import annotations
@@ -94,6 +95,24 @@ def check_real(
         bounds = _interval(low, high, opening, closing)
         raise ValueError(f"{name} must be a finite number{bounds}, got {value!r}")
     return number
+
+
+def check_fraction(name: str, value: object) -> float:
+    """Return ``value`` as a ``float`` strictly between 0 and 1, or raise ValueError.
+
+    The check of every share, rate and confidence level: :func:`check_real` on the
+    open interval (0, 1).
+
+    Examples
+    --------
+    >>> check_fraction("Split.confidence", 0.95)
+    0.95
+    >>> check_fraction("Split.confidence", 1)
+    Traceback (most recent call last):
+    ...
+    ValueError: Split.confidence must be a finite number in (0.0, 1.0), got 1
+    """
+    return check_real(name, value, 0.0, 1.0, open_low=True, open_high=True)
 
 
 def check_choice(name: str, value: T, choices: Collection[T]) -> T:

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from defenses.arrays import BoolArray, FloatArray
-from defenses.checks import check_int, check_real
+from defenses.checks import check_fraction, check_int, check_real
 
 
 def _scores_and_truth(
@@ -106,7 +106,7 @@ def clopper_pearson(
     k = check_int("successes", successes)
     if not 0 <= k <= n:
         raise ValueError(f"successes must lie in [0, trials={n}], got {k}")
-    check_real("confidence", confidence, 0.0, 1.0, open_low=True, open_high=True)
+    check_fraction("confidence", confidence)
     tail = (1.0 - float(confidence)) / 2.0
     low = 0.0 if k == 0 else float(beta.ppf(tail, k, n - k + 1))
     high = 1.0 if k == n else float(beta.ppf(1.0 - tail, k + 1, n - k))

@@ -26,7 +26,7 @@ from sklearn.preprocessing import StandardScaler
 
 from defenses.audit.inputs import AuditInputs
 from defenses.audit.shadows import ShadowConfig, fit_module
-from defenses.checks import check_int, check_real
+from defenses.checks import check_fraction, check_int
 from defenses.data import load_digits, stratified_split
 from defenses.threads import single_thread
 
@@ -53,7 +53,7 @@ def build_mlp(seed: int) -> Pipeline:
 
 def _halves(y: np.ndarray, seed: int, members: float) -> tuple[np.ndarray, np.ndarray]:
     check_int("seed", seed, minimum=0)
-    check_real("members", members, 0.0, 1.0, open_low=True, open_high=True)
+    check_fraction("members", members)
     inside, outside = stratified_split(
         y, [members, 1.0 - members], np.random.default_rng(seed)
     )

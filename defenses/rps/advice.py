@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from defenses.checks import check_int, check_real
+from defenses.checks import check_fraction, check_int
 from defenses.rps.certificate import PartThresholds, ScoreGeometry
 from defenses.rps.quantile import (
     QUANTILE_MODES,
@@ -199,9 +199,7 @@ def suggest_parts(
     k = check_int("n_classes", n_classes, 2)
     r_t = check_int("train_radius", train_radius, 0)
     r_c = check_int("calib_radius", calib_radius, 0)
-    level = check_real(
-        "confidence_level", confidence_level, 0.0, 1.0, open_low=True, open_high=True
-    )
+    level = check_fraction("confidence_level", confidence_level)
     if quantile not in QUANTILE_MODES:
         raise ValueError(f"quantile must be one of {QUANTILE_MODES}, got {quantile!r}")
     cap = check_int("max_train_parts", max_train_parts, 1)

@@ -19,7 +19,7 @@ from sklearn.linear_model import LogisticRegression
 
 from defenses.api import DefenseKind
 from defenses.arrays import BoolArray
-from defenses.checks import check_choice, check_int, check_real
+from defenses.checks import check_choice, check_fraction, check_int, check_real
 from defenses.rps.baselines import EnsembleConformalClassifier, SplitConformalClassifier
 from defenses.rps.defense import ReliableConformalClassifier
 from defenses.rps.quantile import QUANTILE_MODES, QuantileMode
@@ -118,14 +118,7 @@ class SplitConformalLearner:
     C: float = 1.0
 
     def __post_init__(self) -> None:
-        check_real(
-            "SplitConformalLearner.confidence_level",
-            self.confidence_level,
-            0.0,
-            1.0,
-            open_low=True,
-            open_high=True,
-        )
+        check_fraction("SplitConformalLearner.confidence_level", self.confidence_level)
         check_real("SplitConformalLearner.C", self.C, 0.0, open_low=True)
 
     def fit(self, task: ConformalTask, rng: np.random.Generator) -> ConformalSystem:

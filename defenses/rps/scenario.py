@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from defenses.checks import check_int, check_real
+from defenses.checks import check_fraction, check_int, check_real
 from defenses.data import LOADERS, load, stratified_split
 from defenses.metrics import coverage, mean_set_size
 from defenses.registry import register, register_package
@@ -100,14 +100,7 @@ class ConformalPoisoning:
                 f"got {self.dataset!r}"
             )
         for field in ("confidence_level", "train_fraction", "calib_fraction"):
-            check_real(
-                f"ConformalPoisoning.{field}",
-                getattr(self, field),
-                0.0,
-                1.0,
-                open_low=True,
-                open_high=True,
-            )
+            check_fraction(f"ConformalPoisoning.{field}", getattr(self, field))
         if self.train_fraction + self.calib_fraction >= 1:
             raise ValueError(
                 "ConformalPoisoning.train_fraction + calib_fraction must be < 1 "

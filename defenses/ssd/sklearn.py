@@ -37,7 +37,7 @@ from sklearn.utils import _safe_indexing
 from sklearn.utils._tags import get_tags
 from sklearn.utils.validation import check_consistent_length, check_is_fitted
 
-from defenses.checks import check_choice, check_real
+from defenses.checks import check_choice, check_fraction
 from defenses.ssd.seeding import SEEDINGS, Seeding
 from defenses.targets import check_labels
 
@@ -183,9 +183,7 @@ class ShieldedClassifier(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):  #
             self.estimator_ = self.estimator
             val_probs, y_val = self.estimator_.predict_proba(X), labels
         else:
-            check_real(
-                "val_size", self.val_size, 0.0, 1.0, open_low=True, open_high=True
-            )
+            check_fraction("val_size", self.val_size)
             rows = np.arange(labels.shape[0])
             counts = np.unique(labels, return_counts=True)[1]
             stratify = labels if counts.min(initial=0) >= 2 else None

@@ -60,7 +60,7 @@ import scipy.sparse
 from scipy import stats
 from sklearn.model_selection import train_test_split
 
-from defenses.checks import check_choice, check_int, check_real
+from defenses.checks import check_choice, check_fraction, check_int, check_real
 from defenses.ssd.batch import as_rows
 from defenses.ssd.defense import StealthyShield
 from defenses.ssd.seeding import SEEDINGS, Seeding
@@ -104,20 +104,8 @@ class EpsilonSearch:
     random_state: int = 0
 
     def __post_init__(self) -> None:
-        check_real(
-            "max_accuracy_drop",
-            self.max_accuracy_drop,
-            0.0,
-            1.0,
-            open_low=True,
-            open_high=True,
-        )
-        check_real(
-            "confidence", self.confidence, 0.0, 1.0, open_low=True, open_high=True
-        )
-        check_real(
-            "check_size", self.check_size, 0.0, 1.0, open_low=True, open_high=True
-        )
+        for name in ("max_accuracy_drop", "confidence", "check_size"):
+            check_fraction(name, getattr(self, name))
         check_int("random_state", self.random_state, 0, 2**32 - 1)
         values = tuple(self.candidates)
         if not values:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from defenses import checks
-from defenses.checks import check_choice, check_int, check_real
+from defenses.checks import check_choice, check_fraction, check_int, check_real
 
 
 def test_docstring_examples() -> None:
@@ -58,6 +58,17 @@ def test_check_real_endpoints() -> None:
 def test_check_real_refuses_non_finite_and_non_numbers(value: object) -> None:
     with pytest.raises(ValueError, match=r"A\.x must be a finite number"):
         check_real("A.x", value)
+
+
+@pytest.mark.parametrize("value", [1e-12, 0.5, np.float32(0.25), 1 - 1e-12])
+def test_check_fraction_accepts_the_open_unit_interval(value: object) -> None:
+    assert check_fraction("A.share", value) == float(value)
+
+
+@pytest.mark.parametrize("value", [0, 0.0, 1, 1.0, -0.1, 1.5, math.nan, True, "0.5"])
+def test_check_fraction_refuses_the_endpoints_and_the_rest(value: object) -> None:
+    with pytest.raises(ValueError, match=r"A\.share must be a finite number in \(0"):
+        check_fraction("A.share", value)
 
 
 def test_check_choice() -> None:
