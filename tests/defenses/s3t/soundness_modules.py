@@ -11,7 +11,7 @@ renormalised once before, constants, stateless hooks) must fit and stay exact.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -25,9 +25,7 @@ _CALLS = [0]
 class ListCounter(UserMLP):
     """A call counter in a list: outputs double after 10 calls (issue 39)."""
 
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__(seed)
-        self.calls = [0]
+    state: ClassVar[dict[str, Any]] = {"calls": [0]}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls[0] += 1
@@ -37,9 +35,7 @@ class ListCounter(UserMLP):
 class FloatLog(UserMLP):
     """A list of floats: the mean of the inputs seen so far shifts the input."""
 
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__(seed)
-        self.history: list[float] = []
+    state: ClassVar[dict[str, Any]] = {"history": []}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.history.append(float(x.mean()))
@@ -105,9 +101,7 @@ def renormalised_tokens(seed: int = 0) -> TokenModel:
 class DictCache(UserMLP):
     """A dict cache: the first hidden state per batch size is reused as a bias."""
 
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__(seed)
-        self.cache: dict[int, float] = {}
+    state: ClassVar[dict[str, Any]] = {"cache": {}}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.hidden(x)
@@ -118,9 +112,7 @@ class DictCache(UserMLP):
 class FloatEMA(UserMLP):
     """A Python float attribute updated in forward (a running scale)."""
 
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__(seed)
-        self.scale = 1.0
+    state: ClassVar[dict[str, Any]] = {"scale": 1.0}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.hidden(x)
@@ -131,9 +123,7 @@ class FloatEMA(UserMLP):
 class RunningMean(UserMLP):
     """A buffer updated in forward, as BatchNorm's running statistics in train mode."""
 
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__(seed)
-        self.register_buffer("running", torch.zeros(16))
+    initial_buffers: ClassVar[dict[str, torch.Tensor]] = {"running": torch.zeros(16)}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.hidden(x)
@@ -171,9 +161,7 @@ class DefaultArgument(UserMLP):
 class RareInputs(UserMLP):
     """State written only for some inputs (none of the first eight rows)."""
 
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__(seed)
-        self.outliers = 0
+    state: ClassVar[dict[str, Any]] = {"outliers": 0}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if bool((x[:, 0] > 2.2).any()):
@@ -208,10 +196,10 @@ def stateless_hook(seed: int = 0) -> UserMLP:
 class Constants(UserMLP):
     """Plain attributes that the forward reads and never writes."""
 
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__(seed)
-        self.temperature = 2.0
-        self.config = {"names": ["a", "b"], "scale": [1.0, 0.5]}
+    state: ClassVar[dict[str, Any]] = {
+        "temperature": 2.0,
+        "config": {"names": ["a", "b"], "scale": [1.0, 0.5]},
+    }
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(self.hidden(x)) / self.temperature * self.config["scale"][0]
@@ -220,9 +208,7 @@ class Constants(UserMLP):
 class ShapeCache(UserMLP):
     """A mask built on first use and kept on ``self`` (depends on shapes only)."""
 
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__(seed)
-        self._mask: torch.Tensor | None = None
+    state: ClassVar[dict[str, Any]] = {"_mask": None}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._mask is None:

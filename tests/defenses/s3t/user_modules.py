@@ -9,6 +9,9 @@ model whose BatchNorm is in eval mode) or get an error naming their dtype (float
 
 from __future__ import annotations
 
+import copy
+from typing import Any, ClassVar
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -27,7 +30,14 @@ def _redraw(module: nn.Module, seed: int) -> None:
 
 
 class UserMLP(nn.Module):
-    """Two hidden layers and a head; subclasses change ``forward``."""
+    """Two hidden layers and a head; subclasses change ``forward``.
+
+    A subclass that keeps state declares where: ``state`` (plain attributes) and
+    ``initial_buffers`` (registered buffers), each instance starting from a copy.
+    """
+
+    state: ClassVar[dict[str, Any]] = {}
+    initial_buffers: ClassVar[dict[str, torch.Tensor]] = {}
 
     def __init__(self, seed: int = 0) -> None:
         super().__init__()
@@ -36,6 +46,10 @@ class UserMLP(nn.Module):
         self.out = nn.Linear(16, CLASSES)
         _redraw(self, seed)
         self.eval()
+        for name, value in self.state.items():
+            setattr(self, name, copy.deepcopy(value))
+        for name, tensor in self.initial_buffers.items():
+            self.register_buffer(name, tensor.clone())
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.fc2(torch.relu(self.fc1(x))))
@@ -62,10 +76,10 @@ class NoisyForward(UserMLP):
 class BatchNormInForward(UserMLP):
     """``F.batch_norm(..., training=True)``: its running statistics move."""
 
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__(seed)
-        self.register_buffer("mean", torch.zeros(16))
-        self.register_buffer("var", torch.ones(16))
+    initial_buffers: ClassVar[dict[str, torch.Tensor]] = {
+        "mean": torch.zeros(16),
+        "var": torch.ones(16),
+    }
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.batch_norm(self.hidden(x), self.mean, self.var, training=True)
@@ -75,9 +89,7 @@ class BatchNormInForward(UserMLP):
 class CountingForward(UserMLP):
     """A buffer the forward increments (not read: outputs stay deterministic)."""
 
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__(seed)
-        self.register_buffer("calls", torch.zeros(()))
+    initial_buffers: ClassVar[dict[str, torch.Tensor]] = {"calls": torch.zeros(())}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
@@ -87,9 +99,7 @@ class CountingForward(UserMLP):
 class LoggingForward(UserMLP):
     """Keeps every input it sees (a cache of training rows deletion cannot reach)."""
 
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__(seed)
-        self.seen: list[torch.Tensor] = []
+    state: ClassVar[dict[str, Any]] = {"seen": []}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.seen.append(x.detach())
@@ -99,9 +109,7 @@ class LoggingForward(UserMLP):
 class PythonCounter(UserMLP):
     """A Python counter the forward reads: outputs change after a number of calls."""
 
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__(seed)
-        self.calls = 0
+    state: ClassVar[dict[str, Any]] = {"calls": 0}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
