@@ -23,7 +23,12 @@ import numpy as np
 import numpy.typing as npt
 
 from defenses.arrays import FloatArray
-from defenses.ssd.waterfill import FLOOR, check_probabilities, sum_tolerance
+from defenses.ssd.waterfill import (
+    FLOOR,
+    check_probabilities,
+    prepare_inputs,
+    sum_tolerance,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -73,20 +78,11 @@ def solve_reference(
 
     cp: Any = cvxpy
 
-    f_arr = np.asarray(f, dtype=np.float64)
-    q_arr = np.asarray(q, dtype=np.float64)
-    b_arr = np.asarray(budget, dtype=np.float64)
-    if f_arr.ndim != 2 or f_arr.shape != q_arr.shape or f_arr.shape[1] == 0:
-        raise ValueError(
-            f"f and q must have the same shape (N, K), got {f_arr.shape} and "
-            f"{q_arr.shape}"
-        )
+    f_arr, q_arr, b_arr, dtype = prepare_inputs(f, q, budget)
     n, k = f_arr.shape
-    tol = sum_tolerance(np.dtype(np.float64), k)
+    tol = sum_tolerance(dtype, k)
     check_probabilities("f", f_arr, tol)
     check_probabilities("q", q_arr, tol)
-    if b_arr.shape != (n,) or not np.all(np.isfinite(b_arr)) or np.any(b_arr < 0):
-        raise ValueError(f"budget must be finite, >= 0 and of shape ({n},)")
     q_arr = np.maximum(q_arr, FLOOR)
     q_arr = q_arr / q_arr.sum(axis=1, keepdims=True)
     out = np.empty_like(f_arr)

@@ -140,9 +140,22 @@ def _check_budget(budget: FloatArray, n: int) -> None:
         raise ValueError(f"budget must be >= 0, got min {budget.min()!r}")
 
 
-def _prepare(
+def prepare_inputs(
     f: npt.ArrayLike, q: npt.ArrayLike, budget: npt.ArrayLike
 ) -> tuple[FloatArray, FloatArray, FloatArray, np.dtype[np.floating]]:
+    """``f``, ``q`` and ``budget`` in float64, and the dtype of the answer.
+
+    Checks what does not need a pass over the rows: real dtypes, matching (N, K)
+    shapes with K >= 1, and a finite, non-negative budget of shape (N,). The rows'
+    sums and signs are checked by the caller (:func:`check_probabilities`, or the
+    statistics of the compiled pass). Both solvers of the projection, the closed form
+    and :func:`~defenses.ssd.solver.solve_reference`, take their inputs through here.
+
+    Raises
+    ------
+    ValueError
+        On non-real dtypes, mismatched shapes, an empty class axis or a bad budget.
+    """
     f_in = np.asarray(f)
     q_in = np.asarray(q)
     dtype = np.result_type(f_in.dtype, q_in.dtype, np.float32)
@@ -244,6 +257,6 @@ def water_filling(
         k = f.shape[1] if f.ndim == 2 else 1
         tolerance = max(sum_tolerance(f.dtype, k), sum_tolerance(q.dtype, k))
         return water_filling_torch(f, q, budget, tolerance, FLOOR)
-    f64, q64, b64, dtype = _prepare(f, q, budget)
+    f64, q64, b64, dtype = prepare_inputs(f, q, budget)
     tolerance = sum_tolerance(dtype, f64.shape[1])
     return _water_filling_numpy(f64, q64, b64, tolerance).astype(dtype, copy=False)
