@@ -126,6 +126,8 @@ class SSDDefense:
 
     name: ClassVar[str] = "ssd-shield"
     kind: ClassVar[DefenseKind] = DefenseKind.POSTPROCESSOR
+    shield_class: ClassVar[type[StealthyShield]] = StealthyShield
+    """The shield built by :meth:`shield` (the ablations swap in a variant)."""
     epsilon: float = 0.5
     temperature: float | None = None
     seeding: Seeding = "random"
@@ -143,8 +145,8 @@ class SSDDefense:
                 raise ValueError(f"{owner}.hash_resolution needs seeding='input-hash'")
 
     def shield(self, seed: int) -> StealthyShield:
-        """An unfitted shield with this defense's parameters."""
-        return StealthyShield(
+        """An unfitted :attr:`shield_class` with this defense's parameters."""
+        return self.shield_class(
             epsilon=self.epsilon,
             temperature=self.temperature,
             seed=seed,

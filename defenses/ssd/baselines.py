@@ -260,15 +260,7 @@ class SSDNoTemperature(SSDDefense):
     """Ablation "w/o T": SSD sampling its pseudo-label from ``f``."""
 
     name: ClassVar[str] = "ssd-no-temperature"
-
-    def shield(self, seed: int) -> StealthyShield:
-        """An unfitted :class:`NoTemperatureShield`."""
-        return NoTemperatureShield(
-            epsilon=self.epsilon,
-            seed=seed,
-            seeding=self.seeding,
-            hash_resolution=self.hash_resolution,
-        )
+    shield_class: ClassVar[type[StealthyShield]] = NoTemperatureShield
 
 
 @dataclass(frozen=True)
@@ -276,14 +268,5 @@ class SSDConstantBudget(SSDDefense):
     """Ablation "w/o adaptive": SSD with the constant L1 budget ``epsilon``."""
 
     name: ClassVar[str] = "ssd-constant-budget"
+    shield_class: ClassVar[type[StealthyShield]] = ConstantBudgetShield
     epsilon: float = 0.1
-
-    def shield(self, seed: int) -> StealthyShield:
-        """An unfitted :class:`ConstantBudgetShield`."""
-        return ConstantBudgetShield(
-            epsilon=self.epsilon,
-            temperature=self.temperature,
-            seed=seed,
-            seeding=self.seeding,
-            hash_resolution=self.hash_resolution,
-        )

@@ -5,13 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from defenses.ssd.arms import SSDDefense
 from defenses.ssd.baselines import (
     ConstantBudgetShield,
     NoTemperatureShield,
+    SSDConstantBudget,
+    SSDNoTemperature,
     class_labels,
     gaussian_noise,
 )
 from defenses.ssd.benchmark import speed
+from defenses.ssd.defense import StealthyShield
 
 
 def _probs(n: int = 40, k: int = 5, seed: int = 0) -> np.ndarray:
@@ -54,6 +58,22 @@ def test_ablation_shields():
     out = constant(probs)
     assert np.all(np.abs(out - probs).sum(axis=1) <= 0.2 + 1e-12)
 
+
+
+@pytest.mark.parametrize(
+    ("arm", "shield_class"),
+    [
+        (SSDDefense, StealthyShield),
+        (SSDNoTemperature, NoTemperatureShield),
+        (SSDConstantBudget, ConstantBudgetShield),
+    ],
+)
+def test_each_arm_builds_its_shield_with_the_arm_parameters(arm, shield_class):
+    defense = arm(epsilon=0.3, seeding="input-hash", hash_resolution=0.01)
+    shield = defense.shield(seed=7)
+    assert type(shield) is shield_class
+    assert (shield.epsilon, shield.seed) == (0.3, 7)
+    assert (shield.seeding, shield.hash_resolution) == ("input-hash", 0.01)
 
 def test_speed_benchmark_records():
     params = {"K": 4, "N": 50, "repeats": 1, "cvxpy_rows": 2}
