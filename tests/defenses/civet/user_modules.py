@@ -18,24 +18,47 @@ from tests.defenses.civet.helpers import generator
 IN, LATENT = 16, 2
 
 
-class UserVAE(nn.Module):
-    """A plain MLP VAE; subclasses change one method."""
+def redraw(model: nn.Module, seed: int, bias_scale: float | None = None) -> nn.Module:
+    """Every parameter ``N(0, 1) / sqrt(fan_in)`` from a generator seeded ``seed``.
 
-    def __init__(self, seed: int = 0) -> None:
+    Vectors (biases) are divided by ``bias_scale`` instead where it is given.
+    """
+    g = generator(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            scale = (
+                p.shape[-1] ** 0.5 if p.ndim > 1 or bias_scale is None else bias_scale
+            )
+            p.copy_(torch.randn(p.shape, generator=g) / scale)
+    return model
+
+
+class UserVAE(nn.Module):
+    """A plain MLP VAE; subclasses change one method (or the width and ranges).
+
+    ``hidden`` units in the encoder and decoder, log-variances clamped to
+    ``logvar_range``, weights by :func:`redraw` (``bias_scale`` passed on).
+    """
+
+    def __init__(
+        self,
+        seed: int = 0,
+        hidden: int = 64,
+        logvar_range: tuple[float, float] = (-6.0, 2.0),
+        bias_scale: float | None = None,
+    ) -> None:
         super().__init__()
-        g = generator(seed)
-        self.enc = nn.Linear(IN, 64)
-        self.heads = nn.Linear(64, 2 * LATENT)
-        self.dec = nn.Linear(LATENT, 64)
-        self.out = nn.Linear(64, IN)
+        self.enc = nn.Linear(IN, hidden)
+        self.heads = nn.Linear(hidden, 2 * LATENT)
+        self.dec = nn.Linear(LATENT, hidden)
+        self.out = nn.Linear(hidden, IN)
         self.act = nn.ReLU(inplace=True)
-        with torch.no_grad():
-            for p in self.parameters():
-                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+        self.logvar_low, self.logvar_high = logvar_range
+        redraw(self, seed, bias_scale)
 
     def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mu, logvar = self.heads(torch.relu(self.enc(x))).chunk(2, dim=1)
-        return mu, logvar.clamp(-6.0, 2.0)
+        return mu, logvar.clamp(self.logvar_low, self.logvar_high)
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.out(torch.relu(self.dec(z))))

@@ -15,35 +15,19 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrizations, spectral_norm, weight_norm
 
-IN, LATENT = 16, 2
+from tests.defenses.civet.user_modules import IN as IN  # re-exported to the zoo tests
+from tests.defenses.civet.user_modules import LATENT, UserVAE, redraw
 
 
 def _init(model: nn.Module, seed: int) -> nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            scale = p.shape[-1] ** 0.5 if p.ndim > 1 else 2.0
-            p.copy_(torch.randn(p.shape, generator=g) / scale)
-    return model
+    return redraw(model, seed, bias_scale=2.0)
 
 
-class Base(nn.Module):
+class Base(UserVAE):
     """Linear encoder heads and a two-layer decoder; subclasses change the maps."""
 
     def __init__(self, seed: int = 0, hidden: int = 24) -> None:
-        super().__init__()
-        self.enc = nn.Linear(IN, hidden)
-        self.heads = nn.Linear(hidden, 2 * LATENT)
-        self.dec = nn.Linear(LATENT, hidden)
-        self.out = nn.Linear(hidden, IN)
-        _init(self, seed)
-
-    def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mu, logvar = self.heads(torch.relu(self.enc(x))).chunk(2, dim=1)
-        return mu, logvar.clamp(-4.0, 1.0)
-
-    def decode(self, z: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.out(torch.relu(self.dec(z))))
+        super().__init__(seed, hidden, logvar_range=(-4.0, 1.0), bias_scale=2.0)
 
 
 class SoftplusThresholdZero(Base):
