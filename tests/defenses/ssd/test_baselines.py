@@ -59,7 +59,6 @@ def test_ablation_shields():
     assert np.all(np.abs(out - probs).sum(axis=1) <= 0.2 + 1e-12)
 
 
-
 @pytest.mark.parametrize(
     ("arm", "shield_class"),
     [
@@ -74,6 +73,7 @@ def test_each_arm_builds_its_shield_with_the_arm_parameters(arm, shield_class):
     assert type(shield) is shield_class
     assert (shield.epsilon, shield.seed) == (0.3, 7)
     assert (shield.seeding, shield.hash_resolution) == ("input-hash", 0.01)
+
 
 def test_speed_benchmark_records():
     params = {"K": 4, "N": 50, "repeats": 1, "cvxpy_rows": 2}
