@@ -106,21 +106,6 @@ def test_mc_check_flags_a_wrong_bound() -> None:
     assert check.under.max() == 0.0
 
 
-@pytest.mark.parametrize(
-    ("make", "match"),
-    [
-        (lambda: JointPGD(steps=0), "JointPGD.steps must be an int >= 1"),
-        (lambda: JointPGD(restarts=0), "JointPGD.restarts"),
-        (lambda: EOTPGD(samples=0), "EOTPGD.samples"),
-        (lambda: LatentAttack(steps=-1), "LatentAttack.steps"),
-        (lambda: MaxDamage(threads=0), "MaxDamage.threads"),
-    ],
-)
-def test_attack_parameters_are_validated(make, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        make()
-
-
 def test_mc_check_rejects_bad_input() -> None:
     model = small_vae()
     x = inputs()

@@ -6,9 +6,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from defenses.civet.arms import CivetTraining, PGDTraining, VAELearner
+from defenses.civet.arms import CivetTraining, PGDTraining
 from defenses.civet.attacks import EOTPGD, JointPGD, LatentAttack, MaxDamage, VAEGuess
-from defenses.civet.scenario import CivetScenario
 from defenses.registry import available, create
 from defenses.results import Result
 from defenses.testing import check_pair
@@ -120,37 +119,6 @@ def test_null_guess_scores_exactly_chance() -> None:
     assert scores["attack_loss"] == pytest.approx(
         TINY.utility(system, task)["clean_loss"], rel=0.3
     )
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"data": "mnist"}, "data must be one of"),
-        ({"arch": "resnet"}, "arch must be one of"),
-        ({"arch": "conv", "data": "blobs"}, "needs data='digits'"),
-        ({"eps": -0.1}, r"eps must be a finite number in \[0\.0, 1\.0\]"),
-        ({"p": 1.0}, r"p must be a finite number in \(0\.0, 1\.0\)"),
-        ({"n_eval": 0}, "n_eval must be an int >= 1"),
-        ({"epochs": 0}, "epochs must be an int >= 1"),
-        ({"train_fraction": 1.0}, "train_fraction"),
-    ],
-)
-def test_scenario_rejects_bad_parameters(kwargs: dict[str, object], match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        CivetScenario(**kwargs)  # type: ignore[arg-type]
-
-
-def test_defense_parameters_are_validated() -> None:
-    with pytest.raises(ValueError, match="kappa must be a finite number in"):
-        CivetTraining(kappa=2.0)
-    with pytest.raises(ValueError, match="eps"):
-        CivetTraining(eps=-1.0)
-    with pytest.raises(ValueError, match="levels"):
-        CivetTraining(levels=(0.9, 0.2))
-    with pytest.raises(ValueError, match="steps must be an int >= 1"):
-        PGDTraining(steps=0)
-    with pytest.raises(ValueError, match="arch"):
-        VAELearner(arch="rnn")
 
 
 def test_conv_architecture_trains_and_certifies() -> None:
