@@ -73,15 +73,56 @@ def _labels(answers: npt.NDArray[np.generic]) -> IntArray:
 
 
 @dataclass(frozen=True)
-class BoundaryRepulsion:
-    """Label-only inversion by boundary repulsion (BREP-MI style).
+class PriorSearch:
+    """What the inversions here share: chains of latents in a PCA prior.
+
+    The prior is fitted on the adversary's public data; every chain searches its
+    latent space, clipped to a box, and decodes its last latent as the
+    reconstruction. Subclasses write :meth:`_search`.
 
     Parameters
     ----------
     n_components : int
-        Latent dimension of the PCA prior.
+        Latent dimension of the PCA prior (at most the public data's shape allows).
     n_init : int
-        Prior samples labelled once to find a starting latent of each target.
+        Prior samples queried once to start the chains.
+    clamp : float
+        Latents are clipped to ``[-clamp, clamp]``, > 0.
+    """
+
+    n_components: int = 16
+    n_init: int = 512
+    clamp: float = 3.0
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        for name in ("n_components", "n_init"):
+            check_int(f"{owner}.{name}", getattr(self, name), minimum=1)
+        check_real(f"{owner}.clamp", self.clamp, 0.0, open_low=True)
+
+    def run(self, view: InversionView, rng: np.random.Generator) -> FloatArray:
+        """Reconstructions, one row per entry of ``view.targets``."""
+        with single_thread():
+            prior = PCAPrior.fit(
+                view.public, min(self.n_components, *view.public.shape), view.bounds
+            )
+            return self._search(view, prior, rng)
+
+    def _search(
+        self, view: InversionView, prior: PCAPrior, rng: np.random.Generator
+    ) -> FloatArray:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class BoundaryRepulsion(PriorSearch):
+    """Label-only inversion by boundary repulsion (BREP-MI style).
+
+    The ``n_init`` prior samples are labelled once, to find a starting latent of
+    each target (:class:`PriorSearch` holds ``n_components``, ``n_init``, ``clamp``).
+
+    Parameters
+    ----------
     n_dirs : int
         Probes on the sphere per iteration.
     iterations : int
@@ -94,27 +135,23 @@ class BoundaryRepulsion:
         Fraction of probes inside the class that triggers growth, in (0, 1].
     step : float
         Step length as a multiple of the radius.
-    clamp : float
-        Latents are clipped to ``[-clamp, clamp]``.
     """
 
     name: ClassVar[str] = "ssd-brep"
     requires: ClassVar[frozenset[Capability]] = frozenset({Capability.QUERY_LABEL})
-    n_components: int = 16
-    n_init: int = 512
     n_dirs: int = 32
     iterations: int = 30
     radius: float = 0.5
     growth: float = 1.3
     inside: float = 0.75
     step: float = 0.5
-    clamp: float = 3.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         owner = type(self).__name__
-        for name in ("n_components", "n_init", "n_dirs", "iterations"):
+        for name in ("n_dirs", "iterations"):
             check_int(f"{owner}.{name}", getattr(self, name), minimum=1)
-        for name in ("radius", "step", "clamp"):
+        for name in ("radius", "step"):
             check_real(f"{owner}.{name}", getattr(self, name), 0.0, open_low=True)
         if not (isinstance(self.growth, int | float) and self.growth >= 1):
             raise ValueError(f"{owner}.growth must be >= 1, got {self.growth!r}")
@@ -141,16 +178,9 @@ class BoundaryRepulsion:
                 start[chains] = pool[hits[np.arange(chains.size) % hits.size]]
         return start
 
-    def run(self, view: InversionView, rng: np.random.Generator) -> FloatArray:
-        """Reconstructions, one row per entry of ``view.targets``."""
-        with single_thread():
-            return self._search(view, rng)
-
-    def _search(self, view: InversionView, rng: np.random.Generator) -> FloatArray:
-        bounds = view.bounds
-        prior = PCAPrior.fit(
-            view.public, min(self.n_components, *view.public.shape), bounds
-        )
+    def _search(
+        self, view: InversionView, prior: PCAPrior, rng: np.random.Generator
+    ) -> FloatArray:
         targets = view.targets
         z = self._start(view, prior, rng)
         chains, dim = z.shape
@@ -228,15 +258,15 @@ class VotingBoundaryRepulsion(BoundaryRepulsion):
 
 
 @dataclass(frozen=True)
-class GeneticInversion:
+class GeneticInversion(PriorSearch):
     """Soft-label inversion by a genetic search in the prior (Mirror style).
+
+    The ``n_init`` prior samples are scored once; each chain starts from the best
+    ``population`` (:class:`PriorSearch` holds ``n_components``, ``n_init``,
+    ``clamp``).
 
     Parameters
     ----------
-    n_components : int
-        Latent dimension of the PCA prior.
-    n_init : int
-        Prior samples scored once; each chain starts from the best ``population``.
     population : int
         Individuals per chain.
     generations : int
@@ -247,27 +277,22 @@ class GeneticInversion:
         Standard deviation of the Gaussian mutation, in latent units.
     mutation_rate : float
         Probability that a coordinate of a child mutates, in (0, 1].
-    clamp : float
-        Latents are clipped to ``[-clamp, clamp]``.
     """
 
     name: ClassVar[str] = "ssd-mirror"
     requires: ClassVar[frozenset[Capability]] = frozenset({Capability.QUERY_SCORES})
-    n_components: int = 16
-    n_init: int = 512
     population: int = 32
     generations: int = 25
     elite: int = 8
     sigma: float = 0.3
     mutation_rate: float = 0.5
-    clamp: float = 3.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         owner = type(self).__name__
-        for name in ("n_components", "n_init", "population", "generations", "elite"):
+        for name in ("population", "generations", "elite"):
             check_int(f"{owner}.{name}", getattr(self, name), minimum=1)
-        for name in ("sigma", "clamp"):
-            check_real(f"{owner}.{name}", getattr(self, name), 0.0, open_low=True)
+        check_real(f"{owner}.sigma", self.sigma, 0.0, open_low=True)
         if self.elite >= self.population:
             raise ValueError(
                 f"{owner}.elite must be < population={self.population}, "
@@ -293,15 +318,9 @@ class GeneticInversion:
         picked = s[np.arange(s.shape[0]), targets]
         return np.log(np.maximum(picked, LOG_FLOOR))
 
-    def run(self, view: InversionView, rng: np.random.Generator) -> FloatArray:
-        """Reconstructions, one row per entry of ``view.targets``."""
-        with single_thread():
-            return self._evolve(view, rng)
-
-    def _evolve(self, view: InversionView, rng: np.random.Generator) -> FloatArray:
-        prior = PCAPrior.fit(
-            view.public, min(self.n_components, *view.public.shape), view.bounds
-        )
+    def _search(
+        self, view: InversionView, prior: PCAPrior, rng: np.random.Generator
+    ) -> FloatArray:
         targets = view.targets
         chains, size = targets.size, self.population
         pool = prior.sample(self.n_init, rng)

@@ -153,6 +153,23 @@ def test_bad_parameters(factory, match):
         factory()
 
 
+@pytest.mark.parametrize(
+    "attack", [BoundaryRepulsion, GeneticInversion, VotingBoundaryRepulsion]
+)
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("n_components", 0, "n_components must be an int >= 1"),
+        ("n_init", True, "n_init must be an int >= 1"),
+        ("clamp", 0.0, "clamp must be a finite number > 0.0"),
+        ("clamp", float("nan"), "clamp must be a finite number > 0.0"),
+    ],
+)
+def test_every_prior_search_checks_the_prior_parameters(attack, field, value, match):
+    with pytest.raises(ValueError, match=rf"{attack.__name__}\.{match}"):
+        attack(**{field: value})
+
+
 def test_query_budget_is_enforced():
     from defenses.oracle import QueryBudgetExceeded
 
