@@ -4,17 +4,23 @@ A profile's specs are independent, so ``bench --jobs N`` (default: two, or one o
 one-core machine) runs them in ``N`` worker processes (:mod:`defense_suite.workers`),
 each on **one thread** (torch, OpenMP, BLAS, numba), so that ``N`` workers use ``N``
 cores and never oversubscribe them. A spec whose claim is a time (a speed-up, a cost
-budget, a latency) would read another spec's load as its own, so it runs **alone**:
-in this process, with its usual threads, while no worker runs (:func:`exclusive`).
+budget, a latency) would read another spec's load as its own, so by default it runs
+**alone**: in this process, with its usual threads, while no worker runs
+(:func:`exclusive`). A timing spec that sets ``[run] exclusive = false`` states that
+its measurement holds on one thread beside one-thread work on the other cores (CPU
+seconds of its own process, or a one-thread computation that keeps its core to
+itself): it runs in a worker, **beside untimed specs only**, never two timing specs
+at once (:class:`~defense_suite.workers.Jobs`).
 
 Schedule: the workers start first (their imports overlap this process's check of
 every spec) and take the shared specs longest first (greedy list scheduling: each
-free worker takes the longest spec left), by the seconds each took in the last bench
-of that results folder (``bench-times.json``; a spec never timed counts as
-longest); when they are done and closed, the timing specs run here, one after
-another. With ``N`` workers
-and a longest spec :math:`t_{max}` the parallel part ends within
-:math:`\sum t / N + t_{max}` (Graham's bound for list scheduling).
+free worker takes the longest spec left that it may run), by the seconds each took
+in the last bench of that results folder (``bench-times.json``; a spec never timed
+counts as longest); when they are done and closed, the specs that run alone run
+here, one after another. With ``N`` workers and a longest spec :math:`t_{max}` the
+parallel part ends within :math:`\sum t / N + t_{max}` (Graham's bound for list
+scheduling) while the one-at-a-time specs take at most :math:`1/N` of it
+(:math:`\sum t_{timed} \le \sum t / N`); beyond that they run one after another.
 
 Each finished spec prints one line with its time; a failed spec is reported with its
 error and log and the others run on; the report is written only when every spec
@@ -54,16 +60,19 @@ def measures_time(metric: str) -> bool:
     return bool(TIME_WORDS.intersection(key.lower().split("_")))
 
 
+def timed(spec: Spec) -> bool:
+    """Whether ``spec``'s claim (``[report.summary] metric``) is a time."""
+    summary = spec.report.summary
+    return summary is not None and measures_time(summary.metric)
+
+
 def exclusive(spec: Spec) -> bool:
     """Whether ``spec`` must run alone.
 
-    ``[run] exclusive`` when the spec sets it, else whether its claim (``[report.
-    summary] metric``) is a time (:func:`measures_time`).
+    ``[run] exclusive`` when the spec sets it, else whether its claim is a time
+    (:func:`timed`).
     """
-    if spec.exclusive is not None:
-        return spec.exclusive
-    summary = spec.report.summary
-    return summary is not None and measures_time(summary.metric)
+    return timed(spec) if spec.exclusive is None else spec.exclusive
 
 
 def default_jobs() -> int:
@@ -136,8 +145,9 @@ def run_bench(
     With ``jobs == 1`` every spec runs in this process, one after another, as before
     parallel runs existed. Otherwise ``jobs`` one-thread workers start at once (their
     imports overlap ``check``, which checks every spec before any runs), run the
-    specs :func:`exclusive` does not name, longest first, and are closed; then the
-    timing specs run here, alone. ``say`` gets one line per finished spec. Returns
+    specs :func:`exclusive` does not name, longest first, the :func:`timed` ones
+    among them one at a time, and are closed; then the exclusive specs run here,
+    alone. ``say`` gets one line per finished spec. Returns
     the outcomes in the order the specs finished.
     """
     jobs = default_jobs() if jobs is None else jobs
@@ -146,13 +156,16 @@ def run_bench(
     shared = longest_first(
         [p for p in paths if p not in alone], read_times(results_dir)
     )
+    one_at_a_time = {p for p in shared if timed(specs[p])}
     total = len(paths)
     outcomes: list[Outcome] = []
     if shared:
         with Pool(min(jobs, len(shared))) as pool:
             check()
             for outcome in pool.run(
-                [(p, results_dir / f"{p.stem}.jsonl") for p in shared], mode
+                [(p, results_dir / f"{p.stem}.jsonl") for p in shared],
+                mode,
+                one_at_a_time,
             ):
                 outcomes.append(outcome)
                 say(outcome.line(len(outcomes), total))

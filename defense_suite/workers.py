@@ -27,8 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -202,26 +201,35 @@ class Pool:
         else:
             logger.warning("the workers' logs are kept in %s", self.log_dir)
 
-    def _drive(
-        self, number: int, jobs: deque[tuple[Path, Path]], mode: str, done: Any
-    ) -> None:
+    def _drive(self, number: int, jobs: Jobs, mode: str, done: Any) -> None:
         worker: Worker | None = self.workers[number - 1]
         while True:
-            try:
-                spec, out = jobs.popleft()
-            except IndexError:
+            job = jobs.take()
+            if job is None:
                 return
+            spec, out = job
             if worker is None:
                 worker = Worker(self.log_dir, number)
                 self.workers.append(worker)
-            outcome = worker.run(spec, out, mode, self.log_dir / f"{spec.stem}.log")
+            try:
+                outcome = worker.run(spec, out, mode, self.log_dir / f"{spec.stem}.log")
+            finally:
+                jobs.finished(spec)
             if worker.process.poll() is not None:
                 worker = None  # died: the next spec gets a fresh one
             done.put(outcome)
 
-    def run(self, specs: Sequence[tuple[Path, Path]], mode: str) -> Iterator[Outcome]:
-        """Run every ``(spec, out)``; yield each outcome as its spec finishes."""
-        jobs = deque(specs)
+    def run(
+        self,
+        specs: Sequence[tuple[Path, Path]],
+        mode: str,
+        one_at_a_time: Collection[Path] = (),
+    ) -> Iterator[Outcome]:
+        """Run every ``(spec, out)``; yield each outcome as its spec finishes.
+
+        The specs in ``one_at_a_time`` never run two at once (:class:`Jobs`).
+        """
+        jobs = Jobs(specs, one_at_a_time)
         done: queue.Queue[Outcome] = queue.Queue()
         for number in range(1, self.size + 1):
             threading.Thread(
@@ -236,6 +244,42 @@ class Pool:
                     continue
             self.failed = self.failed or not outcome.ok
             yield outcome
+
+
+class Jobs:
+    """The specs left to run, in the order given, shared by the pool's workers.
+
+    A free worker takes the first spec it may run: any spec, except one of
+    ``one_at_a_time`` (timing specs run beside untimed ones only) while another of
+    them runs; it waits when every spec left is of those and one runs.
+    """
+
+    def __init__(
+        self, specs: Sequence[tuple[Path, Path]], one_at_a_time: Collection[Path] = ()
+    ) -> None:
+        self.left = list(specs)
+        self.one_at_a_time = frozenset(one_at_a_time)
+        self.running: set[Path] = set()
+        self.changed = threading.Condition()
+
+    def take(self) -> tuple[Path, Path] | None:
+        """The next spec for a free worker (waiting if need be); None when none left."""
+        with self.changed:
+            while self.left:
+                busy = bool(self.running & self.one_at_a_time)
+                for index, (spec, out) in enumerate(self.left):
+                    if not (busy and spec in self.one_at_a_time):
+                        del self.left[index]
+                        self.running.add(spec)
+                        return spec, out
+                self.changed.wait()
+            return None
+
+    def finished(self, spec: Path) -> None:
+        """``spec`` is done (or failed): a waiting worker may take the next."""
+        with self.changed:
+            self.running.discard(spec)
+            self.changed.notify_all()
 
 
 def _serve(reply: IO[str]) -> None:

@@ -3,10 +3,14 @@
 import json
 import os
 import signal
+import threading
+import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
+from defense_suite import workers
 from defense_suite.bench import (
     TIMES_FILE,
     default_jobs,
@@ -14,10 +18,12 @@ from defense_suite.bench import (
     longest_first,
     measures_time,
     read_times,
+    run_bench,
+    timed,
 )
 from defense_suite.cli import main
 from defense_suite.spec import SpecError, load_spec, parse
-from defense_suite.workers import ONE_THREAD, Worker
+from defense_suite.workers import ONE_THREAD, Jobs, Outcome, Pool, Worker
 from tests.benchmarks.test_cli import SPEC
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,6 +95,116 @@ def test_order_is_longest_first_with_untimed_specs_first(tmp_path, capsys):
         assert (
             f"--jobs: must be an integer >= 1, got '{bad}'" in capsys.readouterr().err
         )
+
+
+def _job(name):
+    return Path(f"{name}-quick.toml"), Path(f"{name}.jsonl")
+
+
+def test_jobs_keep_timing_specs_apart_and_take_the_first_spec_allowed():
+    specs = [_job(n) for n in ("t1", "a", "t2", "b", "t3")]
+    jobs = Jobs(specs, {specs[0][0], specs[2][0], specs[4][0]})
+    assert jobs.take() == specs[0]  # t1 runs: t2 and t3 must wait
+    assert jobs.take() == specs[1]
+    assert jobs.take() == specs[3]
+    got = []
+    waiting = threading.Thread(target=lambda: got.append(jobs.take()))
+    waiting.start()
+    waiting.join(timeout=0.2)
+    assert waiting.is_alive()  # only timing specs are left
+    assert got == []
+    jobs.finished(specs[1][0])  # an untimed spec ending frees nothing
+    waiting.join(timeout=0.2)
+    assert waiting.is_alive()
+    assert got == []
+    jobs.finished(specs[0][0])
+    waiting.join(timeout=5)
+    assert got == [specs[2]]
+    jobs.finished(specs[2][0])
+    assert jobs.take() == specs[4]
+    jobs.finished(specs[4][0])
+    assert jobs.take() is None
+
+
+class _FakeProcess:
+    def poll(self):
+        return None
+
+
+class _FakeWorker:
+    """A worker without a process: each spec holds it for a few milliseconds."""
+
+    spans: ClassVar[list[tuple[str, float, float]]] = []
+
+    def __init__(self, log_dir, number):
+        self.process = _FakeProcess()
+
+    def run(self, spec, out, mode, log):
+        start = time.perf_counter()
+        time.sleep(0.002 * (1 + len(self.spans) % 3))
+        self.spans.append((spec.stem, start, time.perf_counter()))
+        return Outcome(spec.stem, True, 1, 0.0, False)
+
+    def close(self, interrupt=False):
+        pass
+
+
+def test_pool_runs_timing_specs_beside_untimed_ones_never_two_at_once(monkeypatch):
+    monkeypatch.setattr(workers, "Worker", _FakeWorker)
+    monkeypatch.setattr(_FakeWorker, "spans", [])
+    specs = [_job(f"{kind}{n}") for n in range(12) for kind in ("t", "u")]
+    timing = {spec for spec, _ in specs if spec.stem.startswith("t")}
+    with Pool(3) as pool:
+        names = [o.name for o in pool.run(specs, "overwrite", timing)]
+    assert sorted(names) == sorted(spec.stem for spec, _ in specs)
+    spans = [(s, a, b) for s, a, b in _FakeWorker.spans if s.startswith("t")]
+    assert len(spans) == 12
+    for i, (_, start, end) in enumerate(spans):
+        for _, other_start, other_end in spans[i + 1 :]:
+            assert end <= other_start or other_end <= start
+
+
+def test_a_timing_spec_that_waives_exclusive_runs_in_a_worker_one_at_a_time(
+    tmp_path, monkeypatch
+):
+    seen = {}
+
+    class Spy:
+        def __init__(self, size):
+            seen["size"] = size
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *args):
+            pass
+
+        def run(self, specs, mode, one_at_a_time=()):
+            seen["shared"] = {spec.stem for spec, _ in specs}
+            seen["one_at_a_time"] = {spec.stem for spec in one_at_a_time}
+            return iter(())
+
+    timing = SPEC.replace('"success.auc"\npaper', '"cost.fit_s"\npaper')
+    paths = []
+    for name, text in (
+        ("game", SPEC),
+        ("timed", timing),
+        ("waived", timing + "\n[run]\nexclusive = false\n"),
+        ("untimed_alone", SPEC + "\n[run]\nexclusive = true\n"),
+    ):
+        paths.append(tmp_path / f"{name}-quick.toml")
+        paths[-1].write_text(text)
+    assert [timed(load_spec(p)) for p in paths] == [False, True, True, False]
+    monkeypatch.setattr("defense_suite.bench.Pool", Spy)
+    monkeypatch.setattr(
+        "defense_suite.bench._alone",
+        lambda path, out, mode: Outcome(path.stem, True, 1, 0.0, True),
+    )
+    lines = []
+    run_bench(paths, tmp_path, "overwrite", 2, lines.append)
+    assert seen["shared"] == {"game-quick", "waived-quick"}
+    assert seen["one_at_a_time"] == {"waived-quick"}
+    assert len(lines) == 2  # timed and untimed_alone, alone
 
 
 def test_a_dead_worker_fails_its_spec_only(tmp_path):
