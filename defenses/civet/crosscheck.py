@@ -38,7 +38,7 @@ this module, which is why a failure is a refusal, never a number.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -117,15 +117,25 @@ def _first(flags: torch.Tensor) -> int:
     return int(torch.nonzero(~flags)[0, 0])
 
 
+def _refuse_unless(ok: torch.Tensor, message: Callable[[int], str]) -> None:
+    """Raise :class:`CrossCheckError` with ``message(i)``, ``i`` the first bad row."""
+    if not bool(ok.all()):
+        raise CrossCheckError(message(_first(ok)))
+
+
+def _finite_rows(value: torch.Tensor) -> torch.Tensor:
+    """Per-row flag: every entry of the row is finite."""
+    return torch.isfinite(value).reshape(value.shape[0], -1).all(dim=1)
+
+
 def _agree(
     what: str, reference: torch.Tensor, bound: Box, slack: float, owner: str
 ) -> None:
     for end, name in ((bound.lower, "lower"), (bound.upper, "upper")):
-        ok = _close(reference, end, slack)
-        if not bool(ok.all()):
-            row = _first(ok)
+
+        def differs(row: int, end: torch.Tensor = end, name: str = name) -> str:
             gap = float((end[row] - reference[row]).abs().max())
-            raise CrossCheckError(
+            return (
                 f"{owner}: the traced graph of {what} differs from the module at the "
                 f"centre of row {row} (the {name} point bound is off by {gap:.6g}); "
                 "the module does not compute what its torch.fx graph says (an "
@@ -133,13 +143,14 @@ def _agree(
                 "certificate"
             )
 
+        _refuse_unless(_close(reference, end, slack), differs)
+
 
 def _finite(what: str, value: torch.Tensor, owner: str) -> None:
-    ok = torch.isfinite(value).reshape(value.shape[0], -1).all(dim=1)
-    if not bool(ok.all()):
-        raise CrossCheckError(
-            f"{owner}: {what} is NaN or inf at row {_first(ok)}: no certificate"
-        )
+    _refuse_unless(
+        _finite_rows(value),
+        lambda row: f"{owner}: {what} is NaN or inf at row {row}: no certificate",
+    )
 
 
 def _centre(
@@ -174,16 +185,17 @@ def _centre(
         mu_user, _ = user.encode(x.to(dtype))
         out_user = user.decode(mu_user)
     for name, mine, theirs in ((enc, mu, mu_user), (dec, out, out_user)):
-        _finite(f"{name} in {dtype}", theirs, "model")
-        ok = _close(mine, theirs.to(mine.dtype), loose)
-        if not bool(ok.all()):
-            row = _first(ok)
-            raise CrossCheckError(
+
+        def differs(row: int, name: str = name) -> str:
+            return (
                 f"model: {name} in its own dtype ({dtype}, eval mode) differs from "
                 f"its float64 copy at row {row} by more than {loose:.3g} relative; "
                 "the copy the bounds were computed on is not the model: no "
                 "certificate"
             )
+
+        _finite(f"{name} in {dtype}", theirs, "model")
+        _refuse_unless(_close(mine, theirs.to(mine.dtype), loose), differs)
     return sse(out, x)
 
 
@@ -213,15 +225,15 @@ def _user_loss(
     dtype = user.dtype
     with evaluation(user.module):
         out = user.reconstruct(xs.to(dtype), nus.to(dtype))
-    finite = torch.isfinite(out).reshape(out.shape[0], -1).all(dim=1)
-    if not bool(finite.all()):
-        i = _first(finite)
-        raise CrossCheckError(
+    _refuse_unless(
+        _finite_rows(out),
+        lambda i: (
             f"model: its reconstruction in its own dtype ({dtype}) is NaN or inf at "
             f"{_place(rows, names, i)} inside the input "
             "ball and the noise box: the certificate would bound a float64 copy, "
             "not the model as it runs; no certificate"
-        )
+        ),
+    )
     return sse(out.to(targets.dtype), targets)
 
 
@@ -239,17 +251,17 @@ def _within(
     units in its last place); None is the float64 copy the bounds describe.
     """
     loose = slack if dtype is None else max(slack, 1e3 * torch.finfo(dtype).eps)
-    bad = _over(loss, required, loose)
-    if bool(bad.any()):
-        i = _first(~bad)
-        whose = "" if dtype is None else f"in its own dtype ({dtype}) "
-        what = "this module" if dtype is None else "the model as it runs"
-        raise CrossCheckError(
+    whose = "" if dtype is None else f"in its own dtype ({dtype}) "
+    what = "this module" if dtype is None else "the model as it runs"
+    _refuse_unless(
+        ~_over(loss, required, loose),
+        lambda i: (
             f"model: {whose}its error at {_place(rows, names, i)}, "
             f"{float(loss[i]):.6g}, exceeds the certified bound "
             f"{float(required[i]):.6g}: the bound is wrong for {what}; "
             "no certificate"
-        )
+        ),
+    )
 
 
 def _inside(nu: torch.Tensor, widths: torch.Tensor, slack: float) -> torch.Tensor:
@@ -372,15 +384,15 @@ def cross_check(
     with torch.no_grad():
         centre = _centre(exact, user, x, slack)
         zeros = torch.zeros(n, exact.latent_dim, dtype=x.dtype)
-        bad = _over(centre, _required(zeros, widths, bounds, ceiling, slack), slack)
         worst = centre / torch.minimum(bounds[0], ceiling)
-        if bool(bad.any()):
-            row = _first(~bad)
-            raise CrossCheckError(
+        _refuse_unless(
+            ~_over(centre, _required(zeros, widths, bounds, ceiling, slack), slack),
+            lambda row: (
                 f"model: its error at the centre of row {row} with zero noise, "
                 f"{float(centre[row]):.6g}, exceeds the certified bound "
                 f"{float(bounds[0, row]):.6g}: no certificate"
-            )
+            ),
+        )
         if config.samples:
             xs, nus, names = _samples(ball, widths, p_index, config.samples, g)
             rows = torch.arange(n).repeat(config.samples)
