@@ -27,6 +27,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.neighbors import KNeighborsClassifier
 
 from defenses.arrays import FloatArray, IntArray
+from defenses.checks import check_fraction, check_int
 from defenses.cost import count
 from defenses.metrics import clopper_pearson
 from defenses.threat import Capability
@@ -152,20 +153,8 @@ class DistinguisherAttack:
     confidence: float = 0.95
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.train_size, bool)
-            or not isinstance(self.train_size, int)
-            or self.train_size < 20
-        ):
-            raise ValueError(
-                "DistinguisherAttack.train_size must be an int "
-                f">= 20, got {self.train_size!r}"
-            )
-        if not 0 < self.confidence < 1:
-            raise ValueError(
-                "DistinguisherAttack.confidence must lie in (0, "
-                f"1), got {self.confidence!r}"
-            )
+        check_int("DistinguisherAttack.train_size", self.train_size, 20)
+        check_fraction("DistinguisherAttack.confidence", self.confidence)
 
     def run(self, view: ServerView, rng: np.random.Generator) -> Guess:
         """Per-sequence label guesses."""

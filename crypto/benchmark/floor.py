@@ -32,34 +32,13 @@ import numpy as np
 import torch
 
 from ..he.ckks import INTERACTIVE
-from ..models.heformer import HEFormer, ModelConfig
-from ..models.train import TrainConfig, personalise, pretrain
+from ..models.heformer import HEFormer
+from ..models.train import micro_model
 from ..program.folding import Arm
 from ..protocol.client import Client
 from ..protocol.finetune import encrypted_step
 from ..protocol.reaction import answer_times
 from ..protocol.server import Server
-from ..tasks import Sequences
-
-
-def micro_model(seed: int = 0) -> HEFormer:
-    """The tests' micro model: 2 tokens of 3 features, d = 2, a personal head."""
-    rng = np.random.default_rng(seed)
-    X = rng.random((64, 2, 3))
-    data = Sequences(X, (X[:, 0, 0] > X[:, 1, 1]).astype(np.int64), 2)
-    g = torch.Generator().manual_seed(seed)
-    config = ModelConfig(
-        n_tokens=2, token_dim=3, d=2, heads=1, ffn=2, n_classes=2, personal_head=True
-    )
-    model = pretrain(
-        data,
-        config,
-        g,
-        TrainConfig(epochs=2, batch=32),
-        TrainConfig(epochs=1, batch=32, lr=3e-3, penalty=10.0),
-    )
-    personalise(model, data, g, TrainConfig(epochs=1, batch=32, penalty=10.0))
-    return model
 
 
 def _answers(model: HEFormer, floor: Any, repeats: int) -> dict[str, float]:

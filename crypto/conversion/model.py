@@ -46,10 +46,10 @@ import torch
 from torch import nn
 
 from defenses.arrays import FloatArray
-from defenses.checks import check_choice, check_int
+from defenses.checks import check_choice, check_int, check_real
 
 from ..he.approx import RangeError, RangeGuard
-from ..models.heformer import GUARD_SLACK, HEADROOM, torch_poly
+from ..models.heformer import GUARD_SLACK, HEADROOM, check_heads, torch_poly
 from .functions import SourceFunctions, softmax_attention
 from .inputs import check_ids
 from .layers import HEBertLayer, layer_norm, linear
@@ -114,15 +114,10 @@ class HEBertConfig:
         check_int("HEBertConfig.newton_steps", self.newton_steps, 0)
         check_int("HEBertConfig.n_classes", self.n_classes, 2)
         check_choice("HEBertConfig.activation", self.activation, ACTIVATIONS)
-        if self.d % self.heads:
-            raise ValueError(
-                f"HEBertConfig.d={self.d} must be a multiple of heads={self.heads}"
-            )
-        if not (math.isfinite(self.layer_norm_eps) and self.layer_norm_eps > 0):
-            raise ValueError(
-                "HEBertConfig.layer_norm_eps must be a finite float > 0, got "
-                f"{self.layer_norm_eps!r}"
-            )
+        check_heads("HEBertConfig", self.d, self.heads)
+        check_real(
+            "HEBertConfig.layer_norm_eps", self.layer_norm_eps, 0.0, open_low=True
+        )
 
     @property
     def head_dim(self) -> int:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from defenses.arrays import FloatArray
+from defenses.checks import check_int, check_real
 
 
 class DepthError(RuntimeError):
@@ -81,8 +82,7 @@ class NumpyBackend:
     rng: np.random.Generator | None = None
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.noise) and self.noise >= 0):
-            raise ValueError(f"NumpyBackend.noise must be >= 0, got {self.noise!r}")
+        check_real("NumpyBackend.noise", self.noise, 0.0)
         if self.noise and self.rng is None:
             raise ValueError("NumpyBackend with noise > 0 needs an rng")
 
@@ -177,14 +177,7 @@ class Evaluator:
     """The stage whose refresh is being requested (read by a recording refresh)."""
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.max_level, bool)
-            or not isinstance(self.max_level, int)
-            or self.max_level < 1
-        ):
-            raise ValueError(
-                f"Evaluator.max_level must be an int >= 1, got {self.max_level!r}"
-            )
+        check_int("Evaluator.max_level", self.max_level, 1)
 
     def note(self, name: str, amount: int = 1) -> None:
         """Add ``amount`` to the operation counter ``name``."""

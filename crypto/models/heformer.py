@@ -36,13 +36,21 @@ import torch
 from torch import nn
 
 from defenses.arrays import FloatArray
-from defenses.checks import check_int
+from defenses.checks import check_choice, check_int
 
 from ..he.approx import TANH_GAIN, Calibration, LayerRanges, RangeGuard
 
 __all__ = ["Block", "Calibration", "HEFormer", "LayerRanges", "ModelConfig"]
 
 ATTENTIONS = ("gk", "softmax")
+
+
+def check_heads(owner: str, d: int, heads: int) -> None:
+    """Refuse a width ``d`` that the attention ``heads`` do not divide."""
+    if d % heads:
+        raise ValueError(f"{owner}.d={d} must be a multiple of heads={heads}")
+
+
 HEADROOM = 0.7
 POOL_HEADROOM = 0.6
 GUARD_SLACK = 0.05
@@ -106,20 +114,9 @@ class ModelConfig:
         names = "n_tokens token_dim d heads ffn rank gk_degree isqrt_degree tanh_degree"
         for name in (*names.split(), "n_layers"):
             check_int(f"ModelConfig.{name}", getattr(self, name), 1)
-        check_int("ModelConfig.n_classes", self.n_classes, 1)
-        if self.n_classes < 2:
-            raise ValueError(
-                f"ModelConfig.n_classes must be >= 2, got {self.n_classes!r}"
-            )
-        if self.d % self.heads:
-            raise ValueError(
-                f"ModelConfig.d={self.d} must be a multiple of heads={self.heads}"
-            )
-        if self.attention not in ATTENTIONS:
-            raise ValueError(
-                "ModelConfig.attention must be one of "
-                f"{ATTENTIONS}, got {self.attention!r}"
-            )
+        check_int("ModelConfig.n_classes", self.n_classes, 2)
+        check_heads("ModelConfig", self.d, self.heads)
+        check_choice("ModelConfig.attention", self.attention, ATTENTIONS)
 
     @property
     def head_dim(self) -> int:

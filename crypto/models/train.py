@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from defenses.checks import check_real
+from defenses.checks import check_int, check_real
 
 from ..he.approx import RangeError
 from ..tasks import Sequences, check_sequences
@@ -56,27 +56,11 @@ class TrainConfig:
     noise: float = 0.0
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.epochs, bool)
-            or not isinstance(self.epochs, int)
-            or self.epochs < 1
-        ):
-            raise ValueError(
-                f"TrainConfig.epochs must be an int >= 1, got {self.epochs!r}"
-            )
+        check_int("TrainConfig.epochs", self.epochs, 1)
         check_real("TrainConfig.lr", self.lr, 0.0, open_low=True)
-        if (
-            isinstance(self.batch, bool)
-            or not isinstance(self.batch, int)
-            or self.batch < 1
-        ):
-            raise ValueError(
-                f"TrainConfig.batch must be an int >= 1, got {self.batch!r}"
-            )
-        if not self.penalty >= 0:
-            raise ValueError(f"TrainConfig.penalty must be >= 0, got {self.penalty!r}")
-        if not self.noise >= 0:
-            raise ValueError(f"TrainConfig.noise must be >= 0, got {self.noise!r}")
+        check_int("TrainConfig.batch", self.batch, 1)
+        check_real("TrainConfig.penalty", self.penalty, 0.0)
+        check_real("TrainConfig.noise", self.noise, 0.0)
 
 
 def _tensor(data: Sequences) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,3 +167,31 @@ def predict_logits(model: HEFormer, X: np.ndarray, guard: bool = True) -> np.nda
         except RangeError as err:
             raise RangeError(f"X leaves the model's calibrated ranges: {err}") from None
     return np.asarray(out.numpy(), dtype=np.float64)
+
+
+def micro_model(personal_head: bool = True, seed: int = 0) -> HEFormer:
+    """A trained micro HEFormer: 2 tokens of 3 features, d = 2, one head.
+
+    Encrypted sessions on it take seconds: the model of the tests' quick
+    encrypted checks and of the answer-floor benchmark
+    (:mod:`crypto.benchmark.floor`). Trained on 64 random sequences labelled
+    :math:`[x_{0,0} > x_{1,1}]` (``seed`` draws them and the initial weights);
+    ``personal_head`` makes the head the client's secret.
+    """
+    rng = np.random.default_rng(seed)
+    X = rng.random((64, 2, 3))
+    data = Sequences(X, (X[:, 0, 0] > X[:, 1, 1]).astype(np.int64), 2)
+    g = torch.Generator().manual_seed(seed)
+    config = ModelConfig(
+        n_tokens=2,
+        token_dim=3,
+        d=2,
+        heads=1,
+        ffn=2,
+        n_classes=2,
+        personal_head=personal_head,
+    )
+    fast = TrainConfig(epochs=1, batch=32, lr=3e-3, penalty=10.0)
+    model = pretrain(data, config, g, TrainConfig(epochs=2, batch=32), fast)
+    personalise(model, data, g, TrainConfig(epochs=1, batch=32, penalty=10.0))
+    return model

@@ -10,6 +10,7 @@ import torch
 
 from defense_suite.crypto.models.heformer import HEFormer, ModelConfig
 from defense_suite.crypto.models.train import TrainConfig, personalise, pretrain
+from defense_suite.crypto.models.train import micro_model as build_micro
 from defense_suite.crypto.tasks import Sequences, client_transform, digit_sequences
 from tests.crypto.tiny_bert import N_TOKENS, texts
 
@@ -42,43 +43,18 @@ def tiny_model(tiny_data: tuple[Sequences, Sequences]) -> HEFormer:
     return model
 
 
-def _micro(personal_head: bool) -> HEFormer:
-    rng = np.random.default_rng(0)
-    X = rng.random((64, 2, 3))
-    data = Sequences(X, (X[:, 0, 0] > X[:, 1, 1]).astype(np.int64), 2)
-    g = torch.Generator().manual_seed(0)
-    config = ModelConfig(
-        n_tokens=2,
-        token_dim=3,
-        d=2,
-        heads=1,
-        ffn=2,
-        n_classes=2,
-        personal_head=personal_head,
-    )
-    model = pretrain(
-        data,
-        config,
-        g,
-        TrainConfig(epochs=2, batch=32),
-        TrainConfig(epochs=1, batch=32, lr=3e-3, penalty=10.0),
-    )
-    personalise(model, data, g, TrainConfig(epochs=1, batch=32, penalty=10.0))
-    return model
-
-
 @pytest.fixture(scope="session")
 def micro_model() -> HEFormer:
     """A d = 2, two-token model: encrypted sessions of a few seconds."""
     torch.set_num_threads(1)
-    return _micro(False)
+    return build_micro(personal_head=False)
 
 
 @pytest.fixture(scope="session")
 def micro_head() -> HEFormer:
     """The micro model with a personal (secret, encrypted) head."""
     torch.set_num_threads(1)
-    return _micro(True)
+    return build_micro(personal_head=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
@@ -7,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from defense_suite.crypto.he.approx import RangeError
-from defense_suite.crypto.he.evaluator import DepthError
+from defense_suite.crypto.he.evaluator import DepthError, Evaluator, NumpyBackend
 from defense_suite.crypto.he.packing import pack, roll_tokens
 from defense_suite.crypto.models.heformer import HEFormer, ModelConfig
 from defense_suite.crypto.models.train import TrainConfig, predict_logits, pretrain
@@ -67,6 +69,26 @@ def test_bad_config(kwargs: dict[str, object], message: str) -> None:
         ModelConfig(**kwargs)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="epochs"):
         TrainConfig(epochs=0)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: TrainConfig(batch=True), r"TrainConfig\.batch must be an int >= 1"),
+        (lambda: TrainConfig(lr=0.0), r"TrainConfig\.lr must be a finite number"),
+        (lambda: TrainConfig(penalty=-1.0), r"TrainConfig\.penalty .*got -1\.0"),
+        (lambda: TrainConfig(noise=float("inf")), r"TrainConfig\.noise .*got inf"),
+        (lambda: Evaluator(NumpyBackend(), 0), r"Evaluator\.max_level .* >= 1"),
+        (lambda: NumpyBackend(noise=-0.1), r"NumpyBackend\.noise .*got -0\.1"),
+        (lambda: ModelConfig(d=10, heads=3), r"ModelConfig\.d=10 .* of heads=3"),
+        (lambda: ModelConfig(attention="relu"), r"one of \('gk', 'softmax'\)"),
+    ],
+)
+def test_refusals_name_the_field_and_what_is_allowed(
+    build: Callable[[], object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        build()
 
 
 def test_simulation_matches_torch(
