@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -236,11 +237,42 @@ def test_unit_costs_are_positive() -> None:
         ({"arms": ["lora-gk"]}, "include full-softmax"),
         ({"widths": 3}, "non-empty list"),
         ({"tokens": [2, 3]}, "do not divide"),
+        ({"answer_floor": "none"}, 'answer_floor must be "auto" or seconds >= 0'),
+        ({"answer_floor": -0.5}, 'answer_floor must be "auto" or seconds >= 0'),
+        ({"answer_floor": True}, 'answer_floor must be "auto" or seconds >= 0'),
     ],
 )
 def test_sweep_refuses_bad_parameters(params: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         list(finetune_sweep(params, [0]))
+
+
+class _Stop(Exception):
+    """Raised by a stand-in step once it has seen its arguments."""
+
+
+@pytest.mark.parametrize(
+    ("params", "floor"),
+    [({}, "auto"), ({"answer_floor": 0}, 0.0), ({"answer_floor": 0.25}, 0.25)],
+)
+def test_sweep_hands_its_answer_floor_to_the_steps(
+    monkeypatch: pytest.MonkeyPatch, params: dict[str, object], floor: object
+) -> None:
+    seen: list[object] = []
+
+    def step(*args: object, answer_floor: object, **kwargs: object) -> None:
+        seen.append(answer_floor)
+        raise _Stop
+
+    module = sys.modules[finetune_sweep.__module__]
+    monkeypatch.setattr(module, "encrypted_step", step)
+    monkeypatch.setattr(module, "count_model", lambda arm, seed: (None, 0.0))
+    monkeypatch.setattr(module, "unit_costs", lambda owner, size: {})
+    monkeypatch.setattr(module, "KeyOwner", lambda params, n: None)
+    with pytest.raises(_Stop):
+        list(finetune_sweep(params, [0]))
+    assert seen == [floor]
+    assert type(seen[0]) is type(floor)
 
 
 def test_sweep_figure(tmp_path: Path) -> None:
