@@ -25,8 +25,6 @@ from .server import Server, Serving
 from .wire import Message
 
 if TYPE_CHECKING:
-    from types import TracebackType
-
     from ..conversion.model import HEBert
     from ..he.ckks import CKKSParams
     from ..models.heformer import HEFormer
@@ -176,10 +174,5 @@ class Loopback:
     def __enter__(self) -> Loopback:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
-from types import TracebackType
 from typing import Any
 
 import torch
@@ -259,14 +258,9 @@ class Conformance:
         self.writes.__enter__()  # type: ignore[no-untyped-call]
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        self.writes.__exit__(kind, error, trace)  # type: ignore[no-untyped-call]
-        self.watch.__exit__(kind, error, trace)  # type: ignore[no-untyped-call]
+    def __exit__(self, *exc_info: object) -> None:
+        self.writes.__exit__(*exc_info)  # type: ignore[no-untyped-call]
+        self.watch.__exit__(*exc_info)  # type: ignore[no-untyped-call]
 
     @contextlib.contextmanager
     def _armed(self) -> Iterator[None]:
@@ -353,11 +347,7 @@ class Conformance:
                 f"{list(writes)[:4]}). Every stage would write into state all "
                 f"stages share, a leak across deletions: {_hint(ops)}"
             )
-        own = [
-            p
-            for p in differences(self.model.pristine.own, after.own)
-            if kinds.get(p) not in exempt
-        ]
+        own = _own_changes(self.model, after, kinds, exempt)
         if own:
             path = own[0]
             updates = sorted(set(self.watch.updates))
@@ -383,6 +373,17 @@ class Conformance:
             )
 
 
+def _own_changes(
+    model: AdaptedModel, after: Snapshot, kinds: Mapping[str, str], exempt: set[str]
+) -> list[str]:
+    """Paths of the copy's own state that moved since S3T made it, by kind.
+
+    ``exempt`` kinds (``{"buffer"}`` in the shared-state negative control) may move.
+    """
+    moved = differences(model.pristine.own, after.own)
+    return [p for p in moved if kinds.get(p) not in exempt]
+
+
 def check_unchanged(
     model: AdaptedModel, operation: str, shared_state: bool = False
 ) -> None:
@@ -395,12 +396,7 @@ def check_unchanged(
     """
     after = capture(model.module)
     kinds = {**model.pristine.kinds, **after.kinds}
-    exempt = {"buffer"} if shared_state else set()
-    moved = [
-        p
-        for p in differences(model.pristine.own, after.own)
-        if kinds.get(p) not in exempt
-    ]
+    moved = _own_changes(model, after, kinds, {"buffer"} if shared_state else set())
     if moved:
         raise ValueError(
             f"model: {kinds[moved[0]]} {moved[0]!r} of the backbone changed since "
