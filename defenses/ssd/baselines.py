@@ -23,6 +23,7 @@ Ablations of the paper (Fig. 4):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -31,6 +32,7 @@ import numpy as np
 
 from defenses.api import DefenseKind, Learner
 from defenses.arrays import FloatArray
+from defenses.checks import check_int
 from defenses.ssd.arms import (
     Deployed,
     HasValidation,
@@ -128,7 +130,24 @@ class _PostProcessorDefense:
 
 
 @dataclass(frozen=True)
-class ARTReverseSigmoid(_PostProcessorDefense):
+class _ArtPeer(_PostProcessorDefense):
+    """A peer that is ART's post-processor ``art_class``, built from this arm's fields.
+
+    The arm's dataclass fields are the keyword arguments of the ART constructor, so
+    the harness records the library's own parameters.
+    """
+
+    art_class: ClassVar[str]
+
+    def build(
+        self, system: Deployed, task: HasValidation, rng: np.random.Generator
+    ) -> PostProcessor:
+        """ART's ``art_class`` with this arm's fields as arguments."""
+        return _ArtCall(getattr(_art(), self.art_class)(**dataclasses.asdict(self)))
+
+
+@dataclass(frozen=True)
+class ARTReverseSigmoid(_ArtPeer):
     """ART ``ReverseSigmoid(beta, gamma)``: confidence perturbation, arg-max kept.
 
     Parameters
@@ -140,18 +159,13 @@ class ARTReverseSigmoid(_PostProcessorDefense):
     """
 
     name: ClassVar[str] = "ssd-art-reverse-sigmoid"
+    art_class: ClassVar[str] = "ReverseSigmoid"
     beta: float = 1.0
     gamma: float = 0.1
 
     def __post_init__(self) -> None:
         check_number(type(self).__name__, "beta", self.beta, 1e-9, 10.0)
         check_number(type(self).__name__, "gamma", self.gamma, 1e-9, 10.0)
-
-    def build(
-        self, system: Deployed, task: HasValidation, rng: np.random.Generator
-    ) -> PostProcessor:
-        """ART's ReverseSigmoid."""
-        return _ArtCall(_art().ReverseSigmoid(beta=self.beta, gamma=self.gamma))
 
 
 @dataclass(frozen=True)
@@ -178,7 +192,7 @@ class ARTGaussianNoise(_PostProcessorDefense):
 
 
 @dataclass(frozen=True)
-class ARTRounded(_PostProcessorDefense):
+class ARTRounded(_ArtPeer):
     """ART ``Rounded(decimals)``.
 
     Parameters
@@ -188,27 +202,15 @@ class ARTRounded(_PostProcessorDefense):
     """
 
     name: ClassVar[str] = "ssd-art-rounded"
+    art_class: ClassVar[str] = "Rounded"
     decimals: int = 3
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.decimals, bool)
-            or not isinstance(self.decimals, int)
-            or not (0 <= self.decimals <= 16)
-        ):
-            raise ValueError(
-                f"ARTRounded.decimals must be an int in [0, 16], got {self.decimals!r}"
-            )
-
-    def build(
-        self, system: Deployed, task: HasValidation, rng: np.random.Generator
-    ) -> PostProcessor:
-        """ART's Rounded."""
-        return _ArtCall(_art().Rounded(decimals=self.decimals))
+        check_int(f"{type(self).__name__}.decimals", self.decimals, 0, 16)
 
 
 @dataclass(frozen=True)
-class ARTHighConfidence(_PostProcessorDefense):
+class ARTHighConfidence(_ArtPeer):
     """ART ``HighConfidence(cutoff)``: zero the scores below ``cutoff``.
 
     Parameters
@@ -218,16 +220,11 @@ class ARTHighConfidence(_PostProcessorDefense):
     """
 
     name: ClassVar[str] = "ssd-art-high-confidence"
+    art_class: ClassVar[str] = "HighConfidence"
     cutoff: float = 0.25
 
     def __post_init__(self) -> None:
         check_number(type(self).__name__, "cutoff", self.cutoff, 0.0, 1.0)
-
-    def build(
-        self, system: Deployed, task: HasValidation, rng: np.random.Generator
-    ) -> PostProcessor:
-        """ART's HighConfidence."""
-        return _ArtCall(_art().HighConfidence(cutoff=self.cutoff))
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,9 @@ import pytest
 
 from defenses.ssd.arms import SSDDefense
 from defenses.ssd.baselines import (
+    ARTHighConfidence,
+    ARTReverseSigmoid,
+    ARTRounded,
     ConstantBudgetShield,
     NoTemperatureShield,
     SSDConstantBudget,
@@ -37,6 +40,25 @@ def test_gaussian_noise_never_returns_nan():
     out = gaussian_noise(probs, np.full(probs.shape, -1.0))
     assert np.all(np.isfinite(out))
     np.testing.assert_allclose(out, 1 / 3)
+
+
+@pytest.mark.parametrize(
+    ("arm", "art_class", "params"),
+    [
+        (ARTReverseSigmoid, "ReverseSigmoid", {"beta": 0.5, "gamma": 0.2}),
+        (ARTRounded, "Rounded", {"decimals": 2}),
+        (ARTHighConfidence, "HighConfidence", {"cutoff": 0.3}),
+    ],
+)
+def test_art_peers_answer_as_the_library_with_their_fields(arm, art_class, params):
+    from art.defences import postprocessor
+
+    probs = _probs()
+    answer = arm(**params).build(None, None, np.random.default_rng(0))
+    expected = getattr(postprocessor, art_class)(**params)(probs)
+    np.testing.assert_array_equal(answer(probs, probs), expected)
+    default = arm().build(None, None, np.random.default_rng(0))(probs, probs)
+    assert not np.array_equal(default, expected)
 
 
 def test_class_labels_fixes_art_batch_bug():
