@@ -13,24 +13,19 @@ from defense_suite.report import write_report
 from defense_suite.spec import SpecError, SummarySettings, parse
 from defense_suite.summary import markdown_summary, summary_row
 from defense_suite.tables import markdown_table, show
-from defenses.results import Result, describe
+from defenses.results import describe
+from defenses.testing import make_result
 
 GAME = {"scenario": "digits-membership", "attacks": ["loss-mia"], "seeds": [0, 1]}
 SUMMARY = {"threat": "t", "metric": "success.auc", "defense": "rounding"}
 
 
 def _record(defense, auc, seed=0, accuracy=0.9, spec="mini-quick"):
-    return Result(
-        scenario="s",
-        attack="a",
-        defense=defense,
-        seed=seed,
-        threat={},
+    return make_result(
+        defense,
+        seed,
         utility={"accuracy": accuracy},
         success={"auc": auc},
-        cost={},
-        certificate={},
-        params={},
         meta={"spec": spec},
     )
 

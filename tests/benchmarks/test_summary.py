@@ -26,8 +26,24 @@ def run(defense, seed, value, cert=None):
     )
 
 
+CLAIM = {"threat": "t", "metric": "success.attack_acc", "defense": "ssd"}
+
+
 def settings(**kw):
-    return SummarySettings(threat="t", metric="success.attack_acc", defense="ssd", **kw)
+    return SummarySettings(**{**CLAIM, **kw})
+
+
+def summary_spec(summary, name="x"):
+    """A spec of scenario ``s``, attack ``atk``, whose report summary is ``summary``."""
+    spec = {"scenario": "s", "attacks": ["atk"], "report": {"summary": summary}}
+    return parse(spec, name)
+
+
+def summarize(results, name="x-quick", **fields):
+    """The summary row of ``results`` under :data:`CLAIM` with ``fields``."""
+    row = summary_row(summary_spec({**CLAIM, **fields}, name), results)
+    assert row is not None
+    return row
 
 
 @pytest.mark.parametrize(
@@ -64,27 +80,16 @@ def test_summary_row_pairs_seeds_and_reads_peers_and_guarantee():
         run("ssd(epsilon=2)", 0, 0.5),
         run("gauss", 0, 0.25),
     ]
-    spec = parse(
-        {
-            "scenario": "s",
-            "attacks": ["atk"],
-            "report": {
-                "summary": {
-                    "threat": "inversion",
-                    "metric": "success.attack_acc",
-                    "defense": "ssd",
-                    "attack": "atk",
-                    "relative_change": 0.5,
-                    "peers": ["gauss", "missing", "ssd(epsilon=2"],
-                    "guarantee": "certificate.bound",
-                    "utility": "utility.accuracy",
-                }
-            },
-        },
+    row = summarize(
+        results,
         "ssd-quick",
+        threat="inversion",
+        attack="atk",
+        relative_change=0.5,
+        peers=["gauss", "missing", "ssd(epsilon=2"],
+        guarantee="certificate.bound",
+        utility="utility.accuracy",
     )
-    row = summary_row(spec, results)
-    assert row is not None
     assert row.defended.mean == pytest.approx(0.03)
     assert row.undefended.mean == pytest.approx(0.25)
     assert row.delta.mean == pytest.approx(-0.22)
@@ -102,26 +107,12 @@ def test_summary_row_pairs_seeds_and_reads_peers_and_guarantee():
 
 
 def test_bad_summaries_are_refused():
-    base = {"scenario": "s", "attacks": ["a"]}
     with pytest.raises(SpecError, match="'metric' is required"):
-        parse({**base, "report": {"summary": {"threat": "t", "defense": "d"}}}, "x")
+        summary_spec({"threat": "t", "defense": "d"})
     with pytest.raises(SpecError, match="direction must be"):
         settings(direction="sideways")
     with pytest.raises(SpecError, match=r"unknown key\(s\) \['colour'\]"):
-        parse(
-            {
-                **base,
-                "report": {
-                    "summary": {
-                        "threat": "t",
-                        "defense": "d",
-                        "metric": "m",
-                        "colour": 1,
-                    }
-                },
-            },
-            "x",
-        )
+        summary_spec({"threat": "t", "defense": "d", "metric": "m", "colour": 1})
 
 
 def test_tables_name_the_scenario_settings_that_vary():
@@ -144,24 +135,7 @@ def test_summary_against_another_baseline():
         run("ssd", 1, 0.45),
         run("none", 0, 0.9),
     ]
-    spec = parse(
-        {
-            "scenario": "s",
-            "attacks": ["atk"],
-            "report": {
-                "summary": {
-                    "threat": "t",
-                    "metric": "success.attack_acc",
-                    "defense": "ssd",
-                    "baseline": "uniform",
-                    "relative_change": 0.1,
-                }
-            },
-        },
-        "x-quick",
-    )
-    row = summary_row(spec, results)
-    assert row is not None
+    row = summarize(results, baseline="uniform", relative_change=0.1)
     assert row.undefended.mean == pytest.approx(0.55)
     assert row.delta.mean == pytest.approx(-0.125)
     assert row.verdict == PARTLY  # two paired seeds cannot exclude zero
@@ -179,23 +153,7 @@ def test_the_verdict_follows_the_paired_interval(defended, expected):
     baseline = (0.30, 0.20, 0.25, 0.28)
     results = [run("none", seed, value) for seed, value in enumerate(baseline)]
     results += [run("ssd", seed, value) for seed, value in enumerate(defended)]
-    spec = parse(
-        {
-            "scenario": "s",
-            "attacks": ["atk"],
-            "report": {
-                "summary": {
-                    "threat": "t",
-                    "metric": "success.attack_acc",
-                    "defense": "ssd",
-                    "relative_change": 0.1,
-                }
-            },
-        },
-        "x-quick",
-    )
-    row = summary_row(spec, results)
-    assert row is not None
+    row = summarize(results, relative_change=0.1)
     assert row.interval is not None
     assert row.interval.n == 4
     assert row.verdict == expected
@@ -207,19 +165,14 @@ def _sized_row(values, **claim):
     results = []
     for seed, (base, defended) in enumerate(values):
         results += [run("none", seed, base), run("ssd", seed, defended)]
-    summary = {
-        "threat": "inversion",
-        "metric": "success.attack_acc",
-        "defense": "ssd",
-        "attack": "atk",
-        "relative_change": 0.5,
-        **claim,
-    }
-    spec = parse(
-        {"scenario": "s", "attacks": ["atk"], "report": {"summary": summary}},
+    return summarize(
+        results,
         "ssd-quick",
+        threat="inversion",
+        attack="atk",
+        relative_change=0.5,
+        **claim,
     )
-    return summary_row(spec, results)
 
 
 # the ssd-quick run of issue 40: 0.987 -> 0.387 over three seeds, paper 0.268 -> 0.018
@@ -274,24 +227,9 @@ def test_a_size_within_the_interval_but_missed_on_the_mean_says_more_seeds_could
 
 def test_a_higher_claim_with_a_speed_up():
     results = [run("none", 0, 1.0), run("ssd", 0, 2.4)]
-    spec = parse(
-        {
-            "scenario": "s",
-            "attacks": ["atk"],
-            "report": {
-                "summary": {
-                    "threat": "t",
-                    "metric": "success.attack_acc",
-                    "defense": "ssd",
-                    "direction": "higher",
-                    "relative_change": 0.5,
-                    "paper_ratio": 2.3,
-                }
-            },
-        },
-        "x",
+    row = summarize(
+        results, "x", direction="higher", relative_change=0.5, paper_ratio=2.3
     )
-    row = summary_row(spec, results)
     assert row.verdict == REPRODUCED
     assert row.note == "2.4x against the paper's 2.3x: magnitude reproduced"
 
@@ -312,7 +250,7 @@ def test_a_higher_claim_with_a_speed_up():
 def test_stated_sizes_are_checked_naming_the_key(claim, match):
     summary = {"threat": "t", "metric": "success.auc", "defense": "d", **claim}
     with pytest.raises(SpecError, match=match):
-        parse({"scenario": "s", "attacks": ["a"], "report": {"summary": summary}}, "x")
+        summary_spec(summary)
 
 
 SIZED = re.compile(r"\d+(?:\.\d+)?\s*%\s*(?:->|to)\s*\d|\d+(?:\.\d+)?x faster")

@@ -13,11 +13,11 @@ from defense_suite.federated.schedule import TimeAdaptive, Uniform, plan_schedul
 from defense_suite.federated.training import fedavg
 from defenses.results import (
     Interval,
-    Result,
     interval_outcome,
     paired_differences,
     t_interval,
 )
+from defenses.testing import make_result
 
 TINY = {
     "n_clients": 4,
@@ -31,17 +31,8 @@ TINY = {
 
 
 def _result(defense, seed, acc, scenario=None):
-    return Result(
-        scenario="s",
-        attack="a",
-        defense=defense,
-        seed=seed,
-        threat={},
-        utility={"accuracy": acc},
-        success={},
-        cost={},
-        params={"scenario": scenario or {"rounds": 1}},
-    )
+    params = {"scenario": scenario or {"rounds": 1}}
+    return make_result(defense, seed, utility={"accuracy": acc}, params=params)
 
 
 def test_t_interval_matches_scipy():
@@ -193,15 +184,12 @@ def test_accuracy_per_group_is_on_each_groups_held_out_records():
 
 
 def _sweep_result(defense, seed, acc, rounds, ratio=0.9, **options):
-    return Result(
+    return make_result(
+        defense,
+        seed,
         scenario="federated-membership",
         attack="federated-loss-mia",
-        defense=defense,
-        seed=seed,
-        threat={},
         utility={"accuracy": acc},
-        success={},
-        cost={},
         params={
             "scenario": {"dataset": "digits", "rounds": rounds, "budgets": [1, 2]},
             "defense": {"save_ratio": ratio, **options},
