@@ -42,21 +42,23 @@ CANARY_ID_BASE = 100_000
 CANARY_GROUP = -1
 
 
+KINDS: tuple[Kind, ...] = ("residual", "transformer")
+
+
 @dataclass(frozen=True)
 class BackboneSpec:
-    """Size and pretraining of the frozen backbone."""
+    """Size and pretraining of the frozen backbone (the pretrained cache's key).
 
-    public: int = 300
-    width: int = 64
-    hidden: int = 128
-    blocks: int = 6
-    epochs: int = 20
-    kind: Kind = "residual"
+    Made by :meth:`ModelSettings.backbone_spec` from settings whose owner checked
+    them (:meth:`ModelSettings.check_model_settings`, or a benchmark's ``parse``).
+    """
 
-    def __post_init__(self) -> None:
-        for name in ("public", "width", "hidden", "blocks", "epochs"):
-            check_int(f"BackboneSpec.{name}", getattr(self, name), minimum=1)
-        check_choice("BackboneSpec.kind", self.kind, ("residual", "transformer"))
+    public: int
+    width: int
+    hidden: int
+    blocks: int
+    epochs: int
+    kind: Kind
 
     @property
     def targets(self) -> list[str] | None:
@@ -107,12 +109,13 @@ class ModelSettings:
     def check_model_settings(self, key: Key, kind: Kind = "residual") -> None:
         """Raise ValueError, naming a field by ``key``, unless every field is valid.
 
-        The backbone's fields are checked by :class:`BackboneSpec` (for ``kind``).
+        ``kind`` (the owner's ``model`` field) is one of :data:`KINDS`.
         """
-        self.backbone_spec(kind)
-        for name in ("rank", "epochs"):
+        sizes = ("public", "width", "hidden", "blocks", "pretrain_epochs", "rank")
+        for name in (*sizes, "epochs"):
             check_int(key(name), getattr(self, name), minimum=1)
         check_real(key("lr"), self.lr, 0.0, 1.0, open_low=True, open_high=True)
+        check_choice(key("model"), kind, KINDS)
 
 
 class RowTransformer(nn.Module):

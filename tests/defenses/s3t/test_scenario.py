@@ -82,7 +82,11 @@ def test_wrap_needs_the_scenario_learner() -> None:
         (lambda: CanaryDeletion(pool=-1), "pool must be"),
         (lambda: CanaryDeletion(epochs=0), "epochs must be an int >= 1"),
         (lambda: CanaryDeletion(lr=0.0), r"lr must be a finite number in \(0.0, 1.0\)"),
-        (lambda: CanaryDeletion(width=0), "width must be an int >= 1"),
+        (lambda: CanaryDeletion(width=0), "CanaryDeletion.width must be an int >= 1"),
+        (lambda: CanaryDeletion(public=0), "CanaryDeletion.public must be an int"),
+        (lambda: CanaryDeletion(pretrain_epochs=0), "CanaryDeletion.pretrain_epochs"),
+        (lambda: CanaryDeletion(model="cnn"), "CanaryDeletion.model must be one of"),  # type: ignore[arg-type]
+        (lambda: SISADefense(retrain="never"), "SISADefense.retrain must be"),  # type: ignore[arg-type]
         (lambda: S3TDefense(shards=0), "shards must be an int >= 1"),
         (lambda: S3TDefense(sequences=0), "sequences must be an int >= 1"),
         (lambda: S3TDefense(selection="x"), "selection must be"),  # type: ignore[arg-type]
