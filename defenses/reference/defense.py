@@ -33,12 +33,31 @@ def one_hot_argmax(scores: FloatArray) -> FloatArray:
     return out
 
 
+class ScorePostProcessor:
+    """A defense that maps each score row the fitted system answers to another.
+
+    Subclasses write ``__call__``; the kind and :meth:`wrap` are shared.
+    """
+
+    kind: ClassVar[DefenseKind] = DefenseKind.POSTPROCESSOR
+
+    def __call__(self, scores: FloatArray) -> FloatArray:
+        """The answered scores for the system's ``scores``, shape (n, K)."""
+        raise NotImplementedError
+
+    def wrap(
+        self, learner: Learner[Any, ProbabilisticClassifier]
+    ) -> PostProcessedLearner:
+        """Return a learner whose fitted system answers through this defense."""
+        return PostProcessedLearner(learner, self)
+
+
 @dataclass(frozen=True)
 class PostProcessed:
     """A fitted classifier whose outputs pass through a post-processor."""
 
     inner: ProbabilisticClassifier
-    defense: Rounding | LabelOnly
+    defense: ScorePostProcessor
 
     def predict_proba(self, X: FloatArray) -> FloatArray:
         """Post-processed probabilities."""
@@ -50,7 +69,7 @@ class PostProcessedLearner:
     """Fit the inner learner, then post-process the fitted system's outputs."""
 
     inner: Learner[Any, ProbabilisticClassifier]
-    defense: Rounding | LabelOnly
+    defense: ScorePostProcessor
 
     def fit(self, task: Any, rng: np.random.Generator) -> PostProcessed:
         """Fit the inner learner and wrap the result."""
@@ -58,7 +77,7 @@ class PostProcessedLearner:
 
 
 @dataclass(frozen=True)
-class Rounding:
+class Rounding(ScorePostProcessor):
     """Round the output scores to ``decimals`` places.
 
     Parameters
@@ -68,7 +87,6 @@ class Rounding:
     """
 
     name: ClassVar[str] = "rounding"
-    kind: ClassVar[DefenseKind] = DefenseKind.POSTPROCESSOR
     decimals: int = 1
 
     def __post_init__(self) -> None:
@@ -78,26 +96,13 @@ class Rounding:
         """Rounded scores."""
         return round_scores(scores, self.decimals)
 
-    def wrap(
-        self, learner: Learner[Any, ProbabilisticClassifier]
-    ) -> PostProcessedLearner:
-        """Return a learner whose fitted system rounds its outputs."""
-        return PostProcessedLearner(learner, self)
-
 
 @dataclass(frozen=True)
-class LabelOnly:
+class LabelOnly(ScorePostProcessor):
     """Answer only the predicted label, as a one-hot score vector."""
 
     name: ClassVar[str] = "label-only"
-    kind: ClassVar[DefenseKind] = DefenseKind.POSTPROCESSOR
 
     def __call__(self, scores: FloatArray) -> FloatArray:
         """One-hot arg-max scores."""
         return one_hot_argmax(scores)
-
-    def wrap(
-        self, learner: Learner[Any, ProbabilisticClassifier]
-    ) -> PostProcessedLearner:
-        """Return a learner whose fitted system answers labels only."""
-        return PostProcessedLearner(learner, self)
