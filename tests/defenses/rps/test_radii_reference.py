@@ -1,21 +1,25 @@
 """The one-pass radius scan gives the radii of the galloping search, bit for bit.
 
 ``defenses.rps.kernels.certified_radii`` replaced the galloping searches of
-``largest_radius`` and ``training_and_joint`` (issue 42, item 3), and
-``lower_bound`` reads the canonical sum ``tail[1]`` when no class is drained.
-Their results are compared with the code they replaced
-(:mod:`tests.defenses.rps.galloping_reference`) on random ensembles: with and
-without abstaining parts, softmax and raw fractions, thresholds calibrated on
-other points and on the test points themselves (exact ties between bounds and
-thresholds), those thresholds moved by half the exclusion margin ``TIE``,
-thresholds placed on an entry's own bound (exactly, and ``TIE / 2`` above), and
-with the majority threshold and the deletion guard moved to the edges
-(``keep_at`` past the last part, no calibration radius).
+``largest_radius`` and ``training_and_joint`` (issue 42, item 3), and ``lower_bound``
+reads the canonical sum ``tail[1]`` when no class is drained. Their results are compared
+with those of the code they replaced, stored in ``golden/radii.npz`` (inputs and
+outputs, written by ``golden/generate.py`` from ``galloping_reference.py``) on random
+ensembles: with and without abstaining parts, softmax and raw fractions, thresholds
+calibrated on other points and on the test points themselves (exact ties between bounds
+and thresholds), those thresholds moved by half the exclusion margin ``TIE``, and with
+the majority threshold and the deletion guard moved to the edges (``keep_at`` past the
+last part, no calibration radius); the bounds at every radius (as digests of their bits)
+and the old numpy calibration radius at every training radius. Outputs are stored per
+(point, class), so the order of the entries is free.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,8 +29,8 @@ from defenses.rps.certificate import TIE, PartThresholds, certify_batch
 from defenses.rps.entries import descending_rows
 from defenses.rps.quantile import minimum_part_size
 from defenses.rps.scores import VoteGeometry, _distinct_rows, vote_geometry
-from tests.defenses.rps import galloping_reference as ref
 
+GOLDEN = Path(__file__).with_name("golden") / "radii.npz"
 SHAPES = [(1, 2), (2, 3), (3, 2), (5, 4), (8, 3), (13, 7), (20, 10), (50, 10)]
 
 
@@ -62,9 +66,24 @@ def thresholds_of(
     return calibrated.part_thresholds
 
 
-def variants(rng: np.random.Generator, bounds: PartThresholds) -> list[PartThresholds]:
+def ceiling_of(geometry: VoteGeometry, radius: int) -> np.ndarray:
+    """A ceiling per entry in [-1, radius + 2], a function of its vote counts only
+    (so it does not depend on the order of the entries)."""
+    weights = 2 * np.arange(geometry.others.shape[1], dtype=np.int64) + 3
+    key = 7 * geometry.own + geometry.others @ weights
+    return np.asarray(key % (radius + 4) - 1, dtype=np.int64)
+
+
+def digest(values: np.ndarray) -> np.ndarray:
+    """The 16-byte BLAKE2b digest of an array's float64 bits (equal iff equal bits)."""
+    data = np.ascontiguousarray(values, dtype=np.float64).tobytes()
+    return np.frombuffer(hashlib.blake2b(data, digest_size=16).digest(), np.uint8)
+
+
+def variants(bounds: PartThresholds, guard: int, cut: int) -> list[PartThresholds]:
     """The calibrated thresholds, moved within TIE of the bounds (the exclusion
-    margin decides), and with tau_hat / guard moved to the edges."""
+    margin decides), and with tau_hat / guard moved to the edges (``guard`` and the
+    truncation radius ``cut`` were drawn at random when the golden file was made)."""
     k_c = bounds.n_parts
     near = [
         PartThresholds(bounds.lower + d, bounds.upper + d, bounds.tau_hat, bounds.guard)
@@ -73,88 +92,106 @@ def variants(rng: np.random.Generator, bounds: PartThresholds) -> list[PartThres
     return [
         *near,
         bounds,
-        dataclasses.replace(bounds, guard=int(rng.integers(-1, 3))),
+        dataclasses.replace(bounds, guard=guard),
         dataclasses.replace(bounds, tau_hat=k_c - 1, guard=k_c + 5),
         dataclasses.replace(bounds, tau_hat=0),
-        bounds.truncated(int(rng.integers(0, bounds.radius + 1))),
+        bounds.truncated(cut),
     ]
 
 
-def compare(
-    geometry: VoteGeometry, bounds: PartThresholds, rng: np.random.Generator
-) -> None:
-    """Assert equal radii: training, joint, and ``largest`` below random ceilings."""
-    tables = ref.Tables(
-        bounds.lower,
-        bounds.upper,
-        bounds.tau_hat,
-        bounds.guard,
-        TIE,
-        geometry.n_voters,
-        geometry.softmax,
-    )
+class Golden:
+    """``golden/radii.npz``: arrays stored flat, found through a JSON table."""
+
+    def __init__(self, path: Path) -> None:
+        with np.load(path) as data:
+            self.table = json.loads(str(data["table"]))
+            self.flat = {
+                "i": data["ints"].astype(np.int64),
+                "f": data["floats"],
+                "d": data["digests"],
+            }
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        kind, offset, shape = self.table[name]
+        size = int(np.prod(shape))
+        return self.flat[kind][offset : offset + size].reshape(shape)
+
+    def thresholds(self, name: str) -> PartThresholds:
+        tau_hat, guard = self[f"{name}/ints"].tolist()
+        lower, upper = self[f"{name}/lower"], self[f"{name}/upper"]
+        return PartThresholds(lower, upper, tau_hat, guard)
+
+
+@pytest.fixture(scope="module")
+def golden() -> Golden:
+    return Golden(GOLDEN)
+
+
+def radii_of(geometry: VoteGeometry, bounds: PartThresholds) -> dict[str, np.ndarray]:
+    """Training, joint and ``largest`` (below :func:`ceiling_of`) per (point, class)."""
     in_set = geometry.score() >= bounds.cut
     calibration = bounds.calibration_radius(geometry, in_set, 0)
     training, joint = geometry.radii(bounds, in_set, calibration)
-    old_training, old_joint = ref.training_and_joint(
-        geometry.own, geometry.others, in_set, bounds.radius, calibration, tables
-    )
-    np.testing.assert_array_equal(training, old_training)
-    np.testing.assert_array_equal(joint, old_joint)
-    ceiling = rng.integers(-1, bounds.radius + 3, size=geometry.size)
-    capped = np.minimum(ceiling, bounds.radius)
+    out = {"training": training, "joint": joint}
+    ceiling = ceiling_of(geometry, bounds.radius)
     for is_joint in (False, True):
-        got = geometry.largest(bounds, in_set, is_joint, ceiling)
-        want = ref.largest_radius(
-            geometry.own, geometry.others, in_set, capped, is_joint, tables
+        out[f"largest{int(is_joint)}"] = geometry.largest(
+            bounds, in_set, is_joint, ceiling
         )
-        np.testing.assert_array_equal(got, want)
+    return {name: radii[geometry.index] for name, radii in out.items()}
+
+
+def compare(
+    geometry: VoteGeometry, bounds: PartThresholds, golden: Golden, name: str
+) -> None:
+    """Assert the radii equal the galloping search's, stored under ``name``."""
+    for key, got in radii_of(geometry, bounds).items():
+        np.testing.assert_array_equal(got, golden[f"{name}/{key}"], err_msg=key)
 
 
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("softmax", [True, False])
 @pytest.mark.parametrize("abstain", [False, True])
 def test_radii_equal_the_galloping_search(
-    seed: int, softmax: bool, abstain: bool
+    seed: int, softmax: bool, abstain: bool, golden: Golden
 ) -> None:
-    rng = np.random.default_rng([seed, softmax, abstain])
-    k_t, k = SHAPES[seed % len(SHAPES)]
-    n = 120
-    votes = random_votes(rng, n, k_t, k, abstain)
-    geometry = vote_geometry(votes, k_t, softmax, abstain)
-    other = random_votes(rng, n, k_t, k, abstain)
+    case = f"case/{seed}/{int(softmax)}/{int(abstain)}"
+    k_t = SHAPES[seed % len(SHAPES)][0]
+    geometry = vote_geometry(golden[f"{case}/votes"], k_t, softmax, abstain)
     # thresholds from other points, and from the test points themselves (ties)
-    for source in (vote_geometry(other, k_t, softmax, abstain), geometry):
-        bounds = thresholds_of(rng, source, n, k, k_t)
-        for variant in variants(rng, bounds):
-            compare(geometry, variant, rng)
+    for source in (0, 1):
+        bounds = golden.thresholds(f"{case}/{source}")
+        guard, cut = golden[f"{case}/{source}/choices"].tolist()
+        for v, variant in enumerate(variants(bounds, guard, cut)):
+            compare(geometry, variant, golden, f"{case}/{source}/{v}")
 
 
-def test_radii_equal_the_galloping_search_at_benchmark_shape() -> None:
+def test_radii_equal_the_galloping_search_at_benchmark_shape(golden: Golden) -> None:
     """k_t = 50 parts, 10 classes, confident and spread points (radii up to ~20)."""
-    rng = np.random.default_rng(42)
-    votes = random_votes(rng, 600, 50, 10, False)
-    geometry = vote_geometry(votes, 50, True)
-    bounds = thresholds_of(rng, geometry, 600, 10, 50)
-    compare(geometry, bounds, rng)
+    geometry = vote_geometry(golden["bench/votes"], 50, True)
+    bounds = golden.thresholds("bench")
+    compare(geometry, bounds, golden, "bench")
     in_set = geometry.score() >= bounds.cut
     training = geometry.largest(bounds, in_set, False)
     assert training.max() >= 5  # large radii are reached, not only the first probes
 
 
 @pytest.mark.parametrize("abstain", [False, True])
-def test_bounds_equal_the_loop_sums(abstain: bool) -> None:
+def test_bounds_equal_the_loop_sums(abstain: bool, golden: Golden) -> None:
     """``lower_bound``'s ``tail[1]`` shortcut and both bounds, at every radius."""
-    rng = np.random.default_rng(7)
     for k_t, k in SHAPES:
-        votes = random_votes(rng, 80, k_t, k, abstain)
-        geometry = vote_geometry(votes, k_t, True, abstain)
-        tables = ref.Tables(np.zeros((1, 1)), np.zeros((1, 1)), 0, 0, TIE, k_t, True)
-        for r in range(k_t + 2):
-            for upper in (False, True):
+        name = f"bounds/{int(abstain)}/{k_t}/{k}"
+        geometry = vote_geometry(golden[f"{name}/votes"], k_t, True, abstain)
+        for upper in (False, True):
+            want = golden[f"{name}/{int(upper)}"]
+            for r in range(k_t + 2):
                 got = geometry.upper(r) if upper else geometry.lower(r)
-                want = ref.bounds_at(geometry.own, geometry.others, r, upper, tables)
-                assert got.tobytes() == want.tobytes(), (k_t, k, r, upper)
+                assert digest(got[geometry.index]).tolist() == want[r].tolist(), (
+                    k_t,
+                    k,
+                    r,
+                    upper,
+                )
 
 
 @pytest.mark.parametrize("member", [True, False])
@@ -164,7 +201,7 @@ def test_radii_at_a_threshold_on_the_entry_bound(member: bool) -> None:
     Kept classes: the threshold equals the lower bound at ``r*`` exactly (kept,
     ``low >= cut``), so the radius is ``r*``. Left-out classes: the threshold lies
     ``TIE / 2`` above the upper bound at ``r*``, inside the exclusion margin, so
-    the radius is ``r* - 1``. Both against the galloping search too.
+    the radius is ``r* - 1``.
     """
     rng = np.random.default_rng(3)
     votes = random_votes(rng, 200, 20, 4, False)
@@ -191,7 +228,6 @@ def test_radii_at_a_threshold_on_the_entry_bound(member: bool) -> None:
         assert bool(in_set[entry]) == member
         got = geometry.largest(bounds, in_set, False)
         assert got[entry] == (star if member else star - 1)
-        compare(geometry, bounds, rng)
         tried += 1
     assert tried >= 20
 
@@ -222,38 +258,21 @@ def test_entries_of_each_point(abstain: bool) -> None:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_certificate_and_sets_equal_the_numpy_code(seed: int) -> None:
+def test_certificate_and_sets_equal_the_numpy_code(seed: int, golden: Golden) -> None:
     """The certificate's sets and its calibration radii at every training radius
     equal the numpy code the compiled bisection replaced."""
-    rng = np.random.default_rng([seed, 5])
-    k_t, k = SHAPES[(seed + 3) % len(SHAPES)]
-    votes = random_votes(rng, 150, k_t, k, seed % 2 == 1)
-    geometry = vote_geometry(votes, k_t, True, seed % 2 == 1)
-    bounds = thresholds_of(rng, geometry, 150, k, k_t)
+    name = f"calibration/{seed}"
+    k_t = SHAPES[(seed + 3) % len(SHAPES)][0]
+    geometry = vote_geometry(golden[f"{name}/votes"], k_t, True, seed % 2 == 1)
+    bounds = golden.thresholds(name)
     cert = certify_batch(geometry, bounds, bounds.radius)
-    thresholds = cert.thresholds
-    index = geometry.index
-    in_set = geometry.score() >= thresholds.cut
-    np.testing.assert_array_equal(cert.sets, in_set[index])
+    in_set = geometry.score() >= cert.thresholds.cut
+    np.testing.assert_array_equal(cert.sets, in_set[geometry.index])
+    want = golden[f"{name}/radii"]
+    assert want.shape[0] == bounds.radius + 1
     for r in range(bounds.radius + 1):
-        scores = geometry.score()
-        low = scores if r == 0 else geometry.lower(r)
-        high = scores if r == 0 else geometry.upper(r)
-        want = ref.calibration_radius(
-            scores,
-            low,
-            high,
-            in_set,
-            thresholds.lower,
-            thresholds.upper,
-            r,
-            thresholds.tau_hat,
-            thresholds.guard,
-            TIE,
-        )
-        np.testing.assert_array_equal(cert.calibration_radius(r), want[index])
-        if r == 0:
-            np.testing.assert_array_equal(cert.calibration, want[index])
+        np.testing.assert_array_equal(cert.calibration_radius(r), want[r])
+    np.testing.assert_array_equal(cert.calibration, want[0])
 
 
 def test_distinct_rows_as_numpy_unique() -> None:
