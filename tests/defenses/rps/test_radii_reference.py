@@ -4,14 +4,15 @@
 ``largest_radius`` and ``training_and_joint`` (issue 42, item 3), and ``lower_bound``
 reads the canonical sum ``tail[1]`` when no class is drained. Their results are compared
 with those of the code they replaced, stored in ``golden/radii.npz`` (inputs and
-outputs, written by ``golden/generate.py`` from ``galloping_reference.py``) on random
-ensembles: with and without abstaining parts, softmax and raw fractions, thresholds
-calibrated on other points and on the test points themselves (exact ties between bounds
-and thresholds), those thresholds moved by half the exclusion margin ``TIE``, and with
-the majority threshold and the deletion guard moved to the edges (``keep_at`` past the
-last part, no calibration radius); the bounds at every radius (as digests of their bits)
-and the old numpy calibration radius at every training radius. Outputs are stored per
-(point, class), so the order of the entries is free.
+outputs, written at commit d9279ef by ``golden/generate.py`` from
+``galloping_reference.py``, both removed since; check that commit out to run it) on
+random ensembles: with and without abstaining parts, softmax and raw fractions,
+thresholds calibrated on other points and on the test points themselves (exact ties
+between bounds and thresholds), those thresholds moved by half the exclusion margin
+``TIE``, and with the majority threshold and the deletion guard moved to the edges
+(``keep_at`` past the last part, no calibration radius); the bounds at every radius (as
+digests of their bits) and the old numpy calibration radius at every training radius.
+Outputs are stored per (point, class), so the order of the entries is free.
 """
 
 from __future__ import annotations
