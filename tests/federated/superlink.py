@@ -64,6 +64,43 @@ def superlink_home(folder: Path, port: int, ca: Path | None = None) -> Path:
     return home
 
 
+def simulation_home(folder: Path, supernodes: int) -> Path:
+    """A Flower home whose default SuperLink is the local simulation of
+    ``supernodes`` SuperNodes."""
+    home = folder / "home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
+        f"options.num-supernodes = {supernodes}\n"
+    )
+    return home
+
+
+def simulation_env(
+    folder: Path, supernodes: int, port: int, **extra: str
+) -> dict[str, str]:
+    """The environment of a ``flwr run`` in local simulation (:func:`simulation_home`
+    under ``folder``): the local SuperLink's HTTP API on ``port``, its control API on
+    ``port + 2``, and ``extra``."""
+    return {
+        **os.environ,
+        "FLWR_HOME": str(simulation_home(folder, supernodes)),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(port),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(port + 2),
+        **extra,
+    }
+
+
+def left_running(env: dict[str, str]) -> list[int]:
+    """Local SuperLinks still running on ``env``'s port (stopped, then listed)."""
+    from defense_suite.federated.__main__ import local_superlink_pids, stop_process
+
+    pids = local_superlink_pids(env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"])
+    for pid in pids:
+        stop_process(pid)
+    return pids
+
+
 def trusted_entities(folder: Path) -> Path:
     """A ``--trusted-entities`` file listing one fresh Ed25519 publisher key."""
     from cryptography.hazmat.primitives import serialization
@@ -177,10 +214,13 @@ def example_run(
     app: Path = EXAMPLE,
     config: str = "num-server-rounds=3",
     timeout: int = 600,
+    superlink: str | None = "test",
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m defense_suite.federated run APP test --run-config CONFIG``."""
+    """``python -m defense_suite.federated run APP SUPERLINK --run-config CONFIG``
+    (``superlink=None``: the home's default, e.g. :func:`simulation_home`'s)."""
+    named = [] if superlink is None else [superlink]
     return subprocess.run(
-        [sys.executable, "-m", "defense_suite.federated", "run", str(app), "test",
+        [sys.executable, "-m", "defense_suite.federated", "run", str(app), *named,
          "--run-config", config],
         env=env, capture_output=True, text=True, timeout=timeout, check=False,
     )  # fmt: skip

@@ -10,6 +10,7 @@ from flwr.app import Context, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from tests.federated.loopback import LoopbackGrid, node_contexts
+from tests.federated.superlink import example_run, left_running, simulation_env
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower-own-model"
 
@@ -63,36 +64,13 @@ def test_the_example_uses_only_the_public_api():
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_the_example_runs_with_flwr_run_in_simulation(tmp_path):
-    import os
-    import subprocess
-
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
-        "options.num-supernodes = 3\n"
-    )
     result = tmp_path / "result.json"
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(home),
-        "FEDERATED_RESULT_PATH": str(result),
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": "39391",
-        "FLWR_LOCAL_CONTROL_API_PORT": "39393",
-    }
+    env = simulation_env(tmp_path, 3, 39391, FEDERATED_RESULT_PATH=str(result))
     try:
-        run = subprocess.run(
-            [sys.executable, "-m", "defense_suite.federated", "run", str(EXAMPLE),
-             "--run-config", "num-server-rounds=2"],
-            env=env, capture_output=True, text=True, timeout=1500, check=False,
-        )  # fmt: skip
+        run = example_run(env, EXAMPLE, "num-server-rounds=2", 1500, superlink=None)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
         summary = json.loads(result.read_text())
         assert [r["budget"] for r in summary["clients"]] == [1.0, 3.0, 8.0]
     finally:
-        from defense_suite.federated.__main__ import local_superlink_pids, stop_process
-
-        left = local_superlink_pids("39391")
-        for pid in left:
-            stop_process(pid)
+        left = left_running(env)
     assert left == []  # the entry point stopped the SuperLink flwr run started

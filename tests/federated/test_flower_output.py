@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.federated.superlink import REPO, simulation_env
 
 FLOWER_LINES = """
 import logging
@@ -193,20 +193,13 @@ def test_capture_and_file_handlers_keep_flowers_records(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_real_flwr_run_prints_each_flower_line_once(tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
-        "options.num-supernodes = 2\n"
+    env = simulation_env(
+        tmp_path,
+        2,
+        39391,
+        DEFENSE_SUITE_STATE_DIR=str(tmp_path / "ledgers"),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     )
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(home),
-        "DEFENSE_SUITE_STATE_DIR": str(tmp_path / "ledgers"),
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": "39391",
-        "FLWR_LOCAL_CONTROL_API_PORT": "39393",
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-    }
     env.pop("FLWR_LOG_LEVEL", None)
     command = [sys.executable, "-m", "defense_suite", "federated", "run",
                str(REPO), "--run-config", "num-server-rounds=2"]  # fmt: skip

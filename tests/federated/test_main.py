@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from defense_suite.federated.__main__ import main
+from tests.federated.superlink import example_run, left_running, simulation_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,44 +44,13 @@ def test_a_missing_app_exits_2(tmp_path, capsys):
     assert "no pyproject.toml" in capsys.readouterr().err
 
 
-def _simulation_home(tmp_path, supernodes):
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
-        f"options.num-supernodes = {supernodes}\n"
-    )
-    return home
-
-
-def _left_running(env):
-    """Local SuperLinks still running on the test's port (stopped, then listed)."""
-    from defense_suite.federated.__main__ import local_superlink_pids, stop_process
-
-    pids = local_superlink_pids(env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"])
-    for pid in pids:
-        stop_process(pid)
-    return pids
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_flwr_run_through_the_entry_point_completes_or_fails_honestly(tmp_path):
-    home = _simulation_home(tmp_path, 3)
     result = tmp_path / "result.json"
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(home),
-        "FEDERATED_RESULT_PATH": str(result),
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": "39291",
-        "FLWR_LOCAL_CONTROL_API_PORT": "39293",
-    }
-    command = [sys.executable, "-m", "defense_suite.federated", "run", str(REPO)]
+    env = simulation_env(tmp_path, 3, 39291, FEDERATED_RESULT_PATH=str(result))
     try:
-        ok = subprocess.run(
-            [*command, "--run-config", "num-server-rounds=2"],
-            env=env, capture_output=True, text=True, timeout=500, check=False,
-        )  # fmt: skip
+        ok = example_run(env, REPO, "num-server-rounds=2", 500, superlink=None)
         assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-2000:]
         assert "finished:completed" in ok.stdout
         assert "uv sync" not in ok.stdout
@@ -92,15 +62,14 @@ def test_flwr_run_through_the_entry_point_completes_or_fails_honestly(tmp_path):
             assert 0.99 * b <= e <= b
         assert "round 2: client 2 spent epsilon" in ok.stdout
         # a run that fails inside the ServerApp: flwr run exits 0, we do not
-        bad = subprocess.run(
-            [*command, "--run-config",
-             f"num-server-rounds=2 result-path='{tmp_path}/missing/dir/r.json'"],
-            env=env, capture_output=True, text=True, timeout=500, check=False,
-        )  # fmt: skip
+        missing = f"result-path='{tmp_path}/missing/dir/r.json'"
+        bad = example_run(
+            env, REPO, f"num-server-rounds=2 {missing}", 500, superlink=None
+        )
         assert bad.returncode == 1, bad.stdout[-3000:]
         assert "finished:failed" in bad.stdout
     finally:
-        left = _left_running(env)
+        left = left_running(env)
     assert left == []  # the entry point stopped the SuperLink flwr run started
 
 
@@ -174,18 +143,14 @@ def test_plain_flwr_run_installs_nothing(tmp_path):
     """The ordinary Flower command, without the variable that turns Flower's runtime
     installs off: its `uv sync` finds nothing to install and the run uses this
     environment."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key != "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"
-    }
-    env.update(
-        FLWR_HOME=str(_simulation_home(tmp_path, 2)),
+    env = simulation_env(
+        tmp_path,
+        2,
+        39391,
         DEFENSE_SUITE_STATE_DIR=str(tmp_path / "ledgers"),
-        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT="39391",
-        FLWR_LOCAL_CONTROL_API_PORT="39393",
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     )
+    env.pop("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", None)
     flwr = str(Path(sys.executable).parent / "flwr")
     try:
         done = subprocess.run(
@@ -197,4 +162,4 @@ def test_plain_flwr_run_installs_nothing(tmp_path):
         assert "No additional application dependencies needed installation" in out
         assert "Installed: [" not in out
     finally:
-        _left_running(env)
+        left_running(env)

@@ -9,7 +9,6 @@
   the second run's spent budget ends it with one line, no traceback, exit code 1.
 """
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,13 +17,14 @@ import pytest
 
 from defense_suite.federated import __main__ as entry
 from tests.federated.superlink import (
+    BIN,
+    REPO,
     assert_unsigned_fab_refused,
+    left_running,
+    simulation_env,
     supernode_args,
     trusted_entities,
 )
-from tests.federated.test_main import REPO, _left_running, _simulation_home
-
-BIN = Path(sys.executable).parent
 
 
 def test_a_supernode_without_app_verification_does_not_start(capsys):
@@ -117,13 +117,7 @@ def _run_twice(tmp_path, env):
 def test_the_same_simulation_runs_twice_and_a_spent_budget_ends_in_one_line(
     tmp_path,
 ):
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(_simulation_home(tmp_path, 2)),
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": "39491",
-        "FLWR_LOCAL_CONTROL_API_PORT": "39493",
-        "XDG_STATE_HOME": str(tmp_path / "state"),
-    }
+    env = simulation_env(tmp_path, 2, 39491, XDG_STATE_HOME=str(tmp_path / "state"))
     env.pop("DEFENSE_SUITE_STATE_DIR", None)
     try:
         scoped = _run_twice(tmp_path, env)  # the simulation's own ledgers
@@ -134,7 +128,7 @@ def test_the_same_simulation_runs_twice_and_a_spent_budget_ends_in_one_line(
         env["DEFENSE_SUITE_STATE_DIR"] = str(tmp_path / "named")  # the user's folder
         first, second = _run_twice(tmp_path, env)
     finally:
-        _left_running(env)
+        left_running(env)
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
     out = second.stdout + second.stderr
     assert second.returncode == 1, out[-3000:]
