@@ -59,6 +59,21 @@ def _fraction(owner: str, value: float) -> None:
         raise ValueError(f"{owner}.fraction must lie in (0, 1], got {value!r}")
 
 
+@dataclass(frozen=True)
+class _FractionPoisoner:
+    """A poisoner of a ``fraction`` of one split's points, in (0, 1]."""
+
+    fraction: float
+
+    def __post_init__(self) -> None:
+        _fraction(type(self).__name__, self.fraction)
+
+
+def _count(fraction: float, size: int) -> int:
+    """Points poisoned out of ``size``: the rounded ``fraction``, at least one."""
+    return max(1, round(fraction * size))
+
+
 def surrogate(train: Dataset) -> LogisticRegression:
     """The attacker's model: a logistic regression on the clean training data."""
     with threadpool_limits(limits=1):
@@ -84,7 +99,7 @@ def _runner_up(proba: FloatArray, truth: IntArray) -> IntArray:
 
 
 @dataclass(frozen=True)
-class RandomFlip:
+class RandomFlip(_FractionPoisoner):
     """Flip a fraction of the training labels to uniformly drawn other classes.
 
     Parameters
@@ -97,13 +112,10 @@ class RandomFlip:
     requires: ClassVar[frozenset[Capability]] = TRAIN
     fraction: float = 0.05
 
-    def __post_init__(self) -> None:
-        _fraction("RandomFlip", self.fraction)
-
     def poison(self, task: ConformalTask, rng: np.random.Generator) -> ConformalTask:
         """Return the task with flipped training labels."""
         train = task.train
-        n = max(1, round(self.fraction * len(train)))
+        n = _count(self.fraction, len(train))
         rows = np.sort(rng.choice(len(train), size=n, replace=False))
         shift = rng.integers(1, train.n_classes, size=n)
         labels = (train.y[rows] + shift) % train.n_classes
@@ -146,7 +158,7 @@ class PairFlip:
                 f"[0, {train.n_classes})"
             )
         members = np.flatnonzero(train.y == self.source)
-        n = max(1, round(self.fraction * members.size))
+        n = _count(self.fraction, members.size)
         rows = np.sort(rng.choice(members, size=n, replace=False))
         labels = np.full(n, self.target, dtype=np.int64)
         return task.poisoned(train=_relabel(train, rows, labels))
@@ -203,7 +215,7 @@ def _calibration_scores(task: ConformalTask) -> tuple[FloatArray, FloatArray]:
 
 
 @dataclass(frozen=True)
-class CalibrationCoverage:
+class CalibrationCoverage(_FractionPoisoner):
     """Replace the lowest-score calibration points by copies of the highest ones.
 
     Each replacement is a deletion plus an insertion (two poisoned points); copies
@@ -219,14 +231,11 @@ class CalibrationCoverage:
     requires: ClassVar[frozenset[Capability]] = CALIB
     fraction: float = 0.1
 
-    def __post_init__(self) -> None:
-        _fraction("CalibrationCoverage", self.fraction)
-
     def poison(self, task: ConformalTask, rng: np.random.Generator) -> ConformalTask:
         """Return the task with replaced calibration points."""
         calib = task.calib
         _, own = _calibration_scores(task)
-        n = max(1, round(self.fraction * len(calib)))
+        n = _count(self.fraction, len(calib))
         order = np.argsort(own, kind="stable")
         low, high = order[:n], order[::-1][:n]
         X = calib.X.copy()
@@ -237,7 +246,7 @@ class CalibrationCoverage:
 
 
 @dataclass(frozen=True)
-class CalibrationSize:
+class CalibrationSize(_FractionPoisoner):
     """Relabel the highest-score calibration points to their least likely class.
 
     Parameters
@@ -250,14 +259,11 @@ class CalibrationSize:
     requires: ClassVar[frozenset[Capability]] = CALIB
     fraction: float = 0.1
 
-    def __post_init__(self) -> None:
-        _fraction("CalibrationSize", self.fraction)
-
     def poison(self, task: ConformalTask, rng: np.random.Generator) -> ConformalTask:
         """Return the task with relabelled calibration points."""
         calib = task.calib
         proba, own = _calibration_scores(task)
-        n = max(1, round(self.fraction * len(calib)))
+        n = _count(self.fraction, len(calib))
         rows = np.sort(np.argsort(own, kind="stable")[::-1][:n])
         labels = np.asarray(proba[rows].argmin(axis=1), dtype=np.int64)
         return task.poisoned(calib=_relabel(calib, rows, labels))
