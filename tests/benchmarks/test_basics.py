@@ -11,22 +11,11 @@ from pathlib import Path
 import defense_suite
 import defenses
 from defense_suite.cli import build_parser, main
+from tests.benchmarks.records import auc_record
 
 REPO = Path(__file__).resolve().parents[2]
 
-RECORD = {
-    "scenario": "s",
-    "attack": "a",
-    "defense": "none",
-    "seed": 0,
-    "threat": {},
-    "utility": {"accuracy": 0.9},
-    "success": {"auc": 0.6},
-    "cost": {},
-    "certificate": {},
-    "params": {},
-    "meta": {"spec": "mini-quick"},
-}
+RECORD = auc_record(spec="mini-quick").to_dict()
 
 
 def test_version_flag_and_both_packages_agree_with_the_metadata(capsys):

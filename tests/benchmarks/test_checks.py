@@ -1,6 +1,7 @@
 """Specs and paths are checked: a bad value is refused with its key or path."""
 
 import dataclasses
+import functools
 import json
 import math
 import tempfile
@@ -14,20 +15,13 @@ from defense_suite.spec import SpecError, SummarySettings, parse
 from defense_suite.summary import markdown_summary, summary_row
 from defense_suite.tables import markdown_table, show
 from defenses.results import describe
-from defenses.testing import make_result
+from tests.benchmarks.records import auc_record
 
 GAME = {"scenario": "digits-membership", "attacks": ["loss-mia"], "seeds": [0, 1]}
 SUMMARY = {"threat": "t", "metric": "success.auc", "defense": "rounding"}
 
 
-def _record(defense, auc, seed=0, accuracy=0.9, spec="mini-quick"):
-    return make_result(
-        defense,
-        seed,
-        utility={"accuracy": accuracy},
-        success={"auc": auc},
-        meta={"spec": spec},
-    )
+_record = functools.partial(auc_record, spec="mini-quick")
 
 
 def _write(path, records):

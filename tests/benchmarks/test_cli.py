@@ -7,6 +7,7 @@ import pytest
 
 from defense_suite.cli import build_parser, main
 from defenses.results import read_jsonl
+from tests.benchmarks.records import auc_record
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,19 +33,7 @@ paper = "AUC falls"
 relative_change = 0.01
 """
 
-RECORD = {
-    "scenario": "s",
-    "attack": "a",
-    "defense": "none",
-    "seed": 0,
-    "threat": {},
-    "utility": {"accuracy": 0.9},
-    "success": {"auc": 0.6},
-    "cost": {},
-    "certificate": {},
-    "params": {},
-    "meta": {},
-}
+RECORD = auc_record().to_dict()
 
 
 def test_run_table_plot_report_end_to_end(tmp_path, capsys):
