@@ -30,7 +30,6 @@ import time
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
 from defense_suite.spec import load_spec
@@ -182,18 +181,14 @@ class Pool:
     def __enter__(self) -> Pool:
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        if kind is not None:  # every worker stops its spec at once
+    def __exit__(self, *exc_info: object) -> None:
+        interrupted = exc_info[0] is not None
+        if interrupted:  # every worker stops its spec at once
             for worker in self.workers:
                 if worker.process.poll() is None:
                     worker.process.send_signal(signal.SIGINT)
         for worker in self.workers:
-            worker.close(interrupt=kind is not None)
+            worker.close(interrupt=interrupted)
         if not self.failed:
             for path in self.log_dir.iterdir():
                 path.unlink()
