@@ -1,9 +1,10 @@
 r"""One backward pass for every model family: LoRA factors, full matrices, the head.
 
 :func:`train_forward` runs a :class:`~.spec.Program` (HEFormer or converted BERT)
-with the training refresh policy (:mod:`crypto.program.tape`): the blocks before
-the last ``k`` run as the inference program (:func:`crypto.program.forward.block`),
-the last ``k`` keep their activations in ``Run.trace``. :func:`backward` then
+through the one forward program (:func:`crypto.program.forward.forward` with
+``trained=k``): the blocks before the last ``k`` under the inference policy, the
+last ``k`` and the head under the training policy, keeping their activations in
+``Run.trace``. :func:`backward` then
 differentiates the squared error
 :math:`L = \tfrac1{2B}\sum_b \lVert \ell_b - y_b\rVert^2` on the CLS logits
 (:math:`\bar\ell = m\odot(\ell - Y)`, :func:`loss_gradient`, with the public mask
@@ -39,12 +40,16 @@ from defenses.arrays import FloatArray
 
 from ..he.evaluator import Evaluator, Value
 from .attention import SoftmaxPolys
-from .forward import Run, Trace
-from .forward import block as frozen_block
-from .layer_grad import attention_backward, fused_norm_backward, norm_backward
+from .blocks import Matrix, matmul_t, outer_sums, weight
+from .forward import forward
+from .layer_grad import (
+    attention_backward,
+    derivative,
+    fused_norm_backward,
+    norm_backward,
+)
+from .run import Run, Trace, fit
 from .spec import Block, Program, depth
-from .tape import Matrix, derivative, fit, head, matmul_t, outer_sums, weight
-from .tape import block as traced_block
 
 Unroll = Callable[[list[list[Value]]], list[Value]]
 Grads = dict[str, list[list[Value]]]
@@ -100,18 +105,10 @@ def train_forward(r: Run, p: Program, z: list[Value], t: Trained) -> list[Value]
     """Logits on every slot; the trained blocks and the head fill ``r.trace``."""
     if r.trace is None:
         r.trace = {}
-    if len(z) != p.d:
-        raise ValueError(f"expected {p.d} feature values, got {len(z)}")
-    if r.masks is not None and len(r.masks) != p.n_tokens:
-        raise ValueError(f"expected {p.n_tokens} key-weight values, got {len(r.masks)}")
-    first = t.first(p)
-    keep, r.trace = r.trace, None
-    for b in p.blocks[:first]:
-        z = frozen_block(r, p, b, z)
-    r.trace = keep
-    for b in p.blocks[first:]:
-        z = traced_block(r, p, b, z, t.softmax)
-    return head(r, p, z)
+    if r.roll is None:
+        raise ValueError("a training step needs the key owner's roll (interactive)")
+    t.first(p)  # a clear error for more trained blocks than the program has
+    return forward(r, p, z, t.blocks, t.softmax)
 
 
 def loss_gradient(

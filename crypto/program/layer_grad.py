@@ -25,13 +25,26 @@ on the refined reciprocal :math:`y`.
 
 from __future__ import annotations
 
+import numpy as np
+
+from defenses.arrays import FloatArray
+
 from ..he.evaluator import Evaluator, Value
-from .attention import SoftmaxPolys
-from .forward import Trace
+from .attention import SoftmaxPolys, heads
+from .blocks import matmul
+from .run import Trace, fit
 from .spec import Block, Norm, Program, depth
-from .tape import derivative, fit, heads, matmul
 
 Grads = tuple[list[Value], list[list[Value]], list[list[Value]]]
+
+
+def derivative(coefficients: FloatArray) -> FloatArray:
+    """Coefficients (low to high) of the derivative polynomial."""
+    c = np.asarray(coefficients, dtype=np.float64)
+    if c.size < 2:
+        raise ValueError("a polynomial of degree >= 1 is needed")
+    out: FloatArray = c[1:] * np.arange(1, c.size)
+    return out
 
 
 def norm_backward(
@@ -124,7 +137,7 @@ def attention_backward(
     The Gaussian kernel, or the polynomial softmax when ``polys`` is given.
     """
     grads = _empty(p)
-    for h, cols in enumerate(heads(p)):
+    for h, cols in enumerate(heads(p.d, p.heads)):
         tag = f"{b.prefix}head {h} "
         dcol = [datt[f] for f in cols]
         if polys is None:

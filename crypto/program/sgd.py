@@ -21,9 +21,8 @@ from defenses.arrays import FloatArray
 
 from ..he.evaluator import Evaluator, Roll, Value
 from .backward import Trained, Unroll, backward, loss_gradient, train_forward
-from .forward import Run
 from .net import Net
-from .tape import fit
+from .run import Run, fit
 
 __all__ = ["Fresh", "Roll", "Unroll", "cls_mask", "sgd_steps"]
 

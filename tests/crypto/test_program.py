@@ -63,10 +63,14 @@ def test_the_trace_changes_nothing_and_explains_the_logits(
         np.array_equal(a.handle, b.handle) for a, b in zip(plain, logits, strict=True)
     )
     assert trace["logits"] == logits
-    names = {"input", "q", "k", "v", "attended", "h", "normed", "hidden", "output"}
-    assert names | {"pooled", "logits"} == set(trace)
+    # what the backward pass reads (crypto.program.backward), under either policy
+    names = {"input", "attended", "normed", "pre-activation", "hidden"}
+    names |= {f"{x} low" for x in "qkv"} | {"head input", "pre-tanh"}
+    assert names | {"pooled", "logits"} <= set(trace)
     n, d = p.n_tokens, p.d
-    assert len(trace["k"]) == len(trace["v"]) == n * d
+    for h in range(p.heads):
+        vs = [trace[f"head {h} v {s}"] for s in range(n)]
+        assert [len(v) for v in vs] == [d // p.heads] * n
     # the classifier reads the traced pooler output: logits = pooled W_c
     pooled = np.stack([np.asarray(v.handle) for v in trace["pooled"]], axis=1)
     got = pooled @ p.head.classifier.weight
