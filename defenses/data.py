@@ -157,6 +157,19 @@ def _check_size(owner: str, rows: int, dim: int) -> None:
         )
 
 
+def _around(
+    rng: np.random.Generator, means: FloatArray, per_class: int, noise: float
+) -> tuple[FloatArray, IntArray]:
+    r"""``per_class`` samples :math:`x = m_k + 	ext{noise}\cdot z` per mean, shuffled.
+
+    Returns the samples and their labels (the row of their mean in ``means``).
+    """
+    y = np.repeat(np.arange(means.shape[0], dtype=np.int64), per_class)
+    X = means[y] + noise * rng.standard_normal((y.size, means.shape[1]))
+    order = rng.permutation(y.size)
+    return X[order], y[order]
+
+
 def make_identities(
     rng: np.random.Generator,
     n_classes: int = 50,
@@ -180,10 +193,8 @@ def make_identities(
     check_real("spread", spread, 0.0, open_low=True)
     _check_size("make_identities", int(n_classes) * int(per_class), int(dim))
     prototypes = rng.standard_normal((n_classes, dim))
-    y = np.repeat(np.arange(n_classes, dtype=np.int64), per_class)
-    X = prototypes[y] + spread * rng.standard_normal((y.size, dim))
-    order = rng.permutation(y.size)
-    return Dataset(X[order], y[order], "identities", n_classes), prototypes
+    X, y = _around(rng, prototypes, per_class, spread)
+    return Dataset(X, y, "identities", n_classes), prototypes
 
 
 def make_coarse_to_fine(
@@ -226,15 +237,9 @@ def make_coarse_to_fine(
     fine_means = coarse_means[fine_of] + fine_spread * rng.standard_normal(
         (fine_of.size, dim)
     )
-    y = np.repeat(np.arange(fine_of.size, dtype=np.int64), per_class)
-    X = fine_means[y] + noise * rng.standard_normal((y.size, dim))
-    order = rng.permutation(y.size)
+    X, y = _around(rng, fine_means, per_class, noise)
     return Dataset(
-        X[order],
-        y[order],
-        "coarse_to_fine",
-        int(fine_of.size),
-        coarse=fine_of[y[order]].astype(np.int64),
+        X, y, "coarse_to_fine", int(fine_of.size), coarse=fine_of[y].astype(np.int64)
     )
 
 
