@@ -48,6 +48,29 @@ def _ids(n: int, length: int = 10, vocab: int = 40, seed: int = 0) -> np.ndarray
     return ids
 
 
+def _uniform(model: nn.Module) -> nn.Module:
+    """Zero every block's query and key: softmax and the kernel both average."""
+    encoder = model.base_model.encoder  # type: ignore[union-attr]
+    for layer in encoder.layer:  # type: ignore[union-attr]
+        for lin in (layer.attention.self.query, layer.attention.self.key):
+            nn.init.zeros_(lin.weight)
+            nn.init.zeros_(lin.bias)
+    return model
+
+
+def _source_equals_converted(
+    model: nn.Module, he: nn.Module, ids: np.ndarray, mask: np.ndarray
+) -> torch.Tensor:
+    """Assert the converted model's logits equal the source's; return the source's."""
+    with torch.no_grad():
+        want = model(
+            input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask)
+        ).logits.double()
+        got = he(torch.as_tensor(ids), torch.as_tensor(mask).double())
+    assert torch.allclose(got, want, atol=1e-5)
+    return want
+
+
 def test_weights_copied_and_every_substitution_reported() -> None:
     model = _bert()
     he, report = convert(model, n_tokens=10, rank=3)
@@ -78,21 +101,12 @@ def test_uniform_attention_makes_the_exact_form_equal_the_source() -> None:
     Then the converted model in exact mode (GELU kept) must reproduce the source's
     logits, padding mask included: every copied weight is wired where BERT uses it.
     """
-    model = _bert()
-    for layer in model.bert.encoder.layer:  # type: ignore[attr-defined]
-        for lin in (layer.attention.self.query, layer.attention.self.key):
-            nn.init.zeros_(lin.weight)
-            nn.init.zeros_(lin.bias)
+    model = _uniform(_bert())
     he, _ = convert(model, n_tokens=10, activation="gelu")
     ids = _ids(6)
     mask = np.ones_like(ids)
     mask[:3, 7:] = 0
-    with torch.no_grad():
-        want = model(
-            input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask)
-        ).logits.double()
-        got = he(torch.as_tensor(ids), torch.as_tensor(mask).double())
-    assert torch.allclose(got, want, atol=1e-5)
+    want = _source_equals_converted(model, he, ids, mask)
     # and the mask matters: attending the padding changes the logits
     with torch.no_grad():
         unmasked = he(torch.as_tensor(ids))
@@ -178,18 +192,17 @@ def test_refusals_name_the_layer() -> None:
     norm.register_forward_hook(lambda module, args, out: out * 2)
     with pytest.raises(ConversionError, match="_forward_hooks"):
         convert(hooked, n_tokens=8)
-    custom = _bert()
-    custom.config._attn_implementation = "my_kernel"  # type: ignore[attr-defined]
-    with pytest.raises(ConversionError, match="my_kernel"):
-        convert(custom, n_tokens=8)
-    rotary = _bert()
-    rotary.config.rope_theta = 10000.0  # type: ignore[attr-defined]
-    with pytest.raises(ConversionError, match="rope_theta"):
-        convert(rotary, n_tokens=8)
-    relative = _bert()
-    relative.config.position_embedding_type = "relative_key"  # type: ignore[attr-defined]
-    with pytest.raises(ConversionError, match="relative_key"):
-        convert(relative, n_tokens=8)
+    # configured attention the blocks do not compute: a custom kernel, rotary or
+    # relative positions
+    for key, value, match in (
+        ("_attn_implementation", "my_kernel", "my_kernel"),
+        ("rope_theta", 10000.0, "rope_theta"),
+        ("position_embedding_type", "relative_key", "relative_key"),
+    ):
+        configured = _bert()
+        setattr(configured.config, key, value)
+        with pytest.raises(ConversionError, match=match):
+            convert(configured, n_tokens=8)
     with pytest.raises(ConversionError, match="SiLUActivation"):
         convert(_bert(hidden_act="silu"), n_tokens=8)
     with pytest.raises(ConversionError, match="num_labels=1"):
@@ -243,11 +256,7 @@ def test_roberta_shares_the_blocks_and_its_positions_skip_the_padding() -> None:
         initializer_range=0.3,
         pad_token_id=1,
     )
-    model = transformers.RobertaForSequenceClassification(config).eval()
-    for layer in model.roberta.encoder.layer:
-        for lin in (layer.attention.self.query, layer.attention.self.key):
-            nn.init.zeros_(lin.weight)
-            nn.init.zeros_(lin.bias)
+    model = _uniform(transformers.RobertaForSequenceClassification(config).eval())
     with pytest.raises(ValueError, match="n_tokens"):
         convert(model, n_tokens=13)  # positions 2..13 fit 12 tokens
     he, report = convert(model, n_tokens=10, activation="gelu")
@@ -255,13 +264,7 @@ def test_roberta_shares_the_blocks_and_its_positions_skip_the_padding() -> None:
     assert "classifier.dense tanh" in str(report)
     ids = _ids(6)
     ids[:3, 6:] = 1  # right padding with RoBERTa's pad id
-    mask = (ids != 1).astype(np.int64)
-    with torch.no_grad():
-        want = model(
-            input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask)
-        ).logits.double()
-        got = he(torch.as_tensor(ids), torch.as_tensor(mask).double())
-    assert torch.allclose(got, want, atol=1e-5)
+    _source_equals_converted(model, he, ids, (ids != 1).astype(np.int64))
 
 
 def test_state_dict_round_trips_the_calibrated_model() -> None:

@@ -3,7 +3,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -327,29 +329,44 @@ def test_sweep_figure(tmp_path: Path) -> None:
     ]
 
 
+UNIT = {"ct_ct_mul": 4e-3, "ct_pt_mul": 1e-3, "rotations": 3e-3, "polyval": 2e-2}
+UNIT |= {"replications": 7e-3, "encryptions": 2.5e-3, "decryptions": 1e-3}
+"""Made-up unit costs (seconds) of the projection's red-team sweeps."""
+
+Point = tuple[str, Shape, float, dict[str, int], float]
+SWEPT_ARMS = ("full-softmax", "lora-gk")
+
+
+def _sweep(
+    seconds: Callable[[dict[str, float], int], float],
+) -> tuple[dict[str, Any], list[Point]]:
+    """Both arms' counted steps at d = 2, 3, 4, 6, 8, timed by ``seconds(ops, d)``.
+
+    Returns the arms' count models and the sweep's points (arm, shape, seconds,
+    step counts, spread) as :func:`~crypto.benchmark.sweep._projection` reads them.
+    """
+    counts = {name: count_model(Arm(*name.split("-"))) for name in SWEPT_ARMS}
+    points = []
+    for d in (2, 3, 4, 6, 8):
+        shape = Shape(d, d, 2, 1, 4)
+        for name in SWEPT_ARMS:
+            step = {k: round(v) for k, v in counts[name][0].predict(shape).items()}
+            points.append((name, shape, seconds(operations(step, shape), d), step, 0.0))
+    return counts, points
+
+
 def test_projection_states_heldout_errors_and_an_interval_that_holds() -> None:
     # red team of the projection record: steps whose per-operation time grows
     # with the width; the records must show the held-out error at every held-out
     # width and an interval of the d = 768 speed-up holding the true one
     from defense_suite.crypto.benchmark.sweep import _projection
 
-    arms = ["full-softmax", "lora-gk"]
-    counts = {name: count_model(Arm(*name.split("-"))) for name in arms}
-    unit = {"ct_ct_mul": 4e-3, "ct_pt_mul": 1e-3, "rotations": 3e-3}
-    unit |= {"polyval": 2e-2, "replications": 7e-3}
-    unit |= {"encryptions": 2.5e-3, "decryptions": 1e-3}
-    truth = CostModel(unit, scale=1.2, overhead_s=0.3, growth=0.1, reference_d=2.0)
-    points = []
-    for d in (2, 3, 4, 6, 8):
-        shape = Shape(d, d, 2, 1, 4)
-        for name in arms:
-            c = counts[name][0].predict(shape)
-            step = {k: round(v) for k, v in c.items()}
-            seconds = truth.predict(operations(step, shape), d)
-            points.append((name, shape, seconds, step, 0.0))
+    truth = CostModel(UNIT, scale=1.2, overhead_s=0.3, growth=0.1, reference_d=2.0)
+    counts, points = _sweep(lambda ops, d: truth.predict(ops, d))
+    arms = list(counts)
     fit = [p for p in points if p[1].d < 6]
     flat = CostModel.fit(
-        unit, [operations(p[3], p[1]) for p in fit], [p[2] for p in fit]
+        UNIT, [operations(p[3], p[1]) for p in fit], [p[2] for p in fit]
     )
     held = {
         (n, s): flat.predict(operations(c, s)) / t - 1
@@ -386,21 +403,11 @@ def test_an_interval_reaching_minus_one_has_no_finite_upper_end() -> None:
     # record leaves the upper ends out and states the error size instead
     from defense_suite.crypto.benchmark.sweep import _projection
 
-    arms = ["full-softmax", "lora-gk"]
-    counts = {name: count_model(Arm(*name.split("-"))) for name in arms}
-    unit = {"ct_ct_mul": 4e-3, "ct_pt_mul": 1e-3, "rotations": 3e-3}
-    unit |= {"polyval": 2e-2, "replications": 7e-3}
-    unit |= {"encryptions": 2.5e-3, "decryptions": 1e-3}
-    model = CostModel(unit)
-    points, held = [], {}
-    for d, error in ((2, 0.0), (3, 0.0), (4, 0.0), (6, -0.2), (8, -0.4)):
-        shape = Shape(d, d, 2, 1, 4)
-        for name in arms:
-            step = {k: round(v) for k, v in counts[name][0].predict(shape).items()}
-            predicted = model.predict(operations(step, shape))
-            points.append((name, shape, predicted / (1 + error), step, 0.0))
-            if d >= 6:
-                held[name, shape] = error
+    model = CostModel(UNIT)
+    error = {2: 0.0, 3: 0.0, 4: 0.0, 6: -0.2, 8: -0.4}
+    counts, points = _sweep(lambda ops, d: model.predict(ops) / (1 + error[d]))
+    arms = list(counts)
+    held = {(name, shape): error[shape.d] for name, shape, *_ in points if shape.d >= 6}
     records = list(_projection(arms, counts, model, points, held, 6, (1, 2, 4), 0))
     lora = next(r for r in records if r.defense == "paper-width lora-gk")
     assert lora.cost["projected_step_cpu_s_interval_error"] > 1
