@@ -23,7 +23,7 @@ import functools
 import math
 import warnings
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from defenses.checks import check_int, check_real
 
@@ -130,22 +130,41 @@ def epsilon(
     return _epsilon_cached(tuple(merge(check_history(history))), delta, accountant)
 
 
+class Target(NamedTuple):
+    """What a solver aims at: epsilon in ``[(1 - tolerance) budget, budget]``.
+
+    The checked ``(budget, delta, accountant, tolerance)`` of every solver below, one
+    hashable value, so the cached solvers key on it whole.
+    """
+
+    budget: float
+    delta: float
+    accountant: str
+    tolerance: float
+
+    @property
+    def floor(self) -> float:
+        """The least accepted epsilon, ``(1 - tolerance) * budget``."""
+        return (1.0 - self.tolerance) * self.budget
+
+    def hit(self, eps: float) -> bool:
+        """Whether ``eps`` lies in the accepted window ``[floor, budget]``."""
+        return self.floor <= eps <= self.budget
+
+    def epsilon(self, history: Sequence[Phase]) -> float:
+        """Epsilon of a checked ``history`` at this target's delta (cached)."""
+        return _epsilon_cached(tuple(merge(history)), self.delta, self.accountant)
+
+
+@functools.lru_cache(maxsize=1024)
 def _bisect_rate(
-    prefix: tuple[Phase, ...],
-    sigma: float,
-    steps: int,
-    budget: float,
-    delta: float,
-    accountant: str,
-    low: float,
-    tolerance: float,
+    target: Target, prefix: tuple[Phase, ...], sigma: float, steps: int, low: float
 ) -> float:
     """Largest q in [low, 1] with eps(prefix + (sigma, q, steps)) <= budget."""
+    budget, delta, _, tolerance = target
 
     def eps_at(q: float) -> float:
-        return _epsilon_cached(
-            tuple(merge([*prefix, (sigma, q, steps)])), delta, accountant
-        )
+        return target.epsilon([*prefix, (sigma, q, steps)])
 
     if eps_at(low) > budget:
         raise UnreachableBudget(
@@ -155,7 +174,7 @@ def _bisect_rate(
         )
     top = eps_at(1.0)
     if top <= budget:
-        if top < (1.0 - tolerance) * budget:
+        if top < target.floor:
             raise UnreachableBudget(
                 f"budget {budget} cannot be spent: even q=1 for {steps} steps at "
                 f"sigma={sigma} only reaches epsilon={top:.4g}; lower sigma or the "
@@ -164,14 +183,14 @@ def _bisect_rate(
         return 1.0
     # Illinois (regula falsi) on log q against log epsilon, which is close to
     # linear; the accepted window is [(1 - tolerance) budget, budget].
-    target = math.log((1.0 - tolerance / 2) * budget)
+    aim = math.log((1.0 - tolerance / 2) * budget)
     lo = max(low, 1e-9)
     e_lo = eps_at(lo)
-    if e_lo >= (1.0 - tolerance) * budget:
+    if e_lo >= target.floor:
         return lo
     x_lo, x_hi = math.log(lo), 0.0
-    y_lo = math.log(max(e_lo, 1e-300)) - target
-    y_hi = math.log(top) - target
+    y_lo = math.log(max(e_lo, 1e-300)) - aim
+    y_hi = math.log(top) - aim
     side = 0
     for _ in range(100):
         x = x_hi - y_hi * (x_hi - x_lo) / (y_hi - y_lo)
@@ -179,9 +198,9 @@ def _bisect_rate(
             x = 0.5 * (x_lo + x_hi)
         q = math.exp(x)
         e = eps_at(q)
-        if (1.0 - tolerance) * budget <= e <= budget:
+        if target.hit(e):
             return q
-        y = math.log(max(e, 1e-300)) - target
+        y = math.log(max(e, 1e-300)) - aim
         if y > 0:
             x_hi, y_hi = x, y
             if side == 1:
@@ -208,6 +227,18 @@ def check_target(budget: object, delta: object, accountant: str) -> tuple[float,
     return target
 
 
+def solver_target(
+    budget: object, delta: object, accountant: str, tolerance: object
+) -> Target:
+    """The checked :class:`Target` of a solver.
+
+    :func:`check_target`, then ``tolerance`` in (0, 1].
+    """
+    budget, delta = check_target(budget, delta, accountant)
+    tolerance = check_real("tolerance", tolerance, 0.0, 1.0, open_low=True)
+    return Target(budget, delta, accountant, tolerance)
+
+
 def solve_uniform_rate(
     budget: float,
     delta: float,
@@ -223,23 +254,9 @@ def solve_uniform_rate(
     UnreachableBudget
         If even q = 1 spends less than the budget.
     """
-    budget, delta = check_target(budget, delta, accountant)
+    target = solver_target(budget, delta, accountant, tolerance)
     sigma = check_real("sigma", sigma, 0.0, open_low=True)
-    steps = check_int("steps", steps, 1)
-    tolerance = check_real("tolerance", tolerance, 0.0, 1.0, open_low=True)
-    return _uniform_rate(budget, delta, sigma, steps, accountant, tolerance)
-
-
-@functools.lru_cache(maxsize=1024)
-def _uniform_rate(
-    budget: float,
-    delta: float,
-    sigma: float,
-    steps: int,
-    accountant: str,
-    tolerance: float,
-) -> float:
-    return _bisect_rate((), sigma, steps, budget, delta, accountant, 0.0, tolerance)
+    return _bisect_rate(target, (), sigma, check_int("steps", steps, 1), 0.0)
 
 
 def solve_spend_rate(
@@ -263,32 +280,13 @@ def solve_spend_rate(
     UnreachableBudget
         If the saving phase alone exceeds the budget or q = 1 cannot spend it.
     """
-    budget, delta = check_target(budget, delta, accountant)
+    target = solver_target(budget, delta, accountant, tolerance)
     sigma = check_real("sigma", sigma, 0.0, open_low=True)
     save_rate = check_real("save_rate", save_rate, 0.0, 1.0, open_low=True)
     save_steps = check_int("save_steps", save_steps, 0)
-    spend_steps = check_int("spend_steps", spend_steps, 1)
-    tolerance = check_real("tolerance", tolerance, 0.0, 1.0, open_low=True)
-    return _spend_rate(
-        budget, delta, sigma, save_rate, save_steps, spend_steps, accountant, tolerance
-    )
-
-
-@functools.lru_cache(maxsize=1024)
-def _spend_rate(
-    budget: float,
-    delta: float,
-    sigma: float,
-    save_rate: float,
-    save_steps: int,
-    spend_steps: int,
-    accountant: str,
-    tolerance: float,
-) -> float:
     prefix = tuple(check_history([(sigma, save_rate, save_steps)]))
-    return _bisect_rate(
-        prefix, sigma, spend_steps, budget, delta, accountant, save_rate, tolerance
-    )
+    spend_steps = check_int("spend_steps", spend_steps, 1)
+    return _bisect_rate(target, prefix, sigma, spend_steps, save_rate)
 
 
 def solve_noise_multiplier(
@@ -304,25 +302,17 @@ def solve_noise_multiplier(
     Bisects sigma on a log scale in [0.05, 1000] so that
     ``eps([(sigma, rate, steps)])`` lies in ``[(1 - tolerance) budget, budget]``.
     """
-    budget, delta = check_target(budget, delta, accountant)
+    target = solver_target(budget, delta, accountant, tolerance)
     rate = check_real("rate", rate, 0.0, 1.0, open_low=True)
-    steps = check_int("steps", steps, 1)
-    tolerance = check_real("tolerance", tolerance, 0.0, 1.0, open_low=True)
-    return _noise_multiplier(budget, delta, rate, steps, accountant, tolerance)
+    return _noise_multiplier(target, rate, check_int("steps", steps, 1))
 
 
 @functools.lru_cache(maxsize=256)
-def _noise_multiplier(
-    budget: float,
-    delta: float,
-    rate: float,
-    steps: int,
-    accountant: str,
-    tolerance: float,
-) -> float:
+def _noise_multiplier(target: Target, rate: float, steps: int) -> float:
     def eps_at(sigma: float) -> float:
-        return _epsilon_cached(((sigma, rate, steps),), delta, accountant)
+        return target.epsilon([(sigma, rate, steps)])
 
+    budget = target.budget
     lo, hi = math.log(0.05), math.log(1000.0)
     if eps_at(math.exp(hi)) > budget:
         raise UnreachableBudget(f"budget {budget} needs sigma > 1000")
@@ -331,12 +321,12 @@ def _noise_multiplier(
     for _ in range(100):
         mid = 0.5 * (lo + hi)
         e = eps_at(math.exp(mid))
-        if (1.0 - tolerance) * budget <= e <= budget:
+        if target.hit(e):
             return math.exp(mid)
         if e > budget:
             lo = mid
         else:
             hi = mid
     raise UnreachableBudget(
-        f"could not place epsilon within {tolerance:.1%} of {budget}"
+        f"could not place epsilon within {target.tolerance:.1%} of {budget}"
     )
