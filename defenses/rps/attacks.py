@@ -385,3 +385,14 @@ class WorstCase:
                 calib.n_classes,
             )
         return task.poisoned(train=poisoned_train, calib=poisoned_calib)
+
+
+ATTACKS = (
+    RandomFlip,
+    PairFlip,
+    TargetedFlip,
+    CalibrationCoverage,
+    CalibrationSize,
+    WorstCase,
+)
+"""The package's attacks (registered by :mod:`defenses.rps.scenario`)."""

@@ -31,26 +31,12 @@ from defenses.rps.arms import (
     ConformalSystem,
     SplitConformalLearner,
 )
-from defenses.rps.attacks import (
-    CalibrationCoverage,
-    CalibrationSize,
-    PairFlip,
-    RandomFlip,
-    TargetedFlip,
-    WorstCase,
-)
+from defenses.rps.attacks import ATTACKS
 from defenses.rps.tasks import ConformalTask
 from defenses.threat import POISONING, ThreatModel
 
 register_package(
-    attacks=[
-        RandomFlip,
-        PairFlip,
-        TargetedFlip,
-        CalibrationCoverage,
-        CalibrationSize,
-        WorstCase,
-    ],
+    attacks=ATTACKS,
     defenses=[RPS, BaggingEnsemble],
     benchmarks={
         "rps-coverage": benchmark.coverage_study,

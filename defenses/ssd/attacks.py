@@ -357,3 +357,7 @@ class GeneticInversion(PriorSearch):
             fit = np.concatenate([fit[:, : self.elite], child_fit], axis=1)
         winner = np.argmax(fit, axis=1)
         return prior.decode(pop[np.arange(chains), winner])
+
+
+ATTACKS = (BoundaryRepulsion, GeneticInversion, VotingBoundaryRepulsion)
+"""The package's attacks (registered by :mod:`defenses.ssd.scenario`)."""

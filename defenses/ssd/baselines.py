@@ -267,3 +267,15 @@ class SSDConstantBudget(SSDDefense):
     name: ClassVar[str] = "ssd-constant-budget"
     shield_class: ClassVar[type[StealthyShield]] = ConstantBudgetShield
     epsilon: float = 0.1
+
+
+BASELINES = (
+    SSDNoTemperature,
+    SSDConstantBudget,
+    ARTReverseSigmoid,
+    ARTGaussianNoise,
+    ARTRounded,
+    ARTHighConfidence,
+    ARTClassLabels,
+)
+"""The ablations and peers (registered next to SSD by :mod:`defenses.ssd.scenario`)."""

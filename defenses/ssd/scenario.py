@@ -38,38 +38,13 @@ from defenses.oracle import QueryOracle
 from defenses.registry import register, register_package
 from defenses.ssd import benchmark, figures  # noqa: F401  (they register themselves)
 from defenses.ssd.arms import Deployed, SSDDefense
-from defenses.ssd.attacks import (
-    BoundaryRepulsion,
-    GeneticInversion,
-    InversionView,
-    VotingBoundaryRepulsion,
-)
-from defenses.ssd.baselines import (
-    ARTClassLabels,
-    ARTGaussianNoise,
-    ARTHighConfidence,
-    ARTReverseSigmoid,
-    ARTRounded,
-    SSDConstantBudget,
-    SSDNoTemperature,
-)
+from defenses.ssd.attacks import ATTACKS, InversionView
+from defenses.ssd.baselines import BASELINES
 from defenses.ssd.tasks import InversionTask, build_task, predict_proba, train_mlp
 from defenses.threads import single_thread
 from defenses.threat import QUERYING, Budget, Capability, ThreatModel
 
-register_package(
-    attacks=[BoundaryRepulsion, GeneticInversion, VotingBoundaryRepulsion],
-    defenses=[
-        SSDDefense,
-        SSDNoTemperature,
-        SSDConstantBudget,
-        ARTReverseSigmoid,
-        ARTGaussianNoise,
-        ARTRounded,
-        ARTHighConfidence,
-        ARTClassLabels,
-    ],
-)
+register_package(attacks=ATTACKS, defenses=[SSDDefense, *BASELINES])
 
 TARGET_HIDDEN = (128,)
 

@@ -44,6 +44,18 @@ DEFENSES = [
 ]
 
 
+def test_the_pair_matrix_covers_every_attack_and_defense_the_package_registers():
+    from defenses.registry import available, load
+    from defenses.ssd import attacks, baselines
+
+    assert {type(a) for a in ATTACKS} == set(attacks.ATTACKS)
+    assert {type(d) for d in DEFENSES} == {SSDDefense, *baselines.BASELINES}
+    for kind, classes in (("attacks", ATTACKS), ("defenses", DEFENSES)):
+        ssd = {name for name in available(kind) if name.startswith("ssd-")}
+        assert ssd == {c.name for c in classes}
+        assert all(type(c) is load(kind, c.name) for c in classes)
+
+
 @pytest.mark.parametrize("attack", ATTACKS, ids=lambda a: a.name)
 @pytest.mark.parametrize("defense", DEFENSES, ids=lambda d: repr(d))
 def test_check_pair(attack, defense):
