@@ -148,6 +148,32 @@ class StepPlan:
             check_real("sigma", self.sigma, 0.0, open_low=True)
 
 
+@dataclass(frozen=True)
+class _Round:
+    """One round's local training, as :func:`local_train` checked it.
+
+    The plan, the step size, the clip norm, the round's random stream, the sampling,
+    the public record count and whether a step's work is constant.
+    """
+
+    plan: StepPlan
+    lr: float
+    clip: float
+    rng: np.random.Generator
+    sampling: Sampling
+    public_count: int
+    constant_work: bool
+
+    def batches(self, n: int) -> list[IntArray]:
+        """The round's ``plan.steps`` batches over ``n`` records."""
+        return batches(self.rng, n, self.plan.rate, self.plan.steps, self.sampling)
+
+    @property
+    def expected_batch(self) -> float:
+        """The public normalizer :math:`qN` of a DP step."""
+        return expected_batch(self.plan.rate, self.public_count)
+
+
 def init_params(
     model: Model, dim: int, n_classes: int, hidden: int, rng: np.random.Generator
 ) -> Params:
@@ -214,20 +240,10 @@ def _softmax_step(
         return X.T @ residual, residual.sum(axis=0)
 
 
-def _train_softmax(
-    params: Params,
-    data: LocalData,
-    plan: StepPlan,
-    lr: float,
-    clip: float,
-    rng: np.random.Generator,
-    sampling: Sampling,
-    public_count: int,
-    constant_work: bool = True,
-) -> Params:
+def _train_softmax(params: Params, data: LocalData, job: _Round) -> Params:
     W, b = params[0].copy(), params[1].copy()
-    n = len(data)
-    for index in batches(rng, n, plan.rate, plan.steps, sampling):
+    n, plan, lr, clip = len(data), job.plan, job.lr, job.clip
+    for index in job.batches(n):
         if plan.sigma is None:
             if index.size == 0:
                 continue
@@ -235,31 +251,26 @@ def _train_softmax(
             W -= lr * gW / index.size
             b -= lr * gb / index.size
             continue
-        if constant_work:
+        if job.constant_work:
             mask = np.zeros(n)
             mask[index] = 1.0
             gW, gb = _softmax_step(W, b, data.X, data.y, clip, mask)
         else:
             gW, gb = _softmax_step(W, b, data.X[index], data.y[index], clip)
-        scale = expected_batch(plan.rate, public_count)
-        flat = privatize(np.concatenate([gW.ravel(), gb]), plan.sigma, clip, scale, rng)
+        flat = privatize(
+            np.concatenate([gW.ravel(), gb]),
+            plan.sigma,
+            clip,
+            job.expected_batch,
+            job.rng,
+        )
         with np.errstate(over="ignore", invalid="ignore"):
             W -= lr * flat[: W.size].reshape(W.shape)
             b -= lr * flat[W.size :]
     return [W, b]
 
 
-def _train_mlp(
-    params: Params,
-    data: LocalData,
-    plan: StepPlan,
-    lr: float,
-    clip: float,
-    rng: np.random.Generator,
-    sampling: Sampling,
-    public_count: int,
-    constant_work: bool,
-) -> Params:
+def _train_mlp(params: Params, data: LocalData, job: _Round) -> Params:
     import torch
     from opacus import GradSampleModule
 
@@ -282,31 +293,31 @@ def _train_mlp(
                 layer.bias.copy_(torch.from_numpy(bias.copy()))
         X = torch.from_numpy(data.X)
         y = torch.from_numpy(data.y)
-        n = len(data)
+        n, plan, lr = len(data), job.plan, job.lr
         loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
         if plan.sigma is None:
             sgd = torch.optim.SGD(net.parameters(), lr=lr)
-            for index in batches(rng, n, plan.rate, plan.steps, sampling):
+            for index in job.batches(n):
                 if index.size == 0:
                     continue
                 sgd.zero_grad()
                 (loss_fn(net(X[index]), y[index]) / index.size).backward()
                 sgd.step()
         else:
-            generator = torch.Generator().manual_seed(int(rng.integers(2**63 - 1)))
+            generator = torch.Generator().manual_seed(int(job.rng.integers(2**63 - 1)))
             model = GradSampleModule(net, loss_reduction="sum")
             # Opacus returns the noisy clipped *sum*; lr / (q N) divides it by the
             # public expected batch size, as in the numpy backend.
-            scale = expected_batch(plan.rate, public_count)
+            scale = job.expected_batch
             # constant work: every step computes the public padded_rows(q, N) rows,
             # the sample first, the padding's gradients masked to zero before
             # clipping (federated.padding): the same clipped sum.
-            masks = RowMasks() if constant_work else None
-            rows = padded_rows(plan.rate, public_count)
+            masks = RowMasks() if job.constant_work else None
+            rows = padded_rows(plan.rate, job.public_count)
             optimizer = SanitizingDPOptimizer(
                 torch.optim.SGD(model.parameters(), lr=lr / scale),
                 noise_multiplier=plan.sigma,
-                max_grad_norm=clip,
+                max_grad_norm=job.clip,
                 expected_batch_size=max(1, round(scale)),
                 loss_reduction="sum",
                 generator=generator,
@@ -314,7 +325,7 @@ def _train_mlp(
             )
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
-                for index in batches(rng, n, plan.rate, plan.steps, sampling):
+                for index in job.batches(n):
                     if masks is not None:
                         rows_index, mask = padded(index.tolist(), rows, n)
                         masks.push(mask)
@@ -397,14 +408,9 @@ def local_train(
             f"params must hold 2 (softmax) or 4 (MLP) arrays, got {len(current)}"
         )
     _check_shapes(current, data)
-    if len(current) == 2:
-        new = _train_softmax(
-            current, data, plan, lr, clip, rng, sampling, count, constant_work
-        )
-    else:
-        new = _train_mlp(
-            current, data, plan, lr, clip, rng, sampling, count, constant_work
-        )
+    train = _train_softmax if len(current) == 2 else _train_mlp
+    job = _Round(plan, lr, clip, rng, sampling, count, constant_work)
+    new = train(current, data, job)
     if plan.sigma is not None:
         return finite_release(new)
     if not all(np.isfinite(p).all() for p in new):
