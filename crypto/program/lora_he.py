@@ -13,8 +13,17 @@ ciphertext-ciphertext products and the weight gradient :math:`X^T G` costs
 
 (:math:`3 d r` products and :math:`2 d r` sums) touch ciphertexts.
 
-Layout: ``X`` is feature-major (one ciphertext per input feature, one slot per
-token); each encrypted weight entry is a ciphertext replicated over the slots.
+The layer is the program's own arithmetic, not a copy: values are
+:class:`~crypto.he.evaluator.Value` s of the level-tracking
+:class:`~crypto.he.evaluator.Evaluator` (on
+:class:`~crypto.he.ckks.TenSEALBackend` ciphertexts, or float64 arrays), in the
+feature-major layout of :mod:`crypto.he.packing` (one value per input feature,
+one slot per token; each encrypted weight entry a value replicated over the slots,
+:func:`~crypto.he.packing.unit`), and the products are those of a block's Q/K/V
+LoRA in the training pass: :func:`~crypto.program.blocks.matmul` (public or
+encrypted matrix), :func:`~crypto.program.blocks.matmul_t` and
+:func:`~crypto.program.blocks.outer_sums` (the backward pass's LoRA gradients).
+
 The loss of the SGD demonstration is the mean squared error
 :math:`\tfrac1{2T}\lVert X(W_0 + AB) - Y\rVert^2` over ``T`` tokens with encrypted
 targets ``Y`` (MSE keeps the step free of the softmax polynomial); the server
@@ -24,80 +33,74 @@ joins the learning rate.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from defenses.arrays import FloatArray
 
+from ..he.ckks import CKKSParams, TenSEALBackend, local_key_owner
+from ..he.evaluator import Evaluator, Value
+from ..he.packing import unit
+from .blocks import matmul, matmul_t, outer_sums, residual
 
-@dataclass
-class Timer:
-    """Accumulated seconds per named step."""
-
-    seconds: dict[str, float]
-
-    def run(self, name: str, fn: Callable[[], Any]) -> Any:
-        """Time ``fn()`` under ``name``."""
-        start = time.perf_counter()
-        out = fn()
-        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-        return out
+Secret = list[list[Value]]
+"""An encrypted matrix, one value (replicated over the slots) per entry."""
 
 
-def _enc(ctx: Any, values: FloatArray) -> Any:
-    import tenseal as ts
+def encrypted_factors(
+    ev: Evaluator, encrypt: Callable[[float], object], A: FloatArray, B: FloatArray
+) -> tuple[Secret, Secret]:
+    """The client's factors, one replicated value per entry, each at its level.
 
-    return ts.ckks_vector(ctx, list(np.asarray(values, dtype=np.float64)))
+    A weight is encrypted at the level of the value it first meets: ``A`` meets
+    ``x`` at level 0, ``B`` meets ``x A`` at level 1. TenSEAL encrypts at the top
+    of the chain only, so one product by 1.0 (:meth:`Evaluator.scale`) stands in
+    for encoding ``B`` one level down; it is part of the encryption, not of the
+    layer's arithmetic. (Left at level 0, ``B`` would make every product that
+    meets it, and the slot sums after them, one prime wider than needed.)
+    """
+    Ae = unit(encrypt, A)
+    Be = [[ev.scale(v, 1.0) for v in row] for row in unit(encrypt, B)]
+    return Ae, Be
 
 
-def _lincomb(terms: list[Any]) -> Any:
-    out = terms[0]
-    for t in terms[1:]:
-        out = out + t
-    return out
-
-
-def full_forward(x: list[Any], W: list[list[Any]]) -> list[Any]:
+def full_forward(ev: Evaluator, x: Sequence[Value], W: Secret) -> list[Value]:
     r""":math:`y_f = \sum_g x_g W_{gf}` with every weight encrypted."""
-    return [_lincomb([x[g] * W[g][f] for g in range(len(x))]) for f in range(len(W[0]))]
+    return matmul(ev, x, W)
 
 
 def lora_forward(
-    x: list[Any], W0: FloatArray, A: list[list[Any]], B: list[list[Any]]
-) -> tuple[list[Any], list[Any]]:
-    """:math:`y = x W_0 + (x A) B`; returns (y, x A)."""
-    d_out = W0.shape[1]
-    xa = [_lincomb([x[g] * A[g][r] for g in range(len(x))]) for r in range(len(B))]
-    y = [
-        _lincomb(
-            [x[g] * float(W0[g, f]) for g in range(len(x))]
-            + [xa[r] * B[r][f] for r in range(len(B))]
-        )
-        for f in range(d_out)
-    ]
-    return y, xa
+    ev: Evaluator, x: Sequence[Value], W0: FloatArray, A: Secret, B: Secret
+) -> tuple[list[Value], list[Value]]:
+    """:math:`y = x W_0 + (x A) B` (public ``W0``); returns (y, x A)."""
+    xa = matmul(ev, x, A)
+    return residual(ev, matmul(ev, x, W0), matmul(ev, xa, B)), xa
 
 
 def full_gradient(
-    x: list[Any], grad: list[Any], entries: list[tuple[int, int]]
-) -> list[Any]:
-    r""":math:`\nabla W_{gf} = \sum_t x_g[t] G_f[t]` for the listed entries."""
-    return [(x[g] * grad[f]).sum() for g, f in entries]
+    ev: Evaluator,
+    x: Sequence[Value],
+    grad: Sequence[Value],
+    entries: Sequence[tuple[int, int]],
+) -> list[Value]:
+    r""":math:`\nabla W_{gf} = \sum_t x_g[t] G_f[t]` for the listed entries.
+
+    Each entry is one cell of :func:`~crypto.program.blocks.outer_sums` (one
+    product and one slot sum).
+    """
+    return [ev.slot_sum(ev.mul(x[g], grad[f])) for g, f in entries]
 
 
 def lora_gradient(
-    x: list[Any], xa: list[Any], grad: list[Any], B: list[list[Any]]
-) -> tuple[list[list[Any]], list[list[Any]]]:
+    ev: Evaluator,
+    x: Sequence[Value],
+    xa: Sequence[Value],
+    grad: Sequence[Value],
+    B: Secret,
+) -> tuple[Secret, Secret]:
     r""":math:`\nabla_A = X^T (G B^T)`, :math:`\nabla_B = (XA)^T G` (encrypted sums)."""
-    rank, d_out = len(B), len(B[0])
-    gb = [_lincomb([grad[f] * B[r][f] for f in range(d_out)]) for r in range(rank)]
-    grad_a = [[(x[g] * gb[r]).sum() for r in range(rank)] for g in range(len(x))]
-    grad_b = [[(xa[r] * grad[f]).sum() for f in range(d_out)] for r in range(rank)]
-    return grad_a, grad_b
+    return outer_sums(ev, x, matmul_t(ev, grad, B)), outer_sums(ev, xa, grad)
 
 
 def simulate_step(
@@ -108,7 +111,11 @@ def simulate_step(
     B: FloatArray,
     lr: float,
 ) -> tuple[FloatArray, FloatArray]:
-    """One plaintext SGD step of the LoRA factors on the mean squared error."""
+    """One plaintext SGD step of the LoRA factors on the mean squared error.
+
+    The closed form, independent of the evaluator: the reference the encrypted
+    steps are checked against.
+    """
     G = (X @ (W0 + A @ B) - Y) / X.shape[0]
     grad_a = X.T @ (G @ B.T)
     grad_b = (X @ A).T @ G
@@ -116,7 +123,7 @@ def simulate_step(
 
 
 def encrypted_steps(
-    ctx: Any,
+    params: CKKSParams,
     X: FloatArray,
     Y: FloatArray,
     W0: FloatArray,
@@ -127,26 +134,34 @@ def encrypted_steps(
 ) -> tuple[FloatArray, FloatArray, int]:
     r"""``steps`` SGD steps with encrypted gradients; returns (A, B, refreshes).
 
-    The server computes :math:`\nabla_A, \nabla_B` under encryption; the slot sums
-    leave one-slot ciphertexts, so the key owner applies
+    A key owner in this process (:func:`~crypto.he.ckks.local_key_owner` with
+    Galois keys) encrypts ``X``, ``Y`` and the factors; the server's evaluator
+    (non-interactive within a step) computes :math:`\nabla_A, \nabla_B`. The slot
+    sums leave one-slot ciphertexts, so the key owner applies
     :math:`A \leftarrow A - \eta\nabla_A` while refreshing them back into
     replicated weights for the next step (one counted round trip per step, the
     stand-in for the bootstrap a server-side update would need).
     """
-    if X.shape[0] & (X.shape[0] - 1):
-        raise ValueError(f"the token count must be a power of two, got {X.shape[0]}")
     slots = X.shape[0]
-    x = [_enc(ctx, X[:, g]) for g in range(X.shape[1])]
-    y = [_enc(ctx, Y[:, f]) for f in range(Y.shape[1])]
-    refreshes = 0
+    if slots & (slots - 1):
+        raise ValueError(f"the token count must be a power of two, got {slots}")
+    encrypt, decrypt = local_key_owner(params, galois=True)
+    ev = Evaluator(TenSEALBackend(), params.levels)
+    x = [Value(encrypt(col)) for col in X.T]
+    y = [Value(encrypt(col)) for col in Y.T]
+
+    def replicated(value: float) -> object:
+        return encrypt(np.full(slots, value))
+
+    def opened(sums: Secret) -> FloatArray:
+        return np.array([[decrypt(v.handle)[0] for v in row] for row in sums])
+
     for _ in range(steps):
-        Ae = [[_enc(ctx, np.full(slots, v)) for v in row] for row in A]
-        Be = [[_enc(ctx, np.full(slots, v)) for v in row] for row in B]
-        out, xa = lora_forward(x, W0, Ae, Be)
-        grad = [o - t for o, t in zip(out, y, strict=True)]
-        grad_a, grad_b = lora_gradient(x, xa, grad, Be)
-        step = lr / slots
-        A = A - step * np.array([[v.decrypt()[0] for v in row] for row in grad_a])
-        B = B - step * np.array([[v.decrypt()[0] for v in row] for row in grad_b])
-        refreshes += 1
-    return A, B, refreshes
+        Ae, Be = encrypted_factors(ev, replicated, A, B)
+        out, xa = lora_forward(ev, x, W0, Ae, Be)
+        grad = [ev.sub(o, t) for o, t in zip(out, y, strict=True)]
+        grad_a, grad_b = lora_gradient(ev, x, xa, grad, Be)
+        A = A - lr / slots * opened(grad_a)
+        B = B - lr / slots * opened(grad_b)
+        ev.note("refresh_rounds")
+    return A, B, ev.counts.get("refresh_rounds", 0)

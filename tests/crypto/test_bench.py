@@ -12,24 +12,32 @@ from defense_suite.crypto.benchmark.attention import (
     _exact_attention,
     attention_benchmark,
 )
+from defense_suite.crypto.benchmark.lora import lora_benchmark
 from defense_suite.crypto.figures import figures
 from defense_suite.crypto.he.approx import (
     exp_poly,
     gaussian_kernel_poly,
     reciprocal_poly,
 )
-from defense_suite.crypto.he.ckks import CKKSParams, make_context
+from defense_suite.crypto.he.ckks import (
+    CKKSParams,
+    TenSEALBackend,
+    local_key_owner,
+)
 from defense_suite.crypto.he.evaluator import DepthError, Evaluator, NumpyBackend, Value
-from defense_suite.crypto.he.packing import roll_tokens
+from defense_suite.crypto.he.packing import roll_tokens, unit
 from defense_suite.crypto.program.heformer import (
     SoftmaxPolys,
     gk_attention,
     softmax_attention,
 )
 from defense_suite.crypto.program.lora_he import (
+    encrypted_factors,
     encrypted_steps,
     full_forward,
+    full_gradient,
     lora_forward,
+    lora_gradient,
     simulate_step,
 )
 from defenses.harness import measurement
@@ -121,8 +129,8 @@ def test_encrypted_lora_step_matches_simulation() -> None:
         rng.standard_normal((d, r)),
         rng.standard_normal((r, d)),
     )
-    ctx = make_context(CKKSParams(8192, (40, 30, 30, 30, 30, 40), 30), galois=True)
-    enc_a, enc_b, rounds = encrypted_steps(ctx, X, Y, W0, A, B, 0.5, 2)
+    params = CKKSParams(8192, (40, 30, 30, 30, 30, 40), 30)
+    enc_a, enc_b, rounds = encrypted_steps(params, X, Y, W0, A, B, 0.5, 2)
     sim_a, sim_b = A, B
     for _ in range(2):
         sim_a, sim_b = simulate_step(X, Y, W0, sim_a, sim_b, 0.5)
@@ -131,31 +139,84 @@ def test_encrypted_lora_step_matches_simulation() -> None:
     assert np.max(np.abs(enc_b - sim_b)) < 1e-2
     assert np.max(np.abs(sim_a - A)) > 0.01
     with pytest.raises(ValueError, match="power of two"):
-        encrypted_steps(ctx, X[:6], Y[:6], W0, A, B, 0.05, 1)
+        encrypted_steps(params, X[:6], Y[:6], W0, A, B, 0.05, 1)
 
 
 def test_full_and_lora_forward_agree() -> None:
-    import tenseal as ts
-
+    params = CKKSParams(8192, (40, 30, 30, 30, 30, 40), 30)
+    encrypt, decrypt = local_key_owner(params, galois=False)
+    ev = Evaluator(TenSEALBackend(), params.levels)
     rng = np.random.default_rng(0)
-    ctx = make_context(CKKSParams(8192, (40, 30, 30, 30, 30, 40), 30))
     X = rng.standard_normal((8, 2))
     W0, A, B = (
         rng.standard_normal((2, 2)),
         rng.standard_normal((2, 1)),
         rng.standard_normal((1, 2)),
     )
-    x = [ts.ckks_vector(ctx, list(X[:, g])) for g in range(2)]
+    x = [Value(encrypt(col)) for col in X.T]
 
-    def rep(M: np.ndarray) -> list[list[object]]:
-        return [[ts.ckks_vector(ctx, [float(m)] * 8) for m in row] for row in M]
+    def rep(M: np.ndarray) -> list[list[Value]]:
+        return unit(lambda m: encrypt(np.full(8, m)), M)
 
-    full = full_forward(x, rep(W0 + A @ B))
-    lora, _ = lora_forward(x, W0, rep(A), rep(B))
+    full = full_forward(ev, x, rep(W0 + A @ B))
+    Ae, Be = encrypted_factors(ev, lambda m: encrypt(np.full(8, m)), A, B)
+    assert [v.level for row in Ae + Be for v in row] == [0, 0, 1, 1]
+    lora, xa = lora_forward(ev, x, W0, Ae, Be)
     want = X @ (W0 + A @ B)
     for f in range(2):
-        assert np.allclose(full[f].decrypt(), want[:, f], atol=1e-3)
-        assert np.allclose(lora[f].decrypt(), want[:, f], atol=1e-3)
+        assert np.allclose(decrypt(full[f].handle), want[:, f], atol=1e-3)
+        assert np.allclose(decrypt(lora[f].handle), want[:, f], atol=1e-3)
+    assert np.allclose(decrypt(xa[0].handle), (X @ A)[:, 0], atol=1e-3)
+    # the evaluator tracks the levels: one product for x A and W0, B met at level 1
+    assert [v.level for v in full] == [1, 1]
+    assert [v.level for v in lora] == [2, 2]
+    assert ev.counts["ct_ct_mul"] == 4 + 2 + 2
+
+
+def test_layer_gradients_are_the_closed_form() -> None:
+    """The one-layer gradients on the float64 backend equal the matrix formulas."""
+    rng = np.random.default_rng(3)
+    T, d, r = 8, 3, 2
+    X, G = rng.standard_normal((T, d)), rng.standard_normal((T, d))
+    W0, A, B = (
+        rng.standard_normal((d, d)),
+        rng.standard_normal((d, r)),
+        rng.standard_normal((r, d)),
+    )
+    ev = Evaluator(NumpyBackend(), 4)
+    x, grad = [Value(c) for c in X.T], [Value(c) for c in G.T]
+    y, xa = lora_forward(ev, x, W0, unit(float, A), unit(float, B))
+    grad_a, grad_b = lora_gradient(ev, x, xa, grad, unit(float, B))
+
+    def first(sums: list[list[Value]]) -> np.ndarray:
+        return np.array([[np.ravel(v.handle)[0] for v in row] for row in sums])
+
+    assert np.allclose(np.array([v.handle for v in y]).T, X @ (W0 + A @ B))
+    assert np.allclose(first(grad_a), X.T @ (G @ B.T))
+    assert np.allclose(first(grad_b), (X @ A).T @ G)
+    pairs = [(0, 2), (2, 1)]
+    sums = full_gradient(ev, x, grad, pairs)
+    assert np.allclose(first([sums])[0], [(X.T @ G)[g, f] for g, f in pairs])
+
+
+def test_lora_benchmark_counts_what_it_times() -> None:
+    """The records' operation counts are the layer's: d^2 vs 3dr products."""
+    d, r = 4, 2
+    params = {"d": d, "rank": r, "tokens": 16, "full_gradient_entries": 8}
+    records = {
+        rec.defense: rec
+        for rec in lora_benchmark(params | {"sgd_d": 2, "sgd_steps": 1}, [0])
+    }
+    full, lora = records["none"].cost, records["lora"].cost
+    assert full["gradient_ct_ct_mul"] == full["gradient_slot_sums"] == d * d
+    assert lora["gradient_ct_ct_mul"] == 3 * d * r
+    assert lora["gradient_slot_sums"] == 2 * d * r
+    assert full["encrypted_weights"] == d * d
+    assert lora["encrypted_weights"] == 2 * d * r
+    assert max(full["max_error"], lora["max_error"]) < 1e-2
+    utility = records["lora"].utility
+    assert utility["sgd_step_diff"] < 1e-3 < utility["sgd_update_size"]
+    assert records["none"].utility["gradient_speedup"] == 1.0
 
 
 def test_benchmark_bad_params() -> None:
