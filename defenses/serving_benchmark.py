@@ -42,6 +42,7 @@ import numpy as np
 
 from defenses.checks import check_int, check_keys, check_real
 from defenses.harness import measurement
+from defenses.plotting import save_figure
 from defenses.registry import register
 from defenses.results import Result
 
@@ -351,10 +352,7 @@ def figures(
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         fig.suptitle(f"{spec}: served latency vs. load")
-        fig.tight_layout()
-        path = out_dir / f"{spec}-latency.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+        path = save_figure(fig, out_dir / f"{spec}-latency.png", dpi=120)
         drawn.append(
             (f"{spec}: p50/p95 latency against load, with and without SSD", path)
         )
