@@ -65,6 +65,16 @@ from defenses.rps.voting import adopt_voter, voter_parts
 logger = logging.getLogger(__name__)
 
 
+_PARAM_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _param_names(cls: type[BaseEstimator]) -> tuple[str, ...]:
+    """The constructor's parameter names (scikit-learn inspects the signature)."""
+    if cls not in _PARAM_NAMES:
+        _PARAM_NAMES[cls] = tuple(cls._get_param_names())
+    return _PARAM_NAMES[cls]
+
+
 class NotConformalizedError(NotFittedError):  # type: ignore[misc]
     """The classifier is fitted but :meth:`conformalize` was not called."""
 
@@ -143,8 +153,12 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
 
     # ------------------------------------------------------------- parameters
     def _settings(self) -> Settings:
-        """The parameters, validated (every message names its parameter)."""
-        return check_settings(self.get_params(deep=False))
+        """The parameters, validated (every message names its parameter).
+
+        ``get_params(deep=False)`` without its signature inspection per call.
+        """
+        names = _param_names(type(self))
+        return check_settings({name: getattr(self, name) for name in names})
 
     def _base(self) -> Any:
         return LogisticRegression() if self.estimator is None else self.estimator
@@ -240,10 +254,10 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
         check_is_fitted(self)
         return int(self.classes_.size)
 
-    def _fitted_parts(self) -> int:
+    def _fitted_parts(self, settings: Settings | None = None) -> int:
         """``k_t`` of the fitted ensemble (refusing a changed ``n_train_parts``)."""
         check_is_fitted(self)
-        k_t = self._settings().k_t
+        k_t = (settings or self._settings()).k_t
         fitted = self._parts.n_parts
         if not self._voter and k_t != fitted:
             raise ValueError(
@@ -271,9 +285,15 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
         votes = self._parts.votes(features, self._fitted_parts())
         return vote_counts(votes, self.n_classes, abstain=self._parts.abstain)
 
-    def _geometry(self, features: Any, votes: IntArray | None = None) -> ScoreGeometry:
-        self._fitted_parts()
-        return self._parts.geometry(features, self._settings().softmax, votes)
+    def _geometry(
+        self,
+        features: Any,
+        votes: IntArray | None = None,
+        settings: Settings | None = None,
+    ) -> ScoreGeometry:
+        settings = settings or self._settings()
+        self._fitted_parts(settings)
+        return self._parts.geometry(features, settings.softmax, votes)
 
     def predict_scores(self, X: Any) -> FloatArray:
         """Conformity scores s(x, y), shape (n, K), columns ``classes_``."""
@@ -285,14 +305,13 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
         best = self.predict_scores(X).argmax(axis=1)
         return np.asarray(self.classes_[best])
 
-    @property
-    def _max_radius(self) -> int:
-        k_t = self._fitted_parts()
-        return 0 if self._parts.single else k_t
-
-    def _radius(self, max_train_radius: int | None) -> int:
-        radius = self._max_radius if max_train_radius is None else max_train_radius
-        return min(check_int("max_train_radius", radius, 0), self._max_radius)
+    def _radius(
+        self, max_train_radius: int | None, settings: Settings | None = None
+    ) -> int:
+        k_t = self._fitted_parts(settings)
+        largest = 0 if self._parts.single else k_t
+        radius = largest if max_train_radius is None else max_train_radius
+        return min(check_int("max_train_radius", radius, 0), largest)
 
     # ------------------------------------------------------------ conformalizing
     def conformalize(
@@ -435,5 +454,6 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
             self.level_thresholds_, settings.alphas, settings.several, confidence_level
         )
         features = self._check_X(X)
-        radius = min(self._radius(max_train_radius), thresholds.radius)
-        return certify_batch(self._geometry(features), thresholds, radius)
+        radius = min(self._radius(max_train_radius, settings), thresholds.radius)
+        geometry = self._geometry(features, settings=settings)
+        return certify_batch(geometry, thresholds, radius)

@@ -11,74 +11,133 @@ from __future__ import annotations
 import numpy as np
 
 from defenses.arrays import FloatArray, IntArray
-from defenses.jit import compiled
+from defenses.jit import compiled, inlined
 
 
 @compiled
-def descending_rows(votes: IntArray) -> IntArray:
-    """Each row of ``votes`` sorted descending (insertion sort: rows are short)."""
-    n, k = votes.shape
-    out = np.empty((n, k), dtype=np.int64)
-    for p in range(n):
-        for c in range(k):
-            value = votes[p, c]
-            j = c
-            while j > 0 and out[p, j - 1] < value:
-                out[p, j] = out[p, j - 1]
-                j -= 1
-            out[p, j] = value
-    return out
+def count_votes(predictions: IntArray, n_classes: int, low: int) -> IntArray:
+    """Votes per class, shape (n, K), of part predictions of shape (k_t, n).
+
+    A prediction ``-1`` counts for no class (an abstaining part) when ``low`` is
+    -1; the counts' first row is -1 when a prediction lies outside
+    ``[low, n_classes)`` (the caller raises).
+    """
+    k_t, n = predictions.shape
+    counts = np.zeros((n, n_classes), dtype=np.int64)
+    for i in range(k_t):
+        for p in range(n):
+            c = predictions[i, p]
+            if 0 <= c < n_classes:
+                counts[p, c] += 1
+            elif c < low or c >= n_classes:
+                counts[0, 0] = -1
+                return counts
+    return counts
+
+
+@inlined
+def _mix(key: int) -> int:
+    """A hash of a row's key (the finaliser of splitmix64, wrapping int64)."""
+    key ^= key >> 31
+    key *= -7046029254386353131
+    key ^= key >> 29
+    return key
 
 
 @compiled
 def vote_entries(
-    ordered: IntArray, rows: IntArray, inverse: IntArray, votes: IntArray, top: int
-) -> tuple[IntArray, IntArray, IntArray]:
-    """The entries of the distinct sorted rows ``ordered[rows]``, and each point's.
+    votes: IntArray, table: FloatArray
+) -> tuple[IntArray, IntArray, IntArray, FloatArray, FloatArray]:
+    """The entries of a batch of vote rows, and each point's, in two passes.
 
-    Returns ``own``, ``others`` (the sorted row without the entry's position) and
-    ``index`` (n, K) of each (point, class). Entries run row by row, one per
-    distinct vote count, in descending order; point ``p`` has row
-    ``inverse[p]``. ``top`` bounds every
-    vote count (``n_voters``): a point's entries are found through a table from
-    vote count to its rank among the row's distinct counts, O(K) per point.
+    Each point's votes are sorted descending (insertion sort: rows are short) and
+    looked up in an open-addressing table of the distinct sorted rows seen so far
+    (hashed, then compared in full: exact). A new row gets the next block of
+    entries, one per distinct vote count in descending order; ``index[p, c]`` is
+    its block's start plus the rank of ``votes[p, c]`` among the row's distinct
+    counts. Rows get their blocks in the order of their first point. The second
+    pass fills each entry's ``own`` count, ``others`` (the sorted row without one
+    ``own``), its softmax score and tail (:func:`entry_scores`' sums, in its
+    order, so the same bits).
     """
     n, k = votes.shape
-    d = rows.shape[0]
-    start = np.zeros(d + 1, dtype=np.int64)
-    for i in range(d):
-        distinct = 1
-        for c in range(1, k):
-            distinct += int(ordered[rows[i], c] != ordered[rows[i], c - 1])
-        start[i + 1] = start[i] + distinct
-    size = start[d]
-    own = np.empty(size, dtype=np.int64)
-    others = np.empty((size, k - 1), dtype=np.int64)
-    for i in range(d):
-        r = rows[i]
-        at = start[i]
-        for c in range(k):
-            if c > 0 and ordered[r, c] == ordered[r, c - 1]:
-                continue
-            own[at] = ordered[r, c]
-            for o in range(c):
-                others[at, o] = ordered[r, o]
-            for o in range(c, k - 1):
-                others[at, o] = ordered[r, o + 1]
-            at += 1
+    m = k - 1
+    slots = 16
+    while slots < 2 * n:
+        slots *= 2
+    mask = slots - 1
+    slot = np.full(slots, -1, dtype=np.int64)
+    ordered = np.empty((n, k), dtype=np.int64)
+    first = np.empty(n, dtype=np.int64)
+    start = np.zeros(n + 1, dtype=np.int64)
     index = np.empty((n, k), dtype=np.int64)
-    rank = np.empty(top + 1, dtype=np.int64)
+    top = 0
     for p in range(n):
-        # the point's own sorted row holds the counts of its distinct row
+        for c in range(k):
+            top = max(top, votes[p, c])
+    rank = np.empty(top + 1, dtype=np.int64)
+    rows = 0
+    for p in range(n):
+        for c in range(k):
+            value = votes[p, c]
+            j = c
+            while j > 0 and ordered[p, j - 1] < value:
+                ordered[p, j] = ordered[p, j - 1]
+                j -= 1
+            ordered[p, j] = value
         distinct = 0
         rank[ordered[p, 0]] = 0
-        for o in range(1, k):
-            distinct += int(ordered[p, o] != ordered[p, o - 1])
-            rank[ordered[p, o]] = distinct
-        first = start[inverse[p]]
+        key = ordered[p, 0]
+        for c in range(1, k):
+            distinct += int(ordered[p, c] != ordered[p, c - 1])
+            rank[ordered[p, c]] = distinct
+            key = key * 1000003 + ordered[p, c]
+        at = _mix(key) & mask
+        while True:
+            row = slot[at]
+            if row < 0:  # a new sorted row: the next block of entries
+                row = rows
+                slot[at] = row
+                first[row] = p
+                start[row + 1] = start[row] + distinct + 1
+                rows += 1
+                break
+            q = first[row]
+            same = True
+            for c in range(k):
+                if ordered[q, c] != ordered[p, c]:
+                    same = False
+                    break
+            if same:
+                break
+            at = (at + 1) & mask
         for c in range(k):
-            index[p, c] = first + rank[votes[p, c]]
-    return own, others, index
+            index[p, c] = start[row] + rank[votes[p, c]]
+    size = start[rows]
+    own = np.empty(size, dtype=np.int64)
+    others = np.empty((size, m), dtype=np.int64)
+    scores = np.empty(size)
+    tails = np.empty(size)
+    for row in range(rows):
+        q = first[row]
+        e = start[row]
+        for c in range(k):
+            if c > 0 and ordered[q, c] == ordered[q, c - 1]:
+                continue
+            own[e] = ordered[q, c]
+            for o in range(c):
+                others[e, o] = ordered[q, o]
+            for o in range(c, m):
+                others[e, o] = ordered[q, o + 1]
+            rest = 0.0
+            for o in range(m - 1, 0, -1):
+                rest += table[others[e, o]]
+            tails[e] = rest
+            rest += table[others[e, 0]]
+            mine = table[own[e]]
+            scores[e] = mine / (mine + rest)
+            e += 1
+    return own, others, index, scores, tails
 
 
 @compiled

@@ -32,6 +32,14 @@ def check_inputs(X: Any, name: str = "X") -> Any:
         If ``X`` is not two-dimensional or has no sample or no feature (messages as
         scikit-learn's ``check_array``).
     """
+    if (
+        type(X) is np.ndarray
+        and X.ndim == 2
+        and X.dtype.kind in "biuf"
+        and X.shape[0] >= 1
+        and X.shape[1] >= 1
+    ):
+        return X  # what check_array returns for it (no copy, no conversion)
     if X is None:
         raise ValueError(
             f"{name} must be an array-like of shape (n_samples, n), got None"

@@ -31,7 +31,7 @@ from defenses.rps.ensemble import (
     proba_columns,
     voter_votes,
 )
-from defenses.rps.scores import vote_counts, vote_geometry
+from defenses.rps.scores import counted_geometry, vote_counts
 
 DEGENERATE_SHARE = 0.95
 """Modal share (:func:`modal_share`) from which the parts count as degenerate."""
@@ -128,7 +128,7 @@ class FittedParts:
             k_t = self.n_parts
             v = self.votes(X, k_t) if votes is None else votes
             counts = vote_counts(v, self.n_classes, abstain=self.abstain)
-            geometry = vote_geometry(counts, k_t, softmax, self.abstain)
+            geometry = counted_geometry(counts, k_t, softmax, self.abstain)
         if key is not None:
             self._last = (key.copy(), softmax, geometry)
         return geometry

@@ -54,7 +54,6 @@ test and calibration scores stay exact.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -63,7 +62,7 @@ import numpy.typing as npt
 
 from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.rps.certificate import TIE
-from defenses.rps.entries import descending_rows, entry_scores, vote_entries
+from defenses.rps.entries import count_votes, entry_scores, vote_entries
 from defenses.rps.kernels import bounds, certified_radii
 
 if TYPE_CHECKING:
@@ -82,19 +81,16 @@ def vote_counts(
     With ``abstain=True`` a prediction may be :data:`ABSTAIN` (-1): it counts for no
     class, so a row sums to ``k_t`` minus the abstentions.
     """
-    p = np.asarray(predictions, dtype=np.int64)
+    p = np.ascontiguousarray(predictions, dtype=np.int64)
     if p.ndim != 2:
         raise ValueError(f"predictions must have shape (k_t, n), got {p.shape}")
     low = ABSTAIN if abstain else 0
-    if p.size and (p.min() < low or p.max() >= n_classes):
+    counts = count_votes(p, n_classes, low)
+    if counts.size and counts[0, 0] < 0:
         raise ValueError(
             f"predictions must lie in [{low}, {n_classes}), got [{p.min()}, {p.max()}]"
         )
-    n = p.shape[1]
-    width = n_classes + 1 if abstain else n_classes
-    flat = p + (width * np.arange(n, dtype=np.int64) + (1 if abstain else 0))[None, :]
-    counts = np.bincount(flat.ravel(), minlength=n * width).reshape(n, width)
-    return np.ascontiguousarray(counts[:, 1:] if abstain else counts, dtype=np.int64)
+    return counts
 
 
 @dataclass(frozen=True)
@@ -298,25 +294,30 @@ def vote_geometry(
     """Entries (distinct sorted vote vector, distinct vote count), shared by points.
 
     Scores and bounds depend on a class's votes and the multiset of the others
-    only, so points with the same sorted vote vector share their entries (the
-    vectors are keyed by one integer when it fits in 62 bits).
+    only, so points with the same sorted vote vector share their entries
+    (:func:`defenses.rps.entries.vote_entries`).
     ``abstain=True`` accepts rows summing to less than ``n_voters``; the bounds
     then cover moves into and out of the abstain state.
     """
     v = _check_votes(votes, n_voters, abstain)
-    ordered = descending_rows(v)
-    rows, inverse = _distinct_rows(ordered, n_voters)
-    own, others, index = vote_entries(ordered, rows, inverse, v, n_voters)
-    if softmax:  # the scores and the others' sums but the largest, in one pass
-        table = np.exp(np.arange(n_voters + 2, dtype=np.float64) / n_voters)
-        tails = np.empty(own.shape[0])
-        scores = np.empty(own.shape[0])
-        entry_scores(own, others, table, scores, tails)
-        if abstain:
-            scores = canonical_scores(own, others, n_voters, abstain)
-    else:
-        tails = np.zeros(own.shape[0])  # raw fractions use no sums
+    return counted_geometry(v, n_voters, softmax, abstain)
+
+
+def counted_geometry(
+    votes: IntArray, n_voters: int, softmax: bool, abstain: bool
+) -> VoteGeometry:
+    """:func:`vote_geometry` of votes known to be valid (from :func:`vote_counts`).
+
+    ``votes`` is a C-contiguous int64 (n, K) array, K >= 2, whose rows sum to
+    ``n_voters`` (at most, with ``abstain``).
+    """
+    table = np.exp(np.arange(n_voters + 2, dtype=np.float64) / n_voters)
+    own, others, index, scores, tails = vote_entries(votes, table)
+    if not softmax:  # raw fractions use no sums
+        tails = np.zeros(own.shape[0])
         scores = np.asarray(own / n_voters, dtype=np.float64)
+    elif abstain:
+        scores = canonical_scores(own, others, n_voters, abstain)
     return VoteGeometry(own, others, index, scores, n_voters, softmax, tails)
 
 
@@ -341,27 +342,3 @@ def canonical_scores(
     out = np.empty(own.shape[0])
     entry_scores(own, others, table, out, np.empty(own.shape[0]))
     return out
-
-
-def _distinct_rows(ordered: IntArray, n_voters: int) -> tuple[IntArray, IntArray]:
-    """One representative row per distinct sorted vote vector, and each row's.
-
-    Returns ``(rows, inverse)`` with ``ordered[rows[inverse]] == ordered``. A vote
-    vector is keyed by its digits in base ``n_voters + 1``; when the key could
-    overflow, every row stands for itself.
-    """
-    n, k = ordered.shape
-    if k * math.log2(n_voters + 1) >= 62 or n == 0:
-        identity = np.arange(n, dtype=np.int64)
-        return identity, identity
-    weights = (n_voters + 1) ** np.arange(k - 1, -1, -1, dtype=np.int64)
-    keys = ordered @ weights
-    # numpy.unique(keys, return_index=True, return_inverse=True), whose stable
-    # sort costs five times this one: equal keys' first row by a minimum
-    order = np.argsort(keys, kind="quicksort")
-    ranked = keys[order]
-    starts = np.flatnonzero(np.concatenate(([True], ranked[1:] != ranked[:-1])))
-    rows = np.minimum.reduceat(order, starts)
-    inverse = np.empty(n, dtype=np.int64)
-    inverse[order] = np.cumsum(np.concatenate(([False], ranked[1:] != ranked[:-1])))
-    return rows.astype(np.int64), inverse

@@ -27,9 +27,8 @@ import pytest
 
 from defenses.rps.calibration import calibrate_parts
 from defenses.rps.certificate import TIE, PartThresholds, certify_batch
-from defenses.rps.entries import descending_rows
 from defenses.rps.quantile import minimum_part_size
-from defenses.rps.scores import VoteGeometry, _distinct_rows, vote_geometry
+from defenses.rps.scores import VoteGeometry, vote_geometry
 
 GOLDEN = Path(__file__).with_name("golden") / "radii.npz"
 SHAPES = [(1, 2), (2, 3), (3, 2), (5, 4), (8, 3), (13, 7), (20, 10), (50, 10)]
@@ -276,20 +275,21 @@ def test_certificate_and_sets_equal_the_numpy_code(seed: int, golden: Golden) ->
     np.testing.assert_array_equal(cert.calibration, want[0])
 
 
-def test_distinct_rows_as_numpy_unique() -> None:
-    """The first row of each distinct sorted vote vector, in key order, as
-    ``numpy.unique(keys, return_index=True, return_inverse=True)`` gives them."""
-    rng = np.random.default_rng(13)
-    for n in (0, 1, 2, 7, 300):
-        for k_t, k in SHAPES:
-            votes = random_votes(rng, n, k_t, k, False)
-            ordered = descending_rows(votes)
-            rows, inverse = _distinct_rows(ordered, k_t)
-            keys = ordered @ ((k_t + 1) ** np.arange(k - 1, -1, -1, dtype=np.int64))
-            _, first, where = np.unique(keys, return_index=True, return_inverse=True)
-            np.testing.assert_array_equal(rows, first)
-            np.testing.assert_array_equal(inverse, where.ravel())
-            np.testing.assert_array_equal(ordered[rows[inverse]], ordered)
+@pytest.mark.parametrize(("k_t", "k"), [*SHAPES, (1000, 10), (3, 12)])
+def test_points_with_one_sorted_row_share_its_entries(k_t: int, k: int) -> None:
+    """One block of entries per distinct sorted vote vector, whatever its key's
+    size (k_t = 1000, 10 classes: 100 bits), shared by all its points; rows with
+    many repeats fill the hash table's probe chains."""
+    rng = np.random.default_rng([k_t, k])
+    for n in (0, 1, 2, 7, 3000):
+        votes = random_votes(rng, n, k_t, k, False)
+        geometry = vote_geometry(votes, k_t, True)
+        rows = {tuple(sorted(row, reverse=True)) for row in votes.tolist()}
+        assert geometry.size == sum(len(set(row)) for row in rows)
+        firsts: dict[tuple[int, ...], int] = {}
+        for p, row in enumerate(votes.tolist()):
+            first = int(geometry.index[p].min())
+            assert firsts.setdefault(tuple(sorted(row, reverse=True)), first) == first
 
 
 def test_geometry_built_by_hand_computes_its_tails() -> None:

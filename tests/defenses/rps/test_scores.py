@@ -82,10 +82,11 @@ def test_points_with_the_same_vote_multiset_share_entries():
     assert g.index[0, 0] == g.index[1, 2] == g.index[2, 1]
     assert g.index[3, 0] == g.index[3, 1] != g.index[3, 2]
     assert np.allclose(g.score()[g.index][1], smoothed_scores([[0, 1, 3]], 4)[0])
-    # 20 classes of 200 voters: the integer key would overflow, rows stay apart
+    # 20 classes of 200 voters (a 153-bit row): rows are compared in full, shared
     wide = np.zeros((2, 20), dtype=np.int64)
     wide[:, 0] = 200
-    assert vote_geometry(wide, 200).size == 4
+    assert vote_geometry(wide, 200).size == 2
+    assert vote_geometry(wide, 200).index.tolist() == [[0] + [1] * 19] * 2
 
 
 def test_golden_scores():
