@@ -175,12 +175,26 @@ class ScheduledLearner:
 class DPSGDMethod:
     """What the DP-SGD trainers share.
 
-    Checked ``sigma`` and ``accountant``, the wrapping into a
-    :class:`ScheduledLearner`, and the realised certificate. Each subclass is a
-    frozen dataclass declaring the two fields and its :meth:`policy` (how a client
-    spends its budget over the rounds).
+    Checked parameters, the wrapping into a :class:`ScheduledLearner`, and the
+    realised certificate. Each subclass is a frozen dataclass declaring the fields
+    below (in its own order: a label names them in field order) and its
+    :meth:`policy` (how a client spends its budget over the rounds).
+
+    Parameters
+    ----------
+    sigma : float
+        Noise multiplier shared by all clients and rounds, > 0.
+    accountant : {"rdp", "prv"}
+        Accountant used to calibrate and certify.
+    lr_follows_batch : bool
+        Scale each round's learning rate by its rate over the plan's mean rate
+        (:func:`lr_scales`).
+    noise_weighted : bool
+        Weight the aggregate by each update's inverse noise variance
+        (:func:`noise_weights`) instead of by data size.
     """
 
+    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
     sigma: float
     accountant: Accountant
     lr_follows_batch: bool
@@ -217,28 +231,19 @@ class DPSGDMethod:
 class TimeAdaptiveDP(DPSGDMethod):
     """Time-adaptive privacy spending: save early, spend later (Kiani et al., 2025).
 
+    The parameters are :class:`DPSGDMethod`'s and the saving phase's:
+
     Parameters
     ----------
-    sigma : float
-        Noise multiplier shared by all clients and rounds, > 0.
     save_fraction : float
         Fraction of rounds in the saving phase, in (0, 1).
     save_ratio : float
         Saving rate as a fraction of the client's uniform rate, in (0, 1].
     strict_only : bool
         Only the strictest privacy group saves; the others spend uniformly.
-    accountant : {"rdp", "prv"}
-        Accountant used to calibrate and certify.
-    lr_follows_batch : bool
-        Scale each round's learning rate by its rate over the plan's mean rate
-        (:func:`lr_scales`).
-    noise_weighted : bool
-        Weight the aggregate by each update's inverse noise variance
-        (:func:`noise_weights`) instead of by data size.
     """
 
     name: ClassVar[str] = "federated-time-adaptive"
-    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
     sigma: float = 1.0
     save_fraction: float = 0.5
     save_ratio: float = 0.7
@@ -261,22 +266,11 @@ class TimeAdaptiveDP(DPSGDMethod):
 class IDPFedAvg(DPSGDMethod):
     """Individual budgets, each spent uniformly over the rounds (IDP-FedAvg).
 
-    Parameters
-    ----------
-    sigma : float
-        Noise multiplier, > 0.
-    accountant : {"rdp", "prv"}
-        Accountant used to calibrate and certify.
-    lr_follows_batch : bool
-        Accepted for symmetry with :class:`TimeAdaptiveDP`; uniform plans have one
-        rate, so the learning rate does not change.
-    noise_weighted : bool
-        Weight the aggregate by each update's inverse noise variance
-        (:func:`noise_weights`) instead of by data size.
+    The parameters are :class:`DPSGDMethod`'s; a uniform plan has one rate, so
+    ``lr_follows_batch`` leaves the learning rate as it is.
     """
 
     name: ClassVar[str] = "federated-idp-fedavg"
-    kind: ClassVar[DefenseKind] = DefenseKind.TRAINER
     sigma: float = 1.0
     accountant: Accountant = "rdp"
     lr_follows_batch: bool = False
@@ -291,12 +285,7 @@ class IDPFedAvg(DPSGDMethod):
 class DPFedAvg(IDPFedAvg):
     """Every client held to the strictest budget, spent uniformly (DP-FedAvg).
 
-    Parameters
-    ----------
-    sigma : float
-        Noise multiplier, > 0.
-    accountant : {"rdp", "prv"}
-        Accountant used to calibrate and certify.
+    The parameters are :class:`IDPFedAvg`'s.
     """
 
     name: ClassVar[str] = "federated-dp-fedavg"
