@@ -208,10 +208,18 @@ class TargetedFlip:
         return task.poisoned(train=Dataset(train.X, y, train.name, train.n_classes))
 
 
-def _calibration_scores(task: ConformalTask) -> tuple[FloatArray, FloatArray]:
+def _ranked_calibration(
+    task: ConformalTask, fraction: float
+) -> tuple[FloatArray, IntArray, int]:
+    """Surrogate probabilities, calibration points by own-label score, and a count.
+
+    The points are ordered lowest score first (stable sort); the count is the
+    ``fraction`` of them to poison.
+    """
     calib = task.calib
     proba = _proba(surrogate(task.train), calib.X, calib.n_classes)
-    return proba, proba[np.arange(len(calib)), calib.y]
+    own = proba[np.arange(len(calib)), calib.y]
+    return proba, np.argsort(own, kind="stable"), _count(fraction, len(calib))
 
 
 @dataclass(frozen=True)
@@ -234,9 +242,7 @@ class CalibrationCoverage(_FractionPoisoner):
     def poison(self, task: ConformalTask, rng: np.random.Generator) -> ConformalTask:
         """Return the task with replaced calibration points."""
         calib = task.calib
-        _, own = _calibration_scores(task)
-        n = _count(self.fraction, len(calib))
-        order = np.argsort(own, kind="stable")
+        _, order, n = _ranked_calibration(task, self.fraction)
         low, high = order[:n], order[::-1][:n]
         X = calib.X.copy()
         y = calib.y.copy()
@@ -261,12 +267,10 @@ class CalibrationSize(_FractionPoisoner):
 
     def poison(self, task: ConformalTask, rng: np.random.Generator) -> ConformalTask:
         """Return the task with relabelled calibration points."""
-        calib = task.calib
-        proba, own = _calibration_scores(task)
-        n = _count(self.fraction, len(calib))
-        rows = np.sort(np.argsort(own, kind="stable")[::-1][:n])
+        proba, order, n = _ranked_calibration(task, self.fraction)
+        rows = np.sort(order[::-1][:n])
         labels = np.asarray(proba[rows].argmin(axis=1), dtype=np.int64)
-        return task.poisoned(calib=_relabel(calib, rows, labels))
+        return task.poisoned(calib=_relabel(task.calib, rows, labels))
 
 
 def nudge_into_part(
