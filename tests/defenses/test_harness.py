@@ -5,14 +5,7 @@ import pytest
 from defenses.harness import evaluate, label, measurement, run_once
 from defenses.results import paired_deltas
 from defenses.testing import ContractError, check_pair
-from defenses.threat import (
-    Capability,
-    Goal,
-    Knowledge,
-    Stage,
-    ThreatModel,
-    ThreatModelViolation,
-)
+from defenses.threat import Capability, ThreatModel, ThreatModelViolation
 
 from .toy import Blur, MutatingDefense, NeedsWeights, ReadScores, ToyScenario
 
@@ -76,15 +69,14 @@ def test_measurement_records_validate_metrics():
 
 
 def test_measurement_records_carry_a_threat_model_when_given():
-    threat = ThreatModel(
-        goal=Goal.INTEGRITY,
-        stage=Stage.TRAINING,
-        knowledge=Knowledge.BLACK_BOX,
-        capabilities=frozenset({Capability.POISON_TRAIN}),
-    )
+    threat = ThreatModel.granting("integrity", Capability.POISON_TRAIN)
     record = measurement("certify", "rps", 0, threat=threat)
     assert record.threat == threat.to_dict()
     assert record.threat["capabilities"] == ["poison-train"]
+    assert (record.threat["stage"], record.threat["knowledge"]) == (
+        "training",
+        "black-box",
+    )
 
 
 def test_check_pair_accepts_a_sound_pair():
