@@ -27,7 +27,7 @@ import secrets
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 import numpy as np
 from flwr.app import Context, Message
@@ -36,9 +36,34 @@ from ..ledger import ClientPrivacy, Grant, PrivacyLedger, RoundRefused
 from . import records, runtime
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     import torch
+
+
+class _Granted(Generic[T]):
+    """A read-only attribute of a :class:`PrivateRound` that is its grant's own."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, round_: None, owner: type | None = None) -> _Granted[T]: ...
+
+    @overload
+    def __get__(self, round_: PrivateRound, owner: type | None = None) -> T: ...
+
+    def __get__(
+        self, round_: PrivateRound | None, owner: type | None = None
+    ) -> T | _Granted[T]:
+        if round_ is None:
+            return self
+        return cast(T, getattr(round_.grant, self.name))
 
 
 @dataclass
@@ -58,25 +83,10 @@ class PrivateRound:
     public_count: int | None = None
     """The node's ``public-num-examples`` (its node config), if it declares one."""
 
-    @property
-    def server_round(self) -> int:
-        """The round number."""
-        return self.grant.server_round
-
-    @property
-    def rate(self) -> float:
-        """Poisson sampling rate q of every step."""
-        return self.grant.rate
-
-    @property
-    def sigma(self) -> float:
-        """Noise multiplier of every step."""
-        return self.grant.sigma
-
-    @property
-    def steps(self) -> int:
-        """Steps granted (the optimizer refuses more)."""
-        return self.grant.steps
+    server_round = _Granted[int]("The round number.")
+    rate = _Granted[float]("Poisson sampling rate q of every step.")
+    sigma = _Granted[float]("Noise multiplier of every step.")
+    steps = _Granted[int]("Steps granted (the optimizer refuses more).")
 
     @property
     def epsilon(self) -> float:
