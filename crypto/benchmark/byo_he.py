@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -104,17 +104,13 @@ def encrypted_rows(
             float(np.max(np.abs(enc_step.b - plain_step.b))),
         )
         rows.append(
-            measurement(
-                "crypto-byo",
+            _step_row(
                 "lora_step",
                 seed,
-                utility={"max_abs_update_error": diff},
-                cost={
-                    "encrypted_step_s": enc_step.seconds,
-                    "plaintext_step_ms": plain_step.seconds * 1e3,
-                    "refresh_rounds": float(enc_step.counts.get("refresh_rounds", 0)),
-                },
-                params={**common, "variant": "lora_step", "sequences": m},
+                diff,
+                enc_step,
+                plain_step.seconds,
+                {**common, "sequences": m},
             )
         )
     m = min(int(settings.get("qkv_lora_step", 0)), ids.shape[0])
@@ -139,20 +135,38 @@ def _qkv_row(
     diff = max(
         float(np.max(np.abs(enc.factors[k] - plain.factors[k]))) for k in plain.factors
     )
+    params = {**common, "sequences": ids.shape[0], "trained_blocks": list(enc.layers)}
+    return _step_row("qkv_lora_step", seed, diff, enc, plain.seconds, params)
+
+
+class _Step(Protocol):
+    """An encrypted step's result: its wall seconds and its operation counts."""
+
+    @property
+    def seconds(self) -> float: ...
+
+    @property
+    def counts(self) -> Mapping[str, int]: ...
+
+
+def _step_row(
+    variant: str,
+    seed: int,
+    diff: float,
+    encrypted: _Step,
+    plain_seconds: float,
+    params: Mapping[str, Any],
+) -> Result:
+    """A step row: the encrypted step's time and refreshes beside the plaintext's."""
     return measurement(
         "crypto-byo",
-        "qkv_lora_step",
+        variant,
         seed,
         utility={"max_abs_update_error": diff},
         cost={
-            "encrypted_step_s": enc.seconds,
-            "plaintext_step_ms": plain.seconds * 1e3,
-            "refresh_rounds": float(enc.counts.get("refresh_rounds", 0)),
+            "encrypted_step_s": encrypted.seconds,
+            "plaintext_step_ms": plain_seconds * 1e3,
+            "refresh_rounds": float(encrypted.counts.get("refresh_rounds", 0)),
         },
-        params={
-            **common,
-            "variant": "qkv_lora_step",
-            "sequences": int(ids.shape[0]),
-            "trained_blocks": list(enc.layers),
-        },
+        params={**params, "variant": variant},
     )
