@@ -15,14 +15,7 @@ from sklearn.linear_model import LogisticRegression
 
 from defenses.rps import ReliableConformalClassifier, TorchPartClassifier
 from defenses.rps.arms import RPS, BaggingEnsemble, SplitConformalLearner
-from defenses.rps.attacks import (
-    CalibrationCoverage,
-    CalibrationSize,
-    PairFlip,
-    RandomFlip,
-    TargetedFlip,
-    WorstCase,
-)
+from defenses.rps.attacks import ATTACKS
 from defenses.rps.baselines import SplitConformalClassifier
 from defenses.rps.benchmark import coverage_study, performance, tradeoff
 from defenses.rps.partition import part_of
@@ -163,13 +156,16 @@ def test_regressions_of_issue_19():
         model(n_train_parts=3).fit(X0[:2], [0, 1])
 
 
+ATTACK_FIELDS = {
+    "RandomFlip": ["fraction"],
+    "PairFlip": ["source", "target", "fraction"],
+    "TargetedFlip": ["flips"],
+    "CalibrationCoverage": ["fraction"],
+    "CalibrationSize": ["fraction"],
+    "WorstCase": ["n_train_parts", "n_calib_parts", "train_parts", "copies"],
+}
 CONFIGS = [
-    (RandomFlip, ["fraction"]),
-    (PairFlip, ["source", "target", "fraction"]),
-    (TargetedFlip, ["flips"]),
-    (CalibrationCoverage, ["fraction"]),
-    (CalibrationSize, ["fraction"]),
-    (WorstCase, ["n_train_parts", "n_calib_parts", "train_parts", "copies"]),
+    *((attack, ATTACK_FIELDS[attack.__name__]) for attack in ATTACKS),
     (SplitConformalLearner, ["confidence_level", "C"]),
     (RPS, ["n_train_parts", "n_calib_parts", "softmax", "quantile"]),
     (BaggingEnsemble, ["n_models"]),

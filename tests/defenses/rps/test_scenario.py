@@ -7,7 +7,6 @@ from defenses.harness import run_once
 from defenses.registry import available, create
 from defenses.rps.arms import RPS, BaggingEnsemble, SplitConformalLearner
 from defenses.rps.attacks import (
-    CalibrationCoverage,
     CalibrationSize,
     PairFlip,
     RandomFlip,
@@ -16,16 +15,10 @@ from defenses.rps.attacks import (
 )
 from defenses.rps.scenario import ConformalPoisoning
 from defenses.testing import check_pair
+from tests.defenses.rps.attack_set import attack_set
 
 TINY = ConformalPoisoning(dataset="wine", n_targets=20, confidence_level=0.8)
-ATTACKS = [
-    TargetedFlip(flips=5),
-    RandomFlip(fraction=0.3),
-    PairFlip(source=0, target=1, fraction=0.5),
-    CalibrationCoverage(fraction=0.3),
-    CalibrationSize(fraction=0.2),
-    WorstCase(n_train_parts=3, n_calib_parts=2, train_parts=1, calib_parts=1, copies=5),
-]
+ATTACKS = attack_set(5, (0.3, 0.3, 0.2), (0, 1, 0.5), (3, 2))
 DEFENSES = [RPS(n_train_parts=3, n_calib_parts=2), BaggingEnsemble(n_models=3)]
 
 

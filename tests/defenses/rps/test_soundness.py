@@ -10,18 +10,11 @@ from defenses.data import load_digits, stratified_split
 from defenses.harness import run_once
 from defenses.rps import ReliableConformalClassifier
 from defenses.rps.arms import RPS
-from defenses.rps.attacks import (
-    CalibrationCoverage,
-    CalibrationSize,
-    PairFlip,
-    RandomFlip,
-    TargetedFlip,
-    WorstCase,
-)
 from defenses.rps.ensemble import ConstantClassifier
 from defenses.rps.partition import partition
 from defenses.rps.parts import FittedParts
 from defenses.rps.scenario import ConformalPoisoning
+from tests.defenses.rps.attack_set import attack_set
 
 K_T, K_C, ALPHA = 5, 3, 0.2
 
@@ -136,16 +129,7 @@ def _scenario():
 
 @pytest.mark.parametrize(
     "attack",
-    [
-        TargetedFlip(flips=3),
-        RandomFlip(fraction=0.01),
-        PairFlip(source=3, target=8, fraction=0.05),
-        CalibrationCoverage(fraction=0.01),
-        CalibrationSize(fraction=0.01),
-        WorstCase(
-            n_train_parts=8, n_calib_parts=3, train_parts=1, calib_parts=1, copies=5
-        ),
-    ],
+    attack_set(3, (0.01, 0.01, 0.01), (3, 8, 0.05), (8, 3)),
     ids=lambda a: a.name,
 )
 def test_every_attack_respects_the_certificate(attack):
