@@ -18,10 +18,11 @@ step is a loop over the block's rows with no branch:
    prototypes;
 4. for the rows left, the projection in lockstep: both levels' Newton iterations
    (:mod:`.projection`'s, as :func:`.lockstep.level_lockstep`) run for all those rows at
-   once, with 0/1 masks for the active sets instead of compacted index lists; a row
-   whose iteration has ended keeps its level while the others go on. Every sum adds the
-   same terms in the same order as the row kernel (a masked-out term adds an exact
-   zero), so each row's answer is the row kernel's.
+   once, each row's active set given by a running bound on the ratios (a 0/1 factor
+   per term) instead of a compacted index list; a row whose iteration has ended keeps
+   its level while the others go on. Every sum adds the same terms in the same order
+   as the row kernel (a left-out term adds an exact zero), so each row's answer is the
+   row kernel's.
 
 A Newton step that does not end the iteration removes at least one index from an
 active set of at most K, so the iteration ends within K steps; the caller uses this
@@ -120,8 +121,6 @@ def _lanes(
     spare_bits = bits[2]
     qs = scratch[3 * width : 4 * width]
     ratio = scratch[4 * width : 5 * width]
-    lower = work  # free once the labels are drawn
-    upper = spare
     none = scratch[:0]
     vectors = scratch[5 * width : scratch_words(k, block_rows)].reshape(
         (PER_ROW, block_rows)
@@ -233,29 +232,24 @@ def _lanes(
             raised[r] = 0.0
             below[r] = 0.0
             running[r] = 0.0
+            level_start[r] = 0.0
         for c in range(k):
             base = c * block_rows
             for r in range(m):
                 qv = prototypes[label[r], c]
                 fv = xs[base + r]
-                qs[base + r] = qv
                 raised[r] += np.float64(qv < floor)
                 inside = np.float64(fv < qv)
                 below[r] += fv * inside
                 running[r] += qv * inside
+                qv = max(qv, floor)
+                qs[base + r] = qv
+                level_start[r] += qv
+                ratio[base + r] = fv / qv
         for r in range(m):
             trivial[r] = np.float64(
                 (raised[r] == 0.0) & (running[r] - below[r] <= half[r])
             )
-        for r in range(m):
-            level_start[r] = 0.0
-        for c in range(k):
-            base = c * block_rows
-            for r in range(m):
-                qv = max(qs[base + r], floor)
-                qs[base + r] = qv
-                level_start[r] += qv
-                ratio[base + r] = xs[base + r] / qv
         for r in range(m):
             mass = level_start[r] if raised[r] > 0.0 else 1.0
             level_start[r] = 1.0 / mass
@@ -274,8 +268,6 @@ def _lanes(
                 rv = ratio[base + r]
                 low = np.float64(rv < level_start[r])
                 high = np.float64(rv > level_start[r])
-                lower[base + r] = low
-                upper[base + r] = high
                 fv = xs[base + r]
                 qv = qs[base + r]
                 count_a[r] += low
@@ -290,36 +282,19 @@ def _lanes(
             trivial[r] = 2.0 if early and trivial[r] == 0.0 else trivial[r]
             lanes_a[3, r] = np.float64(skip)
             lanes_b[3, r] = np.float64(skip)
+        bound = threshold  # free once the labels are drawn
+        for r in range(m):
+            bound[r] = level_start[r]
         level_lockstep(
-            ratio,
-            xs,
-            qs,
-            lower,
-            lanes_a,
-            half,
-            1.0,
-            w_a,
-            level_work,
-            k,
-            block_rows,
-            m,
-            max_steps,
-        )
+            ratio, xs, qs, bound, lanes_a, half, 1.0, w_a, level_work, k, block_rows,
+            m, max_steps,
+        )  # fmt: skip
+        for r in range(m):
+            bound[r] = level_start[r]
         level_lockstep(
-            ratio,
-            xs,
-            qs,
-            upper,
-            lanes_b,
-            half,
-            -1.0,
-            w_b,
-            level_work,
-            k,
-            block_rows,
-            m,
-            max_steps,
-        )
+            ratio, xs, qs, bound, lanes_b, half, -1.0, w_b, level_work, k, block_rows,
+            m, max_steps,
+        )  # fmt: skip
         for r in range(m):
             if usable[r] == 0.0:
                 continue
