@@ -7,12 +7,36 @@ clients in milliseconds and inspect every message that crossed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
+
+from defense_suite.federated.flower import (
+    PrivateRound,
+    TimeAdaptiveClient,
+    TimeAdaptiveMod,
+    node_privacy,
+)
+
+
+def user_app(
+    train: Callable[[Message, Context, PrivateRound], Message | None],
+    mod: TimeAdaptiveMod | None = None,
+) -> ClientApp:
+    """A user's ClientApp: ``mod`` (default: the mod on :func:`node_privacy`) and a
+    train that takes its granted round first, then runs ``train(msg, context, rnd)``."""
+    mod = TimeAdaptiveMod(node_privacy) if mod is None else mod
+    app = mod.register(ClientApp(mods=[mod]))
+
+    @app.train()
+    def granted(msg: Message, context: Context) -> Message | None:
+        rnd = TimeAdaptiveClient(node_privacy(context), context).round(msg)
+        return train(msg, context, rnd)
+
+    return app
 
 
 def node_contexts(n: int, run_config: dict | None = None, **node: dict) -> dict:

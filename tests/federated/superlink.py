@@ -80,13 +80,14 @@ def simulation_env(
     folder: Path, supernodes: int, port: int, **extra: str
 ) -> dict[str, str]:
     """The environment of a ``flwr run`` in local simulation (:func:`simulation_home`
-    under ``folder``): the local SuperLink's HTTP API on ``port``, its control API on
-    ``port + 2``, and ``extra``."""
+    under ``folder``): this interpreter's scripts first on ``PATH``, the local
+    SuperLink's HTTP API on ``port``, its control API on ``port + 2``, and ``extra``."""
     return {
         **os.environ,
         "FLWR_HOME": str(simulation_home(folder, supernodes)),
         "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(port),
         "FLWR_LOCAL_CONTROL_API_PORT": str(port + 2),
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         **extra,
     }
 

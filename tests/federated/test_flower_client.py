@@ -21,15 +21,13 @@ from defense_suite.federated.flower import (
     ClientPrivacy,
     PrivacyLedger,
     RoundRefused,
-    TimeAdaptiveClient,
     TimeAdaptiveMod,
     TimeAdaptiveStrategy,
-    node_privacy,
     records,
     runtime,
 )
 from defense_suite.federated.ledger import Grant
-from tests.federated.loopback import LoopbackGrid, node_contexts
+from tests.federated.loopback import LoopbackGrid, node_contexts, user_app
 
 PRIVACY = {"delta": 1e-5, "rounds": 2, "local-steps": 3, "sigma": 1.0,
            "spending": "time-adaptive", "save-fraction": 0.5, "save-ratio": 0.7,
@@ -42,12 +40,8 @@ pytestmark = pytest.mark.usefixtures("task_identity")
 
 def torch_app(extra_steps=0):
     """A user's app: own nn.Module, own data, Opacus through the helper."""
-    mod = TimeAdaptiveMod(node_privacy)
-    app = mod.register(ClientApp(mods=[mod]))
 
-    @app.train()
-    def train(msg, context):
-        rnd = TimeAdaptiveClient(node_privacy(context), context).round(msg)
+    def train(msg, context, rnd):
         pid = int(context.node_config["partition-id"])
         g = torch.Generator().manual_seed(1000 * pid + rnd.server_round)
         X, y = torch.randn(64, 5, generator=g), torch.randint(0, 3, (64,), generator=g)
@@ -79,7 +73,7 @@ def torch_app(extra_steps=0):
             content=RecordDict({"arrays": state, "metrics": metrics}), reply_to=msg
         )
 
-    return app
+    return user_app(train)
 
 
 def run(app, inner, rounds=2):

@@ -194,11 +194,7 @@ def test_capture_and_file_handlers_keep_flowers_records(tmp_path):
 @pytest.mark.timeout(900)
 def test_a_real_flwr_run_prints_each_flower_line_once(tmp_path):
     env = simulation_env(
-        tmp_path,
-        2,
-        39391,
-        DEFENSE_SUITE_STATE_DIR=str(tmp_path / "ledgers"),
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        tmp_path, 2, 39391, DEFENSE_SUITE_STATE_DIR=str(tmp_path / "ledgers")
     )
     env.pop("FLWR_LOG_LEVEL", None)
     command = [sys.executable, "-m", "defense_suite", "federated", "run",

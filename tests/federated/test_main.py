@@ -1,7 +1,6 @@
 """``python -m defense_suite.federated``: validated first, an honest exit code."""
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -144,11 +143,7 @@ def test_plain_flwr_run_installs_nothing(tmp_path):
     installs off: its `uv sync` finds nothing to install and the run uses this
     environment."""
     env = simulation_env(
-        tmp_path,
-        2,
-        39391,
-        DEFENSE_SUITE_STATE_DIR=str(tmp_path / "ledgers"),
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        tmp_path, 2, 39391, DEFENSE_SUITE_STATE_DIR=str(tmp_path / "ledgers")
     )
     env.pop("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", None)
     flwr = str(Path(sys.executable).parent / "flwr")

@@ -37,7 +37,7 @@ from defense_suite.federated.flower.app import client_data
 from defense_suite.federated.ledger import Grant, RoundRefused
 from defense_suite.federated.store import LedgerFile, LedgerUnavailable
 from tests.federated import redteam
-from tests.federated.loopback import LoopbackGrid, node_contexts
+from tests.federated.loopback import LoopbackGrid, node_contexts, user_app
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower-own-model"
@@ -125,15 +125,10 @@ def test_a_duplicate_round_in_the_simulation_with_two_actors_is_granted_once(
 
 
 def _raising_app(error):
-    mod = TimeAdaptiveMod(node_privacy)
-    app = mod.register(ClientApp(mods=[mod]))
-
-    @app.train()
-    def train(msg, context):
-        TimeAdaptiveClient(node_privacy(context), context).round(msg)
+    def train(msg, context, rnd):
         raise error
 
-    return app
+    return user_app(train)
 
 
 def test_exception_text_is_not_sent_to_the_server(caplog):
@@ -168,12 +163,7 @@ def test_train_replies_carry_only_accounted_metrics():
 
 
 def test_unaccounted_metrics_are_dropped(caplog):
-    mod = TimeAdaptiveMod(node_privacy)
-    app = mod.register(ClientApp(mods=[mod]))
-
-    @app.train()
-    def train(msg, context):
-        TimeAdaptiveClient(node_privacy(context), context).round(msg)
+    def train(msg, context, rnd):
         metrics = MetricRecord({"num-examples": 137, "train-loss": 0.31})
         extra = ConfigRecord({"labels": "3,3,1"})
         content = RecordDict(
@@ -181,7 +171,7 @@ def test_unaccounted_metrics_are_dropped(caplog):
         )
         return Message(content=content, reply_to=msg)
 
-    grid = LoopbackGrid(app, redteam.nodes(**{"public-num-examples": 100}))
+    grid = LoopbackGrid(user_app(train), redteam.nodes(**{"public-num-examples": 100}))
     redteam.strategy_server(redteam.Proposing(), 1)(grid, redteam.server_context())
     for sent, reply in zip(grid.sent, grid.replies, strict=True):
         if sent.metadata.message_type == "train":

@@ -24,7 +24,7 @@ from defense_suite.federated.private_optimizer import SanitizingDPOptimizer
 from tests.federated import redteam
 from tests.federated import redteam_release as rr
 from tests.federated import redteam_timing as timing
-from tests.federated.loopback import LoopbackGrid, node_contexts
+from tests.federated.loopback import LoopbackGrid, node_contexts, user_app
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -269,16 +269,12 @@ def test_flowers_traceback_of_a_stopped_run_becomes_one_line():
 def _opacus_app(X, y):
     """A user's app on the Opacus path (mod, helper, make_private) over (X, y)."""
     from flwr.app import Message, MetricRecord, RecordDict
-    from flwr.clientapp import ClientApp
 
-    from defense_suite.federated.flower import TimeAdaptiveClient, node_privacy
+    from defense_suite.federated.flower import node_privacy
 
     mod = TimeAdaptiveMod(node_privacy)
-    app = mod.register(ClientApp(mods=[mod]))
 
-    @app.train()
-    def train(msg, context):
-        rnd = TimeAdaptiveClient(node_privacy(context), context).round(msg)
+    def train(msg, context, rnd):
         net = torch.nn.Linear(X.shape[1], 3)
         net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
         model, optimizer, loader = rnd.make_private(
@@ -296,7 +292,7 @@ def _opacus_app(X, y):
         )  # fmt: skip
         return Message(content=content, reply_to=msg)
 
-    return app
+    return user_app(train, mod)
 
 
 def test_neighbours_on_the_opacus_path_emit_the_same_transcript(tmp_path, monkeypatch):

@@ -9,7 +9,6 @@ node configs; the server tampers with the proposals of an otherwise honest
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
@@ -18,12 +17,11 @@ from defense_suite.federated.flower import (
     ClientFailure,
     ClientPrivacy,
     TimeAdaptiveClient,
-    TimeAdaptiveMod,
     TimeAdaptiveStrategy,
     node_privacy,
     records,
 )
-from tests.federated.loopback import LoopbackGrid, node_contexts
+from tests.federated.loopback import LoopbackGrid, node_contexts, user_app
 
 ROUNDS = 3
 BUDGETS = (1.0, 3.0)
@@ -39,21 +37,17 @@ NODE = {
 pytestmark = pytest.mark.usefixtures("task_identity")
 
 
-def user_app(trained):
+def counting_app(trained):
     """A user's ClientApp: the mod, the agreement query, a train that counts."""
-    mod = TimeAdaptiveMod(node_privacy)
-    app = mod.register(ClientApp(mods=[mod]))
 
-    @app.train()
-    def train(msg, context):
-        rnd = TimeAdaptiveClient(node_privacy(context), context).round(msg)
+    def train(msg, context, rnd):
         trained.append((context.node_id, rnd.server_round))
         arrays = msg.content["arrays"].to_numpy_ndarrays()
         metrics = MetricRecord({"num-examples": 10})
         content = RecordDict({"arrays": ArrayRecord(arrays), "metrics": metrics})
         return Message(content=content, reply_to=msg)
 
-    return app
+    return user_app(train)
 
 
 class Tampering(TimeAdaptiveStrategy):
@@ -95,7 +89,7 @@ def malicious_server(strategy, rounds):
 
 def attack(tamper, rounds=ROUNDS, inflate=None):
     trained = []
-    grid = LoopbackGrid(user_app(trained), node_contexts(2, **NODE))
+    grid = LoopbackGrid(counting_app(trained), node_contexts(2, **NODE))
     server = malicious_server(Tampering(tamper, inflate), rounds)
     context = Context(
         run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}
@@ -209,7 +203,7 @@ def test_rounds_beyond_the_plan_are_refused():
                     client.schedule = saved[client.node_id]
 
     trained = []
-    grid = LoopbackGrid(user_app(trained), node_contexts(2, **NODE))
+    grid = LoopbackGrid(counting_app(trained), node_contexts(2, **NODE))
     server = malicious_server(Beyond(beyond), ROUNDS + 1)
     context = Context(
         run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}
@@ -253,7 +247,7 @@ def test_refused_rounds_are_not_charged_and_epsilon_is_the_clients_own():
 
 def test_an_honest_run_with_the_wrapper_completes_within_budgets():
     trained = []
-    grid = LoopbackGrid(user_app(trained), node_contexts(2, **NODE))
+    grid = LoopbackGrid(counting_app(trained), node_contexts(2, **NODE))
     strategy = Tampering(lambda r, c: None)
     server = malicious_server(strategy, ROUNDS)
     context = Context(
