@@ -95,13 +95,29 @@ class TargetLearner:
         return _train_target(task, int(rng.integers(2**62)), self.epochs)
 
 
+def uniform_guess(top_k: int, classes: int) -> dict[str, float]:
+    """``acc@1`` and ``acc@k`` of a uniform guess among ``classes``: 1/K and k/K."""
+    return {"acc@1": 1 / classes, f"acc@{top_k}": top_k / classes}
+
+
 @dataclass(frozen=True)
 class _InversionGame:
-    """The shared game; subclasses fix the data world."""
+    """The shared game; subclasses fix the data world and its private classes.
+
+    Parameters
+    ----------
+    n_targets : int
+        Target classes (the first private ones), in [1, ``private_classes``].
+    per_target : int
+        Reconstructions per target class.
+    queries : int or None
+        Query budget of the adversary; None means unlimited.
+    """
 
     name: ClassVar[str]
     world: ClassVar[str]
     top_k: ClassVar[int]
+    private_classes: ClassVar[int]
     headline: ClassVar[tuple[str, str]] = ("accuracy", "acc@1")
     chance: ClassVar[Mapping[str, float]]
     n_targets: int
@@ -110,9 +126,8 @@ class _InversionGame:
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
-        for name in ("n_targets", "per_target"):
-            value = getattr(self, name)
-            check_int(f"{owner}.{name}", value, minimum=1)
+        check_int(f"{owner}.n_targets", self.n_targets, 1, self.private_classes)
+        check_int(f"{owner}.per_target", self.per_target, minimum=1)
         if self.queries is not None:
             check_int(f"{owner}.queries", self.queries, minimum=1)
 
@@ -205,20 +220,14 @@ class _InversionGame:
 class DigitsInversion(_InversionGame):
     """Model inversion of digits 0-4 (private) with digits 5-9 as public data.
 
-    Parameters
-    ----------
-    n_targets : int
-        Target classes (the first ones), in [1, 5].
-    per_target : int
-        Reconstructions per target class.
-    queries : int or None
-        Query budget of the adversary; None means unlimited.
+    Parameters as in :class:`_InversionGame`; ``n_targets`` in [1, 5], default 5.
     """
 
     name: ClassVar[str] = "ssd-digits"
     world: ClassVar[str] = "digits"
     top_k: ClassVar[int] = 2
-    chance: ClassVar[Mapping[str, float]] = {"acc@1": 1 / 5, "acc@2": 2 / 5}
+    private_classes: ClassVar[int] = 5
+    chance: ClassVar[Mapping[str, float]] = uniform_guess(2, 5)
     n_targets: int = 5
 
 
@@ -227,19 +236,14 @@ class DigitsInversion(_InversionGame):
 class IdentitiesInversion(_InversionGame):
     """Model inversion of 50 synthetic identities with 100 public ones.
 
-    Parameters
-    ----------
-    n_targets : int
-        Target identities (the first ones), in [1, 50].
-    per_target : int
-        Reconstructions per target identity.
-    queries : int or None
-        Query budget of the adversary; None means unlimited.
+    Parameters as in :class:`_InversionGame`; ``n_targets`` in [1, 50], default 10,
+    and ``per_target`` defaults to 3.
     """
 
     name: ClassVar[str] = "ssd-identities"
     world: ClassVar[str] = "identities"
     top_k: ClassVar[int] = 5
-    chance: ClassVar[Mapping[str, float]] = {"acc@1": 1 / 50, "acc@5": 5 / 50}
+    private_classes: ClassVar[int] = 50
+    chance: ClassVar[Mapping[str, float]] = uniform_guess(5, 50)
     n_targets: int = 10
     per_target: int = 3

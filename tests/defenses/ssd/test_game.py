@@ -139,7 +139,12 @@ def test_voting_attack_jitters_only_against_hashing():
 @pytest.mark.parametrize(
     ("factory", "match"),
     [
-        (lambda: DigitsInversion(n_targets=0), "n_targets must be an int >= 1"),
+        (lambda: DigitsInversion(n_targets=0), r"n_targets must be an int in \[1, 5\]"),
+        (lambda: DigitsInversion(n_targets=6), r"n_targets must be an int in \[1, 5\]"),
+        (
+            lambda: IdentitiesInversion(n_targets=51),
+            r"IdentitiesInversion\.n_targets must be an int in \[1, 50\]",
+        ),
         (lambda: DigitsInversion(queries=0), "queries must be an int >= 1"),
         (lambda: BoundaryRepulsion(iterations=0), "iterations must be an int >= 1"),
         (lambda: BoundaryRepulsion(inside=1.5), r"inside must lie in \(0, 1\]"),
