@@ -29,12 +29,14 @@ active set of at most K, so the iteration ends within K steps; the caller uses t
 kernel only for :math:`K \le` ``max_steps``, where the row kernel never falls back
 to sorting either.
 
-Memory: a block's scratch, (5 K + 31) x 64 floats (41 KB at K = 10), would be 5 %
-of a 10,000-row input. With answers it lives instead in the answer's rows that are
-written last: the 64-row blocks run up to the last :func:`tail_rows` rows of the
-range and keep their scratch there; those rows run in 8-row blocks the same way
-(scratch of (5 K + 31) x 8 floats in the last rows again), and the last few rows
-(65 at K = 10 in float64) in the row kernel, which needs only 7 K floats. Each
+Memory: a block's scratch, (3 K + 31) x 64 floats (31 KB at K = 10: the block, two
+K x 64 blocks for ``log`` and ``exp`` that then hold the floored prototypes and the
+ratios, and the per-row vectors), would be 4 % of a 10,000-row input. With answers
+it lives instead in the answer's rows that are written last: the 64-row blocks run
+up to the last :func:`tail_rows` rows of the range and keep their scratch there;
+those rows run in 8-row blocks the same way
+(scratch of (3 K + 31) x 8 floats in the last rows again), and the last few rows
+(49 at K = 10 in float64) in the row kernel, which needs only 7 K floats. Each
 thread's range is done so within itself, so a call allocates the answer and a few
 hundred bytes.
 """
@@ -56,7 +58,7 @@ from defenses.ssd.kernels.shield import shield_rows
 SMALL_K = 16
 """Largest K served by this kernel (above it the row kernel is faster)."""
 BLOCK_ROWS = 64
-"""Rows per block: the lanes of every loop (a scratch of (5 K + 31) x 64 floats)."""
+"""Rows per block: the lanes of every loop (a scratch of (3 K + 31) x 64 floats)."""
 TAIL_BLOCK_ROWS = 8
 """Rows per block for the rows whose answers hold the 64-row blocks' scratch."""
 PER_ROW = 31
@@ -65,8 +67,8 @@ PER_ROW = 31
 
 @simd_inlined
 def scratch_words(k: int, block_rows: int) -> int:
-    """Float64 entries of a block's scratch: five K x ``block_rows`` blocks, vectors."""
-    return (5 * k + PER_ROW) * block_rows
+    """Float64s of a block's scratch: three K x ``block_rows`` blocks and vectors."""
+    return (3 * k + PER_ROW) * block_rows
 
 
 @simd_inlined
@@ -111,18 +113,18 @@ def _lanes(
     temperature = settings[2]
     floor = settings[3]
     width = k * block_rows
-    scratch[: 5 * width] = 1.0
-    scratch[5 * width : scratch_words(k, block_rows)] = 0.0
+    scratch[: 3 * width] = 1.0
+    scratch[3 * width : scratch_words(k, block_rows)] = 0.0
     block = scratch[: 3 * width].reshape((3, width))
     xs = block[0]
     work = block[1]
     spare = block[2]
     bits = block.view(np.int64)
     spare_bits = bits[2]
-    qs = scratch[3 * width : 4 * width]
-    ratio = scratch[4 * width : 5 * width]
+    qs = spare  # free once the labels are drawn
+    ratio = work
     none = scratch[:0]
-    vectors = scratch[5 * width : scratch_words(k, block_rows)].reshape(
+    vectors = scratch[3 * width : scratch_words(k, block_rows)].reshape(
         (PER_ROW, block_rows)
     )
     acc = vectors[0:4]
@@ -298,19 +300,16 @@ def _lanes(
         for r in range(m):
             if usable[r] == 0.0:
                 continue
-            row = lo + r
-            if trivial[r] == 1.0:
-                q = prototypes[label[r]]
-                for c in range(k):
-                    out[row, c] = q[c]
-            elif trivial[r] == 2.0:
-                for c in range(k):
-                    out[row, c] = qs[c * block_rows + r] * level_start[r]
-            else:
-                for c in range(k):
-                    qv = qs[c * block_rows + r]
-                    fv = xs[c * block_rows + r]
-                    out[row, c] = min(max(fv, w_a[r] * qv), w_b[r] * qv)
+            # a trivial row's answer is its prototype (raised == 0: q_i = max(q_i,
+            # floor)), an early one's the scaled floored prototype: both are the
+            # clip below with equal levels, min(max(f, w q), w q) = w q exactly
+            kind = trivial[r]
+            low = 1.0 if kind == 1.0 else (level_start[r] if kind == 2.0 else w_a[r])
+            high = 1.0 if kind == 1.0 else (level_start[r] if kind == 2.0 else w_b[r])
+            for c in range(k):
+                qv = qs[c * block_rows + r]
+                fv = xs[c * block_rows + r]
+                out[lo + r, c] = min(max(fv, low * qv), high * qv)
     result = np.empty(3)
     result[0] = worst
     result[1] = worst_row
