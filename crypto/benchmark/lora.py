@@ -23,18 +23,27 @@ from ..he.ckks import CKKSParams, TenSEALBackend, local_key_owner
 from ..he.evaluator import Evaluator, Value
 from ..he.packing import unit
 from ..program.lora_he import (
+    Regression,
     encrypted_factors,
     encrypted_steps,
     full_forward,
     full_gradient,
     lora_forward,
     lora_gradient,
-    simulate_step,
 )
 
 LORA_PARAMS = CKKSParams(8192, (40, 30, 30, 30, 30, 40), 30)
 
 
+INTS = {
+    "d": 16,
+    "rank": 2,
+    "tokens": 256,
+    "full_gradient_entries": 32,
+    "sgd_steps": 1,
+    "sgd_d": 8,
+}
+"""The benchmark's integer parameters and their defaults (``lr`` is 0.5)."""
 SPEEDUPS = ("forward_speedup", "gradient_speedup")
 SGD = ("sgd_step_diff", "sgd_update_size")
 """The LoRA arm's ratios to the full arm and its SGD check (the full arm's 1 and 0)."""
@@ -125,28 +134,27 @@ def _lora_run(
 
 def lora_benchmark(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Result]:
     """Encrypted LoRA vs full encrypted weights, and SGD steps vs simulation."""
-    d = int_param(params, "d", 16)
-    rank = int_param(params, "rank", 2)
-    tokens = int_param(params, "tokens", 256)
-    entries = int_param(params, "full_gradient_entries", 32)
-    steps = int_param(params, "sgd_steps", 1)
-    sgd_d = int_param(params, "sgd_d", 8)
+    d, rank, tokens, entries, steps, sgd_d = (
+        int_param(params, name, default) for name, default in INTS.items()
+    )
     lr = float(params.get("lr", 0.5))
     settings = {"d": d, "rank": rank, "tokens": tokens}
     for seed in seeds:
         rng = np.random.default_rng(seed)
         runs = _lora_run(d, rank, tokens, entries, rng)
-        X = rng.standard_normal((tokens, sgd_d)) * 0.3
-        Y = rng.standard_normal((tokens, sgd_d)) * 0.3
-        W0 = rng.standard_normal((sgd_d, sgd_d)) / math.sqrt(sgd_d)
+        task = Regression(
+            rng.standard_normal((tokens, sgd_d)) * 0.3,
+            rng.standard_normal((tokens, sgd_d)) * 0.3,
+            rng.standard_normal((sgd_d, sgd_d)) / math.sqrt(sgd_d),
+        )
         A = rng.standard_normal((sgd_d, rank)) / math.sqrt(sgd_d)
         B = rng.standard_normal((rank, sgd_d)) / math.sqrt(sgd_d)
         start = time.perf_counter()
-        enc_a, enc_b, rounds = encrypted_steps(LORA_PARAMS, X, Y, W0, A, B, lr, steps)
+        enc_a, enc_b, rounds = encrypted_steps(LORA_PARAMS, task, A, B, lr, steps)
         sgd_s = time.perf_counter() - start
         sim_a, sim_b = A, B
         for _ in range(steps):
-            sim_a, sim_b = simulate_step(X, Y, W0, sim_a, sim_b, lr)
+            sim_a, sim_b = task.step(sim_a, sim_b, lr)
         step_diff = float(max(np.abs(enc_a - sim_a).max(), np.abs(enc_b - sim_b).max()))
         moved = float(max(np.abs(sim_a - A).max(), np.abs(sim_b - B).max()))
         full, lora = runs["none"], runs["lora"]

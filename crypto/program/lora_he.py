@@ -34,6 +34,7 @@ joins the learning rate.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -103,30 +104,37 @@ def lora_gradient(
     return outer_sums(ev, x, matmul_t(ev, grad, B)), outer_sums(ev, xa, grad)
 
 
-def simulate_step(
-    X: FloatArray,
-    Y: FloatArray,
-    W0: FloatArray,
-    A: FloatArray,
-    B: FloatArray,
-    lr: float,
-) -> tuple[FloatArray, FloatArray]:
-    """One plaintext SGD step of the LoRA factors on the mean squared error.
+@dataclass(frozen=True)
+class Regression:
+    r"""The SGD demonstration's layer: inputs, targets and the frozen weight.
 
-    The closed form, independent of the evaluator: the reference the encrypted
-    steps are checked against.
+    ``X`` and ``Y`` are ``T x d`` (``T`` tokens), ``W0`` the public ``d x d``; the
+    loss of factors ``A``, ``B`` is
+    :math:`\tfrac1{2T}\lVert X(W_0 + AB) - Y\rVert^2`.
     """
-    G = (X @ (W0 + A @ B) - Y) / X.shape[0]
-    grad_a = X.T @ (G @ B.T)
-    grad_b = (X @ A).T @ G
-    return A - lr * grad_a, B - lr * grad_b
+
+    X: FloatArray
+    Y: FloatArray
+    W0: FloatArray
+
+    def step(
+        self, A: FloatArray, B: FloatArray, lr: float
+    ) -> tuple[FloatArray, FloatArray]:
+        """One plaintext SGD step of the LoRA factors.
+
+        The closed form, independent of the evaluator: the reference the encrypted
+        steps are checked against.
+        """
+        X = self.X
+        G = (X @ (self.W0 + A @ B) - self.Y) / X.shape[0]
+        grad_a = X.T @ (G @ B.T)
+        grad_b = (X @ A).T @ G
+        return A - lr * grad_a, B - lr * grad_b
 
 
 def encrypted_steps(
     params: CKKSParams,
-    X: FloatArray,
-    Y: FloatArray,
-    W0: FloatArray,
+    task: Regression,
     A: FloatArray,
     B: FloatArray,
     lr: float,
@@ -142,6 +150,7 @@ def encrypted_steps(
     replicated weights for the next step (one counted round trip per step, the
     stand-in for the bootstrap a server-side update would need).
     """
+    X, Y = task.X, task.Y
     slots = X.shape[0]
     if slots & (slots - 1):
         raise ValueError(f"the token count must be a power of two, got {slots}")
@@ -158,7 +167,7 @@ def encrypted_steps(
 
     for _ in range(steps):
         Ae, Be = encrypted_factors(ev, replicated, A, B)
-        out, xa = lora_forward(ev, x, W0, Ae, Be)
+        out, xa = lora_forward(ev, x, task.W0, Ae, Be)
         grad = [ev.sub(o, t) for o, t in zip(out, y, strict=True)]
         grad_a, grad_b = lora_gradient(ev, x, xa, grad, Be)
         A = A - lr / slots * opened(grad_a)

@@ -26,20 +26,13 @@ from defense_suite.crypto.he.ckks import (
 )
 from defense_suite.crypto.he.evaluator import DepthError, Evaluator, NumpyBackend, Value
 from defense_suite.crypto.he.packing import roll_tokens, unit
+from defense_suite.crypto.program import lora_he
 from defense_suite.crypto.program.heformer import (
     SoftmaxPolys,
     gk_attention,
     softmax_attention,
 )
-from defense_suite.crypto.program.lora_he import (
-    encrypted_factors,
-    encrypted_steps,
-    full_forward,
-    full_gradient,
-    lora_forward,
-    lora_gradient,
-    simulate_step,
-)
+from defense_suite.crypto.program.lora_he import Regression
 from defenses.harness import measurement
 
 
@@ -97,22 +90,29 @@ def test_softmax_needs_eleven_levels() -> None:
     assert np.max(np.abs(got - _exact_attention(q, k, v, False))) < 0.05
 
 
+def _layer(
+    rng: np.random.Generator, d: int, r: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A random frozen ``d x d`` weight and rank-``r`` factors A, B."""
+    return (
+        rng.standard_normal((d, d)),
+        rng.standard_normal((d, r)),
+        rng.standard_normal((r, d)),
+    )
+
+
 @settings(max_examples=20, deadline=None)
 @given(st.integers(0, 1000))
 def test_sgd_step_is_the_gradient(seed: int) -> None:
     rng = np.random.default_rng(seed)
     X, Y = rng.standard_normal((6, 3)), rng.standard_normal((6, 3))
-    W0, A, B = (
-        rng.standard_normal((3, 3)),
-        rng.standard_normal((3, 2)),
-        rng.standard_normal((2, 3)),
-    )
+    W0, A, B = _layer(rng, 3, 2)
 
     def loss(a: np.ndarray, b: np.ndarray) -> float:
         return 0.5 * float(np.mean(np.sum((X @ (W0 + a @ b) - Y) ** 2, axis=1)))
 
     lr = 1e-6
-    new_a, _ = simulate_step(X, Y, W0, A, B, lr)
+    new_a, _ = Regression(X, Y, W0).step(A, B, lr)
     eps = 1e-6
     e = np.zeros_like(A)
     e[1, 0] = eps
@@ -124,22 +124,19 @@ def test_encrypted_lora_step_matches_simulation() -> None:
     rng = np.random.default_rng(0)
     T, d, r = 16, 2, 1
     X, Y = rng.standard_normal((T, d)) * 0.3, rng.standard_normal((T, d)) * 0.3
-    W0, A, B = (
-        rng.standard_normal((d, d)),
-        rng.standard_normal((d, r)),
-        rng.standard_normal((r, d)),
-    )
+    W0, A, B = _layer(rng, d, r)
     params = CKKSParams(8192, (40, 30, 30, 30, 30, 40), 30)
-    enc_a, enc_b, rounds = encrypted_steps(params, X, Y, W0, A, B, 0.5, 2)
+    task = Regression(X, Y, W0)
+    enc_a, enc_b, rounds = lora_he.encrypted_steps(params, task, A, B, 0.5, 2)
     sim_a, sim_b = A, B
     for _ in range(2):
-        sim_a, sim_b = simulate_step(X, Y, W0, sim_a, sim_b, 0.5)
+        sim_a, sim_b = task.step(sim_a, sim_b, 0.5)
     assert rounds == 2
     assert np.max(np.abs(enc_a - sim_a)) < 1e-2
     assert np.max(np.abs(enc_b - sim_b)) < 1e-2
     assert np.max(np.abs(sim_a - A)) > 0.01
     with pytest.raises(ValueError, match="power of two"):
-        encrypted_steps(params, X[:6], Y[:6], W0, A, B, 0.05, 1)
+        lora_he.encrypted_steps(params, Regression(X[:6], Y[:6], W0), A, B, 0.05, 1)
 
 
 def test_full_and_lora_forward_agree() -> None:
@@ -148,20 +145,16 @@ def test_full_and_lora_forward_agree() -> None:
     ev = Evaluator(TenSEALBackend(), params.levels)
     rng = np.random.default_rng(0)
     X = rng.standard_normal((8, 2))
-    W0, A, B = (
-        rng.standard_normal((2, 2)),
-        rng.standard_normal((2, 1)),
-        rng.standard_normal((1, 2)),
-    )
+    W0, A, B = _layer(rng, 2, 1)
     x = [Value(encrypt(col)) for col in X.T]
 
     def rep(M: np.ndarray) -> list[list[Value]]:
         return unit(lambda m: encrypt(np.full(8, m)), M)
 
-    full = full_forward(ev, x, rep(W0 + A @ B))
-    Ae, Be = encrypted_factors(ev, lambda m: encrypt(np.full(8, m)), A, B)
+    full = lora_he.full_forward(ev, x, rep(W0 + A @ B))
+    Ae, Be = lora_he.encrypted_factors(ev, lambda m: encrypt(np.full(8, m)), A, B)
     assert [v.level for row in Ae + Be for v in row] == [0, 0, 1, 1]
-    lora, xa = lora_forward(ev, x, W0, Ae, Be)
+    lora, xa = lora_he.lora_forward(ev, x, W0, Ae, Be)
     want = X @ (W0 + A @ B)
     for f in range(2):
         assert np.allclose(decrypt(full[f].handle), want[:, f], atol=1e-3)
@@ -178,15 +171,11 @@ def test_layer_gradients_are_the_closed_form() -> None:
     rng = np.random.default_rng(3)
     T, d, r = 8, 3, 2
     X, G = rng.standard_normal((T, d)), rng.standard_normal((T, d))
-    W0, A, B = (
-        rng.standard_normal((d, d)),
-        rng.standard_normal((d, r)),
-        rng.standard_normal((r, d)),
-    )
+    W0, A, B = _layer(rng, d, r)
     ev = Evaluator(NumpyBackend(), 4)
     x, grad = [Value(c) for c in X.T], [Value(c) for c in G.T]
-    y, xa = lora_forward(ev, x, W0, unit(float, A), unit(float, B))
-    grad_a, grad_b = lora_gradient(ev, x, xa, grad, unit(float, B))
+    y, xa = lora_he.lora_forward(ev, x, W0, unit(float, A), unit(float, B))
+    grad_a, grad_b = lora_he.lora_gradient(ev, x, xa, grad, unit(float, B))
 
     def first(sums: list[list[Value]]) -> np.ndarray:
         return np.array([[np.ravel(v.handle)[0] for v in row] for row in sums])
@@ -195,7 +184,7 @@ def test_layer_gradients_are_the_closed_form() -> None:
     assert np.allclose(first(grad_a), X.T @ (G @ B.T))
     assert np.allclose(first(grad_b), (X @ A).T @ G)
     pairs = [(0, 2), (2, 1)]
-    sums = full_gradient(ev, x, grad, pairs)
+    sums = lora_he.full_gradient(ev, x, grad, pairs)
     assert np.allclose(first([sums])[0], [(X.T @ G)[g, f] for g, f in pairs])
 
 
