@@ -5,7 +5,7 @@ The personalised model is served in plaintext, with client noise, or under CKKS.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -145,35 +145,16 @@ class PersonalisedLearner:
 
 
 @dataclass
-class EncryptedDeployment:
-    """The same model served under CKKS between a Client and a Server."""
+class EncryptedDeployment(Deployment):
+    """The same model served under CKKS between a Client and a Server.
 
-    inner: Deployment
-    params: CKKSParams
-    interactive: bool = True
-    received: Any = None
-    stats: dict[str, float] = field(default_factory=dict)
-    _client: Any = None
+    A :class:`Deployment` (the model, its accuracies, the plaintext reference
+    logits) whose ``serve`` runs the encrypted protocol with ``params``.
+    """
 
-    @property
-    def model(self) -> HEFormer:
-        """The personalised model."""
-        return self.inner.model
-
-    @property
-    def accuracy_frozen(self) -> float:
-        """Accuracy of the frozen model on the client's test data."""
-        return self.inner.accuracy_frozen
-
-    @property
-    def accuracy_softmax(self) -> float:
-        """Accuracy of the softmax twin."""
-        return self.inner.accuracy_softmax
-
-    @property
-    def weights(self) -> HEWeights:
-        """The public weights."""
-        return self.inner.weights
+    params: CKKSParams = field(kw_only=True)
+    interactive: bool = field(default=True, kw_only=True)
+    _client: Any = field(default=None, init=False, repr=False)
 
     def client(self) -> Any:
         """The key owner (created once)."""
@@ -201,7 +182,7 @@ class EncryptedDeployment:
         self.received = next(
             m.blobs for kind, m in server.transcript.inbound if kind == "infer"
         )
-        plain = self.inner.plaintext_logits(X)
+        plain = self.plaintext_logits(X)
         top2 = np.sort(plain, axis=1)[:, -2:]
         margin = top2[:, 1] - top2[:, 0]
         error = float(np.max(np.abs(logits - plain)))
@@ -222,11 +203,6 @@ class EncryptedDeployment:
         out: FloatArray = logits
         return out
 
-    def plaintext_logits(self, X: FloatArray) -> FloatArray:
-        """Reference logits."""
-        out: FloatArray = self.inner.plaintext_logits(X)
-        return out
-
 
 @dataclass(frozen=True)
 class EncryptedLearner:
@@ -237,9 +213,14 @@ class EncryptedLearner:
     interactive: bool = True
 
     def fit(self, task: CryptoTask, rng: np.random.Generator) -> EncryptedDeployment:
-        """Train, then wrap the deployment."""
+        """Train, then serve the deployment's model under CKKS."""
+        system = self.inner.fit(task, rng)
         return EncryptedDeployment(
-            self.inner.fit(task, rng), self.params, self.interactive
+            system.model,
+            system.accuracy_frozen,
+            system.accuracy_softmax,
+            params=self.params,
+            interactive=self.interactive,
         )
 
 
@@ -252,11 +233,6 @@ class NoisyLearner:
 
     def fit(self, task: CryptoTask, rng: np.random.Generator) -> Deployment:
         """Train, then set the client's noise."""
-        system = self.inner.fit(task, rng)
-        return Deployment(
-            system.model,
-            system.accuracy_frozen,
-            system.accuracy_softmax,
-            self.noise,
-            np.random.default_rng(int(rng.integers(2**62))),
-        )
+        system: Deployment = self.inner.fit(task, rng)
+        noise_rng = np.random.default_rng(int(rng.integers(2**62)))
+        return replace(system, noise=self.noise, rng=noise_rng)

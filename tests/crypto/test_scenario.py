@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from defense_suite.crypto.attacks import DistinguisherAttack, InversionAttack
@@ -23,15 +25,8 @@ def test_inversion_recovers_plaintext_inputs() -> None:
 
 
 def test_inversion_recovers_tokens() -> None:
-    negation = PrivateInference(
-        task="negation",
-        d=8,
-        heads=1,
-        ffn=8,
-        test_size=20,
-        pretrain_epochs=2,
-        lora_epochs=2,
-        twin=False,
+    negation = replace(
+        TINY, task="negation", test_size=20, pretrain_epochs=2, lora_epochs=2
     )
     result = run_once(negation, InversionAttack(), None, 0)
     assert result.success["recovery_rate"] == 1.0
