@@ -100,6 +100,29 @@ def _doubled(handle: Any, times: int) -> Any:
     return handle
 
 
+def forged_reply(
+    server: TuningServer,
+    channel: Channel,
+    values: list[Value],
+    crafted: Callable[[], Any],
+) -> Message:
+    """Walk ``server``'s public schedule with forged ciphertexts; reply ``crafted()``.
+
+    Every updated weight of the reply is ``crafted()``, lowered to its level.
+    """
+    levels = server.params.levels
+    schedule = tuning_schedule(server.job, server.params)
+    base = values[0].handle
+    lifted = {lv: _down(base, lv, levels) for lv in range(levels + 1)}
+    for step in schedule.steps:
+        forged = [Value(lifted[lv]) for lv in step.levels]
+        extra = {"copies": step.copies} if step.kind != "refresh" else {}
+        server._ask(channel, step.kind, forged, **extra)
+    weight = crafted()
+    blobs = tuple(_down(weight, lv, levels).serialize() for lv in schedule.reply.levels)
+    return Message("weights", server.key, blobs)
+
+
 Craft = Callable[[list[Value], int, int], Any]
 
 
@@ -144,21 +167,13 @@ class Forger(TuningServer):
     def _train(
         self, channel: Channel, values: list[Value], meta: dict[str, Any]
     ) -> Message:
-        job, levels = self.job, self.params.levels
-        assert isinstance(job.program, SGDProgram)
-        d = job.program.inputs
-        schedule = tuning_schedule(job, self.params)
-        base = values[0].handle
-        lifted = {lv: _down(base, lv, levels) for lv in range(levels + 1)}
-        for step in schedule.steps:
-            forged = [Value(lifted[lv]) for lv in step.levels]
-            extra = {"copies": step.copies} if step.kind != "refresh" else {}
-            self._ask(channel, step.kind, forged, **extra)
-        crafted = type(self).craft(values, d, job.program.slots(self.params))
-        blobs = tuple(
-            _down(crafted, lv, levels).serialize() for lv in schedule.reply.levels
+        program = self.job.program
+        assert isinstance(program, SGDProgram)
+        slots = program.slots(self.params)
+        craft = type(self).craft
+        return forged_reply(
+            self, channel, values, lambda: craft(values, program.inputs, slots)
         )
-        return Message("weights", self.key, blobs)
 
 
 class TappedServer(Server):
@@ -347,22 +362,15 @@ def _bert_play(
         def _train(
             self, channel: Channel, values: list[Value], meta: dict[str, Any]
         ) -> Message:
-            levels = self.params.levels
-            schedule = tuning_schedule(self.job, self.params)
-            base = values[0].handle
-            lifted = {lv: _down(base, lv, levels) for lv in range(levels + 1)}
-            for step in schedule.steps:
-                forged = [Value(lifted[lv]) for lv in step.levels]
-                extra = {"copies": step.copies} if step.kind != "refresh" else {}
-                self._ask(channel, step.kind, forged, **extra)
             # slot 0 (what the client reads) = 10^4 [y_0 = k]; no rotation, so
             # no key-switching noise at this chain's 30-bit special prime
             target = values[w.d + w.n_tokens + k].handle
-            crafted = target * ([1e4] + [0.0] * (target.size() - 1))
-            blobs = tuple(
-                _down(crafted, lv, levels).serialize() for lv in schedule.reply.levels
+            return forged_reply(
+                self,
+                channel,
+                values,
+                lambda: target * ([1e4] + [0.0] * (target.size() - 1)),
             )
-            return Message("weights", self.key, blobs)
 
     tuned = copy.deepcopy(he)
     client = BertTuningClient(tuned, params, answer_floor=0.0)
