@@ -42,12 +42,10 @@ from defenses.arrays import FloatArray
 from defenses.checks import check_real
 
 from ..he.ckks import CKKSParams
-from ..he.evaluator import Evaluator, Value
-from ..he.packing import roll_tokens
 from .backward import adapter_gradients
 from .bounds import DEFAULT_BOUNDS, UpdateBounds, bound_update
 from .encoder import BertWeights, encode, lora_factors
-from .qkv_step import StepOwner
+from .owner import StepOwner
 from .shadow import flag_ids, pack_ids, report
 from .spec import from_bert
 
@@ -111,62 +109,36 @@ def _step(
     owner: StepOwner,
     bounds: UpdateBounds = DEFAULT_BOUNDS,
 ) -> HeadStep:
-    encrypt, decrypt, slots = owner.encrypt, owner.decrypt, owner.slots
     labels, a, b, lr = _check(model, y, A, B, lr)
     if not np.all(np.isfinite(a)) or not np.all(np.isfinite(b)):
         raise ValueError("A, B: the adapter must be finite")
     start = time.perf_counter()
     report(flag_ids(model, ids, mask), "sequences of the step")  # advisory
+    slots = owner.slots
     z, masks, batch = pack_ids(model, ids, mask, slots)
     if labels.size != batch:
         raise ValueError(f"y: {labels.size} labels for {batch} sequences")
     w = BertWeights.from_model(model)
     n = w.n_tokens
-
-    def fresh(values: list[Value]) -> list[Value]:
-        return [Value(encrypt(_full(decrypt(v.handle), slots))) for v in values]
-
-    def roll(values: list[Value], copies: int) -> list[list[Value]]:
-        plain = [decrypt(v.handle) for v in values]
-        return [
-            [Value(encrypt(roll_tokens(p, n, s))) for p in plain] for s in range(copies)
-        ]
-
-    def enc(M: FloatArray) -> list[list[Value]]:
-        return [[Value(encrypt(np.full(slots, x))) for x in row] for row in M]
-
-    ev = Evaluator(owner.backend, owner.max_level, fresh)
-    lora = {k: enc(M) for k, M in lora_factors(model).items()}
+    ev, calls = owner.calls(n)
+    lora = {k: calls.matrix(M) for k, M in lora_factors(model).items()}
     onehot = np.zeros((batch, n, w.n_classes))
     onehot[np.arange(batch), 0, labels] = 1.0
     targets = np.zeros((w.n_classes, slots))
     targets[:, : batch * n] = onehot.reshape(batch * n, -1).T
     m = np.zeros(slots)
     m[: batch * n : n] = 1.0 / batch
-    pooled = encode(
-        ev,
-        w,
-        [Value(encrypt(v)) for v in z],
-        [Value(encrypt(v)) for v in masks],
-        lora,
-        roll,
-    )
-    Y = [Value(encrypt(t)) for t in targets]
-    grads, _ = adapter_gradients(ev, from_bert(w), pooled, enc(a), enc(b), Y, m)
-    grad_a, grad_b = grads["a"], grads["b"]
-    ga = np.array([[decrypt(v.handle)[0] for v in row] for row in grad_a])
-    gb = np.array([[decrypt(v.handle)[0] for v in row] for row in grad_b])
+    pooled = encode(ev, w, calls.values(z), calls.values(masks), lora, calls.roll)
+    Y = calls.values(targets)
+    p = from_bert(w)
+    grads, _ = adapter_gradients(ev, p, pooled, calls.matrix(a), calls.matrix(b), Y, m)
+    ga, gb = calls.read(grads["a"]), calls.read(grads["b"])
     seconds = time.perf_counter() - start
     with np.errstate(over="ignore", invalid="ignore"):
         raw = {"a": a - lr * ga, "b": b - lr * gb}
     new, clipped = bound_update({"a": a, "b": b}, raw, bounds)
     counts = dict(ev.counts)
     return HeadStep(new["a"], new["b"], ga, gb, seconds, counts, clipped)
-
-
-def _full(values: FloatArray, slots: int) -> FloatArray:
-    """A refreshed value, replicated when it is a one-slot sum."""
-    return np.full(slots, values[0]) if values.size == 1 else values
 
 
 def simulated_head_step(

@@ -28,7 +28,6 @@ program evaluates).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,16 +37,16 @@ import numpy.typing as npt
 from defenses.arrays import FloatArray
 from defenses.checks import check_real
 
-from ..he.ckks import CKKSParams, TenSEALBackend, local_key_owner
-from ..he.evaluator import Backend, Evaluator, NumpyBackend, Roll, Value
+from ..he.ckks import CKKSParams
+from ..he.evaluator import Evaluator, Roll, Value
 from .backward import Trained, Unroll, backward, loss_gradient, train_forward
 from .bounds import DEFAULT_BOUNDS, UpdateBounds, bound_update
 from .encoder import LORA, BertWeights, lora_factors
 from .forward import Lora, Run
 from .inputs import pack_inputs
+from .owner import StepOwner
 from .shadow import flag_ids, pack_ids, report
 from .spec import from_bert
-from .steps import _Services
 
 if TYPE_CHECKING:
     from ..conversion.model import HEBert
@@ -232,40 +231,6 @@ def updated(
     return QKVStep(layers, new, plain, seconds, counts, bounds, clipped)
 
 
-@dataclass(frozen=True)
-class StepOwner:
-    """The key owner of a function-call step: arithmetic, chain, slots, keys."""
-
-    backend: Backend
-    max_level: int
-    slots: int
-    encrypt: Callable[[FloatArray], Any]
-    decrypt: Callable[[Any], FloatArray]
-
-    @classmethod
-    def float64(
-        cls,
-        model: HEBert,
-        ids: npt.ArrayLike,
-        mask: npt.ArrayLike | None,
-        max_level: int,
-    ) -> StepOwner:
-        """No encryption: the HE program on NumpyBackend, one slot per token."""
-        slots = model.check_ids(ids, mask)[0].shape[0] * model.config.n_tokens
-
-        def same(x: FloatArray) -> FloatArray:
-            return np.array(x, dtype=np.float64)
-
-        return cls(NumpyBackend(), max_level, slots, same, same)
-
-    @classmethod
-    def ckks(cls, model: HEBert, params: CKKSParams) -> StepOwner:
-        """TenSEAL under ``params`` (Galois keys for the slot sums), every slot."""
-        encrypt, decrypt = local_key_owner(params, galois=True)
-        slots = params.slots - params.slots % model.config.n_tokens
-        return cls(TenSEALBackend(), params.levels, slots, encrypt, decrypt)
-
-
 def _step(
     model: HEBert,
     ids: npt.ArrayLike,
@@ -279,32 +244,24 @@ def _step(
     lr = check_real("lr", lr, 0.0)
     layers = trained_layers(model, blocks)
     start = time.perf_counter()
-    encrypt, decrypt, slots = owner.encrypt, owner.decrypt, owner.slots
-    inputs, targets, m, _ = step_inputs(model, ids, mask, y, slots, guard=False)
+    inputs, targets, m, _ = step_inputs(model, ids, mask, y, owner.slots, guard=False)
     w = BertWeights.from_model(model)
-    services = _Services(encrypt, decrypt, w.n_tokens, slots)
-    ev = Evaluator(owner.backend, owner.max_level, services.fresh)
-    lora = {
-        k: [[Value(encrypt(np.full(slots, x))) for x in row] for row in M]
-        for k, M in lora_factors(model).items()
-    }
-    values = [Value(encrypt(v)) for v in inputs]
+    ev, calls = owner.calls(w.n_tokens)
+    lora = {k: calls.matrix(M) for k, M in lora_factors(model).items()}
+    values = calls.values(inputs)
     grads = lora_gradients(
         ev,
         w,
         values[: w.d],
         values[w.d :],
         lora,
-        services.roll,
-        services.unroll,
-        [Value(encrypt(t)) for t in targets],
+        calls.roll,
+        calls.unroll,
+        calls.values(targets),
         m,
         len(layers),
     )
-    plain = {
-        k: np.array([[decrypt(v.handle)[0] for v in row] for row in G])
-        for k, G in grads.items()
-    }
+    plain = {k: calls.read(G) for k, G in grads.items()}
     seconds = time.perf_counter() - start
     return updated(model, plain, lr, blocks, seconds, dict(ev.counts), bounds)
 

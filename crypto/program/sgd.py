@@ -12,8 +12,9 @@ Forward and backward are :mod:`crypto.program.backward`'s on the net's program
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -24,10 +25,26 @@ from .backward import Trained, Unroll, backward, loss_gradient, train_forward
 from .net import Net
 from .run import Run, fit
 
-__all__ = ["Fresh", "Roll", "Unroll", "cls_mask", "sgd_steps"]
+__all__ = ["Fresh", "Roll", "Trips", "Unroll", "cls_mask", "sgd_reply", "sgd_steps"]
 
 Fresh = Callable[[list[Value]], list[Value]]
 """The key owner's refresh: decrypt and re-encrypt each value (a round trip)."""
+
+
+class Trips(Protocol):
+    """The key owner's round trips (messages or calls): refresh, roll, unroll."""
+
+    @property
+    def refresh(self) -> Fresh:
+        """Each value fresh."""
+
+    @property
+    def roll(self) -> Roll:
+        """``copies`` token rolls of each value."""
+
+    @property
+    def unroll(self) -> Unroll:
+        """The rolled-back sum of the shifted groups."""
 
 
 def cls_mask(batch: int, n_tokens: int) -> FloatArray:
@@ -91,3 +108,47 @@ def sgd_steps(
                 ]
                 for i in range(len(G))
             ]
+
+
+def sgd_reply(
+    ev: Evaluator,
+    net: Net,
+    fold: dict[str, Any],
+    upload: tuple[list[Value], list[Value], dict[str, list[list[Value]]]],
+    mask: FloatArray,
+    lr: float,
+    steps: int,
+    trips: Trips,
+) -> list[Value]:
+    """The step of an HEFormer arm on its upload: the updated weights, row-major.
+
+    ``upload`` is (inputs, targets, the trained matrices by name); ``net`` holds the
+    frozen public matrices (not changed: a copy takes the uploaded ones, and
+    ``upload``'s matrices are released as the copy takes them). The reply lists
+    every trained matrix in ``net.trained`` order. The one step of the protocol's
+    server (:class:`crypto.protocol.jobs.SGDProgram`) and of the function-call
+    steps (:mod:`crypto.program.steps`).
+    """
+    inputs, targets, secrets = upload
+    net = copy.deepcopy(net)
+    net.mats.update(secrets)
+    secrets.clear()  # each weight is freed once the step has replaced it
+    sgd_steps(
+        ev,
+        net,
+        fold,
+        inputs,
+        targets,
+        mask,
+        lr,
+        steps,
+        trips.refresh,
+        trips.roll,
+        trips.unroll,
+    )
+    out: list[Value] = []
+    for name in net.trained:
+        updated = net.mats.pop(name)
+        assert not isinstance(updated, np.ndarray)
+        out += [v for row in updated for v in row]
+    return out

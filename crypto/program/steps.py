@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,8 +44,8 @@ from defenses.arrays import FloatArray
 from defenses.checks import check_int, check_real
 
 from ..he.ckks import CKKSParams
-from ..he.evaluator import Backend, Evaluator, NumpyBackend, Value
-from ..he.packing import pack, roll_tokens
+from ..he.evaluator import Backend, Evaluator, NumpyBackend
+from ..he.packing import pack
 from ..models.heformer import HEFormer
 from ..models.train import predict_logits
 from ..tasks import check_labels, check_sequences
@@ -55,7 +54,8 @@ from .bounds import DEFAULT_BOUNDS, UpdateBounds
 from .folding import LORA_GK, Arm, effective_weights, plain_net
 from .forward import Run
 from .net import Net
-from .sgd import cls_mask, sgd_steps
+from .owner import Calls
+from .sgd import cls_mask, sgd_reply
 from .shadow import flag_sequences, report
 
 TRAIN_PARAMS = CKKSParams(8192, (49, 40, 40, 40, 49), 40)
@@ -81,49 +81,6 @@ class StepResult:
     """Entries the public update bounds changed (encrypted step; 0 if honest)."""
     bounds: UpdateBounds = DEFAULT_BOUNDS
     """The agreed update bounds (``apply_weights(model, weights, bounds)``)."""
-
-
-@dataclass
-class _Services:
-    """Round trips of one backend: fresh encryption, refresh, roll, unroll, read."""
-
-    encrypt: Callable[[FloatArray], Any]
-    decrypt: Callable[[Any], FloatArray]
-    n: int
-    slots: int
-
-    @classmethod
-    def plain(cls, n: int, slots: int) -> _Services:
-        """The float64 round trips (the HE simulation: a copy each way)."""
-        return cls(
-            encrypt=lambda v: np.asarray(v, dtype=np.float64).copy(),
-            decrypt=lambda h: np.asarray(h, dtype=np.float64),
-            n=n,
-            slots=slots,
-        )
-
-    def fresh(self, values: list[Value]) -> list[Value]:
-        return [Value(self.encrypt(self._full(self.decrypt(v.handle)))) for v in values]
-
-    def _full(self, x: FloatArray) -> FloatArray:
-        if x.size == self.slots:
-            return x
-        return np.full(self.slots, x[0])
-
-    def roll(self, values: list[Value], copies: int) -> list[list[Value]]:
-        plain = [self.decrypt(v.handle) for v in values]
-        return [
-            [Value(self.encrypt(roll_tokens(p, self.n, s))) for p in plain]
-            for s in range(copies)
-        ]
-
-    def unroll(self, shifted: list[list[Value]]) -> list[Value]:
-        plain = [[self.decrypt(v.handle) for v in row] for row in shifted]
-        total = [
-            sum(roll_tokens(plain[s][i], self.n, -s) for s in range(len(plain)))
-            for i in range(len(plain[0]))
-        ]
-        return [Value(self.encrypt(np.asarray(t))) for t in total]
 
 
 def _check_batch(
@@ -191,52 +148,32 @@ def _run(
     steps: int,
     arm: Arm,
     backend: Backend,
-    services: _Services,
+    owner: Calls,
     max_level: int,
 ) -> StepResult:
-    """The step with the key owner's round trips as function calls (float64)."""
+    """The step with the key owner's round trips as function calls.
+
+    :func:`~crypto.program.sgd.sgd_reply` (the protocol server's step) on the
+    client's encrypted upload; the key owner's work inside the timed step is
+    counted.
+    """
     lr, steps = _check_step(lr, steps, arm)
     net, fold, packed, onehot, b = _prepare(model, X, y, arm)
-    owner = services
-
-    def encrypt(values: FloatArray) -> Any:
-        ev.note("encryptions")
-        return owner.encrypt(values)
-
-    def decrypt(handle: Any) -> FloatArray:
-        ev.note("decryptions")
-        return owner.decrypt(handle)
-
-    # the key owner's work inside the timed step is counted
-    services = _Services(encrypt, decrypt, owner.n, owner.slots)
-    ev = Evaluator(backend, max_level, services.fresh)
+    ev = Evaluator(backend, max_level)
+    calls = owner.counted(ev)
+    ev.refresh = calls.refresh
     start, cpu = time.perf_counter(), time.process_time()
-    zs = [Value(services.encrypt(p)) for p in packed]
-    targets = [Value(services.encrypt(t)) for t in onehot]
-    for name in net.trained:
-        M = np.asarray(net.mats[name])
-        net.mats[name] = [
-            [Value(services.encrypt(np.full(owner.slots, x))) for x in row] for row in M
-        ]
-    sgd_steps(
-        ev,
-        net,
-        fold,
-        zs,
-        targets,
-        cls_mask(b, net.n_tokens),
-        lr,
-        steps,
-        services.fresh,
-        services.roll,
-        services.unroll,
-    )
+    inputs, targets = calls.values(packed), calls.values(onehot)
+    secrets = {name: calls.matrix(np.asarray(net.mats[name])) for name in net.trained}
+    shapes = [(name, len(M), len(M[0])) for name, M in secrets.items()]
+    upload = (inputs, targets, secrets)
+    mask = cls_mask(b, net.n_tokens)
+    reply = iter(sgd_reply(ev, net, fold, upload, mask, lr, steps, calls))
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    folded = {}
-    for name in net.trained:
-        W = net.mats[name]
-        assert not isinstance(W, np.ndarray)
-        folded[name] = np.array([[services.decrypt(v.handle)[0] for v in r] for r in W])
+    folded = {
+        name: calls.read([[next(reply) for _ in range(c)] for _ in range(r)])
+        for name, r, c in shapes
+    }
     return StepResult(_unfold(folded, fold, lr), dict(ev.counts), seconds, cpu)
 
 
@@ -255,8 +192,8 @@ def simulated_step(
     X, _ = _check_batch(model, X, y)
     backend = NumpyBackend(noise, rng)
     slots = X.shape[0] * model.config.n_tokens
-    services = _Services.plain(model.config.n_tokens, slots)
-    return _run(model, X, y, lr, steps, arm, backend, services, max_level)
+    owner = Calls.plain(model.config.n_tokens, slots)
+    return _run(model, X, y, lr, steps, arm, backend, owner, max_level)
 
 
 def reference_step(
@@ -322,14 +259,12 @@ def simulated_loss(
     net, _ = plain_net(model, arm, X)
     with torch.no_grad():
         z = model.embed_tokens(torch.as_tensor(X, dtype=torch.float64)).numpy()
-    slots = X.shape[0] * n
-    services = _Services.plain(n, slots)
+    calls = Calls.plain(n, X.shape[0] * n)
     ev = Evaluator(NumpyBackend(), 10**6)
     for name in net.trained:  # the trained matrices as the program reads them
-        M = np.asarray(net.mats[name])
-        net.mats[name] = [[Value(np.full(slots, x)) for x in row] for row in M]
-    run = Run(ev, net.secrets(), services.roll)
-    packed = [Value(p) for p in pack(z, slots)]
+        net.mats[name] = calls.matrix(np.asarray(net.mats[name]))
+    run = Run(ev, net.secrets(), calls.roll)
+    packed = calls.values(pack(z, calls.slots))
     logits = train_forward(run, net.program(), packed, Trained(1, net.softmax))
     cls = np.stack([np.asarray(v.handle)[::n] for v in logits], axis=1)
     target = np.eye(model.config.n_classes)[labels]

@@ -8,7 +8,7 @@ of server, client or schedule:
 * :class:`SGDProgram` (an HEFormer arm, ``lora`` or ``full``): the packed network
   with its trained matrices zeroed (shapes only), the public fold factors
   :math:`c`, the learning rate, the step count and the batch size. The server
-  runs :func:`crypto.program.sgd.sgd_steps`,
+  runs :func:`crypto.program.sgd.sgd_reply`,
   :math:`W \leftarrow W - \eta c^2\odot\bar W`, and replies with the updated
   trained weights;
 * :class:`GradientProgram` (a converted BERT): the public folded weights, every
@@ -27,7 +27,6 @@ makes on zeros (:func:`crypto.protocol.tuning.tuning_schedule`).
 
 from __future__ import annotations
 
-import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -42,7 +41,7 @@ from ..program.bounds import DEFAULT_BOUNDS, UpdateBounds
 from ..program.encoder import BertWeights, lora_factors
 from ..program.net import Net
 from ..program.qkv_step import lora_gradients
-from ..program.sgd import cls_mask, sgd_steps
+from ..program.sgd import cls_mask, sgd_reply
 from .serving import Services
 from .wire import ProtocolError
 
@@ -211,30 +210,12 @@ class SGDProgram(StepProgram):
         return self.batch * self.n_tokens
 
     def step(self, upload: Upload, meta: dict[str, Any], host: Host) -> list[Value]:
-        """:func:`~crypto.program.sgd.sgd_steps` on the upload; the updated weights."""
-        net = copy.deepcopy(self.net)
-        net.mats.update(upload.secrets)
-        upload.secrets.clear()  # each weight is freed once the step has replaced it
-        services = host.services
-        sgd_steps(
-            host.ev,
-            net,
-            self.fold,
-            upload.inputs,
-            upload.targets,
-            self.mask,
-            self.lr,
-            self.steps,
-            services.refresh,
-            services.roll,
-            services.unroll,
-        )
-        out: list[Value] = []
-        for name in net.trained:
-            updated = net.mats.pop(name)
-            assert not isinstance(updated, np.ndarray)
-            out += [v for row in updated for v in row]
-        return out
+        """:func:`~crypto.program.sgd.sgd_reply` on the upload: the updated weights."""
+        parts = (upload.inputs, upload.targets, upload.secrets)
+        return sgd_reply(
+            host.ev, self.net, self.fold, parts, self.mask, self.lr, self.steps,
+            host.services,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
