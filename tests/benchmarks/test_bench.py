@@ -30,6 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "benchmarks" / "specs"
 COMPARED = ("scenario", "attack", "defense", "seed", "params", "threat")
 SECTIONS = ("utility", "success", "certificate")
+WAIVED = {"crypto_sweep-quick"}
+"""Quick timing specs that run in a one-thread worker ([run] exclusive = false)."""
 
 
 @pytest.mark.parametrize(
@@ -52,19 +54,21 @@ def test_a_time_is_told_by_the_words_of_its_key(metric, expected):
     assert measures_time(metric) is expected
 
 
-def test_shipped_timing_claims_run_alone_and_the_others_beside_each_other():
+def test_shipped_timing_claims_run_alone_or_one_at_a_time_and_the_others_beside():
     quick = {p.stem: load_spec(p) for p in sorted(SHIPPED.glob("*-quick.toml"))}
     alone = {name for name, spec in quick.items() if exclusive(spec)}
     assert {
         "ssd_perf-quick",
         "rps_perf-quick",
-        "crypto_sweep-quick",
-        "crypto_finetune-quick",
         "crypto_attention-quick",
         "crypto_lora-quick",
         "serve-quick",
     } <= alone
     assert not alone & {"reference-quick", "ssd-quick", "crypto_byo-quick", "rps-quick"}
+    # timing specs in a worker (beside untimed specs, one at a time): each one's
+    # measurement was checked beside a one-thread neighbour (docs/suite.md)
+    waived = {n for n, spec in quick.items() if timed(spec) and not exclusive(spec)}
+    assert waived == WAIVED
 
 
 def test_run_table_overrides_the_claim_and_is_validated():
