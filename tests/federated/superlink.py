@@ -9,6 +9,7 @@ has its own node config: partition, budget (:data:`BUDGETS`), the full agreement
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -16,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "flower-own-model"
@@ -225,6 +226,39 @@ def example_run(
          "--run-config", config],
         env=env, capture_output=True, text=True, timeout=timeout, check=False,
     )  # fmt: skip
+
+
+class Simulation(NamedTuple):
+    """A local simulation the entry point runs (:func:`entry_point_simulation`)."""
+
+    env: dict[str, str]
+    """The environment of ``python -m defense_suite.federated run``."""
+    result: Path
+    """Where the ServerApp writes the run's summary."""
+
+    def completed(
+        self, app: Path, timeout: int, config: str = "num-server-rounds=2"
+    ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+        """Run ``app`` on the home's default SuperLink; it must exit 0. Returns the
+        process and the summary it wrote."""
+        run = example_run(self.env, app, config, timeout, superlink=None)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+        return run, json.loads(self.result.read_text())
+
+
+@contextlib.contextmanager
+def entry_point_simulation(folder: Path, port: int) -> Iterator[Simulation]:
+    """Three SuperNodes in local simulation (:func:`simulation_env` on ``port``), the
+    summary at ``folder/result.json``. On leaving without an error, asserts that the
+    entry point stopped the local SuperLink ``flwr run`` started (any left is
+    stopped either way)."""
+    result = folder / "result.json"
+    env = simulation_env(folder, 3, port, FEDERATED_RESULT_PATH=str(result))
+    try:
+        yield Simulation(env, result)
+    finally:
+        left = left_running(env)
+    assert left == [], f"local SuperLinks left running: {left}"
 
 
 def assert_unsigned_fab_refused(

@@ -10,7 +10,7 @@ from flwr.app import Context, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from tests.federated.loopback import LoopbackGrid, node_contexts
-from tests.federated.superlink import example_run, left_running, simulation_env
+from tests.federated.superlink import entry_point_simulation
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower-own-model"
 
@@ -64,13 +64,6 @@ def test_the_example_uses_only_the_public_api():
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_the_example_runs_with_flwr_run_in_simulation(tmp_path):
-    result = tmp_path / "result.json"
-    env = simulation_env(tmp_path, 3, 39391, FEDERATED_RESULT_PATH=str(result))
-    try:
-        run = example_run(env, EXAMPLE, "num-server-rounds=2", 1500, superlink=None)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-        summary = json.loads(result.read_text())
-        assert [r["budget"] for r in summary["clients"]] == [1.0, 3.0, 8.0]
-    finally:
-        left = left_running(env)
-    assert left == []  # the entry point stopped the SuperLink flwr run started
+    with entry_point_simulation(tmp_path, 39391) as simulation:
+        _, summary = simulation.completed(EXAMPLE, 1500)
+    assert [r["budget"] for r in summary["clients"]] == [1.0, 3.0, 8.0]

@@ -1,6 +1,5 @@
 """``python -m defense_suite.federated``: validated first, an honest exit code."""
 
-import json
 import signal
 import socket
 import subprocess
@@ -11,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from defense_suite.federated.__main__ import main
-from tests.federated.superlink import example_run, left_running, simulation_env
+from tests.federated.superlink import (
+    entry_point_simulation,
+    example_run,
+    left_running,
+    simulation_env,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,15 +50,11 @@ def test_a_missing_app_exits_2(tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_flwr_run_through_the_entry_point_completes_or_fails_honestly(tmp_path):
-    result = tmp_path / "result.json"
-    env = simulation_env(tmp_path, 3, 39291, FEDERATED_RESULT_PATH=str(result))
-    try:
-        ok = example_run(env, REPO, "num-server-rounds=2", 500, superlink=None)
-        assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-2000:]
+    with entry_point_simulation(tmp_path, 39291) as simulation:
+        ok, summary = simulation.completed(REPO, 500)
         assert "finished:completed" in ok.stdout
         assert "uv sync" not in ok.stdout
         assert "Installing application dependencies" not in ok.stdout
-        summary = json.loads(result.read_text())
         assert summary["status"] == "completed"
         assert summary["budgets"] == [1.0, 3.0, 8.0]
         for e, b in zip(summary["epsilons"], summary["budgets"], strict=True):
@@ -63,13 +63,10 @@ def test_flwr_run_through_the_entry_point_completes_or_fails_honestly(tmp_path):
         # a run that fails inside the ServerApp: flwr run exits 0, we do not
         missing = f"result-path='{tmp_path}/missing/dir/r.json'"
         bad = example_run(
-            env, REPO, f"num-server-rounds=2 {missing}", 500, superlink=None
+            simulation.env, REPO, f"num-server-rounds=2 {missing}", 500, superlink=None
         )
         assert bad.returncode == 1, bad.stdout[-3000:]
         assert "finished:failed" in bad.stdout
-    finally:
-        left = left_running(env)
-    assert left == []  # the entry point stopped the SuperLink flwr run started
 
 
 FAKE_SUPERLINK = """import http.server, sys
