@@ -28,7 +28,7 @@ Every class is checked (the official code checks only the extreme ones).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -85,30 +85,27 @@ class ScoreGeometry(Protocol):
         """Largest reachable score."""
         ...
 
-    def largest(
-        self,
-        thresholds: PartThresholds,
-        in_set: BoolArray,
-        joint: bool,
-        ceiling: IntArray | None = None,
-    ) -> IntArray:
-        """Largest r_t certified per entry with r_c = 0 (or with r_c = r_t).
+    def certify_arrays(self, thresholds: PartThresholds) -> CertifiedArrays:
+        """Membership per entry and the batch's sets and radii per (point, class).
 
-        That is, the largest radius at which :meth:`PartThresholds.certified`
-        holds (certification is monotone in both radii; radius 0 always counts),
-        at most ``thresholds.radius`` and ``ceiling`` (a known bound per entry).
+        The training radius is the largest :math:`r_t` at which
+        :meth:`PartThresholds.certified` holds with :math:`r_c = 0` (certification
+        is monotone in both radii; radius 0 always counts), at most
+        ``thresholds.radius``; the calibration radius that of
+        :meth:`PartThresholds.calibration_radius` at :math:`r_t = 0`; the joint
+        radius the largest :math:`r` certified at :math:`r_t = r_c = r`.
         """
         ...
 
-    def radii(
-        self, thresholds: PartThresholds, in_set: BoolArray, calibration: IntArray
-    ) -> tuple[IntArray, IntArray]:
-        """Training and joint radii per entry, in one pass.
 
-        ``largest(joint=False)``, then ``largest(joint=True)`` below the smaller
-        of it and ``calibration``.
-        """
-        ...
+class CertifiedArrays(NamedTuple):
+    """What :meth:`ScoreGeometry.certify_arrays` computes for a batch."""
+
+    in_set: BoolArray
+    sets: BoolArray
+    training: IntArray
+    calibration: IntArray
+    joint: IntArray
 
 
 @dataclass(frozen=True)
@@ -151,26 +148,17 @@ class ProbaGeometry:
         """The score at radius 0, else 1."""
         return self._at(radius, rows, 1.0)
 
-    def largest(
-        self,
-        thresholds: PartThresholds,
-        in_set: BoolArray,
-        joint: bool,
-        ceiling: IntArray | None = None,
-    ) -> IntArray:
-        """0 everywhere: a single model certifies nothing beyond radius 0.
+    def certify_arrays(self, thresholds: PartThresholds) -> CertifiedArrays:
+        """Training and joint radii 0 everywhere: nothing beyond radius 0.
 
-        From radius 1 on its bounds are [0, 1]: a lower bound 0 reaches no upper
+        From radius 1 on the bounds are [0, 1]: a lower bound 0 reaches no upper
         threshold bound above 0, an upper bound 1 is below no threshold bound.
         """
-        return np.zeros(self.size, dtype=np.int64)
-
-    def radii(
-        self, thresholds: PartThresholds, in_set: BoolArray, calibration: IntArray
-    ) -> tuple[IntArray, IntArray]:
-        """0 and 0 everywhere (see :meth:`largest`)."""
-        return self.largest(thresholds, in_set, False), self.largest(
-            thresholds, in_set, True
+        in_set = np.asarray(self.score() >= thresholds.cut)
+        calibration = thresholds.calibration_radius(self, in_set, 0)
+        zeros = np.zeros(self.scores.shape, dtype=np.int64)
+        return CertifiedArrays(
+            in_set, in_set[self.index], zeros, calibration[self.index], zeros.copy()
         )
 
 
@@ -365,22 +353,18 @@ def certify_batch(
 ) -> Certificate:
     """The certificate of a batch up to training radius ``radius``.
 
-    ``radius`` must not exceed ``thresholds.radius``; the joint radius is searched
-    below the smaller of the training and calibration radii
-    (:meth:`ScoreGeometry.radii`).
+    ``radius`` must not exceed ``thresholds.radius``
+    (:meth:`ScoreGeometry.certify_arrays`).
     """
     thresholds = thresholds.truncated(radius)
-    in_set = np.asarray(geometry.score() >= thresholds.cut)
-    index = geometry.index
-    calibration = thresholds.calibration_radius(geometry, in_set, 0)
-    training, joint = geometry.radii(thresholds, in_set, calibration)
+    arrays = geometry.certify_arrays(thresholds)
     return Certificate(
-        sets=in_set[index],
-        training=training[index],
-        calibration=calibration[index],
-        joint=joint[index],
+        sets=arrays.sets,
+        training=arrays.training,
+        calibration=arrays.calibration,
+        joint=arrays.joint,
         max_train_radius=radius,
         geometry=geometry,
         thresholds=thresholds,
-        in_set=in_set,
+        in_set=arrays.in_set,
     )

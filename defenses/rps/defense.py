@@ -53,6 +53,7 @@ from defenses.rps.advice import warn_if_empty
 from defenses.rps.certificate import Certificate, ScoreGeometry, certify_batch
 from defenses.rps.conformity import PREFIT_FIT_MESSAGE, PrefitPart
 from defenses.rps.ensemble import PartVoter, check_estimator, train_parts
+from defenses.rps.entries import point_sets
 from defenses.rps.inputs import check_inputs, encode_labels, encode_with
 from defenses.rps.levels import LEVEL_ATTRIBUTES, calibrate_levels, pick_level, store
 from defenses.rps.partition import n_rows, partition
@@ -419,10 +420,11 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
             score reaches the ``(tau_hat_ + 1)``-th smallest part threshold.
         """
         self._check_conformalized()
-        scores = self.predict_scores(X)
+        geometry = self._geometry(self._check_X(X))
         cuts = np.array([t.cut for t in self.level_thresholds_])
-        sets = np.asarray(scores[:, :, None] >= cuts[None, None, :])
-        return self.classes_[scores.argmax(axis=1)], sets
+        scores = np.ascontiguousarray(geometry.score(), dtype=np.float64)
+        best, sets = point_sets(scores, geometry.index, cuts)
+        return self.classes_[best], sets
 
     def certify(
         self,

@@ -1,16 +1,18 @@
-"""Compiled sorting and entry building of vote rows (:class:`VoteGeometry`'s input).
+"""Compiled counting, sorting and entry building of vote rows (:class:`VoteGeometry`).
 
-:func:`descending_rows` sorts each point's votes; :func:`vote_entries` turns the
-distinct sorted rows into entries, one per distinct vote count of a row (see
-:class:`defenses.rps.scores.VoteGeometry`), and maps every (point, class) to its
-entry.
+:func:`count_votes` counts the part predictions per point and class;
+:func:`vote_entries` sorts each point's votes, finds the distinct sorted rows and
+turns them into entries, one per distinct vote count of a row (see
+:class:`defenses.rps.scores.VoteGeometry`), with their scores
+(:func:`entry_scores`), and maps every (point, class) to its entry;
+:func:`point_sets` gives each point's best class and its sets.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from defenses.arrays import FloatArray, IntArray
+from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.jit import compiled, inlined
 
 
@@ -35,6 +37,33 @@ def count_votes(predictions: IntArray, n_classes: int, low: int) -> IntArray:
     return counts
 
 
+@compiled
+def entry_scores(
+    own: IntArray,
+    others: IntArray,
+    table: FloatArray,
+    out: FloatArray,
+    tails: FloatArray,
+) -> None:
+    """The softmax score of each entry, ``out[e] = m / (m + rest)``, and its tail.
+
+    ``m = table[own[e]]`` and ``rest`` the others' terms added smallest first from
+    0.0: the canonical sum of :func:`defenses.rps.kernels.upper_bound`, whose
+    radius-0 value this equals bit for bit (``others`` rows are sorted descending).
+    ``tails[e]`` is that sum before the largest other class's term (``tail[1]`` of
+    :func:`defenses.rps.kernels.certified_radii`).
+    """
+    m = others.shape[1]
+    for e in range(own.shape[0]):
+        rest = 0.0
+        for c in range(m - 1, 0, -1):
+            rest += table[others[e, c]]
+        tails[e] = rest
+        rest += table[others[e, 0]]
+        mine = table[own[e]]
+        out[e] = mine / (mine + rest)
+
+
 @inlined
 def _mix(key: int) -> int:
     """A hash of a row's key (the finaliser of splitmix64, wrapping int64)."""
@@ -57,8 +86,8 @@ def vote_entries(
     its block's start plus the rank of ``votes[p, c]`` among the row's distinct
     counts. Rows get their blocks in the order of their first point. The second
     pass fills each entry's ``own`` count, ``others`` (the sorted row without one
-    ``own``), its softmax score and tail (:func:`entry_scores`' sums, in its
-    order, so the same bits).
+    ``own``); :func:`entry_scores` then gives each entry its softmax score and
+    tail.
     """
     n, k = votes.shape
     m = k - 1
@@ -129,39 +158,36 @@ def vote_entries(
                 others[e, o] = ordered[q, o]
             for o in range(c, m):
                 others[e, o] = ordered[q, o + 1]
-            rest = 0.0
-            for o in range(m - 1, 0, -1):
-                rest += table[others[e, o]]
-            tails[e] = rest
-            rest += table[others[e, 0]]
-            mine = table[own[e]]
-            scores[e] = mine / (mine + rest)
             e += 1
+    entry_scores(own, others, table, scores, tails)
     return own, others, index, scores, tails
 
 
 @compiled
-def entry_scores(
-    own: IntArray,
-    others: IntArray,
-    table: FloatArray,
-    out: FloatArray,
-    tails: FloatArray,
-) -> None:
-    """The softmax score of each entry, ``out[e] = m / (m + rest)``, and its tail.
+def point_sets(
+    scores: FloatArray, index: IntArray, cuts: FloatArray
+) -> tuple[IntArray, BoolArray]:
+    """Each point's best class and its sets at every cut, from entry scores.
 
-    ``m = table[own[e]]`` and ``rest`` the others' terms added smallest first from
-    0.0: the canonical sum of :func:`defenses.rps.kernels.upper_bound`, whose
-    radius-0 value this equals bit for bit (``others`` rows are sorted descending).
-    ``tails[e]`` is that sum before the largest other class's term (``tail[1]`` of
-    :func:`defenses.rps.kernels.certified_radii`).
+    ``best[p]`` is ``numpy.argmax`` of the point's scores ``scores[index[p]]`` (the
+    first largest; scores are never NaN: vote scores are ratios of exponentials,
+    a model's probabilities are checked finite); ``sets[p, c, l]`` is
+    ``score >= cuts[l]``.
     """
-    m = others.shape[1]
-    for e in range(own.shape[0]):
-        rest = 0.0
-        for c in range(m - 1, 0, -1):
-            rest += table[others[e, c]]
-        tails[e] = rest
-        rest += table[others[e, 0]]
-        mine = table[own[e]]
-        out[e] = mine / (mine + rest)
+    n, k = index.shape
+    levels = cuts.shape[0]
+    best = np.empty(n, dtype=np.int64)
+    sets = np.empty((n, k, levels), dtype=np.bool_)
+    flat = sets.reshape(n * k, levels)
+    for p in range(n):
+        top = scores[index[p, 0]]
+        first = 0
+        for c in range(k):
+            value = scores[index[p, c]]
+            if value > top:
+                first = c
+                top = value
+            for level in range(levels):
+                flat[p * k + c, level] = value >= cuts[level]
+        best[p] = first
+    return best, sets

@@ -61,9 +61,9 @@ import numpy as np
 import numpy.typing as npt
 
 from defenses.arrays import BoolArray, FloatArray, IntArray
-from defenses.rps.certificate import TIE
+from defenses.rps.certificate import TIE, CertifiedArrays
 from defenses.rps.entries import count_votes, entry_scores, vote_entries
-from defenses.rps.kernels import bounds, certified_radii
+from defenses.rps.kernels import bounds, certified_radii, certify_entries
 
 if TYPE_CHECKING:
     from defenses.rps.certificate import PartThresholds
@@ -212,11 +212,13 @@ class VoteGeometry:
         joint: bool,
         ceiling: IntArray | None = None,
     ) -> IntArray:
-        """Largest certified training radius per entry (``ScoreGeometry.largest``).
+        """Largest r_t certified per entry with r_c = 0 (or with r_c = r_t).
 
-        With ``joint``, the joint radius below ``ceiling``: it is at most the
-        training radius, which the same pass finds first
-        (:func:`defenses.rps.kernels.certified_radii`).
+        That is, the largest radius at which :meth:`PartThresholds.certified`
+        holds (certification is monotone in both radii; radius 0 always counts),
+        at most ``thresholds.radius`` and ``ceiling`` (a known bound per entry).
+        The joint radius is at most the training radius, which the same pass finds
+        first (:func:`defenses.rps.kernels.certified_radii`).
         """
         top = np.full(self.size, thresholds.radius, dtype=np.int64)
         if ceiling is not None:
@@ -227,13 +229,38 @@ class VoteGeometry:
     def radii(
         self, thresholds: PartThresholds, in_set: BoolArray, calibration: IntArray
     ) -> tuple[IntArray, IntArray]:
-        """Training and joint radii per entry (``ScoreGeometry.radii``), one pass.
+        """Training and joint radii per entry, one pass.
 
-        :func:`defenses.rps.kernels.certified_radii`: the joint search compares the
-        score bounds the training search computed.
+        ``largest(joint=False)``, then ``largest(joint=True)`` below the smaller
+        of it and ``calibration``: the joint search compares the score bounds the
+        training search computed (:func:`defenses.rps.kernels.certified_radii`).
         """
         top = np.full(self.size, thresholds.radius, dtype=np.int64)
         return self._searches(thresholds, in_set, top, calibration)
+
+    def certify_arrays(self, thresholds: PartThresholds) -> CertifiedArrays:
+        """Membership and radii (``ScoreGeometry.certify_arrays``), in one call.
+
+        :func:`defenses.rps.kernels.certify_entries`: the calibration radius, then
+        :meth:`radii` below it, spread over the (point, class) pairs.
+        """
+        return CertifiedArrays(
+            *certify_entries(
+                self.own,
+                self.others,
+                self.__dict__["tails"],
+                self.scores,
+                self.index,
+                self.n_voters,
+                self.__dict__["_table"],
+                self.softmax,
+                np.ascontiguousarray(thresholds.lower),
+                np.ascontiguousarray(thresholds.upper),
+                thresholds.tau_hat,
+                thresholds.guard,
+                TIE,
+            )
+        )
 
 
 def _check_votes(votes: npt.ArrayLike, n_voters: int, abstain: bool) -> IntArray:

@@ -152,3 +152,20 @@ def test_warmup_runs_every_kernel_path():
 
     assert "defenses.rps.warmup" in WARMUPS
     warmup.run()
+
+
+def test_point_sets_equal_numpy_argmax_and_comparisons():
+    """The compiled best class and sets: numpy's argmax (the first largest) and
+    ``>=`` at each cut, with ties and entries shared by points."""
+    from defenses.rps.entries import point_sets
+
+    rng = np.random.default_rng(3)
+    for n, k, levels in ((1, 2, 1), (50, 3, 2), (200, 10, 3)):
+        scores = rng.choice([0.1, 0.2, 0.2, 0.5, 0.7], size=n * k)
+        scores[rng.random(n * k) < 0.7] = 0.2  # many ties
+        index = rng.permutation(n * k).reshape(n, k) % max(1, n * k - 3)
+        cuts = np.sort(rng.choice([0.1, 0.2, 0.3], size=levels))
+        best, sets = point_sets(scores, index, cuts)
+        per_point = scores[index]
+        assert best.tolist() == per_point.argmax(axis=1).tolist()
+        assert np.array_equal(sets, per_point[:, :, None] >= cuts[None, None, :])
