@@ -286,13 +286,8 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
         votes = self._parts.votes(features, self._fitted_parts())
         return vote_counts(votes, self.n_classes, abstain=self._parts.abstain)
 
-    def _geometry(
-        self,
-        features: Any,
-        votes: IntArray | None = None,
-        settings: Settings | None = None,
-    ) -> ScoreGeometry:
-        settings = settings or self._settings()
+    def _geometry(self, features: Any, votes: IntArray | None = None) -> ScoreGeometry:
+        settings = self._settings()
         self._fitted_parts(settings)
         return self._parts.geometry(features, settings.softmax, votes)
 
@@ -457,5 +452,4 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
         )
         features = self._check_X(X)
         radius = min(self._radius(max_train_radius, settings), thresholds.radius)
-        geometry = self._geometry(features, settings=settings)
-        return certify_batch(geometry, thresholds, radius)
+        return certify_batch(self._geometry(features), thresholds, radius)

@@ -16,9 +16,7 @@ count ``own`` and the other classes' votes ``others``, sorted descending
 :func:`certified_radii` finds each entry's largest certified training radius, and
 its joint one, by a scan over these bounds against the calibration parts'
 threshold bounds (:class:`defenses.rps.certificate.PartThresholds`);
-:func:`calibration_radii` the calibration radius by bisection;
-:func:`certify_entries` runs them for a batch and spreads the radii over its
-(point, class) pairs.
+:func:`calibration_radii` the calibration radius by bisection.
 """
 
 from __future__ import annotations
@@ -363,69 +361,3 @@ def calibration_radii(
                 hi = mid
         found = lo - tau_hat - 1 if member else tau_hat - lo
         out[entry] = min(found, guard) if found >= 0 else -1
-
-
-@compiled
-def certify_entries(
-    own: IntArray,
-    others: IntArray,
-    tails: FloatArray,
-    scores: FloatArray,
-    index: IntArray,
-    n_voters: int,
-    table: FloatArray,
-    softmax: bool,
-    lower: FloatArray,
-    upper: FloatArray,
-    tau_hat: int,
-    guard: int,
-    tie: float,
-) -> tuple[BoolArray, BoolArray, IntArray, IntArray, IntArray]:
-    r"""A batch's certificate: per entry, then spread over its (point, class) pairs.
-
-    Membership (``score >= lower[tau_hat, 0]``, the majority cut), the calibration
-    radius at :math:`r_t = 0` (:func:`calibration_radii` with both bounds the
-    score), then the training radius up to the tables' last column and the joint
-    radius below the calibration one (:func:`certified_radii`). Returns the
-    membership per entry and the sets, training, calibration and joint radii of
-    shape (n, K), ``index`` mapping each (point, class) to its entry.
-    """
-    size = own.shape[0]
-    in_set = np.empty(size, dtype=np.bool_)
-    cut = lower[tau_hat, 0]
-    for e in range(size):
-        in_set[e] = scores[e] >= cut
-    radii = np.empty((3, size), dtype=np.int64)
-    calibration_radii(
-        scores, scores, in_set, lower, upper, 0, tau_hat, guard, tie, radii[0]
-    )
-    ceiling = np.full(size, lower.shape[1] - 1, dtype=np.int64)
-    certified_radii(
-        own,
-        others,
-        tails,
-        in_set,
-        ceiling,
-        radii[0],
-        n_voters,
-        table,
-        softmax,
-        lower,
-        upper,
-        tau_hat,
-        guard,
-        tie,
-        radii[1],
-        radii[2],
-    )
-    n, k = index.shape
-    sets = np.empty((n, k), dtype=np.bool_)
-    spread = np.empty((3, n, k), dtype=np.int64)
-    for p in range(n):
-        for c in range(k):
-            e = index[p, c]
-            sets[p, c] = in_set[e]
-            spread[0, p, c] = radii[1, e]
-            spread[1, p, c] = radii[0, e]
-            spread[2, p, c] = radii[2, e]
-    return in_set, sets, spread[0], spread[1], spread[2]

@@ -62,8 +62,8 @@ import numpy.typing as npt
 
 from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.rps.certificate import TIE, CertifiedArrays
-from defenses.rps.entries import count_votes, entry_scores, vote_entries
-from defenses.rps.kernels import bounds, certified_radii, certify_entries
+from defenses.rps.entries import count_votes, entry_scores, spread, vote_entries
+from defenses.rps.kernels import bounds, certified_radii
 
 if TYPE_CHECKING:
     from defenses.rps.certificate import PartThresholds
@@ -239,28 +239,18 @@ class VoteGeometry:
         return self._searches(thresholds, in_set, top, calibration)
 
     def certify_arrays(self, thresholds: PartThresholds) -> CertifiedArrays:
-        """Membership and radii (``ScoreGeometry.certify_arrays``), in one call.
+        """Membership and radii (``ScoreGeometry.certify_arrays``).
 
-        :func:`defenses.rps.kernels.certify_entries`: the calibration radius, then
-        :meth:`radii` below it, spread over the (point, class) pairs.
+        The calibration radius (:meth:`PartThresholds.calibration_radius`), then
+        :meth:`radii` below it, spread over the (point, class) pairs in one pass
+        (:func:`defenses.rps.entries.spread`).
         """
-        return CertifiedArrays(
-            *certify_entries(
-                self.own,
-                self.others,
-                self.__dict__["tails"],
-                self.scores,
-                self.index,
-                self.n_voters,
-                self.__dict__["_table"],
-                self.softmax,
-                np.ascontiguousarray(thresholds.lower),
-                np.ascontiguousarray(thresholds.upper),
-                thresholds.tau_hat,
-                thresholds.guard,
-                TIE,
-            )
-        )
+        in_set = np.asarray(self.scores >= thresholds.cut)
+        radii = np.empty((3, self.size), dtype=np.int64)
+        radii[0] = thresholds.calibration_radius(self, in_set, 0)
+        radii[1], radii[2] = self.radii(thresholds, in_set, radii[0])
+        sets, (calibration, training, joint) = spread(in_set, radii, self.index)
+        return CertifiedArrays(in_set, sets, training, calibration, joint)
 
 
 def _check_votes(votes: npt.ArrayLike, n_voters: int, abstain: bool) -> IntArray:
