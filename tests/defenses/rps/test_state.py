@@ -53,56 +53,57 @@ def test_the_saved_state_restores_to_the_same_sets(saved):
     check_restored(rps, rps.estimators_)
 
 
-def test_a_threshold_array_of_another_shape_is_refused(saved):
-    _, state, config, parts = edited(saved)
+def _thresholds_reshaped(state, config, parts):
     name = config["fitted"]["thresholds_"]["array"]
     state[name] = np.append(state[name], 0.5)
-    with pytest.raises(ValueError, match=r"thresholds_"):
-        rps_mlflow.restore(state, config, parts)
 
 
-def test_bounds_edited_out_of_order_are_refused(saved):
-    _, state, config, parts = edited(saved)
-    fields = config["fitted"]["part_thresholds_"]["fields"]
-    name = fields["upper"]["array"]
+def _bounds_reversed(state, config, parts):
+    name = config["fitted"]["part_thresholds_"]["fields"]["upper"]["array"]
     state[name] = state[name][::-1].copy()
-    with pytest.raises(ValueError, match=r"not sorted|narrow|differ"):
-        rps_mlflow.restore(state, config, parts)
 
 
-def test_another_tau_hat_is_refused(saved):
-    _, state, config, parts = edited(saved)
+def _tau_hat_zero(state, config, parts):
     config["fitted"]["tau_hat_"] = 0
     for level in config["fitted"]["level_thresholds_"]["tuple"]:
         level["fields"]["tau_hat"] = 0
     config["fitted"]["part_thresholds_"]["fields"]["tau_hat"] = 0
-    with pytest.raises(ValueError, match=r"tau_hat"):
-        rps_mlflow.restore(state, config, parts)
 
 
-def test_another_confidence_level_is_refused(saved):
-    _, state, config, parts = edited(saved)
+def _another_level(state, config, parts):
     config["params"]["confidence_level"] = 0.8
-    with pytest.raises(ValueError, match=r"ranks_|guard|tau_hat"):
-        rps_mlflow.restore(state, config, parts)
 
 
-def test_a_missing_part_is_refused(saved):
-    _, state, config, parts = edited(saved)
-    with pytest.raises(ValueError, match=r"parts number 4, expected n_train_parts=5"):
-        rps_mlflow.restore(state, config, parts[:4])
+def _part_missing(state, config, parts):
+    parts.pop()
 
 
-def test_a_part_of_another_task_is_refused(saved):
-    _, state, config, parts = edited(saved)
+def _part_of_another_task(state, config, parts):
     X, y = make_classification(100, 5, n_informative=4, n_redundant=0, n_classes=5)
     parts[2] = LogisticRegression(max_iter=200).fit(X, y)
-    with pytest.raises(ValueError, match=r"part 2 predicts labels"):
-        rps_mlflow.restore(state, config, parts)
 
 
-def test_a_top_level_attribute_out_of_step_with_the_levels_is_refused(saved):
-    _, state, config, parts = edited(saved)
+def _guard_out_of_step(state, config, parts):
     config["fitted"]["guard_"] = 999
-    with pytest.raises(ValueError, match=r"guard_ is \[999\]"):
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (_thresholds_reshaped, r"thresholds_"),
+        (_bounds_reversed, r"not sorted|narrow|differ"),
+        (_tau_hat_zero, r"tau_hat"),
+        (_another_level, r"ranks_|guard|tau_hat"),
+        (_part_missing, r"parts number 4, expected n_train_parts=5"),
+        (_part_of_another_task, r"part 2 predicts labels"),
+        (_guard_out_of_step, r"guard_ is \[999\]"),
+    ],
+    ids=lambda value: value.__name__.strip("_") if callable(value) else "refused",
+)
+def test_an_edited_state_is_refused_naming_the_attribute(saved, edit, match):
+    """Edits made after the digests: each leaves a state that is not one
+    classifier's for these parts, and restore refuses it, naming the attribute."""
+    _, state, config, parts = edited(saved)
+    edit(state, config, parts)
+    with pytest.raises(ValueError, match=match):
         rps_mlflow.restore(state, config, parts)
