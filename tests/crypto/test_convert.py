@@ -233,14 +233,19 @@ def test_bad_ids_and_config() -> None:
         he.check_ids(np.zeros((2, 10)))
     with pytest.raises(ValueError, match="first"):
         he.check_ids(np.zeros((1, 10), dtype=np.int64), np.zeros((1, 10)))
-    with pytest.raises(ValueError, match="heads"):
-        HEBertConfig(
-            vocab_size=5, n_tokens=4, d=10, heads=3, ffn=4, n_layers=1, n_classes=2
-        )
-    with pytest.raises(ValueError, match="n_classes"):
-        HEBertConfig(
-            vocab_size=5, n_tokens=4, d=4, heads=2, ffn=4, n_layers=1, n_classes=1
-        )
+    shape = {"vocab_size": 5, "n_tokens": 4, "d": 4, "heads": 2, "ffn": 4}
+    shape |= {"n_layers": 1, "n_classes": 2}
+    for bad, match in (
+        ({"d": 10, "heads": 3}, r"HEBertConfig\.d=10 must be a multiple of heads=3"),
+        ({"n_classes": 1}, r"HEBertConfig\.n_classes must be an int >= 2"),
+        (
+            {"layer_norm_eps": 0.0},
+            r"HEBertConfig\.layer_norm_eps must be a finite number > 0\.0",
+        ),
+        ({"layer_norm_eps": float("nan")}, r"HEBertConfig\.layer_norm_eps"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            HEBertConfig(**{**shape, **bad})  # type: ignore[arg-type]
 
 
 def test_roberta_shares_the_blocks_and_its_positions_skip_the_padding() -> None:
