@@ -56,10 +56,11 @@ def encrypted_factors(
 
     A weight is encrypted at the level of the value it first meets: ``A`` meets
     ``x`` at level 0, ``B`` meets ``x A`` at level 1. TenSEAL encrypts at the top
-    of the chain only, so one product by 1.0 (:meth:`Evaluator.scale`) stands in
-    for encoding ``B`` one level down; it is part of the encryption, not of the
-    layer's arithmetic. (Left at level 0, ``B`` would make every product that
-    meets it, and the slot sums after them, one prime wider than needed.)
+    of the chain only, so one product by 1.0
+    (:meth:`~crypto.he.evaluator.Evaluator.scale`) stands in for encoding ``B``
+    one level down; it is part of the encryption, not of the layer's arithmetic.
+    (Left at level 0, ``B`` would make every product that meets it, and the slot
+    sums after them, one prime wider than needed.)
     """
     Ae = unit(encrypt, A)
     Be = [[ev.scale(v, 1.0) for v in row] for row in unit(encrypt, B)]
