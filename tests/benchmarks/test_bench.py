@@ -235,8 +235,9 @@ def test_parallel_bench_equals_a_serial_run_and_reports_each_spec(
     """Two game specs in two one-thread workers (the environment of each worker
     process read back from /proc) give the records a serial in-process ``run`` gives
     (every section but cost and meta, bit for bit); a timing spec runs alone, after
-    them; a spec that fails at run time is named on its own line, the others are
-    written, the report is not, and the exit code is 1."""
+    them, and one that waives it runs in a worker; a spec that fails at run time is
+    named on its own line, the others are written, the report is not, and the exit
+    code is 1."""
     environments = []
     run = Worker.run
 
@@ -254,6 +255,8 @@ def test_parallel_bench_equals_a_serial_run_and_reports_each_spec(
     timed = SPEC.replace("[0, 1]", "[3]").replace('"none", "label-only"', '"none"')
     timed = timed.replace('"success.auc"\npaper', '"cost.fit_s"\npaper')
     (specs / "timed-quick.toml").write_text(timed)
+    waived = timed.replace("[3]", "[4]") + "\n[run]\nexclusive = false\n"
+    (specs / "waived-quick.toml").write_text(waived)
     (specs / "broken-quick.toml").write_text(
         'benchmark = "rps-coverage"\n[params.benchmark]\nn_train_parts = "many"\n'
     )
@@ -262,23 +265,26 @@ def test_parallel_bench_equals_a_serial_run_and_reports_each_spec(
     assert main(args) == 1
     captured = capsys.readouterr()
     lines = captured.out.strip().splitlines()
-    assert len(lines) == 4, captured.out
+    assert len(lines) == 5, captured.out
     by_name = {line.split("] ")[1].split(":")[0]: line for line in lines}
-    assert set(by_name) == {"mini-quick", "other-quick", "timed-quick", "broken-quick"}
+    names = {"mini-quick", "other-quick", "timed-quick", "waived-quick", "broken-quick"}
+    assert set(by_name) == names
     assert "2 records in" in by_name["mini-quick"]
     assert "(beside others)" in by_name["mini-quick"]
+    assert "(beside others)" in by_name["waived-quick"]  # in a worker
     assert lines[-1] == by_name["timed-quick"]  # alone, after the workers
     assert "1 record in" in by_name["timed-quick"]
     assert "(alone)" in by_name["timed-quick"]
     assert "FAILED" in by_name["broken-quick"]
     assert "n_train_parts" in by_name["broken-quick"]
-    assert "1 of 4 specs failed (broken-quick); no report" in captured.err
+    assert "1 of 5 specs failed (broken-quick); no report" in captured.err
     assert not (results / "REPORT.md").exists()
     assert not (results / "broken-quick.jsonl").exists()
     times = json.loads((results / TIMES_FILE).read_text())
-    assert set(times) == {"mini-quick", "other-quick", "timed-quick"}
+    assert set(times) == names - {"broken-quick"}
     assert times["timed-quick"]["alone"] is True
-    assert len(environments) == 3  # the three shared specs, each in a worker
+    assert times["waived-quick"]["alone"] is False
+    assert len(environments) == 4  # the four shared specs, each in a worker
     for environment in environments:
         variables = set(environment.split(b"\0"))
         assert {f"{k}={v}".encode() for k, v in ONE_THREAD.items()} <= variables
