@@ -304,12 +304,12 @@ def _lanes(
             # floor)), an early one's the scaled floored prototype: both are the
             # clip below with equal levels, min(max(f, w q), w q) = w q exactly
             kind = trivial[r]
-            low = 1.0 if kind == 1.0 else (level_start[r] if kind == 2.0 else w_a[r])
-            high = 1.0 if kind == 1.0 else (level_start[r] if kind == 2.0 else w_b[r])
+            w_lo = 1.0 if kind == 1.0 else (level_start[r] if kind == 2.0 else w_a[r])
+            w_hi = 1.0 if kind == 1.0 else (level_start[r] if kind == 2.0 else w_b[r])
             for c in range(k):
                 qv = qs[c * block_rows + r]
                 fv = xs[c * block_rows + r]
-                out[lo + r, c] = min(max(fv, low * qv), high * qv)
+                out[lo + r, c] = min(max(fv, w_lo * qv), w_hi * qv)
     result = np.empty(3)
     result[0] = worst
     result[1] = worst_row
