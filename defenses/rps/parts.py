@@ -6,7 +6,9 @@ abstain). :class:`FittedParts` turns either into votes per part and into the sco
 geometry of a batch (:mod:`defenses.rps.scores`): with one trained part the score is
 that model's ``predict_proba`` (THR / LAC), otherwise the (softmax of the) vote
 fractions. The geometry of the last numeric batch is kept, so ``predict_set``
-followed by ``certify`` on the same points runs the models once.
+followed by ``certify`` on the same points runs the models once (the batch's copy,
+compared bit for bit before reuse, is written into one buffer reused across batches
+of the same shape).
 
 :func:`modal_share` measures how degenerate the parts are: the mean, over the parts
 that vote, of the share of points given the part's most common vote. Near 1 the
@@ -15,6 +17,7 @@ votes do not depend on the input (parts too small to learn) and the sets grow.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from typing import Any
 
@@ -67,6 +70,20 @@ class FittedParts:
         self.n_classes = n_classes
         self._n_parts = int(voter.n_parts) if voter is not None else len(models or [])
         self._last: tuple[npt.NDArray[Any], bool, ScoreGeometry] | None = None
+        self._buffer: npt.NDArray[Any] | None = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the kept batch, its buffer and the lock."""
+        state = dict(self.__dict__)
+        state.update(_last=None, _buffer=None)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restored with a new lock."""
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     @property
     def n_parts(self) -> int:
@@ -84,7 +101,11 @@ class FittedParts:
         return self.models is not None and len(self.models) == 1
 
     def forget(self) -> None:
-        """Drop the kept batch (the next call runs the models)."""
+        """Drop the kept batch (the next call runs the models).
+
+        The buffer its copy was written to stays, for the next batch of that shape
+        and dtype (no fresh pages for every batch).
+        """
         self._last = None
 
     def votes(self, X: Any, n_parts: int) -> IntArray:
@@ -110,16 +131,17 @@ class FittedParts:
             and X.dtype.kind in "biuf"
             else None
         )
-        last = self._last
-        if (
-            key is not None
-            and last is not None
-            and last[0].shape == key.shape
-            and last[0].dtype == key.dtype
-            and last[1] == softmax
-            and _same_bits(last[0], key)
-        ):
-            return last[2]
+        if key is not None:
+            with self._lock:  # no other call rewrites the buffer while we compare
+                last = self._last
+                if (
+                    last is not None
+                    and last[0].shape == key.shape
+                    and last[0].dtype == key.dtype
+                    and last[1] == softmax
+                    and _same_bits(last[0], key)
+                ):
+                    return last[2]
         geometry: ScoreGeometry
         if self.single:
             assert self.models is not None
@@ -130,8 +152,22 @@ class FittedParts:
             counts = vote_counts(v, self.n_classes, abstain=self.abstain)
             geometry = counted_geometry(counts, k_t, softmax, self.abstain)
         if key is not None:
-            self._last = (key.copy(), softmax, geometry)
+            with self._lock:
+                self._last = (self._kept(key), softmax, geometry)
         return geometry
+
+    def _kept(self, batch: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """A private copy of ``batch``, in the buffer of the last copy if it fits.
+
+        Called under the lock, with ``_last`` about to be replaced: a reader that
+        holds the lock sees the buffer and the geometry of one batch.
+        """
+        buffer = self._buffer
+        if buffer is None or buffer.shape != batch.shape or buffer.dtype != batch.dtype:
+            buffer = np.empty_like(batch, order="C")
+            self._buffer = buffer
+        np.copyto(buffer, batch)
+        return buffer
 
 
 def _same_bits(kept: npt.NDArray[Any], given: npt.NDArray[Any]) -> bool:

@@ -257,3 +257,44 @@ def test_memo_reuses_votes_only_for_the_same_batch(fitted, digits_split):
         fitted.predict_scores(changed)[1:].tolist()
         == fitted.predict_scores(Xs)[1:].tolist()
     )
+
+
+def test_memo_buffer_reused_across_batches_never_serves_a_stale_batch(
+    fitted, digits_split
+):
+    """The kept copy lives in one buffer reused for batches of one shape: a batch
+    changed in place, another batch of that shape, or one that came after
+    ``forget`` is compared with the buffer's current content, never an old one;
+    threads that alternate two batches each get their own batch's sets."""
+    import threading
+
+    _, _, (Xs, _) = digits_split
+    X = np.array(Xs, dtype=np.float64)
+    Y = X[::-1].copy()
+    want_x = fitted.certify(X).sets
+    want_y = fitted.certify(Y).sets
+    fitted.predict_set(X)
+    X[:] = Y  # in place: the same object now holds Y's points
+    assert np.array_equal(fitted.certify(X).sets, want_y)
+    X[:] = Xs
+    fitted.predict_set(Y)
+    fitted._parts.forget()
+    assert np.array_equal(fitted.certify(X).sets, want_x)
+    assert np.array_equal(fitted.predict_set(Y)[1][:, :, 0], want_y)
+    wrong = []
+
+    def alternate(first, second, want_first, want_second):
+        for _ in range(6):
+            for batch, want in ((first, want_first), (second, want_second)):
+                if not np.array_equal(fitted.certify(batch).sets, want):
+                    wrong.append(1)
+
+    threads = [
+        threading.Thread(target=alternate, args=(X, Y, want_x, want_y)),
+        threading.Thread(target=alternate, args=(Y, X, want_y, want_x)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not wrong
