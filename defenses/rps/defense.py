@@ -60,20 +60,10 @@ from defenses.rps.partition import n_rows, partition
 from defenses.rps.parts import FittedParts, warn_if_degenerate
 from defenses.rps.quantile import QuantileMode
 from defenses.rps.scores import vote_counts
-from defenses.rps.settings import Settings, check_settings
+from defenses.rps.settings import Settings, check_settings, shallow_params
 from defenses.rps.voting import adopt_voter, voter_parts
 
 logger = logging.getLogger(__name__)
-
-
-_PARAM_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _param_names(cls: type[BaseEstimator]) -> tuple[str, ...]:
-    """The constructor's parameter names (scikit-learn inspects the signature)."""
-    if cls not in _PARAM_NAMES:
-        _PARAM_NAMES[cls] = tuple(cls._get_param_names())
-    return _PARAM_NAMES[cls]
 
 
 class NotConformalizedError(NotFittedError):  # type: ignore[misc]
@@ -154,12 +144,8 @@ class ReliableConformalClassifier(ClassifierMixin, BaseEstimator):  # type: igno
 
     # ------------------------------------------------------------- parameters
     def _settings(self) -> Settings:
-        """The parameters, validated (every message names its parameter).
-
-        ``get_params(deep=False)`` without its signature inspection per call.
-        """
-        names = _param_names(type(self))
-        return check_settings({name: getattr(self, name) for name in names})
+        """The parameters, validated (every message names its parameter)."""
+        return check_settings(shallow_params(self))
 
     def _base(self) -> Any:
         return LogisticRegression() if self.estimator is None else self.estimator

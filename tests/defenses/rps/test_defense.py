@@ -298,3 +298,14 @@ def test_memo_buffer_reused_across_batches_never_serves_a_stale_batch(
     for thread in threads:
         thread.join()
     assert not wrong
+
+
+def test_settings_read_the_same_parameters_as_get_params(fitted):
+    """The parameter names are read once per class; the values on every call."""
+    from defenses.rps.settings import shallow_params
+
+    model = ReliableConformalClassifier(lr(), n_train_parts=4, softmax=False)
+    assert shallow_params(model) == model.get_params(deep=False)
+    model.set_params(n_calib_parts=7)
+    assert shallow_params(model)["n_calib_parts"] == 7
+    assert shallow_params(fitted) == fitted.get_params(deep=False)
