@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from defenses import jit
+from defenses.processes import pid_alive
 
 logger = logging.getLogger(__name__)
 
@@ -55,16 +56,6 @@ STALE_S = 900.0
 _READY: set[tuple[Any, ...]] = set()
 _JOBS: dict[tuple[Any, ...], _Job] = {}
 _LOCK = threading.Lock()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 class _Job:
@@ -105,7 +96,7 @@ def _holder(lock: Path) -> int | None:
         age = time.time() - lock.stat().st_mtime
     except (OSError, ValueError):
         return None
-    return pid if pid > 0 and _alive(pid) and age < STALE_S else None
+    return pid if pid > 0 and pid_alive(pid) and age < STALE_S else None
 
 
 def _arg_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
