@@ -1,7 +1,7 @@
 r"""The converted BERT's public weights and secret factors for the one program.
 
 The program itself is :mod:`crypto.program` (the converted BERT as a value:
-:func:`crypto.program.from_bert`); :func:`forward`, :func:`encode`,
+:func:`crypto.program.from_bert`); :func:`forward`,
 :func:`layer_norm` and :func:`affine` here are thin uses of it, kept for their
 callers. :func:`forward` evaluates :meth:`crypto.conversion.model.HEBert.encode` in the
 rotation-free layout of :mod:`crypto.he.packing` (one value per feature, slot
@@ -45,10 +45,9 @@ from defenses.arrays import FloatArray
 from .. import program
 from ..he.evaluator import Evaluator, Roll, Value
 from . import blocks
-from .attention import gk_attention
 from .blocks import affine
-from .forward import Run, Trace, attention
-from .spec import Affine, bert_block, bert_norm, depth, from_bert
+from .forward import Run, Trace
+from .spec import bert_norm, depth, from_bert
 
 __all__ = [
     "LORA",
@@ -57,9 +56,7 @@ __all__ = [
     "NormWeights",
     "affine",
     "depth",
-    "encode",
     "forward",
-    "gk_attention",
     "layer_norm",
     "lora_factors",
 ]
@@ -222,33 +219,6 @@ def layer_norm(
     return blocks.layer_norm(ev, x, bert_norm(w, newton, stage))
 
 
-def _mapped(
-    ev: Evaluator,
-    x: list[Value],
-    W: FloatArray,
-    b: FloatArray,
-    coefficients: FloatArray,
-    stage: str,
-) -> list[Value]:
-    """``p(x W + b)`` (:func:`crypto.program.blocks.mapped`)."""
-    return blocks.mapped(ev, x, Affine(W, b), coefficients, stage)
-
-
-def _attention(
-    ev: Evaluator,
-    w: BertWeights,
-    bw: BlockWeights,
-    z: list[Value],
-    masks: list[Value],
-    lora: dict[str, list[list[Value]]],
-    roll: Roll,
-    i: int,
-) -> list[Value]:
-    """Block ``i``'s masked Gaussian-kernel attention, projected (``z``'s level + 1)."""
-    run = Run(ev, lora, roll, masks=masks)
-    return attention(run, from_bert(w), bert_block(bw, i, w.newton_steps), z)
-
-
 def forward(
     ev: Evaluator,
     w: BertWeights,
@@ -265,16 +235,3 @@ def forward(
     :func:`crypto.program.forward` on :func:`crypto.program.from_bert`.
     """
     return program.forward(Run(ev, lora, roll, None, masks, trace), from_bert(w), z)
-
-
-def encode(
-    ev: Evaluator,
-    w: BertWeights,
-    z: list[Value],
-    masks: list[Value],
-    lora: dict[str, list[list[Value]]],
-    roll: Roll,
-    trace: Trace | None = None,
-) -> list[Value]:
-    """The pooler's output on every slot (the encoder and the tanh pooler)."""
-    return program.encode(Run(ev, lora, roll, None, masks, trace), from_bert(w), z)

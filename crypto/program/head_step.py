@@ -3,7 +3,7 @@ r"""One encrypted LoRA step of a converted BERT's classifier, on the encrypted e
 What is trained: a rank-``r`` LoRA adapter :math:`A B` on the classifier,
 :math:`\ell = p\,(W_c^T + A B) + b_c`, the client's secret, encrypted (one
 replicated ciphertext per entry). What runs encrypted: the whole frozen encoder
-(:func:`crypto.program.encoder.encode`, with the client's encrypted Q/K/V LoRA factors
+(:func:`crypto.program.forward.encode`, with the client's encrypted Q/K/V LoRA factors
 and mask, the key owner refreshing and rolling K and V), the adapted logits, the
 loss gradient and the adapter's gradient sums
 (:func:`crypto.program.backward.adapter_gradients`). What is not trained here: the
@@ -44,7 +44,8 @@ from defenses.checks import check_real
 from ..he.ckks import CKKSParams
 from .backward import adapter_gradients
 from .bounds import DEFAULT_BOUNDS, UpdateBounds, bound_update
-from .encoder import BertWeights, encode, lora_factors
+from .encoder import BertWeights, lora_factors
+from .forward import Run, encode
 from .owner import StepOwner
 from .shadow import flag_ids, pack_ids, report
 from .spec import from_bert
@@ -128,9 +129,10 @@ def _step(
     targets[:, : batch * n] = onehot.reshape(batch * n, -1).T
     m = np.zeros(slots)
     m[: batch * n : n] = 1.0 / batch
-    pooled = encode(ev, w, calls.values(z), calls.values(masks), lora, calls.roll)
+    p, zv = from_bert(w), calls.values(z)
+    run = Run(ev, lora, calls.roll, masks=calls.values(masks))
+    pooled = encode(run, p, zv)
     Y = calls.values(targets)
-    p = from_bert(w)
     grads, _ = adapter_gradients(ev, p, pooled, calls.matrix(a), calls.matrix(b), Y, m)
     ga, gb = calls.read(grads["a"]), calls.read(grads["b"])
     seconds = time.perf_counter() - start

@@ -83,6 +83,18 @@ class Policy:
     hidden: str
     tanh: str
 
+    def __post_init__(self) -> None:
+        for flag in ("stale_only", "fused", "residual_refreshed", "newton_refits"):
+            value = getattr(self, flag)
+            if not isinstance(value, bool):
+                raise ValueError(f"Policy.{flag} must be a bool, got {value!r}")
+        for name in ("activation", "hidden", "tanh"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(
+                    f"Policy.{name} must be a non-empty stage template, got {value!r}"
+                )
+
     def stage(self, template: str, p: Program, prefix: str = "") -> str:
         """A stage name of this policy for program ``p`` (class docstring)."""
         return template.format(

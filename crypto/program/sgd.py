@@ -1,9 +1,11 @@
 r"""The server's SGD steps of the HEFormer's fine-tuning layer on packed values.
 
-:func:`sgd_steps` is the one program every path runs: the function-call steps of
-:mod:`crypto.program.steps` (float64 or TenSEAL, the key owner's round trips as
-calls), the fine-tuning server of :mod:`crypto.protocol.tuning` (round trips as
-messages) and the public schedule it derives on zeros. The round trips are
+:func:`sgd_steps` is the one program every path runs, and :func:`sgd_reply` (those
+steps on an upload, replying the updated weights) the one step: the function-call
+steps of :mod:`crypto.program.steps` (float64, the key owner's round trips as calls,
+:mod:`crypto.program.owner`), the fine-tuning server of
+:mod:`crypto.protocol.tuning` (round trips as messages) and the public schedule it
+derives on zeros. The round trips are
 parameters (:data:`Fresh`, :data:`~crypto.he.evaluator.Roll`,
 :data:`~crypto.program.backward.Unroll`), so the program does not know the protocol.
 Forward and backward are :mod:`crypto.program.backward`'s on the net's program
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -25,26 +27,10 @@ from .backward import Trained, Unroll, backward, loss_gradient, train_forward
 from .net import Net
 from .run import Run, fit
 
-__all__ = ["Fresh", "Roll", "Trips", "Unroll", "cls_mask", "sgd_reply", "sgd_steps"]
+__all__ = ["Fresh", "Roll", "Unroll", "cls_mask", "sgd_reply", "sgd_steps"]
 
 Fresh = Callable[[list[Value]], list[Value]]
 """The key owner's refresh: decrypt and re-encrypt each value (a round trip)."""
-
-
-class Trips(Protocol):
-    """The key owner's round trips (messages or calls): refresh, roll, unroll."""
-
-    @property
-    def refresh(self) -> Fresh:
-        """Each value fresh."""
-
-    @property
-    def roll(self) -> Roll:
-        """``copies`` token rolls of each value."""
-
-    @property
-    def unroll(self) -> Unroll:
-        """The rolled-back sum of the shifted groups."""
 
 
 def cls_mask(batch: int, n_tokens: int) -> FloatArray:
@@ -118,11 +104,12 @@ def sgd_reply(
     mask: FloatArray,
     lr: float,
     steps: int,
-    trips: Trips,
+    trips: tuple[Fresh, Roll, Unroll],
 ) -> list[Value]:
     """The step of an HEFormer arm on its upload: the updated weights, row-major.
 
-    ``upload`` is (inputs, targets, the trained matrices by name); ``net`` holds the
+    ``upload`` is (inputs, targets, the trained matrices by name), ``trips`` the key
+    owner's (refresh, roll, unroll); ``net`` holds the
     frozen public matrices (not changed: a copy takes the uploaded ones, and
     ``upload``'s matrices are released as the copy takes them). The reply lists
     every trained matrix in ``net.trained`` order. The one step of the protocol's
@@ -142,9 +129,7 @@ def sgd_reply(
         mask,
         lr,
         steps,
-        trips.refresh,
-        trips.roll,
-        trips.unroll,
+        *trips,
     )
     out: list[Value] = []
     for name in net.trained:

@@ -168,7 +168,8 @@ def _run(
     shapes = [(name, len(M), len(M[0])) for name, M in secrets.items()]
     upload = (inputs, targets, secrets)
     mask = cls_mask(b, net.n_tokens)
-    reply = iter(sgd_reply(ev, net, fold, upload, mask, lr, steps, calls))
+    trips = (calls.refresh, calls.roll, calls.unroll)
+    reply = iter(sgd_reply(ev, net, fold, upload, mask, lr, steps, trips))
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     folded = {
         name: calls.read([[next(reply) for _ in range(c)] for _ in range(r)])

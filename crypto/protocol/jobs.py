@@ -212,10 +212,10 @@ class SGDProgram(StepProgram):
     def step(self, upload: Upload, meta: dict[str, Any], host: Host) -> list[Value]:
         """:func:`~crypto.program.sgd.sgd_reply` on the upload: the updated weights."""
         parts = (upload.inputs, upload.targets, upload.secrets)
+        ev, lr, trips = host.ev, self.lr, host.services
         return sgd_reply(
-            host.ev, self.net, self.fold, parts, self.mask, self.lr, self.steps,
-            host.services,
-        )  # fmt: skip
+            ev, self.net, self.fold, parts, self.mask, lr, self.steps, trips
+        )
 
 
 @dataclass(frozen=True)

@@ -124,3 +124,24 @@ def test_pack_inputs_without_the_guard_packs_the_same(
     assert all(np.array_equal(a, b) for a, b in zip(z + m, z0 + m0, strict=True))
     with pytest.raises(ValueError, match=r"vocabulary|shape|range"):
         pack_inputs(narrow, ids[1:] + 10**6, mask[1:], slots, guard=False)
+
+
+def test_policy_refuses_bad_values() -> None:
+    from defense_suite.crypto.program import INFERENCE, TRAINING
+
+    with pytest.raises(ValueError, match=r"Policy\.fused must be a bool"):
+        replace(INFERENCE, fused=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"Policy\.tanh"):
+        replace(TRAINING, tanh="")
+    assert INFERENCE.stage(INFERENCE.tanh, _bert_like()) == "pooler polynomial"
+    assert TRAINING.stage(TRAINING.tanh, _bert_like()) == "tanh"
+
+
+def _bert_like() -> Program:
+    """A one-block program of the BERT family (only its names are read)."""
+    from defense_suite.crypto.program import Affine, Block, Head
+
+    eye = np.eye(2)
+    lin = Affine(eye)
+    block = Block("layer 0 ", lin, lin, lin, lin, lin, eye[0], lin, eye[0])
+    return Program("bert", 2, 2, 1, 2, (block,), Head(lin, eye[0], lin, "pooler"))

@@ -106,7 +106,7 @@ def test_bert_backward(converted: Any, tokenizer: object) -> None:
 
 def test_bert_adapter(converted: Any, tokenizer: object) -> None:
     pytest.importorskip("transformers")
-    from defense_suite.crypto.program.encoder import encode
+    from defense_suite.crypto.program.encoder import encode  # type: ignore[attr-defined]
     from tests.crypto import backward_reference as ref  # type: ignore[attr-defined]
 
     w, inputs, targets, m, factors = C.bert_step(converted, tokenizer)
