@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import numpy as np
 import pytest
@@ -131,13 +132,19 @@ def _adapter(he: HEBert) -> tuple[np.ndarray, np.ndarray]:
     return 0.3 * rng.normal(size=(c.d, 2)), 0.3 * rng.normal(size=(2, c.n_classes))
 
 
-def test_head_lora_step_program_equals_autograd(
-    converted: HEBert, tokenizer: object
-) -> None:
+@pytest.fixture(scope="module")
+def head_case(converted: HEBert, tokenizer: object) -> tuple[Any, ...]:
+    """(ids, mask, labels, A, B, the autograd step) of the classifier-adapter tests."""
     ids, mask = encode(tokenizer, texts()[-4:], converted)
     y = np.array([1, 0, 1, 0])
     A, B = _adapter(converted)
-    ref = reference_head_step(converted, ids, y, A, B, 0.5, mask)
+    return ids, mask, y, A, B, reference_head_step(converted, ids, y, A, B, 0.5, mask)
+
+
+def test_head_lora_step_program_equals_autograd(
+    converted: HEBert, head_case: tuple[Any, ...]
+) -> None:
+    ids, mask, y, A, B, ref = head_case
     assert np.max(np.abs(ref.grad_a)) > 1e-3  # a real step, not a zero one
     sim = simulated_head_step(converted, ids, y, A, B, 0.5, mask, max_level=5)
     assert np.max(np.abs(sim.grad_a - ref.grad_a)) < 1e-9
@@ -160,12 +167,9 @@ STEP_BOUND = 1e-3
 
 @pytest.mark.slow
 def test_encrypted_head_lora_step_equals_the_plaintext_step(
-    converted: HEBert, tokenizer: object
+    converted: HEBert, head_case: tuple[Any, ...]
 ) -> None:
-    ids, mask = encode(tokenizer, texts()[-4:], converted)
-    y = np.array([1, 0, 1, 0])
-    A, B = _adapter(converted)
-    ref = reference_head_step(converted, ids, y, A, B, 0.5, mask)
+    ids, mask, y, A, B, ref = head_case
     enc = encrypted_head_step(converted, ids, y, A, B, 0.5, INTERACTIVE_WIDE, mask)
     assert np.max(np.abs(enc.a - ref.a)) < STEP_BOUND
     assert np.max(np.abs(enc.b - ref.b)) < STEP_BOUND
