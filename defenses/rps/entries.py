@@ -5,8 +5,7 @@
 turns them into entries, one per distinct vote count of a row (see
 :class:`defenses.rps.scores.VoteGeometry`), with their scores
 (:func:`entry_scores`), and maps every (point, class) to its entry;
-:func:`point_sets` gives each point's best class and its sets, :func:`spread` a
-certificate's arrays per (point, class).
+:func:`point_sets` gives each point's best class and its sets.
 """
 
 from __future__ import annotations
@@ -192,25 +191,3 @@ def point_sets(
                 flat[p * k + c, level] = value >= cuts[level]
         best[p] = first
     return best, sets
-
-
-@compiled
-def spread(
-    in_set: BoolArray, radii: IntArray, index: IntArray
-) -> tuple[BoolArray, IntArray]:
-    """Per-entry membership and radii spread over the (point, class) pairs.
-
-    ``radii`` has shape (R, E); returns ``in_set[index]`` and ``radii[:, index]``
-    (shape (R, n, K)) in one pass.
-    """
-    n, k = index.shape
-    count = radii.shape[0]
-    sets = np.empty((n, k), dtype=np.bool_)
-    out = np.empty((count, n, k), dtype=np.int64)
-    for p in range(n):
-        for c in range(k):
-            e = index[p, c]
-            sets[p, c] = in_set[e]
-            for r in range(count):
-                out[r, p, c] = radii[r, e]
-    return sets, out

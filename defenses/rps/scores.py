@@ -62,7 +62,7 @@ import numpy.typing as npt
 
 from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.rps.certificate import TIE, CertifiedArrays
-from defenses.rps.entries import count_votes, entry_scores, spread, vote_entries
+from defenses.rps.entries import count_votes, entry_scores, vote_entries
 from defenses.rps.kernels import bounds, certified_radii
 
 if TYPE_CHECKING:
@@ -242,15 +242,15 @@ class VoteGeometry:
         """Membership and radii (``ScoreGeometry.certify_arrays``).
 
         The calibration radius (:meth:`PartThresholds.calibration_radius`), then
-        :meth:`radii` below it, spread over the (point, class) pairs in one pass
-        (:func:`defenses.rps.entries.spread`).
+        :meth:`radii` below it, gathered per (point, class).
         """
         in_set = np.asarray(self.scores >= thresholds.cut)
-        radii = np.empty((3, self.size), dtype=np.int64)
-        radii[0] = thresholds.calibration_radius(self, in_set, 0)
-        radii[1], radii[2] = self.radii(thresholds, in_set, radii[0])
-        sets, (calibration, training, joint) = spread(in_set, radii, self.index)
-        return CertifiedArrays(in_set, sets, training, calibration, joint)
+        calibration = thresholds.calibration_radius(self, in_set, 0)
+        training, joint = self.radii(thresholds, in_set, calibration)
+        index = self.index
+        return CertifiedArrays(
+            in_set, in_set[index], training[index], calibration[index], joint[index]
+        )
 
 
 def _check_votes(votes: npt.ArrayLike, n_voters: int, abstain: bool) -> IntArray:

@@ -2,11 +2,11 @@
 
 RPS's compiled loops (:mod:`defenses.rps.kernels`, :mod:`defenses.rps.entries`) are
 compiled for the argument types a call brings (:mod:`defenses.jit`): the vote counts,
-the rows' sort and entries, the entry scores, the score bounds, the radius scan, the
-calibration radii and the certificate's spread, with softmax scores and raw vote
-fractions, with and without abstaining parts, and a single model's probabilities.
-:func:`run` makes one small call of each path, so that every later process loads them
-from the cache instead of compiling on its first request.
+the rows' sort and entries, the entry scores, the score bounds, the radius scan and the
+calibration radii, with softmax scores and raw vote fractions, with and without
+abstaining parts, and a single model's probabilities. :func:`run` makes one small call
+of each path, so that every later process loads them from the cache instead of compiling
+on its first request.
 """
 
 from __future__ import annotations
