@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,7 +25,14 @@ def _batch(data: tuple[Sequences, Sequences]) -> tuple[np.ndarray, np.ndarray]:
     return client.X[100:104], client.y[100:104]
 
 
-STEPS = {"simulated": (simulated_step, 1e-9), "encrypted": (encrypted_step, 1e-4)}
+UNPADDED = partial(encrypted_step, answer_floor=0.0)
+"""The encrypted step without the key owner's answer padding: these tests check
+values, not timing (the padding is tested in ``test_client_rules``); with it, the
+d = 8 step waits out every padded answer and ran past pytest's 600 s under load."""
+STEPS: dict[str, tuple[Callable[..., Any], float]] = {
+    "simulated": (simulated_step, 1e-9),
+    "encrypted": (UNPADDED, 1e-4),
+}
 """Each path of the packed step and its largest accepted |step - autograd| entry."""
 
 
@@ -98,7 +108,7 @@ def test_encrypted_steps_match_the_reference(micro_model: HEFormer) -> None:
     arm = Arm("lora")
     before = initial_weights(micro_model, arm)
     want = reference_step(micro_model, X, y, 0.5, arm)
-    got = encrypted_step(micro_model, X, y, 0.5, arm)
+    got = UNPADDED(micro_model, X, y, 0.5, arm)
     moved = max(np.max(np.abs(want[k] - before[k])) for k in arm.names)
     diff = max(np.max(np.abs(got.weights[k] - want[k])) for k in arm.names)
     assert moved > 1e-2
