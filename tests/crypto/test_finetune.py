@@ -85,6 +85,34 @@ def test_softmax_arm_gradient_matches_finite_differences(
         assert grad == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-9)
 
 
+CHANGES: dict[str, Callable[[HEFormer], Any]] = {
+    "a parameter's last bit": lambda m: m.pool.data.view(torch.int64)[0, 0].add_(1),
+    "a gradient": lambda m: setattr(m.pool, "grad", torch.zeros_like(m.pool)),
+    "requires_grad": lambda m: m.pool.requires_grad_(False),
+    "train / eval": lambda m: m.train(not m.training),
+    "a calibrated range": lambda m: setattr(m.calibration, "pool_bound", 4.5),
+    "a block's range": lambda m: setattr(m.calibration.layers[0], "ln_lo", 0.5),
+    "a fit's coefficient": lambda m: m.calibration.polys[
+        "tanh"
+    ].coefficients.__setitem__(0, 1.0 + m.calibration.polys["tanh"].coefficients[0]),
+}
+"""In-place changes a test could make to a shared model, each one a different kind."""
+
+
+def test_shared_fixture_guard_sees_every_in_place_change(micro_model: HEFormer) -> None:
+    """The conftest's guard (after the finite-difference test once moved tiny_model)."""
+    from tests.crypto.conftest import _BUILT, _restore, fingerprint
+
+    start, saved = _BUILT["micro_model"]
+    model = copy.deepcopy(micro_model)
+    assert fingerprint(model) == fingerprint(micro_model) == start  # values, not ids
+    for kind, change in CHANGES.items():
+        change(model)
+        assert fingerprint(model) != start, kind
+        _restore(model, saved)
+        assert fingerprint(model) == start, kind
+
+
 def test_bad_inputs(
     tiny_model: HEFormer, tiny_data: tuple[Sequences, Sequences]
 ) -> None:
