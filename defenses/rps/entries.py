@@ -64,6 +64,56 @@ def entry_scores(
         out[e] = mine / (mine + rest)
 
 
+@compiled
+def row_scores(
+    rows: IntArray,
+    start: IntArray,
+    own: IntArray,
+    table: FloatArray,
+    shifted: bool,
+    scores: FloatArray,
+    tails: FloatArray,
+) -> None:
+    """:func:`entry_scores` of every entry of the sorted rows, sharing their sums.
+
+    Entry ``e`` of row ``r`` (``start[r] <= e < start[r + 1]``) is ``own[e]`` and the
+    row without one copy of it. Its canonical sum adds the others smallest first
+    from 0.0: those below the removed copy (the removed one is the copy of highest
+    ascending position, so that holds for equal counts too), which are the same for
+    every entry of the row (``prefix``, added once per row), then those above it,
+    one at a time. The same additions in the same order as :func:`entry_scores`,
+    so the same bits; the row's largest term is added last, so ``tails[e]`` is the
+    sum before it. ``shifted``: the scores (not the tails) of the row minus its
+    smallest count (:func:`defenses.rps.scores.canonical_scores` with abstentions).
+    """
+    k = rows.shape[1]
+    prefix = np.empty(k + 1)
+    for row in range(rows.shape[0]):
+        low = rows[row, k - 1] if shifted else 0
+        total = 0.0
+        prefix[0] = 0.0
+        for i in range(k):
+            total += table[rows[row, k - 1 - i] - low]
+            prefix[i + 1] = total
+        p = 0
+        for e in range(start[row], start[row + 1]):
+            while rows[row, p] != own[e]:
+                p += 1
+            if p == 0:  # the largest count: every other term is below it
+                tail = prefix[k - 2]
+                rest = prefix[k - 1]
+            else:
+                rest = prefix[k - 1 - p]
+                for c in range(p - 1, 0, -1):
+                    rest += table[rows[row, c] - low]
+                tail = rest
+                rest += table[rows[row, 0] - low]
+            if not shifted:
+                tails[e] = tail
+            mine = table[own[e] - low]
+            scores[e] = mine / (mine + rest)
+
+
 @inlined
 def _mix(key: int) -> int:
     """A hash of a row's key (the finaliser of splitmix64, wrapping int64)."""
@@ -74,93 +124,106 @@ def _mix(key: int) -> int:
 
 
 @compiled
-def vote_entries(
+def vote_rows(
     votes: IntArray, table: FloatArray
-) -> tuple[IntArray, IntArray, IntArray, FloatArray, FloatArray]:
-    """The entries of a batch of vote rows, and each point's, in two passes.
+) -> tuple[IntArray, IntArray, IntArray, IntArray, FloatArray, FloatArray]:
+    """The distinct sorted rows of a batch of votes, their entries, and each point's.
 
-    Each point's votes are sorted descending (insertion sort: rows are short) and
-    looked up in an open-addressing table of the distinct sorted rows seen so far
+    Each point's votes are sorted descending by rank (a count's rank is the number
+    of counts above it, ties by class: branch-free, no insertion loop) and looked
+    up in an open-addressing table of the distinct sorted rows seen so far
     (hashed, then compared in full: exact). A new row gets the next block of
-    entries, one per distinct vote count in descending order; ``index[p, c]`` is
-    its block's start plus the rank of ``votes[p, c]`` among the row's distinct
-    counts. Rows get their blocks in the order of their first point. The second
-    pass fills each entry's ``own`` count, ``others`` (the sorted row without one
-    ``own``); :func:`entry_scores` then gives each entry its softmax score and
-    tail.
+    entries, one per distinct count in descending order (``start[r]`` to
+    ``start[r + 1]``); ``index[p, c]`` is its block's start plus the rank of
+    ``votes[p, c]`` among the row's distinct counts. Rows get their blocks in the
+    order of their first point. Returns ``rows`` (distinct sorted rows),
+    ``start``, each entry's ``own`` count, ``index`` and, from
+    :func:`row_scores`, the entries' softmax scores and tails. An entry's
+    ``others`` is its row without one ``own`` (:func:`row_others`); they are not
+    written out.
     """
     n, k = votes.shape
-    m = k - 1
     slots = 16
     while slots < 2 * n:
         slots *= 2
     mask = slots - 1
     slot = np.full(slots, -1, dtype=np.int64)
-    ordered = np.empty((n, k), dtype=np.int64)
-    first = np.empty(n, dtype=np.int64)
+    rows = np.empty((n, k), dtype=np.int64)
     start = np.zeros(n + 1, dtype=np.int64)
     index = np.empty((n, k), dtype=np.int64)
+    line = np.empty(k, dtype=np.int64)
+    keys = np.empty(k, dtype=np.int64)
     top = 0
     for p in range(n):
         for c in range(k):
             top = max(top, votes[p, c])
     rank = np.empty(top + 1, dtype=np.int64)
-    rows = 0
+    count = 0
     for p in range(n):
         for c in range(k):
-            value = votes[p, c]
-            j = c
-            while j > 0 and ordered[p, j - 1] < value:
-                ordered[p, j] = ordered[p, j - 1]
-                j -= 1
-            ordered[p, j] = value
+            keys[c] = votes[p, c] * k + (k - 1 - c)  # distinct: ties by class
+        for c in range(k):
+            above = 0
+            for j in range(k):
+                above += keys[j] > keys[c]
+            line[above] = votes[p, c]
         distinct = 0
-        rank[ordered[p, 0]] = 0
-        key = ordered[p, 0]
+        rank[line[0]] = 0
+        key = line[0]
         for c in range(1, k):
-            distinct += int(ordered[p, c] != ordered[p, c - 1])
-            rank[ordered[p, c]] = distinct
-            key = key * 1000003 + ordered[p, c]
+            distinct += int(line[c] != line[c - 1])
+            rank[line[c]] = distinct
+            key = key * 1000003 + line[c]
         at = _mix(key) & mask
         while True:
             row = slot[at]
             if row < 0:  # a new sorted row: the next block of entries
-                row = rows
+                row = count
                 slot[at] = row
-                first[row] = p
+                for c in range(k):
+                    rows[row, c] = line[c]
                 start[row + 1] = start[row] + distinct + 1
-                rows += 1
+                count += 1
                 break
-            q = first[row]
             same = True
             for c in range(k):
-                if ordered[q, c] != ordered[p, c]:
+                if rows[row, c] != line[c]:
                     same = False
                     break
             if same:
                 break
             at = (at + 1) & mask
+        block = start[row]
         for c in range(k):
-            index[p, c] = start[row] + rank[votes[p, c]]
-    size = start[rows]
+            index[p, c] = block + rank[votes[p, c]]
+    size = start[count]
     own = np.empty(size, dtype=np.int64)
-    others = np.empty((size, m), dtype=np.int64)
-    scores = np.empty(size)
-    tails = np.empty(size)
-    for row in range(rows):
-        q = first[row]
+    for row in range(count):
         e = start[row]
         for c in range(k):
-            if c > 0 and ordered[q, c] == ordered[q, c - 1]:
-                continue
-            own[e] = ordered[q, c]
-            for o in range(c):
-                others[e, o] = ordered[q, o]
-            for o in range(c, m):
-                others[e, o] = ordered[q, o + 1]
-            e += 1
-    entry_scores(own, others, table, scores, tails)
-    return own, others, index, scores, tails
+            if c == 0 or rows[row, c] != rows[row, c - 1]:
+                own[e] = rows[row, c]
+                e += 1
+    rows = rows[:count]
+    scores = np.empty(size)
+    tails = np.empty(size)
+    row_scores(rows, start, own, table, False, scores, tails)
+    return rows, start[: count + 1], own, index, scores, tails
+
+
+@compiled
+def row_others(rows: IntArray, start: IntArray, own: IntArray) -> IntArray:
+    """Each entry's other counts, sorted descending: its row without one ``own``."""
+    k = rows.shape[1]
+    others = np.empty((own.shape[0], k - 1), dtype=np.int64)
+    for row in range(rows.shape[0]):
+        for e in range(start[row], start[row + 1]):
+            p = 0
+            while rows[row, p] != own[e]:
+                p += 1
+            for c in range(k - 1):
+                others[e, c] = rows[row, c + (c >= p)]
+    return others
 
 
 @compiled

@@ -166,9 +166,10 @@ def lower_bound(
 
 @compiled
 def bounds(
-    own: IntArray,
-    others: IntArray,
     rows: IntArray,
+    start: IntArray,
+    own: IntArray,
+    chosen: IntArray,
     radius: IntArray,
     n_voters: int,
     table: FloatArray,
@@ -176,45 +177,51 @@ def bounds(
     upper: bool,
     out: FloatArray,
 ) -> None:
-    """``out[i]``: the upper (or lower) bound of entry ``rows[i]`` at ``radius[i]``."""
-    tail = np.empty(others.shape[1] + 1)
-    for i in range(rows.shape[0]):
-        entry = rows[i]
-        room = _entry_sums(others, entry, table, tail)
+    """``out[i]``: the upper (or lower) bound of entry ``chosen[i]`` at ``radius[i]``.
+
+    An entry's row is found by bisection of ``start``; its others (the row without
+    one ``own``) are copied into a one-row scratch array.
+    """
+    m = rows.shape[1] - 1
+    tail = np.empty(m + 1)
+    others = np.empty((1, m), dtype=np.int64)
+    for i in range(chosen.shape[0]):
+        entry = chosen[i]
+        lo = 0
+        hi = rows.shape[0]
+        while hi - lo > 1:  # the row r with start[r] <= entry < start[r + 1]
+            mid = (lo + hi) // 2
+            if start[mid] <= entry:
+                lo = mid
+            else:
+                hi = mid
+        p = 0
+        while rows[lo, p] != own[entry]:
+            p += 1
+        for c in range(m):
+            others[0, c] = rows[lo, c + (c >= p)]
+        room = _entry_sums(others, 0, table, tail)
         if upper:
             out[i] = upper_bound(
-                own[entry],
-                others,
-                entry,
-                room,
-                tail,
-                n_voters,
-                table,
-                softmax,
-                radius[i],
+                own[entry], others, 0, room, tail, n_voters, table, softmax, radius[i]
             )
         else:
             out[i] = lower_bound(
-                own[entry],
-                others,
-                entry,
-                room,
-                tail,
-                n_voters,
-                table,
-                softmax,
-                radius[i],
+                own[entry], others, 0, room, tail, n_voters, table, softmax, radius[i]
             )
 
 
 @compiled
 def certified_radii(
+    rows: IntArray,
+    start: IntArray,
     own: IntArray,
-    others: IntArray,
+    scores: FloatArray,
     tails: FloatArray,
     in_set: BoolArray,
     ceiling: IntArray,
     limit: IntArray,
+    calibrate: bool,
     n_voters: int,
     table: FloatArray,
     softmax: bool,
@@ -228,13 +235,18 @@ def certified_radii(
 ) -> None:
     r"""Largest certified training and joint radii per entry, in one pass.
 
-    ``training[i]``: the largest :math:`r \le` ``ceiling[i]`` (and the tables' last
-    column) certified with :math:`r_c = 0`; ``joint[i]``: the largest
-    :math:`r \le \min(` ``training[i]``, ``limit[i]`` :math:`)` certified with
-    :math:`r_t = r_c = r` (:meth:`PartThresholds.certified`; kept: ``low >= cut``
-    exactly, left out: ``high < cut - tie``). Radius 0 always counts. ``tails[i]``
-    is the canonical sum of the entry's other terms but the largest (``tail[1]`` of
-    :func:`_entry_sums`, given by :func:`defenses.rps.entries.entry_scores`).
+    Entries are those of the sorted ``rows`` (``start``, ``own``: see
+    :func:`defenses.rps.entries.vote_rows`). ``training[i]``: the largest :math:`r \le`
+    ``ceiling[i]`` (and the tables' last column) certified with :math:`r_c = 0`;
+    ``joint[i]``: the largest :math:`r \le \min(` ``training[i]``, ``limit[i]``
+    :math:`)` certified with :math:`r_t = r_c = r`
+    (:meth:`PartThresholds.certified`; kept: ``low >= cut`` exactly, left out:
+    ``high < cut - tie``). Radius 0 always counts. ``tails[i]`` is the canonical sum
+    of the entry's other terms but the largest (``tail[1]`` of
+    :func:`_entry_sums`). With ``calibrate``, ``limit[i]`` is first set to the
+    entry's calibration radius at :math:`r_t = 0`
+    (:func:`calibration_radii` from ``scores``: the parts whose column-0 bound the
+    score passes, counted).
 
     Certification is monotone in both radii, so the training radius is the step
     before the first failing one, probed ``r = 1, 2, ...`` (most radii are a few
@@ -250,76 +262,105 @@ def certified_radii(
     upper bound that moves votes from the largest other class only is
     ``_share(e^{own + r}, tail[1] + e^{largest - r})`` (the sums
     :func:`lower_bound` and :func:`upper_bound` add, in their order); the others
-    call those functions. An inlined helper taking arrays costs six reference
-    count calls (about 30 ns) per call, more than the bound itself.
+    copy the entry's others out of its row once and call those functions. An
+    inlined helper taking arrays costs six reference count calls (about 30 ns) per
+    call, more than the bound itself.
     """
     k_c = lower.shape[0]
     widest = lower.shape[1] - 1
-    m = others.shape[1]
+    m = rows.shape[1] - 1
     tail = np.empty(m + 1)
     seen = np.empty(widest + 1)
-    for entry in range(own.shape[0]):
-        top = min(ceiling[entry], widest)
-        member = in_set[entry]
-        found = 0
-        if top >= 1:
+    others = np.empty((1, m), dtype=np.int64)
+    keep = np.ascontiguousarray(upper[:, 0])  # contiguous: the counts vectorize
+    drop = np.ascontiguousarray(lower[:, 0])
+    for row in range(rows.shape[0]):
+        total = 0
+        for c in range(m + 1):
+            total += rows[row, c]
+        p = 0
+        for entry in range(start[row], start[row + 1]):
             votes = own[entry]
-            largest = others[entry, 0]
-            second = others[entry, 1] if m > 1 else 0
-            rest = tails[entry]  # tail[1], as _entry_sums adds it
-            room = largest
-            for c in range(1, m):
-                room += others[entry, c]
-            summed = False
-            while found < top:
-                r = found + 1
+            while rows[row, p] != votes:
+                p += 1
+            member = in_set[entry]
+            if calibrate:
+                score = scores[entry]
+                passed = 0
                 if member:
-                    first, joined, drained = _losses(r, votes, room, largest, n_voters)
-                    if not softmax:
-                        bound = (votes - first) / n_voters
-                    elif drained == 0:  # lower_bound without a drained class
-                        grown = largest + first + joined
-                        bound = _share(table[votes - first], rest + table[grown])
-                    else:
-                        if not summed:
-                            _entry_sums(others, entry, table, tail)
-                            summed = True
-                        bound = lower_bound(
-                            votes, others, entry, room, tail, n_voters, table, True, r
-                        )
-                    ok = tau_hat < k_c and bound >= upper[tau_hat, r]
+                    for part in range(k_c):
+                        passed += keep[part] <= score
+                    kept = passed - tau_hat - 1
                 else:
-                    mine, moved = _gains(r, votes, room, n_voters)
-                    if not softmax:
-                        bound = mine / n_voters
-                    elif m == 1 or largest - second > moved:
-                        # upper_bound when only the largest other class loses
-                        bound = _share(table[mine], rest + table[largest - moved])
-                    else:
-                        if not summed:
-                            _entry_sums(others, entry, table, tail)
-                            summed = True
-                        bound = upper_bound(
-                            votes, others, entry, room, tail, n_voters, table, True, r
+                    score += tie
+                    for part in range(k_c):
+                        passed += drop[part] <= score
+                    kept = tau_hat - passed
+                limit[entry] = min(kept, guard) if kept >= 0 else -1
+            top = min(ceiling[entry], widest)
+            found = 0
+            if top >= 1:
+                largest = rows[row, 1] if p == 0 else rows[row, 0]
+                second = 0 if m == 1 else rows[row, 2] if p <= 1 else rows[row, 1]
+                rest = tails[entry]  # tail[1], as _entry_sums adds it
+                room = total - votes
+                # the first probe that drains a class (a member) or lowers more
+                # than the largest other class (not a member): from there on the
+                # bounds need the entry's other counts, copied out of its row once
+                slow = top + 1
+                if softmax and member and room > largest:
+                    slow = n_voters - room + 1
+                elif softmax and not member and m > 1:
+                    slow = max(largest - second, 1)
+                while found < top:
+                    r = found + 1
+                    if r == slow:
+                        for c in range(m):
+                            others[0, c] = rows[row, c + (c >= p)]
+                        _entry_sums(others, 0, table, tail)
+                    if member:
+                        first, joined, drained = _losses(
+                            r, votes, room, largest, n_voters
                         )
-                    ok = bound < lower[tau_hat, r] - tie
-                seen[r] = bound
+                        if not softmax:
+                            bound = (votes - first) / n_voters
+                        elif drained == 0:  # lower_bound without a drained class
+                            grown = largest + first + joined
+                            bound = _share(table[votes - first], rest + table[grown])
+                        else:
+                            bound = lower_bound(
+                                votes, others, 0, room, tail, n_voters, table, True, r
+                            )
+                        ok = tau_hat < k_c and bound >= upper[tau_hat, r]
+                    else:
+                        mine, moved = _gains(r, votes, room, n_voters)
+                        if not softmax:
+                            bound = mine / n_voters
+                        elif m == 1 or largest - second > moved:
+                            # upper_bound when only the largest other class loses
+                            bound = _share(table[mine], rest + table[largest - moved])
+                        else:
+                            bound = upper_bound(
+                                votes, others, 0, room, tail, n_voters, table, True, r
+                            )
+                        ok = bound < lower[tau_hat, r] - tie
+                    seen[r] = bound
+                    if not ok:
+                        break
+                    found = r
+            training[entry] = found
+            both = 0
+            last = min(found, limit[entry], guard)
+            while both < last:
+                r = both + 1
+                if member:
+                    ok = tau_hat + r < k_c and seen[r] >= upper[tau_hat + r, r]
+                else:
+                    ok = tau_hat >= r and seen[r] < lower[tau_hat - r, r] - tie
                 if not ok:
                     break
-                found = r
-        training[entry] = found
-        both = 0
-        last = min(found, limit[entry], guard)
-        while both < last:
-            r = both + 1
-            if member:
-                ok = tau_hat + r < k_c and seen[r] >= upper[tau_hat + r, r]
-            else:
-                ok = tau_hat >= r and seen[r] < lower[tau_hat - r, r] - tie
-            if not ok:
-                break
-            both = r
-        joint[entry] = both
+                both = r
+            joint[entry] = both
 
 
 @compiled

@@ -54,15 +54,20 @@ test and calibration scores stay exact.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.rps.certificate import TIE, CertifiedArrays
-from defenses.rps.entries import count_votes, entry_scores, vote_entries
+from defenses.rps.entries import (
+    count_votes,
+    entry_scores,
+    row_others,
+    row_scores,
+    vote_rows,
+)
 from defenses.rps.kernels import bounds, certified_radii
 
 if TYPE_CHECKING:
@@ -93,15 +98,26 @@ def vote_counts(
     return counts
 
 
-@dataclass(frozen=True)
+def _table(n_voters: int) -> FloatArray:
+    """``table[v]`` = :math:`e^{v / k_t}` for ``v`` in ``0..k_t + 1``."""
+    return np.exp(np.arange(n_voters + 2, dtype=np.float64) / n_voters)
+
+
 class VoteGeometry:
     """Score bounds of a batch, per *entry*: a point and one of its vote counts.
 
     Classes of a point with equal votes have equal scores and bounds, and so have
     points with the same sorted vote vector, so the work is done once per entry: a
-    distinct sorted vote vector and one of its distinct vote counts; ``index``
-    maps each (point, class) to its entry. :meth:`lower` and :meth:`upper` take a
-    radius that broadcasts against the entries (optionally restricted to ``rows``).
+    distinct sorted vote vector (a *row*) and one of its distinct vote counts;
+    ``index`` maps each (point, class) to its entry. :meth:`lower` and
+    :meth:`upper` take a radius that broadcasts against the entries (optionally
+    restricted to ``rows``). Immutable.
+
+    Built by hand from entries, ``VoteGeometry(own, others, index, scores,
+    n_voters, softmax, tails=None)`` (each entry its own row), or from the sorted
+    rows of a batch by :func:`vote_geometry`, which writes no ``others``: an
+    entry's others are its row without one ``own``, copied out by the kernels when
+    needed and by the ``others`` property on first access.
 
     Attributes
     ----------
@@ -109,32 +125,90 @@ class VoteGeometry:
         The entry's vote count.
     others : ndarray of shape (E, K - 1)
         The point's other votes, sorted descending.
+    rows, start : ndarrays of shape (R, K) and (R + 1,)
+        The distinct sorted vote vectors (descending); the entries of row ``r``
+        are ``start[r]`` to ``start[r + 1] - 1``, its distinct counts descending.
     index : ndarray of shape (n, K)
         Entry of each (point, class).
     scores : ndarray of shape (E,)
         The smoothed scores (computed by :func:`smoothed_scores`).
-    tails : ndarray of shape (E,) or None
+    tails : ndarray of shape (E,)
         The canonical sum of the others' terms but the largest (computed when
-        None; unused for raw fractions).
+        None is given; unused for raw fractions).
     """
 
     own: IntArray
-    others: IntArray
+    rows: IntArray
+    start: IntArray
     index: IntArray
     scores: FloatArray
     n_voters: int
     softmax: bool
-    tails: FloatArray | None = None
+    tails: FloatArray
 
-    def __post_init__(self) -> None:
-        table = np.exp(np.arange(self.n_voters + 2, dtype=np.float64) / self.n_voters)
-        object.__setattr__(self, "_table", table)
-        if self.tails is None:
-            own = np.ascontiguousarray(self.own, dtype=np.int64)
-            others = np.ascontiguousarray(self.others, dtype=np.int64)
-            tails = np.empty(own.shape[0])
-            entry_scores(own, others, table, np.empty(own.shape[0]), tails)
-            object.__setattr__(self, "tails", tails)
+    def __init__(
+        self,
+        own: IntArray,
+        others: IntArray,
+        index: IntArray,
+        scores: FloatArray,
+        n_voters: int,
+        softmax: bool,
+        tails: FloatArray | None = None,
+    ) -> None:
+        own = np.ascontiguousarray(own, dtype=np.int64)
+        others = np.ascontiguousarray(others, dtype=np.int64)
+        size, m = others.shape
+        # each entry's row: own before the first other below it
+        at = (others > own[:, None]).sum(axis=1)[:, None]
+        column = np.arange(m + 1)[None, :]
+        padded = np.concatenate([others, own[:, None]], axis=1)
+        rows = np.take_along_axis(padded, column - (column > at), axis=1)
+        rows[np.arange(size), at[:, 0]] = own
+        table = _table(n_voters)
+        if tails is None:
+            tails = np.empty(size)
+            entry_scores(own, others, table, np.empty(size), tails)
+        self._fill(rows, np.arange(size + 1), own, index, scores, n_voters, softmax)
+        object.__setattr__(self, "tails", tails)
+        object.__setattr__(self, "_others", others)
+
+    @classmethod
+    def of_rows(
+        cls,
+        rows: IntArray,
+        start: IntArray,
+        own: IntArray,
+        index: IntArray,
+        scores: FloatArray,
+        n_voters: int,
+        softmax: bool,
+        tails: FloatArray,
+    ) -> VoteGeometry:
+        """The geometry of sorted rows (:func:`defenses.rps.entries.vote_rows`)."""
+        geometry = cls.__new__(cls)
+        geometry._fill(rows, start, own, index, scores, n_voters, softmax)
+        object.__setattr__(geometry, "tails", tails)
+        object.__setattr__(geometry, "_others", None)
+        return geometry
+
+    def _fill(self, *values: Any) -> None:
+        names = ("rows", "start", "own", "index", "scores", "n_voters", "softmax")
+        for name, value in zip(names, values, strict=True):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_table", _table(self.n_voters))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Refused: a geometry is shared (the votes memo hands it to later calls)."""
+        raise AttributeError(f"VoteGeometry is immutable: cannot set {name!r}")
+
+    @property
+    def others(self) -> IntArray:
+        """Each entry's other votes, sorted descending (copied out once)."""
+        if self.__dict__["_others"] is None:
+            others = row_others(self.rows, self.start, self.own)
+            object.__setattr__(self, "_others", others)
+        return np.asarray(self.__dict__["_others"])
 
     @property
     def size(self) -> int:
@@ -155,8 +229,9 @@ class VoteGeometry:
             raise ValueError("radius must be >= 0")
         out = np.empty(chosen.shape[0])
         bounds(
+            self.rows,
+            self.start,
             self.own,
-            self.others,
             chosen,
             np.ascontiguousarray(np.broadcast_to(r, chosen.shape)),
             self.n_voters,
@@ -181,17 +256,24 @@ class VoteGeometry:
         in_set: BoolArray,
         ceiling: IntArray,
         limit: IntArray,
+        calibrate: bool = False,
     ) -> tuple[IntArray, IntArray]:
-        """:func:`defenses.rps.kernels.certified_radii`: training and joint radii."""
+        """:func:`defenses.rps.kernels.certified_radii`: training and joint radii.
+
+        With ``calibrate``, ``limit`` is overwritten with the calibration radii.
+        """
         training = np.empty(self.size, dtype=np.int64)
         joint = np.empty(self.size, dtype=np.int64)
         certified_radii(
+            self.rows,
+            self.start,
             self.own,
-            self.others,
-            self.__dict__["tails"],
+            self.scores,
+            self.tails,
             np.ascontiguousarray(in_set),
             np.ascontiguousarray(ceiling, dtype=np.int64),
-            np.ascontiguousarray(limit, dtype=np.int64),
+            limit if calibrate else np.ascontiguousarray(limit, dtype=np.int64),
+            calibrate,
             self.n_voters,
             self.__dict__["_table"],
             self.softmax,
@@ -241,12 +323,14 @@ class VoteGeometry:
     def certify_arrays(self, thresholds: PartThresholds) -> CertifiedArrays:
         """Membership and radii (``ScoreGeometry.certify_arrays``).
 
-        The calibration radius (:meth:`PartThresholds.calibration_radius`), then
-        :meth:`radii` below it, gathered per (point, class).
+        The calibration radius (:meth:`PartThresholds.calibration_radius` at
+        :math:`r_t = 0`), then :meth:`radii` below it, in one pass
+        (:func:`defenses.rps.kernels.certified_radii`), gathered per (point, class).
         """
         in_set = np.asarray(self.scores >= thresholds.cut)
-        calibration = thresholds.calibration_radius(self, in_set, 0)
-        training, joint = self.radii(thresholds, in_set, calibration)
+        calibration = np.empty(self.size, dtype=np.int64)
+        top = np.full(self.size, thresholds.radius, dtype=np.int64)
+        training, joint = self._searches(thresholds, in_set, top, calibration, True)
         index = self.index
         return CertifiedArrays(
             in_set, in_set[index], training[index], calibration[index], joint[index]
@@ -312,7 +396,7 @@ def vote_geometry(
 
     Scores and bounds depend on a class's votes and the multiset of the others
     only, so points with the same sorted vote vector share their entries
-    (:func:`defenses.rps.entries.vote_entries`).
+    (:func:`defenses.rps.entries.vote_rows`).
     ``abstain=True`` accepts rows summing to less than ``n_voters``; the bounds
     then cover moves into and out of the abstain state.
     """
@@ -328,14 +412,16 @@ def counted_geometry(
     ``votes`` is a C-contiguous int64 (n, K) array, K >= 2, whose rows sum to
     ``n_voters`` (at most, with ``abstain``).
     """
-    table = np.exp(np.arange(n_voters + 2, dtype=np.float64) / n_voters)
-    own, others, index, scores, tails = vote_entries(votes, table)
+    table = _table(n_voters)
+    rows, start, own, index, scores, tails = vote_rows(votes, table)
     if not softmax:  # raw fractions use no sums
         tails = np.zeros(own.shape[0])
         scores = np.asarray(own / n_voters, dtype=np.float64)
-    elif abstain:
-        scores = canonical_scores(own, others, n_voters, abstain)
-    return VoteGeometry(own, others, index, scores, n_voters, softmax, tails)
+    elif abstain:  # scores of the rows minus their smallest count (_tie_exact)
+        row_scores(rows, start, own, table, True, scores, np.empty(0))
+    return VoteGeometry.of_rows(
+        rows, start, own, index, scores, n_voters, softmax, tails
+    )
 
 
 def canonical_scores(
@@ -355,7 +441,7 @@ def canonical_scores(
         others = others - low[:, None]
     own = np.ascontiguousarray(own, dtype=np.int64)
     others = np.ascontiguousarray(others, dtype=np.int64)
-    table = np.exp(np.arange(n_voters + 2, dtype=np.float64) / n_voters)
+    table = _table(n_voters)
     out = np.empty(own.shape[0])
     entry_scores(own, others, table, out, np.empty(own.shape[0]))
     return out

@@ -2,11 +2,11 @@
 
 RPS's compiled loops (:mod:`defenses.rps.kernels`, :mod:`defenses.rps.entries`) are
 compiled for the argument types a call brings (:mod:`defenses.jit`): the vote counts,
-the rows' sort and entries, the entry scores, the score bounds, the radius scan and the
-calibration radii, with softmax scores and raw vote fractions, with and without
-abstaining parts, and a single model's probabilities. :func:`run` makes one small call
-of each path, so that every later process loads them from the cache instead of compiling
-on its first request.
+the rows' sort and entries, the entry scores, the score bounds, the radius scan, the
+calibration radii and the votes memo's comparison, with softmax scores and raw vote
+fractions, with and without abstaining parts, and a single model's probabilities.
+:func:`run` makes one small call of each path, so that every later process loads them
+from the cache instead of compiling on its first request.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ def run() -> None:
     from defenses.rps.calibration import calibrate_parts
     from defenses.rps.certificate import ProbaGeometry, certify_batch
     from defenses.rps.entries import point_sets
+    from defenses.rps.parts import same_words
     from defenses.rps.scores import vote_counts, vote_geometry
 
     rng = np.random.default_rng(0)
@@ -39,6 +40,9 @@ def run() -> None:
             in_set = geometry.score() >= bounds.part_thresholds.cut
             geometry.largest(bounds.part_thresholds, in_set, joint=True)
             point_sets(geometry.score(), geometry.index, np.ones(1))
+            assert geometry.others.shape == (geometry.size, classes - 1)
     single = ProbaGeometry(rng.dirichlet(np.ones(classes), size=votes.shape[0]))
     certify_batch(single, bounds.part_thresholds, 0)  # one training part
     point_sets(single.score(), single.index, np.ones(1))
+    words = np.zeros(70, dtype=np.uint64)
+    same_words(words, words)  # the votes memo's comparison
