@@ -10,7 +10,9 @@ with their labels. Three variants on the held-out split: ``none`` (the original 
 the distilled model encrypted (:mod:`~crypto.benchmark.byo_he`): ``encrypted`` (one
 packed batch of held-out sequences under CKKS), ``lora_step`` (one encrypted LoRA step
 of the classifier adapter) and ``qkv_lora_step`` (one encrypted step of the last block's
-Q/K/V LoRA factors), each when its setting is > 0.
+Q/K/V LoRA factors), each when its setting is > 0. ``answer_floor`` (default
+``"auto"``, the protocol's padding) sets the key owner's answer floor for the
+encrypted batch (:func:`~crypto.protocol.timing.floor_parameter`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from defenses.threads import torch_threads
 from ..conversion import convert
 from ..conversion.distill import DistillConfig, distill, teacher_logits
 from ..conversion.tokenizer import build_tokenizer, encode
+from ..protocol.timing import floor_parameter
 from ..tasks import negation_texts
 from .byo_he import encrypted_rows
 
@@ -187,6 +190,7 @@ def byo_benchmark(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resul
     settings["lr"] = float(params.get("lr", 2e-3))
     settings["distill_lr"] = float(params.get("distill_lr", 3e-3))
     settings["activation"] = str(params.get("activation", "relu"))
+    settings["answer_floor"] = floor_parameter(params)
     with torch_threads(1):
         for seed in seeds:
             yield from _run(settings, seed)

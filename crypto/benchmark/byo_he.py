@@ -57,7 +57,7 @@ def encrypted_rows(
     per_batch = (INTERACTIVE.slots - INTERACTIVE.slots % n) // n
     k = min(int(settings["encrypted"]), per_batch, ids.shape[0])
     if k > 0:
-        client = BertClient(student, INTERACTIVE)
+        client = BertClient(student, INTERACTIVE, settings["answer_floor"])
         server = Server.for_model(None, student, INTERACTIVE)
         start = time.perf_counter()
         encrypted = client.predict(server, ids[:k], mask=mask[:k])

@@ -49,7 +49,7 @@ from ..he.costmodel import OPERATIONS, PAPER, CostModel, CountModel, Shape, oper
 from ..program.folding import Arm
 from ..program.steps import TRAIN_PARAMS, simulated_step
 from ..protocol.finetune import KeyOwner, encrypted_step
-from ..protocol.timing import Floor, check_floor
+from ..protocol.timing import floor_parameter
 from ..tasks import Sequences, digit_sequences
 from .finetune import ARM_NAMES, BASELINE
 from .heldout import bounds, interval
@@ -83,23 +83,6 @@ def _label(name: str) -> str:
     return "none" if name == BASELINE else name
 
 
-def _floor(params: Mapping[str, Any]) -> Floor:
-    """The key owner's ``answer_floor`` (:mod:`crypto.protocol.timing`) for the steps.
-
-    ``"auto"`` (the default, the protocol's own) pads every answer to a measured
-    floor; ``0`` answers at once. The padding is sleep: it adds wall seconds and no
-    CPU seconds, so a sweep that fits CPU seconds can leave it off (the quick spec).
-    """
-    value = params.get("answer_floor", "auto")
-    try:
-        return check_floor(value)
-    except ValueError:
-        raise ValueError(
-            'benchmark parameter answer_floor must be "auto" or seconds >= 0, '
-            f"got {value!r}"
-        ) from None
-
-
 def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Result]:
     """Measured steps over widths and lengths, the fitted model, the projection."""
     widths = _list(params, "widths", [2, 3, 4, 5])
@@ -121,7 +104,7 @@ def finetune_sweep(params: Mapping[str, Any], seeds: list[int]) -> Iterable[Resu
     epochs = int_param(params, "pretrain_epochs", 1)
     lr = float(params.get("lr", 0.5))
     arms = list(params.get("arms", list(ARM_NAMES)))
-    floor = _floor(params)
+    floor = floor_parameter(params)
     if (
         len(set(widths)) < 4
         or held_out not in widths

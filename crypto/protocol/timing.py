@@ -24,7 +24,7 @@ decode) a few times and takes :data:`FLOOR_MARGIN` times the slowest unit.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from defenses.checks import check_real
@@ -48,6 +48,29 @@ def check_floor(value: object) -> Floor:
     if value == "auto":
         return "auto"
     return check_real("answer_floor", value, 0.0)
+
+
+def floor_parameter(params: Mapping[str, Any]) -> Floor:
+    """A benchmark's ``answer_floor`` parameter (default ``"auto"``), checked.
+
+    ``"auto"``, the protocol's own default, pads every answer to a measured floor;
+    ``0`` answers at once. The padding is sleep: wall seconds and no CPU seconds,
+    so a benchmark that measures something else (CPU seconds, accuracy) may leave
+    it off and say so.
+
+    Raises
+    ------
+    ValueError
+        Naming ``answer_floor`` and the value, if it is neither.
+    """
+    value = params.get("answer_floor", "auto")
+    try:
+        return check_floor(value)
+    except ValueError:
+        raise ValueError(
+            'benchmark parameter answer_floor must be "auto" or seconds >= 0, '
+            f"got {value!r}"
+        ) from None
 
 
 def units(step: Step, outputs: int) -> float:

@@ -41,7 +41,12 @@ from defense_suite.crypto.program.folding import Arm, effective_weights
 from defense_suite.crypto.program.shadow import flag_sequences
 from defense_suite.crypto.protocol.client import Client
 from defense_suite.crypto.protocol.schedule import Step
-from defense_suite.crypto.protocol.timing import check_floor, pad, units
+from defense_suite.crypto.protocol.timing import (
+    check_floor,
+    floor_parameter,
+    pad,
+    units,
+)
 from defense_suite.crypto.protocol.wire import Message
 
 if TYPE_CHECKING:
@@ -219,6 +224,10 @@ def test_answer_floor_is_checked_measured_and_pads(micro_model: HEFormer) -> Non
     for bad in (-1.0, math.nan, "fast", True):
         with pytest.raises(ValueError, match="answer_floor"):
             check_floor(bad)
+        with pytest.raises(ValueError, match="benchmark parameter answer_floor"):
+            floor_parameter({"answer_floor": bad})
+    assert floor_parameter({}) == "auto"  # a benchmark pads unless told not to
+    assert floor_parameter({"answer_floor": 0}) == 0.0
     step = Step("roll", "r", (1, 1), (8, 8), (1.0, 1.0), copies=2)
     assert units(step, 4) == 3.0
     start = time.perf_counter()
