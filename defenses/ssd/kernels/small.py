@@ -208,10 +208,13 @@ def _lanes(
             column = np.float64(c)
             for r in range(m):
                 w = work[base + r]
-                running[r] += w
-                take = (w > 0.0) & (finished[r] == 0.0)
-                drawn[r] = column if take else drawn[r]
-                finished[r] = 1.0 if take & (running[r] > threshold[r]) else finished[r]
+                run = running[r] + w
+                running[r] = run
+                was = finished[r]
+                take = (w > 0.0) & (was == 0.0)
+                label_r = drawn[r]
+                drawn[r] = column if take else label_r
+                finished[r] = 1.0 if take & (run > threshold[r]) else was
         for r in range(m):
             label[r] = int(drawn[r])
         for r in range(m):
@@ -253,7 +256,8 @@ def _lanes(
                 (raised[r] == 0.0) & (running[r] - below[r] <= half[r])
             )
         for r in range(m):
-            mass = level_start[r] if raised[r] > 0.0 else 1.0
+            total_q = level_start[r]
+            mass = total_q if raised[r] > 0.0 else 1.0
             level_start[r] = 1.0 / mass
             for j in range(3):
                 lanes_a[j, r] = 0.0
@@ -280,8 +284,9 @@ def _lanes(
                 sum_qb[r] += qv * high
         for r in range(m):
             early = level_start[r] * lanes_a[2, r] - lanes_a[1, r] <= half[r]
-            skip = (trivial[r] > 0.0) | (usable[r] == 0.0) | early
-            trivial[r] = 2.0 if early and trivial[r] == 0.0 else trivial[r]
+            kind = trivial[r]
+            skip = (kind > 0.0) | (usable[r] == 0.0) | early
+            trivial[r] = 2.0 if early & (kind == 0.0) else kind
             lanes_a[3, r] = np.float64(skip)
             lanes_b[3, r] = np.float64(skip)
         bound = threshold  # free once the labels are drawn
@@ -298,14 +303,23 @@ def _lanes(
             m, max_steps,
         )  # fmt: skip
         for r in range(m):
-            if usable[r] == 0.0:
-                continue
             # a trivial row's answer is its prototype (raised == 0: q_i = max(q_i,
             # floor)), an early one's the scaled floored prototype: both are the
             # clip below with equal levels, min(max(f, w q), w q) = w q exactly
+            # (operands loaded before the selects, so that the loop vectorizes)
             kind = trivial[r]
-            w_lo = 1.0 if kind == 1.0 else (level_start[r] if kind == 2.0 else w_a[r])
-            w_hi = 1.0 if kind == 1.0 else (level_start[r] if kind == 2.0 else w_b[r])
+            scaled = level_start[r]
+            w_lo = w_a[r]
+            w_hi = w_b[r]
+            w_lo = scaled if kind == 2.0 else w_lo
+            w_hi = scaled if kind == 2.0 else w_hi
+            w_a[r] = 1.0 if kind == 1.0 else w_lo
+            w_b[r] = 1.0 if kind == 1.0 else w_hi
+        for r in range(m):
+            if usable[r] == 0.0:
+                continue
+            w_lo = w_a[r]
+            w_hi = w_b[r]
             for c in range(k):
                 qv = qs[c * block_rows + r]
                 fv = xs[c * block_rows + r]
