@@ -134,6 +134,6 @@ def level_lockstep(
             count[i] = kept_i if more > 0.0 else count_i
             sum_f[i] = new_f_i if more > 0.0 else sum_f_i
             sum_q[i] = new_q_i if more > 0.0 else sum_q_i
-            left += np.int64(more > 0.0)
+            left += int(more > 0.0)
         if left == 0:
             return
