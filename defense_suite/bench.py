@@ -25,21 +25,27 @@ quick profile, where ``crypto_sweep`` is the one).
 
 Each finished spec prints one line with its time; a failed spec is reported with its
 error and log and the others run on; the report is written only when every spec
-succeeded (a stale results file is never reported as this run's).
+succeeded (a stale results file is never reported as this run's), its plots drawn
+by the workers, idle by then, in parallel.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from defense_suite.spec import Spec, load_spec
 from defense_suite.workers import Outcome, Pool, run_spec
+
+if TYPE_CHECKING:
+    from defense_suite.report import Draw
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +146,7 @@ def run_bench(
     jobs: int | None,
     say: Callable[[str], None],
     check: Callable[[], None] = lambda: None,
+    report: Callable[[Draw], object] | None = None,
 ) -> list[Outcome]:
     """Run every spec in ``paths`` into ``results_dir/<name>.jsonl``.
 
@@ -148,8 +155,11 @@ def run_bench(
     imports overlap ``check``, which checks every spec before any runs), run the
     specs :func:`exclusive` does not name, longest first, the :func:`timed` ones
     among them one at a time, and are closed; then the exclusive specs run here,
-    alone. ``say`` gets one line per finished spec. Returns
-    the outcomes in the order the specs finished.
+    alone. ``say`` gets one line per finished spec. When every spec succeeded,
+    ``report`` is called with a :data:`~defense_suite.report.Draw` that hands the
+    report's parts to the workers, idle since their last spec (they stay open,
+    blocked on their input, while the exclusive specs run), or draws them here
+    when there were none. Returns the outcomes in the order the specs finished.
     """
     jobs = default_jobs() if jobs is None else jobs
     specs = {p: load_spec(p) for p in paths}
@@ -160,9 +170,10 @@ def run_bench(
     one_at_a_time = {p for p in shared if timed(specs[p])}
     total = len(paths)
     outcomes: list[Outcome] = []
-    if shared:
-        with Pool(min(jobs, len(shared))) as pool:
-            check()
+    with contextlib.ExitStack() as stack:
+        pool = stack.enter_context(Pool(min(jobs, len(shared)))) if shared else None
+        check()
+        if pool is not None:
             for outcome in pool.run(
                 [(p, results_dir / f"{p.stem}.jsonl") for p in shared],
                 mode,
@@ -170,13 +181,15 @@ def run_bench(
             ):
                 outcomes.append(outcome)
                 say(outcome.line(len(outcomes), total))
-    else:
-        check()
-    for path in alone:
-        logger.info("running %s alone", path.name)
-        outcomes.append(_alone(path, results_dir / f"{path.stem}.jsonl", mode))
-        say(outcomes[-1].line(len(outcomes), total))
-    write_times(results_dir, outcomes, jobs)
+        for path in alone:
+            logger.info("running %s alone", path.name)
+            outcomes.append(_alone(path, results_dir / f"{path.stem}.jsonl", mode))
+            say(outcomes[-1].line(len(outcomes), total))
+        write_times(results_dir, outcomes, jobs)
+        if report is not None and all(o.ok for o in outcomes):
+            from defense_suite.report import draw_parts
+
+            report(draw_parts if pool is None else pool.draw)
     return outcomes
 
 

@@ -233,7 +233,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     Exit code 1 when a spec failed (named on its line; no report is written).
     """
     from defense_suite.bench import run_bench
-    from defense_suite.report import write_report
+    from defense_suite.report import Draw, write_report
     from defense_suite.spec import load_spec
 
     specs = _spec_folder(Path(args.specs))
@@ -249,14 +249,21 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             _plan_run(path, results / f"{path.stem}.jsonl", None, mode)
 
     start = time.perf_counter()
-    done = run_bench(paths, results, mode, args.jobs, lambda s: _say(args, s), check)
+
+    def report(draw: Draw) -> None:  # only when every spec succeeded
+        _say(args, f"ran {len(paths)} specs in {time.perf_counter() - start:.0f} s")
+        out = write_report(
+            _result_files(results), specs, results / "REPORT.md", draw=draw
+        )
+        _say(args, f"wrote {out}")
+
+    done = run_bench(
+        paths, results, mode, args.jobs, lambda s: _say(args, s), check, report
+    )
     if failed := [o.name for o in done if not o.ok]:
         message = f"{len(failed)} of {len(paths)} specs failed ({', '.join(failed)})"
         print(f"defense-suite: error: {message}; no report", file=sys.stderr)
         return 1
-    _say(args, f"ran {len(paths)} specs in {time.perf_counter() - start:.0f} s")
-    out = write_report(_result_files(results), specs, results / "REPORT.md")
-    _say(args, f"wrote {out}")
     return 0
 
 

@@ -3,6 +3,13 @@
 Results are grouped by the spec that produced them (``Result.meta["spec"]``); each
 spec's TOML file supplies the section's title, the paper's claim, the columns and the
 plot axes. Packages add their own figures through the ``figures`` registry.
+
+The plots are most of the report's time (about 50 figures). Each section's plots and
+each package's figures are one :class:`Part`, drawn by :func:`draw_part` from plain
+data (JSON-ready), so that ``defense-suite bench`` can hand the parts to its idle
+worker processes and draw them in parallel (``write_report(..., draw=...)``); by
+default they are drawn here, one after another. The report's text is the same
+either way.
 """
 
 from __future__ import annotations
@@ -11,7 +18,8 @@ import datetime as dt
 import logging
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from defense_suite.output import read_results
@@ -134,6 +142,58 @@ def _figures(
     return lines
 
 
+@dataclass(frozen=True)
+class Part:
+    """One drawn piece of the report: a spec's section or a package's figures.
+
+    ``kind`` is ``"section"`` (``name`` a spec's name, ``spec`` its file or "" if
+    none is found) or ``"figures"`` (``name`` a package); ``records`` the results it
+    shows (:meth:`~defenses.results.Result.to_dict`); ``plot_dir`` and ``root`` the
+    plots' folder and the folder the report's links are relative to.
+    """
+
+    kind: str
+    name: str
+    spec: str
+    records: list[dict[str, object]]
+    plot_dir: str
+    root: str
+
+
+Draw = Callable[[Sequence[Part]], list[list[str]]]
+"""Draws parts and returns their Markdown lines, in order (:func:`draw_parts`)."""
+
+
+def _part(
+    kind: str,
+    name: str,
+    spec: Path | None,
+    results: Sequence[Result],
+    plot_dir: Path,
+    root: Path,
+) -> Part:
+    records = [r.to_dict() for r in results]
+    return Part(kind, name, str(spec or ""), records, str(plot_dir), str(root))
+
+
+def draw_part(part: Part) -> list[str]:
+    """The Markdown lines of ``part``, its plots written to ``part.plot_dir``."""
+    results = [Result.from_dict(r) for r in part.records]
+    plot_dir, root = Path(part.plot_dir), Path(part.root)
+    if part.kind == "section":
+        spec = load_spec(Path(part.spec)) if part.spec else None
+        return _section(part.name, spec, results, plot_dir, root)
+    if part.kind == "figures":
+        figures = _figures(part.name, results, plot_dir, root)
+        return [f"## Figures: {part.name}", "", *figures] if figures else []
+    raise ValueError(f"report part: unknown kind {part.kind!r}")
+
+
+def draw_parts(parts: Sequence[Part]) -> list[list[str]]:
+    """Draw ``parts`` here, one after another (the default :data:`Draw`)."""
+    return [draw_part(part) for part in parts]
+
+
 def summary_table(groups: dict[str, list[Result]], specs: dict[str, Spec]) -> str:
     """The summary table over every spec that declares a ``[report.summary]``."""
     rows: list[SummaryRow] = []
@@ -207,8 +267,14 @@ def write_report(
     spec_dir: Path,
     out: Path,
     readme: Path | None = None,
+    draw: Draw = draw_parts,
 ) -> Path:
-    """Write the Markdown report (and its plots beside it); return its path."""
+    """Write the Markdown report (and its plots beside it); return its path.
+
+    ``draw`` draws the sections' and packages' :class:`Part` s (default: here, in
+    order); any function returning each part's :func:`draw_part` lines in order
+    gives the same report.
+    """
     results = read_results(*result_files)
     if not results:
         raise ValueError(f"no results in {[str(p) for p in result_files]}")
@@ -254,15 +320,17 @@ def write_report(
         lines.append(f"| `{name}` | {spec.title if spec else name} | {len(group)} |")
     lines.append("")
     by_package: dict[str, list[Result]] = defaultdict(list)
+    parts = []
     for name, group in groups.items():
-        logger.info("report section %s", name)
-        lines += _section(name, specs.get(name), group, plot_dir, root)
+        spec_file = spec_dir / f"{name}.toml" if name in specs else None
+        parts.append(_part("section", name, spec_file, group, plot_dir, root))
         package = specs[name].package if name in specs else name
         by_package[package].extend(group)
     for package, group in by_package.items():
-        figures = _figures(package, group, plot_dir, root)
-        if figures:
-            lines += [f"## Figures: {package}", "", *figures]
+        parts.append(_part("figures", package, None, group, plot_dir, root))
+    logger.info("drawing %d report parts", len(parts))
+    for part_lines in draw(parts):
+        lines += part_lines
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines), encoding="utf-8")
     if readme is not None:

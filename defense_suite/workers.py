@@ -10,7 +10,9 @@ everything the spec prints (its progress lines, warnings, a C library's output, 
 processes it starts) lands there and the bench's own output stays one line a spec.
 
 A worker lives for many specs, so the imports and the registry's discovery are paid
-once per worker, not per spec. A worker that dies (a crash in a C extension, out of
+once per worker, not per spec. After the last spec, the same idle workers draw the
+report's plots (a job ``{"draw": part}`` answered ``{"ok", "lines", "error"}``:
+:meth:`Pool.draw`). A worker that dies (a crash in a C extension, out of
 memory) fails only the spec it was running; the next spec gets a fresh worker.
 """
 
@@ -28,11 +30,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Collection, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from defense_suite.spec import load_spec
+
+if TYPE_CHECKING:
+    from defense_suite.report import Part
 
 logger = logging.getLogger(__name__)
 
@@ -118,18 +123,22 @@ class Worker:
                 env={**os.environ, **ONE_THREAD},
             )
 
-    def run(self, spec: Path, out: Path, mode: str, log: Path) -> Outcome:
-        """Run one spec in the worker; a dead worker gives a failed outcome."""
+    def call(self, job: dict[str, Any]) -> str:
+        """Send one job line; its answer line, or "" if the worker is dead."""
         assert self.process.stdin is not None
         assert self.process.stdout is not None
-        start = time.perf_counter()
-        job = {"spec": str(spec), "out": str(out), "mode": mode, "log": str(log)}
         try:
             self.process.stdin.write(json.dumps(job) + "\n")
             self.process.stdin.flush()
-            answer = self.process.stdout.readline()
+            return self.process.stdout.readline()
         except OSError:
-            answer = ""
+            return ""
+
+    def run(self, spec: Path, out: Path, mode: str, log: Path) -> Outcome:
+        """Run one spec in the worker; a dead worker gives a failed outcome."""
+        start = time.perf_counter()
+        job = {"spec": str(spec), "out": str(out), "mode": mode, "log": str(log)}
+        answer = self.call(job)
         seconds = time.perf_counter() - start
         if not answer:
             code = self.process.wait()
@@ -240,6 +249,51 @@ class Pool:
             self.failed = self.failed or not outcome.ok
             yield outcome
 
+    def draw(self, parts: Sequence[Part]) -> list[list[str]]:
+        """Each report part's lines (:func:`~defense_suite.report.draw_part`), in order.
+
+        The live workers take the parts from one queue; a part whose worker failed
+        or died is drawn here afterwards, so the report is the one
+        :func:`~defense_suite.report.draw_parts` gives.
+        """
+        from defense_suite.report import draw_part
+
+        lines: list[list[str] | None] = [None] * len(parts)
+        left: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for index in range(len(parts)):
+            left.put(index)
+
+        def drive(worker: Worker) -> None:
+            while worker.process.poll() is None:
+                try:
+                    index = left.get_nowait()
+                except queue.Empty:
+                    return
+                answer = worker.call({"draw": asdict(parts[index])})
+                reply: dict[str, Any] = json.loads(answer) if answer else {"ok": False}
+                if reply["ok"]:
+                    lines[index] = [str(line) for line in reply["lines"]]
+                else:
+                    logger.warning(
+                        "report part %s: the worker failed (%s); drawn here",
+                        parts[index].name,
+                        reply.get("error", "worker died"),
+                    )
+
+        threads = [
+            threading.Thread(target=drive, args=(worker,), daemon=True)
+            for worker in self.workers
+            if worker.process.poll() is None
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return [
+            drawn if drawn is not None else draw_part(part)
+            for drawn, part in zip(lines, parts, strict=True)
+        ]
+
 
 class Jobs:
     """The specs left to run, in the order given, shared by the pool's workers.
@@ -284,6 +338,10 @@ def _serve(reply: IO[str]) -> None:
     )
     for line in sys.stdin:
         job = json.loads(line)
+        if "draw" in job:
+            reply.write(json.dumps(_draw(job["draw"])) + "\n")
+            reply.flush()
+            continue
         sys.stdout.flush()
         sys.stderr.flush()
         log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -304,6 +362,17 @@ def _serve(reply: IO[str]) -> None:
         sys.stderr.flush()
         reply.write(json.dumps(answer) + "\n")
         reply.flush()
+
+
+def _draw(part: dict[str, Any]) -> dict[str, Any]:
+    """The answer to a ``draw`` job: the part's lines, or the error in one line."""
+    from defense_suite.report import Part, draw_part
+
+    try:
+        return {"ok": True, "lines": draw_part(Part(**part)), "error": ""}
+    except Exception as error:  # the lead process draws it again and says why
+        logger.exception("report part %s failed", part.get("name"))
+        return {"ok": False, "lines": [], "error": _one_line(error)}
 
 
 def _warm_up() -> None:

@@ -368,3 +368,99 @@ def test_ctrl_c_stops_the_workers_and_keeps_no_part_of_a_running_spec(tmp_path):
     while _processes_with(tag.encode()) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _processes_with(tag.encode()) == []
+
+
+def _two_specs_and_results(tmp_path):
+    """A spec with plots, one without, and two seeds of two arms of each."""
+    from tests.benchmarks.records import auc_record
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "mini-quick.toml").write_text(SPEC)  # plots accuracy against AUC
+    axes = 'x = "utility.accuracy"\ny = "success.auc"\n'
+    assert axes in SPEC
+    (specs / "plain-quick.toml").write_text(SPEC.replace(axes, ""))
+    records = [
+        auc_record(defense, auc, seed, accuracy, spec=spec)
+        for spec in ("mini-quick", "plain-quick")
+        for seed in (0, 1)
+        for defense, auc, accuracy in (("none", 0.7, 0.9), ("rounding", 0.55, 0.85))
+    ]
+    results = tmp_path / "all.jsonl"
+    results.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in records))
+    return specs, results
+
+
+def _report_lines(path):
+    return [x for x in path.read_text().splitlines() if not x.startswith("Generated")]
+
+
+class _DrawingWorker:
+    """A worker without a process: it answers a draw job as a worker does (the job
+    and the answer through JSON), or, once dead, with nothing."""
+
+    def __init__(self, log_dir, number):
+        self.process = _FakeProcess()
+        self.dead = number == 2
+        self.parts = []
+
+    def call(self, job):
+        if self.dead:
+            return ""
+        self.parts.append(job["draw"]["name"])
+        return json.dumps(workers._draw(json.loads(json.dumps(job))["draw"]))
+
+    def close(self, interrupt=False):
+        pass
+
+
+def test_pool_draw_gives_the_parts_in_order_and_draws_a_dead_workers_here(
+    tmp_path, monkeypatch
+):
+    from defense_suite.report import write_report
+
+    monkeypatch.setattr(workers, "Worker", _DrawingWorker)
+    specs, results = _two_specs_and_results(tmp_path)
+    serial = write_report([results], specs, tmp_path / "serial" / "REPORT.md")
+    with Pool(2) as pool:
+        drawn = write_report(
+            [results], specs, tmp_path / "pool" / "REPORT.md", draw=pool.draw
+        )
+    assert _report_lines(drawn) == _report_lines(serial)
+    alive = pool.workers[0].parts
+    assert alive  # the live worker drew parts; the dead one's were drawn here
+    assert set(alive) <= {"mini-quick", "plain-quick", "digits"}
+    for name in ("mini-quick.png", "mini-quick-delta.png"):
+        assert (drawn.parent / "plots" / name).read_bytes() == (
+            serial.parent / "plots" / name
+        ).read_bytes()
+
+
+@pytest.mark.slow
+def test_the_idle_workers_draw_the_report_a_serial_draw_gives(tmp_path):
+    """The report's parts (a section with its tradeoff and delta plots, and one
+    without plots) drawn by two worker processes give the same Markdown and the
+    same PNG bytes as drawn here, in order; after one is killed, the other and
+    this process draw them."""
+    from defense_suite.report import write_report
+
+    specs, results = _two_specs_and_results(tmp_path)
+    serial = write_report([results], specs, tmp_path / "serial" / "REPORT.md")
+    with Pool(2) as pool:
+        parallel = write_report(
+            [results], specs, tmp_path / "parallel" / "REPORT.md", draw=pool.draw
+        )
+        pool.workers[0].process.send_signal(signal.SIGKILL)
+        pool.workers[0].process.wait()
+        survivor = write_report(
+            [results], specs, tmp_path / "survivor" / "REPORT.md", draw=pool.draw
+        )
+
+    assert _report_lines(parallel) == _report_lines(serial)
+    assert _report_lines(survivor) == _report_lines(serial)
+    pngs = sorted(p.name for p in (serial.parent / "plots").glob("*.png"))
+    assert pngs == ["mini-quick-delta.png", "mini-quick.png"]
+    for folder in (parallel.parent, survivor.parent):
+        for name in pngs:
+            drawn = (folder / "plots" / name).read_bytes()
+            assert drawn == (serial.parent / "plots" / name).read_bytes(), name
