@@ -1,11 +1,11 @@
 """Compiled counting, sorting and entry building of vote rows (:class:`VoteGeometry`).
 
 :func:`count_votes` counts the part predictions per point and class;
-:func:`vote_entries` sorts each point's votes, finds the distinct sorted rows and
-turns them into entries, one per distinct vote count of a row (see
-:class:`defenses.rps.scores.VoteGeometry`), with their scores
-(:func:`entry_scores`), and maps every (point, class) to its entry;
-:func:`point_sets` gives each point's best class and its sets.
+:func:`vote_rows` sorts each point's votes, finds the distinct sorted rows and
+their entries, one per distinct vote count of a row (see
+:class:`defenses.rps.scores.VoteGeometry`), with their scores (:func:`row_scores`,
+equal to :func:`entry_scores` of the written-out entries), and maps every (point,
+class) to its entry; :func:`point_sets` gives each point's best class and its sets.
 """
 
 from __future__ import annotations
@@ -153,11 +153,8 @@ def vote_rows(
     index = np.empty((n, k), dtype=np.int64)
     line = np.empty(k, dtype=np.int64)
     keys = np.empty(k, dtype=np.int64)
-    top = 0
-    for p in range(n):
-        for c in range(k):
-            top = max(top, votes[p, c])
-    rank = np.empty(top + 1, dtype=np.int64)
+    rank = np.empty(table.shape[0], dtype=np.int64)  # votes <= k_t: table's size
+    own = np.empty(n * k, dtype=np.int64)
     count = 0
     for p in range(n):
         for c in range(k):
@@ -180,9 +177,13 @@ def vote_rows(
             if row < 0:  # a new sorted row: the next block of entries
                 row = count
                 slot[at] = row
+                e = start[row]
                 for c in range(k):
                     rows[row, c] = line[c]
-                start[row + 1] = start[row] + distinct + 1
+                    if c == 0 or line[c] != line[c - 1]:
+                        own[e] = line[c]
+                        e += 1
+                start[row + 1] = e
                 count += 1
                 break
             same = True
@@ -197,13 +198,7 @@ def vote_rows(
         for c in range(k):
             index[p, c] = block + rank[votes[p, c]]
     size = start[count]
-    own = np.empty(size, dtype=np.int64)
-    for row in range(count):
-        e = start[row]
-        for c in range(k):
-            if c == 0 or rows[row, c] != rows[row, c - 1]:
-                own[e] = rows[row, c]
-                e += 1
+    own = own[:size]
     rows = rows[:count]
     scores = np.empty(size)
     tails = np.empty(size)
@@ -254,3 +249,32 @@ def point_sets(
                 flat[p * k + c, level] = value >= cuts[level]
         best[p] = first
     return best, sets
+
+
+@compiled
+def point_radii(
+    index: IntArray,
+    in_set: BoolArray,
+    training: IntArray,
+    calibration: IntArray,
+    joint: IntArray,
+) -> tuple[BoolArray, IntArray, IntArray, IntArray]:
+    """The certificate's (n, K) arrays from per-entry ones, in one pass over ``index``.
+
+    ``in_set[index]``, ``training[index]``, ``calibration[index]`` and
+    ``joint[index]``, written into new arrays (numpy's four gathers read ``index``
+    four times).
+    """
+    n, k = index.shape
+    sets = np.empty((n, k), dtype=np.bool_)
+    train = np.empty((n, k), dtype=np.int64)
+    calib = np.empty((n, k), dtype=np.int64)
+    both = np.empty((n, k), dtype=np.int64)
+    for p in range(n):
+        for c in range(k):
+            e = index[p, c]
+            sets[p, c] = in_set[e]
+            train[p, c] = training[e]
+            calib[p, c] = calibration[e]
+            both[p, c] = joint[e]
+    return sets, train, calib, both

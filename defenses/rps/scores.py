@@ -64,6 +64,7 @@ from defenses.rps.certificate import TIE, CertifiedArrays
 from defenses.rps.entries import (
     count_votes,
     entry_scores,
+    point_radii,
     row_others,
     row_scores,
     vote_rows,
@@ -98,6 +99,10 @@ def vote_counts(
     return counts
 
 
+_FIELDS: tuple[str, ...] = ("rows", "start", "own", "index", "scores", "n_voters")
+_FIELDS += ("softmax", "tails", "_others")  # VoteGeometry's, in _fill's order
+
+
 def _table(n_voters: int) -> FloatArray:
     """``table[v]`` = :math:`e^{v / k_t}` for ``v`` in ``0..k_t + 1``."""
     return np.exp(np.arange(n_voters + 2, dtype=np.float64) / n_voters)
@@ -113,11 +118,10 @@ class VoteGeometry:
     :meth:`upper` take a radius that broadcasts against the entries (optionally
     restricted to ``rows``). Immutable.
 
-    Built by hand from entries, ``VoteGeometry(own, others, index, scores,
-    n_voters, softmax, tails=None)`` (each entry its own row), or from the sorted
-    rows of a batch by :func:`vote_geometry`, which writes no ``others``: an
-    entry's others are its row without one ``own``, copied out by the kernels when
-    needed and by the ``others`` property on first access.
+    Built by hand from entries (each its own row), or from the sorted rows of a
+    batch by :func:`vote_geometry`, which writes no ``others``: an entry's others
+    are its row without one ``own``, copied out by the kernels when needed and by
+    the ``others`` property on first access.
 
     Attributes
     ----------
@@ -169,9 +173,8 @@ class VoteGeometry:
         if tails is None:
             tails = np.empty(size)
             entry_scores(own, others, table, np.empty(size), tails)
-        self._fill(rows, np.arange(size + 1), own, index, scores, n_voters, softmax)
-        object.__setattr__(self, "tails", tails)
-        object.__setattr__(self, "_others", others)
+        start = np.arange(size + 1)
+        self._fill(rows, start, own, index, scores, n_voters, softmax, tails, others)
 
     @classmethod
     def of_rows(
@@ -187,14 +190,11 @@ class VoteGeometry:
     ) -> VoteGeometry:
         """The geometry of sorted rows (:func:`defenses.rps.entries.vote_rows`)."""
         geometry = cls.__new__(cls)
-        geometry._fill(rows, start, own, index, scores, n_voters, softmax)
-        object.__setattr__(geometry, "tails", tails)
-        object.__setattr__(geometry, "_others", None)
+        geometry._fill(rows, start, own, index, scores, n_voters, softmax, tails, None)
         return geometry
 
     def _fill(self, *values: Any) -> None:
-        names = ("rows", "start", "own", "index", "scores", "n_voters", "softmax")
-        for name, value in zip(names, values, strict=True):
+        for name, value in zip(_FIELDS, values, strict=True):
             object.__setattr__(self, name, value)
         object.__setattr__(self, "_table", _table(self.n_voters))
 
@@ -296,11 +296,9 @@ class VoteGeometry:
     ) -> IntArray:
         """Largest r_t certified per entry with r_c = 0 (or with r_c = r_t).
 
-        That is, the largest radius at which :meth:`PartThresholds.certified`
-        holds (certification is monotone in both radii; radius 0 always counts),
-        at most ``thresholds.radius`` and ``ceiling`` (a known bound per entry).
-        The joint radius is at most the training radius, which the same pass finds
-        first (:func:`defenses.rps.kernels.certified_radii`).
+        The largest radius at which :meth:`PartThresholds.certified` holds (it is
+        monotone in both radii; radius 0 always counts), at most
+        ``thresholds.radius`` and ``ceiling`` (a known bound per entry).
         """
         top = np.full(self.size, thresholds.radius, dtype=np.int64)
         if ceiling is not None:
@@ -311,11 +309,10 @@ class VoteGeometry:
     def radii(
         self, thresholds: PartThresholds, in_set: BoolArray, calibration: IntArray
     ) -> tuple[IntArray, IntArray]:
-        """Training and joint radii per entry, one pass.
+        """Training and joint radii per entry (the joint one below ``calibration``).
 
-        ``largest(joint=False)``, then ``largest(joint=True)`` below the smaller
-        of it and ``calibration``: the joint search compares the score bounds the
-        training search computed (:func:`defenses.rps.kernels.certified_radii`).
+        ``largest(joint=False)`` and ``largest(joint=True)`` in one pass
+        (:func:`defenses.rps.kernels.certified_radii`).
         """
         top = np.full(self.size, thresholds.radius, dtype=np.int64)
         return self._searches(thresholds, in_set, top, calibration)
@@ -331,9 +328,9 @@ class VoteGeometry:
         calibration = np.empty(self.size, dtype=np.int64)
         top = np.full(self.size, thresholds.radius, dtype=np.int64)
         training, joint = self._searches(thresholds, in_set, top, calibration, True)
-        index = self.index
+        index = np.ascontiguousarray(self.index, dtype=np.int64)
         return CertifiedArrays(
-            in_set, in_set[index], training[index], calibration[index], joint[index]
+            in_set, *point_radii(index, in_set, training, calibration, joint)
         )
 
 
