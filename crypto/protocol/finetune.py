@@ -54,7 +54,9 @@ class KeyOwner:
         self.params = params
         self.n = n_tokens
         self.context = make_context(params, galois=True)
-        self.public = load_public(public_bytes(self.context))
+        self.public_blob = public_bytes(self.context)
+        """The public context as sent (serialized once, for every session)."""
+        self.public = load_public(self.public_blob)
         self.bytes_up = 0
 
     def encrypt(self, values: FloatArray) -> Any:
@@ -129,6 +131,7 @@ def encrypted_step(
         owner.context if owner is not None else None,
         answer_floor,
         bounds,
+        owner.public_blob if owner is not None else None,
     )
     made = server(job, params)
     host = Loopback(server=made) if transport == "loopback" else hosted(made)

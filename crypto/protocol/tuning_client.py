@@ -64,6 +64,10 @@ class TuningClient:
     bounds : UpdateBounds
         The public update bounds of the agreement (:mod:`crypto.program.bounds`): the
         job must carry them, every server message must state them.
+    public_context : bytes or None
+        :func:`~crypto.he.ckks.public_bytes` of ``context``, if the caller has it
+        (a :class:`~crypto.finetune.KeyOwner` keeps it): each session sends it,
+        and serializing tens of MB of keys costs about 0.5 s a session.
     """
 
     def __init__(
@@ -73,15 +77,23 @@ class TuningClient:
         context: Any = None,
         answer_floor: Floor = "auto",
         bounds: UpdateBounds = DEFAULT_BOUNDS,
+        public_context: bytes | None = None,
     ):
         if not isinstance(bounds, UpdateBounds):
             raise TypeError(f"bounds must be UpdateBounds, got {type(bounds).__name__}")
+        if public_context is not None and context is None:
+            raise ValueError("public_context: give it with the context it serializes")
+        if public_context is not None and not isinstance(public_context, bytes):
+            raise TypeError(
+                f"public_context must be bytes, got {type(public_context).__name__}"
+            )
         self.bounds = bounds
         self.params = params
         self.answer_floor = check_floor(answer_floor)
         self.n = n_tokens
         self.context = context if context is not None else make_context(params, True)
         self.key = fingerprint(self.context)
+        self.public = public_context
         self.slots = 0
         self.decryptions = 0
         self.encryptions = 0
@@ -227,9 +239,9 @@ class TuningClient:
         self.slots = program.slots(self.params)
         self.floor()  # measured before the session, from public values only
         schedule = self.schedule(job)
-        connection.send(
-            Message("context", self.key, (public_bytes(self.context),)).encode()
-        )
+        if self.public is None:
+            self.public = public_bytes(self.context)
+        connection.send(Message("context", self.key, (self.public,)).encode())
         # the step's clock starts after the session's setup (the public context)
         self.started = clock()
         entries = [

@@ -231,6 +231,36 @@ def test_the_job_carries_the_clients_bounds(micro_model: HEFormer) -> None:
         TuningServer(replace(job, bounds=None), TRAIN_PARAMS)  # type: ignore[arg-type]
 
 
+def test_a_key_owners_public_context_is_sent_as_serialized_once(
+    micro_model: HEFormer,
+) -> None:
+    """A client given its KeyOwner's serialized public context sends those bytes
+    (equal to serializing again); given without its context, or not as bytes, it
+    is refused."""
+    from defense_suite.crypto.he.ckks import public_bytes
+    from defense_suite.crypto.protocol.finetune import KeyOwner
+
+    X, y = _batch()
+    net, fold, packed, onehot, b = _prepare(micro_model, X, y, Arm("lora"))
+    job = TuningJob.sgd(net, fold, 0.5, 1, b)
+    n = micro_model.config.n_tokens
+    owner = KeyOwner(TRAIN_PARAMS, n)
+    assert owner.public_blob == public_bytes(owner.context)
+    client = TuningClient(
+        TRAIN_PARAMS, n, owner.context, 0.0, public_context=owner.public_blob
+    )
+    channel = Recording()
+    secret = {k: np.asarray(net.mats[k]) for k in net.trained}
+    with pytest.raises(AssertionError, match="must not wait"):
+        client.train(channel, job, secret, packed, onehot)
+    sent = Message.decode(channel.sent[0])
+    assert (sent.kind, sent.blobs) == ("context", (owner.public_blob,))
+    with pytest.raises(ValueError, match="public_context: give it with the context"):
+        TuningClient(TRAIN_PARAMS, n, public_context=owner.public_blob)
+    with pytest.raises(TypeError, match="public_context must be bytes"):
+        TuningClient(TRAIN_PARAMS, n, owner.context, public_context="x")  # type: ignore[arg-type]
+
+
 class Misstating(TuningServer):
     """Accepts the client's bounds but states ``said`` in its messages of ``kinds``."""
 
