@@ -253,9 +253,10 @@ def certified_radii(
     votes; each probe is O(1) when no class is drained). A joint certificate at
     ``r`` implies the training one (the threshold columns are sorted over the
     parts, so ``upper[tau_hat + r, r] >= upper[tau_hat, r]`` and
-    ``lower[tau_hat - r, r] <= lower[tau_hat, r]``), so the joint search compares
-    the score bounds the training search computed (kept in ``seen``) with other
-    thresholds and computes none.
+    ``lower[tau_hat - r, r] <= lower[tau_hat, r]``), so the joint radius is
+    checked in the same scan: each bound the training search certifies at
+    ``r <= min(limit, guard)`` is compared with the joint thresholds at ``r`` until
+    one fails, and no bound is computed twice.
 
     The common bounds are computed in this loop from scalars: a lower bound that
     drains no class is ``_share(e^{own - r}, tail[1] + e^{largest + r})``, an
@@ -270,7 +271,6 @@ def certified_radii(
     widest = lower.shape[1] - 1
     m = rows.shape[1] - 1
     tail = np.empty(m + 1)
-    seen = np.empty(widest + 1)
     others = np.empty((1, m), dtype=np.int64)
     keep = np.ascontiguousarray(upper[:, 0])  # contiguous: the counts vectorize
     drop = np.ascontiguousarray(lower[:, 0])
@@ -299,6 +299,9 @@ def certified_radii(
                 limit[entry] = min(kept, guard) if kept >= 0 else -1
             top = min(ceiling[entry], widest)
             found = 0
+            both = 0
+            alive = True
+            cap = min(limit[entry], guard)
             if top >= 1:
                 largest = rows[row, 1] if p == 0 else rows[row, 0]
                 second = 0 if m == 1 else rows[row, 2] if p <= 1 else rows[row, 1]
@@ -344,22 +347,16 @@ def certified_radii(
                                 votes, others, 0, room, tail, n_voters, table, True, r
                             )
                         ok = bound < lower[tau_hat, r] - tie
-                    seen[r] = bound
                     if not ok:
                         break
                     found = r
+                    if alive and r <= cap:
+                        if member:
+                            alive = tau_hat + r < k_c and bound >= upper[tau_hat + r, r]
+                        else:
+                            alive = tau_hat >= r and bound < lower[tau_hat - r, r] - tie
+                        both += alive
             training[entry] = found
-            both = 0
-            last = min(found, limit[entry], guard)
-            while both < last:
-                r = both + 1
-                if member:
-                    ok = tau_hat + r < k_c and seen[r] >= upper[tau_hat + r, r]
-                else:
-                    ok = tau_hat >= r and seen[r] < lower[tau_hat - r, r] - tie
-                if not ok:
-                    break
-                both = r
             joint[entry] = both
 
 
