@@ -232,7 +232,8 @@ def _lanes(
         if not out.shape[0]:
             continue
         for r in range(m):
-            scale = constant if constant >= 0.0 else epsilon * entropy[r]
+            budget = epsilon * entropy[r]
+            scale = constant if constant >= 0.0 else budget
             half[r] = 0.5 * scale
             raised[r] = 0.0
             below[r] = 0.0
