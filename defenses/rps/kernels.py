@@ -26,6 +26,10 @@ import numpy as np
 from defenses.arrays import BoolArray, FloatArray, IntArray
 from defenses.jit import compiled, inlined
 
+BLOCK = 3
+"""Probes :func:`certified_radii` makes per entry before it tests for the first
+failing one (most radii are a few votes)."""
+
 
 @inlined
 def _entry_sums(
@@ -235,22 +239,22 @@ def certified_radii(
 ) -> None:
     r"""Largest certified training and joint radii per entry, in one pass.
 
-    Entries are those of the sorted ``rows`` (``start``, ``own``: see
-    :func:`defenses.rps.entries.vote_rows`). ``training[i]``: the largest :math:`r \le`
-    ``ceiling[i]`` (and the tables' last column) certified with :math:`r_c = 0`;
-    ``joint[i]``: the largest :math:`r \le \min(` ``training[i]``, ``limit[i]``
-    :math:`)` certified with :math:`r_t = r_c = r`
-    (:meth:`PartThresholds.certified`; kept: ``low >= cut`` exactly, left out:
-    ``high < cut - tie``). Radius 0 always counts. ``tails[i]`` is the canonical sum
-    of the entry's other terms but the largest (``tail[1]`` of
-    :func:`_entry_sums`). With ``calibrate``, ``limit[i]`` is first set to the
-    entry's calibration radius at :math:`r_t = 0`
-    (:func:`calibration_radii` from ``scores``: the parts whose column-0 bound the
-    score passes, counted).
+    Entries are those of the sorted ``rows`` (:func:`~defenses.rps.entries.vote_rows`).
+    ``training[i]``: the largest :math:`r \le` ``ceiling[i]`` (and the tables' last
+    column) certified with :math:`r_c = 0`; ``joint[i]``: the largest
+    :math:`r \le \min(` ``training[i]``, ``limit[i]`` :math:`)` certified with
+    :math:`r_t = r_c = r` (:meth:`PartThresholds.certified`; kept: ``low >= cut``
+    exactly, left out: ``high < cut - tie``). Radius 0 always counts. ``tails[i]``:
+    ``tail[1]`` of :func:`_entry_sums`. With ``calibrate``, ``limit[i]`` is first set
+    to the calibration radius at :math:`r_t = 0` (:func:`calibration_radii`, the
+    parts whose sorted column-0 bound the score passes counted).
 
     Certification is monotone in both radii, so the training radius is the step
     before the first failing one, probed ``r = 1, 2, ...`` (most radii are a few
-    votes; each probe is O(1) when no class is drained). A joint certificate at
+    votes; each probe is O(1) when no class is drained). The first :data:`BLOCK`
+    probes, when all are of that O(1) kind, are made together and their outcomes
+    counted without a branch (the first failure counts, a later success does not).
+    A joint certificate at
     ``r`` implies the training one (the threshold columns are sorted over the
     parts, so ``upper[tau_hat + r, r] >= upper[tau_hat, r]`` and
     ``lower[tau_hat - r, r] <= lower[tau_hat, r]``), so the joint radius is
@@ -263,7 +267,9 @@ def certified_radii(
     upper bound that moves votes from the largest other class only is
     ``_share(e^{own + r}, tail[1] + e^{largest - r})`` (the sums
     :func:`lower_bound` and :func:`upper_bound` add, in their order); the others
-    copy the entry's others out of its row once and call those functions. An
+    (from the probe ``slow``, known in advance: the first that drains a class, or
+    lowers more than the largest other class) copy the entry's others out of its
+    row once and call those functions. An
     inlined helper taking arrays costs six reference count calls (about 30 ns) per
     call, more than the bound itself.
     """
@@ -274,6 +280,20 @@ def certified_radii(
     others = np.empty((1, m), dtype=np.int64)
     keep = np.ascontiguousarray(upper[:, 0])  # contiguous: the counts vectorize
     drop = np.ascontiguousarray(lower[:, 0])
+    # per radius r: what a member's lower bound must reach and a class out of the
+    # set's upper bound must stay below, with r_c = 0 and with r_c = r
+    reach = np.full(widest + 1, np.inf)
+    below = np.full(widest + 1, -np.inf)
+    both_reach = np.full(widest + 1, np.inf)
+    both_below = np.full(widest + 1, -np.inf)
+    for r in range(widest + 1):
+        if tau_hat < k_c:
+            reach[r] = upper[tau_hat, r]
+            below[r] = lower[tau_hat, r] - tie
+        if tau_hat + r < k_c:
+            both_reach[r] = upper[tau_hat + r, r]
+        if tau_hat >= r:
+            both_below[r] = lower[tau_hat - r, r] - tie
     for row in range(rows.shape[0]):
         total = 0
         for c in range(m + 1):
@@ -315,6 +335,32 @@ def certified_radii(
                     slow = n_voters - room + 1
                 elif softmax and not member and m > 1:
                     slow = max(largest - second, 1)
+                if softmax and slow > BLOCK and top >= BLOCK:
+                    # the first BLOCK probes, quick ones, with no branch between
+                    # them (a scan's exit is a mispredicted branch per entry)
+                    held = kept = 1
+                    if member:
+                        for r in range(1, BLOCK + 1):
+                            moves = _losses(r, votes, room, largest, n_voters)
+                            first, joined, _ = moves
+                            grown = largest + first + joined
+                            bound = _share(table[votes - first], rest + table[grown])
+                            held &= bound >= reach[r]
+                            kept &= held & (bound >= both_reach[r]) & (r <= cap)
+                            found += held
+                            both += kept
+                    else:
+                        for r in range(1, BLOCK + 1):
+                            mine, moved = _gains(r, votes, room, n_voters)
+                            gone = largest - moved
+                            bound = _share(table[mine], rest + table[gone])
+                            held &= bound < below[r]
+                            kept &= held & (bound < both_below[r]) & (r <= cap)
+                            found += held
+                            both += kept
+                    alive = kept == 1
+                    if found < BLOCK:
+                        top = found  # the first failing probe was found
                 while found < top:
                     r = found + 1
                     if r == slow:
@@ -334,7 +380,7 @@ def certified_radii(
                             bound = lower_bound(
                                 votes, others, 0, room, tail, n_voters, table, True, r
                             )
-                        ok = tau_hat < k_c and bound >= upper[tau_hat, r]
+                        ok = bound >= reach[r]
                     else:
                         mine, moved = _gains(r, votes, room, n_voters)
                         if not softmax:
@@ -346,15 +392,15 @@ def certified_radii(
                             bound = upper_bound(
                                 votes, others, 0, room, tail, n_voters, table, True, r
                             )
-                        ok = bound < lower[tau_hat, r] - tie
+                        ok = bound < below[r]
                     if not ok:
                         break
                     found = r
                     if alive and r <= cap:
                         if member:
-                            alive = tau_hat + r < k_c and bound >= upper[tau_hat + r, r]
+                            alive = bound >= both_reach[r]
                         else:
-                            alive = tau_hat >= r and bound < lower[tau_hat - r, r] - tie
+                            alive = bound < both_below[r]
                         both += alive
             training[entry] = found
             joint[entry] = both
