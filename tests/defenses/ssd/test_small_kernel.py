@@ -217,3 +217,59 @@ def test_the_answer_holds_the_scratch(dtype):
     finally:
         tracemalloc.stop()
     assert peak < 8 * scratch_words(k, TAIL_BLOCK_ROWS) / 2
+
+
+def _newton_steps(f_row, q_row, h: float, sign: float) -> int:
+    """Steps of :func:`~defenses.ssd.kernels.projection._level` for one level."""
+    q = np.maximum(q_row, FLOOR)
+    start = 1.0 / (q.sum() if (q_row < FLOOR).any() else 1.0)
+    ratio = f_row / q
+    alive = sign * (ratio - start) < 0.0
+    steps = 0
+    while alive.any():
+        steps += 1
+        level = (f_row[alive].sum() + sign * h) / q[alive].sum()
+        kept = alive & (sign * (ratio - level) < 0.0)
+        if kept.sum() in (alive.sum(), 0):
+            break
+        alive = kept
+    return steps
+
+
+@pytest.mark.parametrize("k", [3, 5, 10, 16])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_rows_of_a_block_ending_after_different_steps_agree(k, dtype):
+    # a block's lockstep runs until its slowest row ends; the rows that ended
+    # earlier keep their levels through the later steps (the selects of the
+    # step's end) and give the row kernel's bits, for both levels
+    rng = np.random.default_rng(40 + k)
+    n = 3 * BLOCK_ROWS + 5
+    alpha = np.where(np.arange(n) % 2 == 0, 0.05, 3.0)[:, None]
+    f = rng.dirichlet(np.ones(k), n) ** (1.0 / alpha)
+    f = (f / f.sum(axis=1, keepdims=True)).astype(dtype)
+    prototypes = np.maximum(rng.dirichlet(np.full(k, 0.3), k), FLOOR)
+    prototypes /= prototypes.sum(axis=1, keepdims=True)
+    case = {
+        "f": f,
+        "prototypes": prototypes,
+        "uniforms": rng.random(n),
+        "key": np.uint64(0),
+        "counter": np.uint64(0),
+        "settings": np.array([0.25, -1.0, 0.5, FLOOR]),
+        "start": 0,
+        "stop": n,
+    }
+    _, row_out, _ = _run(shield_rows, case, True)
+    _, _, labels = _run(shield_rows, case, False)
+    _, out, _ = _run(shield_rows_small, case, True)
+    np.testing.assert_array_equal(out, row_out)
+    f64 = f.astype(np.float64)
+    h = 0.5 * 0.25 * -(f64 * np.log(np.maximum(f64, 1e-300))).sum(axis=1)
+    first = [
+        [_newton_steps(f64[r], prototypes[labels[r]], h[r], s) for r in range(64)]
+        for s in (1.0, -1.0)
+    ]
+    # the first block holds rows ending after one step and rows going on longer
+    # (at K = 2 an active set has one index: every level ends in one step)
+    assert min(max(steps) for steps in first) >= 2
+    assert max(min(s for s in steps if s) for steps in first) == 1
