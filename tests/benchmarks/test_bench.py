@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "benchmarks" / "specs"
 COMPARED = ("scenario", "attack", "defense", "seed", "params", "threat")
 SECTIONS = ("utility", "success", "certificate")
-WAIVED = {"crypto_sweep-quick"}
+WAIVED = {"crypto_sweep-quick", "composition_s3t_rps-quick"}
 """Quick timing specs that run in a one-thread worker ([run] exclusive = false)."""
 
 
