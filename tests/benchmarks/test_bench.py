@@ -30,7 +30,12 @@ REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "benchmarks" / "specs"
 COMPARED = ("scenario", "attack", "defense", "seed", "params", "threat")
 SECTIONS = ("utility", "success", "certificate")
-WAIVED = {"crypto_sweep-quick", "composition_s3t_rps-quick"}
+WAIVED = {
+    "crypto_sweep-quick",
+    "composition_s3t_rps-quick",
+    "crypto_attention-quick",
+    "crypto_lora-quick",
+}
 """Quick timing specs that run in a one-thread worker ([run] exclusive = false)."""
 
 
@@ -60,8 +65,7 @@ def test_shipped_timing_claims_run_alone_or_one_at_a_time_and_the_others_beside(
     assert {
         "ssd_perf-quick",
         "rps_perf-quick",
-        "crypto_attention-quick",
-        "crypto_lora-quick",
+        "crypto_finetune-quick",
         "serve-quick",
     } <= alone
     assert not alone & {"reference-quick", "ssd-quick", "crypto_byo-quick", "rps-quick"}
