@@ -38,13 +38,8 @@ from defenses.arrays import FloatArray, IntArray
 from defenses.checks import check_int, check_real
 from defenses.data import check_labelled
 
-from .release import (
-    clip_factors,
-    expected_batch,
-    finite_release,
-    noised_sum,
-    sanitize_rows,
-)
+from .release import expected_batch, finite_release, noised_sum
+from .softmax import Lane, label_table, softmax_, softmax_step, train_softmax
 
 Params = list[FloatArray]
 Sampling = Literal["poisson", "fixed"]
@@ -74,9 +69,14 @@ def fixed_batches(n: int, q: float, steps: int) -> list[IntArray]:
 def batches(
     rng: np.random.Generator, n: int, q: float, steps: int, sampling: Sampling
 ) -> list[IntArray]:
-    """The ``steps`` batches of one round under ``sampling``."""
+    """The ``steps`` batches of one round under ``sampling``.
+
+    Poisson batches come from one draw of ``steps`` x ``n`` uniforms: the same
+    stream, hence the same batches, as ``steps`` calls of :func:`poisson_batch`.
+    """
     if sampling == "poisson":
-        return [poisson_batch(rng, n, q) for _ in range(steps)]
+        draws = rng.random((steps, n)) < q
+        return [row.nonzero()[0].astype(np.int64, copy=False) for row in draws]
     return fixed_batches(n, q, steps)
 
 
@@ -188,86 +188,31 @@ def init_params(
     ]
 
 
-def _softmax(z: FloatArray) -> FloatArray:
-    z = z - z.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return np.asarray(e / e.sum(axis=1, keepdims=True), dtype=np.float64)
-
-
 def predict_proba(params: Sequence[FloatArray], X: FloatArray) -> FloatArray:
     """Class probabilities of softmax regression (2 arrays) or the ReLU MLP (4)."""
     if len(params) == 2:
-        return _softmax(X @ params[0] + params[1])
+        return softmax_(X @ params[0] + params[1])
     hidden = np.maximum(X @ params[0] + params[1], 0.0)
-    return _softmax(hidden @ params[2] + params[3])
+    return softmax_(hidden @ params[2] + params[3])
 
 
-def _softmax_step(
-    W: FloatArray,
-    b: FloatArray,
-    X: FloatArray,
-    y: IntArray,
-    clip: float | None,
-    mask: FloatArray | None = None,
-) -> tuple[FloatArray, FloatArray]:
-    r"""Summed (sanitized, clipped) per-example gradients of the cross-entropy.
+_softmax_step = softmax_step  # one step on its own (tests, red team)
 
-    ``mask`` (0/1 per row) keeps only the sampled rows of ``X``: the DP path
-    passes every record and the batch as a mask, so a step's work is the same
-    whichever and however many records were sampled (the reply time does not
-    depend on the sample).
 
-    The per-example gradient is the rank-one pair :math:`(x_i r_i^T, r_i)` with
-    residual :math:`r_i = p_i - e_{y_i}`, so its norm is
-    :math:`\lVert r_i\rVert \sqrt{\lVert x_i\rVert^2 + 1}` and the clipped sum
-    is :math:`X^T (s \odot R)` without materialising per-example gradients. With
-    ``clip`` (DP), a residual that is not finite (the server's weights overflowed
-    that record's logits) is replaced by zero before clipping, and a norm that
-    overflows gets factor 0 (:mod:`federated.release`): every record contributes
-    a finite vector of norm at most ``clip``.
-    """
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        residual = _softmax(X @ W + b)
-        residual[np.arange(y.size), y] -= 1.0
-        if clip is not None:
-            residual = sanitize_rows(residual)
-            norms = np.linalg.norm(residual, axis=1) * np.sqrt(
-                (X * X).sum(axis=1) + 1.0
-            )
-            residual *= clip_factors(norms, clip)[:, None]
-        if mask is not None:
-            residual *= mask[:, None]
-        return X.T @ residual, residual.sum(axis=0)
+def _lane(data: LocalData, job: _Round) -> Lane:
+    """The numpy backend's view of one client's round (batches drawn here)."""
+    X = data.X if job.constant_work else np.ascontiguousarray(data.X)
+    table = label_table(data.y, data.n_classes, X)
+    draws = job.batches(len(data))
+    sigma, eb = job.plan.sigma, job.expected_batch
+    return Lane(data.X, table, draws, job.lr, sigma, job.rng, eb)
 
 
 def _train_softmax(params: Params, data: LocalData, job: _Round) -> Params:
-    W, b = params[0].copy(), params[1].copy()
-    n, plan, lr, clip = len(data), job.plan, job.lr, job.clip
-    for index in job.batches(n):
-        if plan.sigma is None:
-            if index.size == 0:
-                continue
-            gW, gb = _softmax_step(W, b, data.X[index], data.y[index], None)
-            W -= lr * gW / index.size
-            b -= lr * gb / index.size
-            continue
-        if job.constant_work:
-            mask = np.zeros(n)
-            mask[index] = 1.0
-            gW, gb = _softmax_step(W, b, data.X, data.y, clip, mask)
-        else:
-            gW, gb = _softmax_step(W, b, data.X[index], data.y[index], clip)
-        flat = privatize(
-            np.concatenate([gW.ravel(), gb]),
-            plan.sigma,
-            clip,
-            job.expected_batch,
-            job.rng,
-        )
-        with np.errstate(over="ignore", invalid="ignore"):
-            W -= lr * flat[: W.size].reshape(W.shape)
-            b -= lr * flat[W.size :]
-    return [W, b]
+    lane = _lane(data, job)
+    return train_softmax(
+        params, [lane], clip=job.clip, constant_work=job.constant_work
+    )[0]
 
 
 def _train_mlp(params: Params, data: LocalData, job: _Round) -> Params:
@@ -396,27 +341,71 @@ def local_train(
     observer may turn it off (faster at small rates). Shapes are checked first
     (they are public).
     """
-    if sampling not in SAMPLINGS:
-        raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
-    check_real("lr", lr, 0.0, open_low=True)
-    check_real("clip", clip, 0.0, open_low=True)
     count = len(data) if public_count is None else public_count
-    check_int("public_count", count, 1)
+    job = _Round(plan, lr, clip, rng, sampling, count, constant_work)
+    current = _checked(params, data, job)
+    train = _train_softmax if len(current) == 2 else _train_mlp
+    return _finish(train(current, data, job), job)
+
+
+def _checked(params: Sequence[FloatArray], data: LocalData, job: _Round) -> Params:
+    """:func:`local_train`'s checks; the weights as float arrays."""
+    if job.sampling not in SAMPLINGS:
+        raise ValueError(f"sampling must be one of {SAMPLINGS}, got {job.sampling!r}")
+    check_real("lr", job.lr, 0.0, open_low=True)
+    check_real("clip", job.clip, 0.0, open_low=True)
+    check_int("public_count", job.public_count, 1)
     current = [np.asarray(p, dtype=np.float64) for p in params]
     if len(current) not in (2, 4):
         raise ValueError(
             f"params must hold 2 (softmax) or 4 (MLP) arrays, got {len(current)}"
         )
     _check_shapes(current, data)
-    train = _train_softmax if len(current) == 2 else _train_mlp
-    job = _Round(plan, lr, clip, rng, sampling, count, constant_work)
-    new = train(current, data, job)
-    if plan.sigma is not None:
+    return current
+
+
+def _finish(new: Params, job: _Round) -> Params:
+    """A DP round's weights made finite; a diverged non-private round refused."""
+    if job.plan.sigma is not None:
         return finite_release(new)
     if not all(np.isfinite(p).all() for p in new):
         raise ValueError(
-            f"local training diverged (non-finite weights) with lr={lr}, "
-            f"clip={clip}, rate={plan.rate} (non-private training); lower lr, "
-            "or rescale the features X"
+            f"local training diverged (non-finite weights) with lr={job.lr}, "
+            f"clip={job.clip}, rate={job.plan.rate} (non-private training); lower "
+            "lr, or rescale the features X"
         )
     return new
+
+
+def local_train_clients(
+    params: Sequence[FloatArray],
+    clients: Sequence[LocalData],
+    plans: Sequence[StepPlan],
+    *,
+    lrs: Sequence[float],
+    clip: float,
+    rngs: Sequence[np.random.Generator],
+    sampling: Sampling = "poisson",
+) -> list[Params]:
+    """:func:`local_train` of every client from the same ``params`` (a FedAvg round).
+
+    Each client's result is its :func:`local_train` with ``constant_work=False``
+    and its own size as public count (an in-process research loop), bit for bit;
+    softmax clients run in lockstep (:func:`federated.softmax.train_softmax`).
+    """
+    if not clients:
+        return []
+    jobs = [
+        _Round(plan, lr, clip, rng, sampling, len(data), False)
+        for data, plan, lr, rng in zip(clients, plans, lrs, rngs, strict=True)
+    ]
+    checked = [_checked(params, d, j) for d, j in zip(clients, jobs, strict=True)]
+    current = checked[0]
+    if len(current) == 4:
+        trained = [
+            _train_mlp(current, d, j) for d, j in zip(clients, jobs, strict=True)
+        ]
+    else:
+        lanes = [_lane(d, j) for d, j in zip(clients, jobs, strict=True)]
+        trained = train_softmax(current, lanes, clip=clip, constant_work=False)
+    return [_finish(w, j) for w, j in zip(trained, jobs, strict=True)]

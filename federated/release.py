@@ -43,13 +43,33 @@ the same approximation as Opacus without ``secure_mode``.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from defenses.arrays import FloatArray
 
 logger = logging.getLogger(__name__)
+
+TINY_NORM = 1e-300
+"""Floor of a norm in :math:`C/\\lVert g\\rVert` (a zero gradient gets factor 1)."""
+
+
+def fp_quiet() -> np.errstate:
+    """The release path's floating-point state: overflow, invalid, divide silent.
+
+    Non-finite intermediates are the rule's business (sanitized, factor 0), never a
+    warning or an exception. The fused functions (:func:`clip_rows`,
+    :func:`add_noise`) run under it: a client's round enters it once.
+    """
+    return np.errstate(over="ignore", invalid="ignore", divide="ignore")
+
+
+def _zero_bad_rows(rows: FloatArray, bad: npt.NDArray[np.bool_]) -> None:
+    """Set the rows flagged by ``bad`` to zero, in place (the sanitizing rule)."""
+    rows[bad] = 0.0
 
 
 def sanitize_rows(rows: FloatArray) -> FloatArray:
@@ -57,15 +77,72 @@ def sanitize_rows(rows: FloatArray) -> FloatArray:
     out = np.array(rows, dtype=np.float64, copy=True)
     if out.size:
         bad = ~np.isfinite(out.reshape(out.shape[0], -1)).all(axis=1)
-        out[bad] = 0.0
+        _zero_bad_rows(out, np.asarray(bad))
     return out
+
+
+def _factors(norms: FloatArray, clip: float) -> FloatArray:
+    r""":math:`\min(1, C/\max(\lVert g\rVert, 10^{-300}))`, NaN for a NaN norm."""
+    return np.minimum(1.0, clip / np.maximum(norms, TINY_NORM))
 
 
 def clip_factors(norms: FloatArray, clip: float) -> FloatArray:
     r"""Per-example factors :math:`\min(1, C/\lVert g\rVert)`; 0 where not finite."""
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        factor = np.minimum(1.0, clip / np.maximum(norms, 1e-300))
+    with fp_quiet():
+        factor = _factors(norms, clip)
     return np.where(np.isfinite(norms) & np.isfinite(factor), factor, 0.0)
+
+
+def clip_rows(rows: FloatArray, scale: FloatArray, clip: float) -> FloatArray:
+    r"""Sanitize and clip per-example rows in place (fused); returns ``rows``.
+
+    Row :math:`i` stands for a per-example gradient of norm
+    :math:`\lVert r_i\rVert s_i` (``scale`` :math:`s_i > 0`; the softmax step's
+    :math:`\sqrt{\lVert x_i\rVert^2 + 1}`). It becomes
+    :math:`r_i \min(1, C / (\lVert r_i\rVert s_i))` if that norm is finite, else
+    zero. A row holding NaN or inf has a non-finite norm, so this is
+    :func:`sanitize_rows` then :func:`clip_factors` with one pass and no copy:
+    the same values (a finite row whose norm overflows is zero here and
+    :math:`r_i \cdot 0` there, the same zero up to its sign), every row finite
+    with norm :math:`\le C`. Constant work: no branch on the values. Run it
+    under :func:`fp_quiet` (its values are the same under any floating-point
+    state that does not raise).
+    """
+    norms = np.sqrt(np.add.reduce(rows * rows, axis=1))
+    norms *= scale
+    rows *= _factors(norms, clip)[:, None]
+    _zero_bad_rows(rows, ~np.isfinite(norms))
+    return rows
+
+
+def gaussian_noise(
+    rng: np.random.Generator, shape: tuple[int, ...], sigma: float, clip: float
+) -> FloatArray:
+    r"""Draws of :math:`\mathcal N(0, \sigma^2 C^2)` of ``shape``, from ``rng``.
+
+    One draw of shape ``(steps, p)`` is the same stream as ``steps`` draws of
+    ``p`` (a round draws its steps' noise at once).
+    """
+    return rng.normal(0.0, sigma * clip, size=shape)
+
+
+def add_noise(total: FloatArray, noise: FloatArray) -> FloatArray:
+    r"""The Gaussian mechanism in place: each row of ``total`` += ``noise``; finite.
+
+    ``total`` is (releases, p): each row a sum of sanitized, clipped per-example
+    gradients (norm :math:`\le C|B|`), so each noised row is finite; a row that
+    is not (a caller broke that contract) becomes its noise alone, which depends
+    on no record. A finite sum of all entries proves them all finite; only when
+    it is not are the rows checked one by one. Returns ``total``. Run it under
+    :func:`fp_quiet`.
+    """
+    total += noise
+    if not math.isfinite(np.add.reduce(total, axis=None)):
+        bad = ~np.isfinite(total).all(axis=1)
+        if bad.any():
+            logger.error("non-finite noised sum: released the noise alone")
+            total[bad] = noise[bad]
+    return total
 
 
 def noised_sum(
@@ -75,14 +152,13 @@ def noised_sum(
 
     ``clipped_sum`` is a sum of sanitized, clipped per-example gradients (norm
     :math:`\le C|B|`), so the result is finite; if it is not (a caller broke that
-    contract), the noise alone is released, which depends on no record.
+    contract), the noise alone is released, which depends on no record
+    (:func:`add_noise`).
     """
-    noise = rng.normal(0.0, sigma * clip, size=clipped_sum.shape)
-    with np.errstate(over="ignore", invalid="ignore"):
-        out = np.asarray(clipped_sum + noise, dtype=np.float64)
-    if not np.isfinite(out).all():
-        logger.error("non-finite noised sum: released the noise alone")
-        return np.asarray(noise, dtype=np.float64)
+    noise = gaussian_noise(rng, clipped_sum.shape, sigma, clip)
+    out = np.array(clipped_sum, dtype=np.float64, copy=True)
+    with fp_quiet():
+        add_noise(out.reshape(1, -1), noise.reshape(1, -1))
     return out
 
 
@@ -106,7 +182,7 @@ def finite_release(arrays: Sequence[FloatArray]) -> list[FloatArray]:
     changed = 0
     for a in arrays:
         arr = np.asarray(a)
-        if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             changed += 1
             arr = np.nan_to_num(arr, copy=True)
         out.append(arr)

@@ -34,7 +34,7 @@ from .client import (
     Sampling,
     StepPlan,
     init_params,
-    local_train,
+    local_train_clients,
     predict_proba,
 )
 
@@ -216,21 +216,17 @@ def run_federated(
     sizes = [len(c) for c in data.clients]
     bar = tqdm(range(config.rounds), disable=None if progress else True, leave=False)
     for t in bar:
-        updates = []
-        for n, client in enumerate(data.clients):
-            step = plans[n][t]
-            updates.append(
-                local_train(
-                    params,
-                    client,
-                    step,
-                    lr=config.lr * scales[n][t],
-                    clip=config.clip,
-                    rng=client_rngs[n],
-                    sampling=config.sampling,
-                    constant_work=False,  # in process: no one times the replies
-                )
-            )
+        steps = [plans[n][t] for n in range(len(data.clients))]
+        updates = local_train_clients(
+            params,
+            data.clients,
+            steps,
+            lrs=[config.lr * scales[n][t] for n in range(len(data.clients))],
+            clip=config.clip,
+            rngs=client_rngs,
+            sampling=config.sampling,
+        )  # in process: no one times the replies (constant_work=False)
+        for n, step in enumerate(steps):
             if step.sigma is not None:
                 histories[n] = merge(
                     [*histories[n], (step.sigma, step.rate, step.steps)]
