@@ -298,11 +298,11 @@ def certified_radii(
         total = 0
         for c in range(m + 1):
             total += rows[row, c]
-        p = 0
         for entry in range(start[row], start[row + 1]):
             votes = own[entry]
-            while rows[row, p] != votes:
-                p += 1
+            p = 0  # the first copy of votes in the row, found without a branch
+            for c in range(m + 1):
+                p += rows[row, c] > votes
             member = in_set[entry]
             if calibrate:
                 score = scores[entry]
