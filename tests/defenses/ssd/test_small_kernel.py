@@ -68,6 +68,20 @@ def _case(seed: int) -> dict[str, object]:
     }
 
 
+def _whole(f, prototypes, settings, uniforms=None, key=3, counter=0):
+    """A case over all rows of ``f`` (drawn from the counter stream by default)."""
+    return {
+        "f": f,
+        "prototypes": prototypes,
+        "uniforms": np.empty(0) if uniforms is None else uniforms,
+        "key": np.uint64(key),
+        "counter": np.uint64(counter),
+        "settings": settings,
+        "start": 0,
+        "stop": f.shape[0],
+    }
+
+
 def _run(kernel, case, answers: bool):
     f = case["f"]
     n, k = f.shape
@@ -104,16 +118,8 @@ def test_rows_whose_projection_ends_at_its_start_agree():
     # fails the trivial test (a raised entry) and ends at the floored prototype
     f = np.random.default_rng(0).dirichlet(np.ones(3), 100)
     prototypes = np.array([[0.0, 0.5, 0.5], [0.2, 0.3, 0.5], [0.6, 0.2, 0.2]])
-    case = {
-        "f": f,
-        "prototypes": prototypes,
-        "uniforms": np.zeros(100),
-        "key": np.uint64(1),
-        "counter": np.uint64(0),
-        "settings": np.array([2.0, 2.0, 0.5, FLOOR]),
-        "start": 0,
-        "stop": 100,
-    }
+    settings = np.array([2.0, 2.0, 0.5, FLOOR])
+    case = _whole(f, prototypes, settings, uniforms=np.zeros(100), key=1)
     _, row_out, _ = _run(shield_rows, case, True)
     _, out, _ = _run(shield_rows_small, case, True)
     np.testing.assert_array_equal(out, row_out)
@@ -169,16 +175,7 @@ def test_the_checks_fold_across_the_phases(nan_in_tail):
     f[n - 3] *= 1.002
     valid = f.copy()
     f[n - 300 if nan_in_tail else 50, 0] = np.nan
-    case = {
-        "f": f,
-        "prototypes": np.full((k, k), 1.0 / k),
-        "uniforms": np.empty(0),
-        "key": np.uint64(3),
-        "counter": np.uint64(0),
-        "settings": np.array([0.5, -1.0, 0.3, FLOOR]),
-        "start": 0,
-        "stop": n,
-    }
+    case = _whole(f, np.full((k, k), 1.0 / k), np.array([0.5, -1.0, 0.3, FLOOR]))
     row_stats, _, _ = _run(shield_rows, case, True)
     stats, _, _ = _run(shield_rows_small, case, True)
     np.testing.assert_array_equal(stats, row_stats)
@@ -249,16 +246,8 @@ def test_rows_of_a_block_ending_after_different_steps_agree(k, dtype):
     f = (f / f.sum(axis=1, keepdims=True)).astype(dtype)
     prototypes = np.maximum(rng.dirichlet(np.full(k, 0.3), k), FLOOR)
     prototypes /= prototypes.sum(axis=1, keepdims=True)
-    case = {
-        "f": f,
-        "prototypes": prototypes,
-        "uniforms": rng.random(n),
-        "key": np.uint64(0),
-        "counter": np.uint64(0),
-        "settings": np.array([0.25, -1.0, 0.5, FLOOR]),
-        "start": 0,
-        "stop": n,
-    }
+    settings = np.array([0.25, -1.0, 0.5, FLOOR])
+    case = _whole(f, prototypes, settings, uniforms=rng.random(n))
     _, row_out, _ = _run(shield_rows, case, True)
     _, _, labels = _run(shield_rows, case, False)
     _, out, _ = _run(shield_rows_small, case, True)
