@@ -239,10 +239,17 @@ def _lanes(
             below[r] = 0.0
             running[r] = 0.0
             level_start[r] = 0.0
+        # the prototypes gathered in a loop of their own: a gather by label in the
+        # pass below kept that pass from vectorizing (15.8 against 8.8 ns a row for
+        # both loops alone, K = 10)
         for c in range(k):
             base = c * block_rows
             for r in range(m):
-                qv = prototypes[label[r], c]
+                qs[base + r] = prototypes[label[r], c]
+        for c in range(k):
+            base = c * block_rows
+            for r in range(m):
+                qv = qs[base + r]
                 fv = xs[base + r]
                 raised[r] += np.float64(qv < floor)
                 inside = np.float64(fv < qv)
