@@ -13,9 +13,10 @@ count ``own`` and the other classes' votes ``others``, sorted descending
 * :func:`lower_bound`: ``r`` votes leave the class, then abstentions join, then the
   smallest others drain, all into the largest other class.
 
-:func:`certified_radii` finds each entry's largest certified training radius, and
-its joint one, by a scan over these bounds against the calibration parts'
-threshold bounds (:class:`defenses.rps.certificate.PartThresholds`);
+The kernels read an entry's others from its sorted row (the row without one
+``own``). :func:`certified_radii` finds each entry's largest certified training
+radius, and its joint one, by a scan over these bounds against the calibration
+parts' threshold bounds (:class:`defenses.rps.certificate.PartThresholds`);
 :func:`calibration_radii` the calibration radius by bisection.
 """
 
