@@ -202,7 +202,7 @@ _softmax_step = softmax_step  # one step on its own (tests, red team)
 def _lane(data: LocalData, job: _Round) -> Lane:
     """The numpy backend's view of one client's round (batches drawn here)."""
     X = data.X if job.constant_work else np.ascontiguousarray(data.X)
-    table = label_table(data.y, data.n_classes, X)
+    table = label_table(data.y, data.n_classes, X if job.plan.sigma else None)
     draws = job.batches(len(data))
     sigma, eb = job.plan.sigma, job.expected_batch
     return Lane(data.X, table, draws, job.lr, sigma, job.rng, eb)

@@ -58,15 +58,17 @@ def row_scale(X: FloatArray) -> FloatArray:
     return np.asarray(np.sqrt((X * X).sum(axis=1) + 1.0), dtype=np.float64)
 
 
-def label_table(y: IntArray, k: int, X: FloatArray) -> FloatArray:
+def label_table(y: IntArray, k: int, X: FloatArray | None) -> FloatArray:
     r"""Rows :math:`(e_{y_i}, s_i)`: one-hot labels, then :func:`row_scale` of ``X``.
 
-    One gather of its rows gives a batch's labels and scales. Subtracting the
-    one-hot row (0 or 1 in each entry) is subtracting 1 at the label, bit for bit.
+    Without ``X`` (no clipping) only the one-hot labels. One gather of its rows
+    gives a batch's labels and scales. Subtracting the one-hot row (0 or 1 in
+    each entry) is subtracting 1 at the label, bit for bit.
     """
-    table = np.zeros((y.size, k + 1))
+    table = np.zeros((y.size, k + (X is not None)))
     table[np.arange(y.size), y] = 1.0
-    table[:, k] = row_scale(X)
+    if X is not None:
+        table[:, k] = row_scale(X)
     return table
 
 
@@ -137,7 +139,7 @@ def softmax_step(
     k = W.shape[1]
     theta = np.concatenate([np.ravel(W), b])[None, :]
     with fp_quiet():
-        table = label_table(y, k, X)
+        table = label_table(y, k, None if clip is None else X)
         R = residuals(theta, W.shape, [X], table)
         if clip is not None:
             clip_rows(R, table[:, k], clip)
@@ -165,13 +167,17 @@ def train_softmax(
     dp = [c for c, lane in enumerate(lanes) if lane.sigma is not None]
     plain = [c for c, lane in enumerate(lanes) if lane.sigma is None]
     with fp_quiet():
-        if dp:
-            chosen = [lanes[c] for c in dp]
-            theta[dp] = _dp_rounds(theta[dp], chosen, (d, k), clip, constant_work)
-        if plain:
-            theta[plain] = _plain_rounds(
-                theta[plain], [lanes[c] for c in plain], (d, k)
-            )
+        if not plain:
+            _dp_rounds(theta, lanes, (d, k), clip, constant_work)
+        elif not dp:
+            _plain_rounds(theta, lanes, (d, k))
+        else:
+            some = theta[dp]
+            _dp_rounds(some, [lanes[c] for c in dp], (d, k), clip, constant_work)
+            theta[dp] = some
+            some = theta[plain]
+            _plain_rounds(some, [lanes[c] for c in plain], (d, k))
+            theta[plain] = some
     return [[t[: d * k].reshape(d, k).copy(), t[d * k :].copy()] for t in theta]
 
 
@@ -181,18 +187,29 @@ def _dp_rounds(
     shape: tuple[int, int],
     clip: float,
     constant_work: bool,
-) -> FloatArray:
+) -> None:
+    """DP steps of the lanes whose flat weights are the rows of ``theta`` (in place)."""
     dk, steps = shape[0] * shape[1], [len(lane.draws) for lane in lanes]
-    noise = np.zeros((len(lanes), max(steps), theta.shape[1]))
-    for c, lane in enumerate(lanes):
-        draw = noise[c, : steps[c]]
-        draw[...] = gaussian_noise(lane.rng, draw.shape, lane.sigma or 0.0, clip)
+    draws = [
+        gaussian_noise(lane.rng, (steps[c], theta.shape[1]), lane.sigma or 0.0, clip)
+        for c, lane in enumerate(lanes)
+    ]
+    noise = (
+        draws[0][None]
+        if len(draws) == 1
+        else np.zeros((len(lanes), max(steps), theta.shape[1]))
+    )
+    if len(draws) > 1:
+        for c, draw in enumerate(draws):
+            noise[c, : steps[c]] = draw
     scale = np.array([[lane.expected_batch] for lane in lanes])
     lr = np.array([[lane.lr] for lane in lanes])
     total = np.empty_like(theta)
+    outs = [(t[:dk].reshape(shape), t[dk:]) for t in total]
+    everyone = list(range(len(lanes)))
     for step in range(max(steps)):
-        on = [c for c in range(len(lanes)) if step < steps[c]]
-        every = len(on) == len(lanes)
+        every = step < min(steps)
+        on = everyone if every else [c for c in everyone if step < steps[c]]
         index = [lanes[c].draws[step] for c in on]
         if constant_work:
             X = [lanes[c].X for c in on]
@@ -207,8 +224,8 @@ def _dp_rounds(
         start = 0
         for c, x in zip(on, X, strict=True):
             rows = R[start : start + x.shape[0]]
-            np.matmul(x.T, rows, out=total[c, :dk].reshape(shape))
-            np.add.reduce(rows, axis=0, out=total[c, dk:])
+            np.matmul(x.T, rows, out=outs[c][0])
+            np.add.reduce(rows, axis=0, out=outs[c][1])
             start += x.shape[0]
         if every:
             add_noise(total, noise[:, step])
@@ -220,7 +237,6 @@ def _dp_rounds(
             part /= scale[on]
             part *= lr[on]
             theta[on] -= part
-    return theta
 
 
 def _mask(n: int, index: IntArray) -> FloatArray:
@@ -232,7 +248,8 @@ def _mask(n: int, index: IntArray) -> FloatArray:
 
 def _plain_rounds(
     theta: FloatArray, lanes: Sequence[Lane], shape: tuple[int, int]
-) -> FloatArray:
+) -> None:
+    """Non-private steps of the lanes whose weights are ``theta``'s rows (in place)."""
     dk = shape[0] * shape[1]
     for step in range(max(len(lane.draws) for lane in lanes)):
         on = [
@@ -244,7 +261,7 @@ def _plain_rounds(
             continue
         X = [lanes[c].X[lanes[c].draws[step]] for c in on]
         T = _blocks([lanes[c].table[lanes[c].draws[step]] for c in on])
-        R = residuals(theta[on], shape, X, T)
+        R = residuals(theta if len(on) == len(lanes) else theta[on], shape, X, T)
         start = 0
         for c, x in zip(on, X, strict=True):
             rows, m = R[start : start + x.shape[0]], x.shape[0]
@@ -252,4 +269,3 @@ def _plain_rounds(
             W -= lanes[c].lr * (x.T @ rows) / m
             theta[c, dk:] -= lanes[c].lr * np.add.reduce(rows, axis=0) / m
             start += m
-    return theta

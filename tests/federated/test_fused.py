@@ -9,6 +9,7 @@ order) fails here, on inputs that include NaN and inf residual rows (crafted
 weights), zero-norm rows, integer and Fortran-ordered features.
 """
 
+import json
 import logging
 
 import numpy as np
@@ -29,6 +30,7 @@ from defense_suite.federated.release import (
     fp_quiet,
     sanitize_rows,
 )
+from tests.federated.same_records import compare
 
 
 def _plain_step(W, b, X, y, clip, mask=None):
@@ -236,3 +238,20 @@ def test_clients_in_lockstep_equal_each_client_alone(seed):
     finally:
         logging.disable(logging.NOTSET)
     assert [_bits(p) for p in together] == [_bits(p) for p in alone]
+
+
+def test_same_records_sees_one_ulp_and_skips_run_times(tmp_path):
+    record = {"utility": {"accuracy": 0.75}, "cost": {"fit_s": 1.0, "queries": 3}}
+    moved = {
+        "utility": {"accuracy": np.nextafter(0.75, 1.0)},
+        "cost": {"fit_s": 2.0, "queries": 3},
+    }
+    timed = {"utility": {"accuracy": 0.75}, "cost": {"fit_s": 9.0, "queries": 3}}
+    paths = []
+    for name, rec in (("a", record), ("b", moved), ("c", timed)):
+        paths.append(tmp_path / f"{name}.jsonl")
+        paths[-1].write_text(json.dumps(rec) + "\n")
+    assert compare(paths[0], paths[2]) == []
+    assert compare(paths[0], paths[1]) == [
+        "record 0.utility.accuracy: 0.75 != 0.7500000000000001"
+    ]
