@@ -252,10 +252,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     def report(draw: Draw) -> None:  # only when every spec succeeded
         _say(args, f"ran {len(paths)} specs in {time.perf_counter() - start:.0f} s")
-        out = write_report(
-            _result_files(results), specs, results / "REPORT.md", draw=draw
-        )
-        _say(args, f"wrote {out}")
+        files, out = _result_files(results), results / "REPORT.md"
+        _say(args, f"wrote {write_report(files, specs, out, draw=draw)}")
 
     done = run_bench(
         paths, results, mode, args.jobs, lambda s: _say(args, s), check, report
