@@ -188,12 +188,18 @@ def init_params(
     ]
 
 
+def _proba(z: FloatArray) -> FloatArray:
+    """Softmax of fresh logits, computed in place in their float type, as float64."""
+    z = z if z.dtype.kind == "f" else z.astype(np.float64)
+    return np.asarray(softmax_(z), dtype=np.float64)
+
+
 def predict_proba(params: Sequence[FloatArray], X: FloatArray) -> FloatArray:
     """Class probabilities of softmax regression (2 arrays) or the ReLU MLP (4)."""
     if len(params) == 2:
-        return softmax_(X @ params[0] + params[1])
+        return _proba(X @ params[0] + params[1])
     hidden = np.maximum(X @ params[0] + params[1], 0.0)
-    return softmax_(hidden @ params[2] + params[3])
+    return _proba(hidden @ params[2] + params[3])
 
 
 _softmax_step = softmax_step  # one step on its own (tests, red team)

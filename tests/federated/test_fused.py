@@ -22,6 +22,7 @@ from defense_suite.federated.client import (
     local_train,
     local_train_clients,
     poisson_batch,
+    predict_proba,
 )
 from defense_suite.federated.release import (
     add_noise,
@@ -255,3 +256,17 @@ def test_same_records_sees_one_ulp_and_skips_run_times(tmp_path):
     assert compare(paths[0], paths[1]) == [
         "record 0.utility.accuracy: 0.75 != 0.7500000000000001"
     ]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64])
+def test_predict_proba_is_the_plain_softmax_in_the_logits_type(dtype):
+    r = np.random.default_rng(1)
+    X = (r.normal(size=(9, 4)) * 3).astype(dtype)
+    W, b = (r.normal(size=(4, 3)) * 2).astype(dtype), r.normal(size=3).astype(dtype)
+    z = X @ W + b
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    plain = np.asarray(e / e.sum(axis=1, keepdims=True), dtype=np.float64)
+    got = predict_proba([W, b], X)
+    assert got.dtype == np.float64
+    assert got.tobytes() == plain.tobytes()
