@@ -6,7 +6,7 @@ factors with their ``np.where``, the noise drawn and added step by step. It is
 independent of :mod:`federated.release`'s fused functions, so a fast path that
 drifts from the rule (a row not zeroed, a factor off by one ulp, a draw out of
 order) fails here, on inputs that include NaN and inf residual rows (crafted
-weights), zero-norm rows, integer and Fortran-ordered features.
+weights), zero-norm rows, integer, float32 and Fortran-ordered features.
 """
 
 import json
@@ -100,6 +100,8 @@ def _case(seed):
         X = r.integers(-3, 4, size=(n, d))
     elif seed % 4 == 2:
         X = np.asfortranarray(X)
+    elif seed % 8 == 7:
+        X = X.astype(np.float32)
     y = r.integers(0, k, n)
     W, b = r.normal(size=(d, k)), r.normal(size=k)
     if seed % 3 == 0:  # margins of 1e4: exact one-hot probabilities, zero-norm rows
