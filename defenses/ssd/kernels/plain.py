@@ -16,7 +16,7 @@ same order, only with the rows as numpy's vector lanes (as
   are the kernel's sums over its compacted index lists;
 * ``max(a, b)`` and ``min(a, b)`` are numba's (``b if b > a else a``), not
   ``np.maximum`` (which differs on NaN and on the sign of zero);
-* ``ln`` and ``exp`` are :mod:`.elementary`'s fdlibm polynomials, term by term;
+* ``ln`` and ``exp`` are :mod:`.elementary`'s polynomials and tables, term by term;
 * a row whose Newton iteration does not end within ``max_steps`` steps (possible
   only for K above it) sorts its survivors with numba's own quicksort
   (``make_py_quicksort``), so ties in the ratios are walked in the kernel's order.
@@ -35,8 +35,15 @@ import numpy.typing as npt
 
 from defenses.arrays import FloatArray, IntArray
 from defenses.ssd.kernels.elementary import (
+    DEAD_K,
+    EXP_DEAD,
     EXP_FLOOR,
+    EXP_MASK,
+    EXP_SCALES,
+    EXP_SHIFT,
+    EXP_TAILS,
     GOLDEN,
+    INV_LN2_N,
     LG1,
     LG2,
     LG3,
@@ -46,12 +53,12 @@ from defenses.ssd.kernels.elementary import (
     LG7,
     LN2_HI,
     LN2_LO,
-    LOG2E,
-    P1,
-    P2,
-    P3,
-    P4,
-    P5,
+    LN2_N_HI,
+    LN2_N_LO,
+    Q0,
+    Q1,
+    Q2,
+    Q3,
     ROUNDING,
     SQRT2,
 )
@@ -119,20 +126,17 @@ def log_rows(x: FloatArray) -> FloatArray:
 
 def exp_rows(a: FloatArray) -> FloatArray:
     """:func:`~.elementary.exp_row`, elementwise on a float64 array (``a <= 0``)."""
-    inside = a >= EXP_FLOOR
-    v = _nmax(a, EXP_FLOOR)
-    n = np.floor(v * LOG2E + 0.5)
-    high = v - n * LN2_HI
-    low = n * LN2_LO
-    r = high - low
-    t = r * r
-    c = r - t * (P1 + t * (P2 + t * (P3 + t * (P4 + t * P5))))
-    p = 1.0 - ((low - (r * c) / (2.0 - c)) - high)
-    part = np.where(inside, p, 0.0)
-    spare = np.ascontiguousarray(n + ROUNDING)
-    bits = spare.view(np.int64)
-    scale = (((bits - 0x4338000000000000) + 1023) << 52).view(np.float64)
-    out: FloatArray = part * scale
+    v = np.where(a >= EXP_FLOOR, a, EXP_DEAD)
+    n = np.ascontiguousarray(v * INV_LN2_N + ROUNDING)
+    n_bits = n.view(np.int64) - 0x4338000000000000
+    n = n - ROUNDING
+    r = (v - n * LN2_N_HI) - n * LN2_N_LO
+    part = r + (r * r) * (Q0 + r * (Q1 + r * (Q2 + r * Q3)))
+    entry = n_bits & EXP_MASK
+    part = EXP_TAILS[entry] + part
+    bits = EXP_SCALES[entry] + (n_bits << EXP_SHIFT)
+    scale = np.where(n_bits >= DEAD_K, bits, 0).view(np.float64)
+    out: FloatArray = scale + scale * part
     return out
 
 
