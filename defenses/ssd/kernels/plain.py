@@ -44,6 +44,7 @@ from defenses.ssd.kernels.elementary import (
     EXP_TAILS,
     GOLDEN,
     INV_LN2_N,
+    INVERSE_CAP,
     LG1,
     LG2,
     LG3,
@@ -346,7 +347,8 @@ def shield_rows(
             entropy = -_four(x * log_rows(x))
             if temperature > 0.0:
                 largest = x.max(axis=1, initial=-np.inf)
-                work = exp_rows((x - largest[:, None]) / temperature)
+                inverse = _nmin(np.float64(1.0) / np.float64(temperature), INVERSE_CAP)
+                work = exp_rows((x - largest[:, None]) * inverse)
             else:
                 work = np.where(x < 0.0, 0.0, x)
             if uniforms.shape[0]:

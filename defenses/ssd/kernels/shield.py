@@ -8,7 +8,8 @@ the caller's dtype; nothing of size N K is allocated:
    in four interleaved accumulators (a fixed order, so the same bits every run);
 2. the entropy :math:`H = -\sum_i f_i \ln f_i` (:func:`~.elementary.log_row`);
 3. the pseudo-label: the first index whose running weight exceeds
-   :math:`u \sum_i w_i`, with :math:`w_i = e^{(f_i - \max f) / T}`
+   :math:`u \sum_i w_i`, with :math:`w_i = e^{(f_i - \max f) s}`,
+   :math:`s = \min(1/T, 10^{300})` rounded once (a multiplication an entry)
    (:func:`~.elementary.exp_row`; the weights of
    :math:`\operatorname{softmax}(f / T)` up to a common factor) or
    :math:`w_i = f_i` for the ablation without temperature;
@@ -27,7 +28,12 @@ import numpy.typing as npt
 
 from defenses.arrays import FloatArray, IntArray
 from defenses.ssd.kernels import simd, simd_inlined
-from defenses.ssd.kernels.elementary import counter_uniform, exp_row, log_row
+from defenses.ssd.kernels.elementary import (
+    INVERSE_CAP,
+    counter_uniform,
+    exp_row,
+    log_row,
+)
 from defenses.ssd.kernels.projection import project_row
 
 UNIT_ROUNDOFF = 2.0**-53
@@ -172,6 +178,7 @@ def shield_rows(
     epsilon = settings[0]
     constant = settings[1]
     temperature = settings[2]
+    inverse = min(1.0 / temperature, INVERSE_CAP)
     floor = settings[3]
     rows = np.empty((3, k))
     row_f = rows[0]
@@ -241,7 +248,7 @@ def shield_rows(
         entropy = -((h0 + h1) + (h2 + h3))
         if temperature > 0.0:
             for col in range(k):
-                work[col] = (row_f[col] - largest) / temperature
+                work[col] = (row_f[col] - largest) * inverse
             exp_row(work, work, spare, spare_bits)
         else:
             for col in range(k):

@@ -10,7 +10,7 @@ step is a loop over the block's rows with no branch:
 
 1. the row checks (sum in the row kernel's four accumulators, in its order),
    the ``log`` of the whole block in one loop, the entropy, the weights
-   :math:`e^{(f_i - \max f)/T}` in one loop, their total;
+   :math:`e^{(f_i - \max f) s}`, :math:`s = 1/T` rounded, in one loop, their total;
 2. the draw as a branch-free scan over the columns: a row's label is the first
    column with positive weight whose running weight exceeds :math:`u \sum_i w_i`
    (or the last column with positive weight), which is the row kernel's rule;
@@ -51,7 +51,12 @@ from numba.misc.special import literally
 
 from defenses.arrays import FloatArray, IntArray
 from defenses.ssd.kernels import simd, simd_inlined
-from defenses.ssd.kernels.elementary import counter_uniform, exp_row, log_row
+from defenses.ssd.kernels.elementary import (
+    INVERSE_CAP,
+    counter_uniform,
+    exp_row,
+    log_row,
+)
 from defenses.ssd.kernels.lockstep import block_sums, level_lockstep
 from defenses.ssd.kernels.shield import shield_rows
 
@@ -111,6 +116,7 @@ def _lanes(
     epsilon = settings[0]
     constant = settings[1]
     temperature = settings[2]
+    inverse = min(1.0 / temperature, INVERSE_CAP)
     floor = settings[3]
     width = k * block_rows
     scratch[: 3 * width] = 1.0
@@ -185,7 +191,7 @@ def _lanes(
             for c in range(k):
                 base = c * block_rows
                 for r in range(m):
-                    work[base + r] = (xs[base + r] - largest[r]) / temperature
+                    work[base + r] = (xs[base + r] - largest[r]) * inverse
             exp_row(work, work, spare, spare_bits)
         else:
             for c in range(k):
