@@ -115,6 +115,21 @@ def test_subnormal_temperature_draws_the_arg_max():
     assert np.isfinite(shield(probs)).all()
 
 
+@pytest.mark.parametrize("k", [4, 40])
+def test_subnormal_temperature_splits_tied_maxima(k):
+    # 1/T overflows at T = 1e-320; the kernels multiply by min(1/T, 1e300), so a
+    # largest entry's weight is exp(0 * 1e300) = 1 and tied maxima share the draw
+    # (an uncapped inf gives 0 * inf = NaN, weight 0, and always the first maximum)
+    val = np.random.default_rng(0).dirichlet(np.ones(k), 2 * k)
+    shield = StealthyShield(seed=0, temperature=1e-320, epsilon=2.0)
+    shield.fit(val, np.arange(2 * k) % k)
+    probs = np.full((2000, k), 0.2 / (k - 2))
+    probs[:, 1] = probs[:, k - 1] = 0.4
+    counts = np.bincount(shield.pseudo_labels(probs), minlength=k)
+    assert counts[1] + counts[k - 1] == 2000
+    assert min(counts[1], counts[k - 1]) > 800
+
+
 def test_complex_input_is_refused_not_truncated():
     shield = _fitted()
     with pytest.raises(TypeError, match="probs must be real"):
