@@ -94,7 +94,9 @@ def _epsilon_cached(history: tuple[Phase, ...], delta: float, accountant: str) -
         warnings.simplefilter("ignore")
         try:
             eps = _accounted(history, delta, accountant)
-        except ArithmeticError as error:  # e.g. sigma near 0 or huge
+        except (ArithmeticError, ValueError) as error:  # e.g. sigma near 0 or huge
+            # (Opacus's RDP analysis raises ValueError from its log-subtraction at
+            # sigma = 7.5e7, q = 0.5: the refusal names sigma and q instead)
             raise ValueError(
                 f"the {accountant} accountant cannot evaluate (sigma, q) "
                 f"{[(p[0], p[1]) for p in history]} at delta={delta}: {error!r}"

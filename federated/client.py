@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -349,17 +349,26 @@ def local_train(
     """
     count = len(data) if public_count is None else public_count
     job = _Round(plan, lr, clip, rng, sampling, count, constant_work)
-    current = _checked(params, data, job)
+    current, job = _checked(params, data, job)
     train = _train_softmax if len(current) == 2 else _train_mlp
     return _finish(train(current, data, job), job)
 
 
-def _checked(params: Sequence[FloatArray], data: LocalData, job: _Round) -> Params:
-    """:func:`local_train`'s checks; the weights as float arrays."""
+def _checked(
+    params: Sequence[FloatArray], data: LocalData, job: _Round
+) -> tuple[Params, _Round]:
+    """:func:`local_train`'s checks; the weights as float arrays, the job checked.
+
+    The job's step size and clip norm come back as floats (a Python integer such as
+    2**64 would make numpy's in-place products object arrays).
+    """
     if job.sampling not in SAMPLINGS:
         raise ValueError(f"sampling must be one of {SAMPLINGS}, got {job.sampling!r}")
-    check_real("lr", job.lr, 0.0, open_low=True)
-    check_real("clip", job.clip, 0.0, open_low=True)
+    job = replace(
+        job,
+        lr=check_real("lr", job.lr, 0.0, open_low=True),
+        clip=check_real("clip", job.clip, 0.0, open_low=True),
+    )
     check_int("public_count", job.public_count, 1)
     current = [np.asarray(p, dtype=np.float64) for p in params]
     if len(current) not in (2, 4):
@@ -367,7 +376,7 @@ def _checked(params: Sequence[FloatArray], data: LocalData, job: _Round) -> Para
             f"params must hold 2 (softmax) or 4 (MLP) arrays, got {len(current)}"
         )
     _check_shapes(current, data)
-    return current
+    return current, job
 
 
 def _finish(new: Params, job: _Round) -> Params:
@@ -406,12 +415,12 @@ def local_train_clients(
         for data, plan, lr, rng in zip(clients, plans, lrs, rngs, strict=True)
     ]
     checked = [_checked(params, d, j) for d, j in zip(clients, jobs, strict=True)]
-    current = checked[0]
+    current, jobs = checked[0][0], [job for _, job in checked]
     if len(current) == 4:
         trained = [
             _train_mlp(current, d, j) for d, j in zip(clients, jobs, strict=True)
         ]
     else:
         lanes = [_lane(d, j) for d, j in zip(clients, jobs, strict=True)]
-        trained = train_softmax(current, lanes, clip=clip, constant_work=False)
+        trained = train_softmax(current, lanes, clip=jobs[0].clip, constant_work=False)
     return [_finish(w, j) for w, j in zip(trained, jobs, strict=True)]

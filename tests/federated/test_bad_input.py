@@ -162,6 +162,7 @@ def test_dirichlet_split(value, which):
 
 @rule_settings(max_examples=15)
 @given(bad_reals(), st.sampled_from(["server-round", "rate", "sigma", "steps"]))
+@example(75065545, "sigma")  # Opacus's RDP analysis fails there (a local run found it)
 def test_the_ledger_refuses_or_grants(value, which):
     own = PRIVACY.schedule().rounds[0]
     request = {"server-round": 1, "rate": own.rate, "sigma": own.sigma,
