@@ -39,7 +39,7 @@ from defenses.checks import check_int, check_real
 from defenses.data import check_labelled
 
 from .release import expected_batch, finite_release, noised_sum
-from .softmax import Lane, label_table, softmax_, softmax_step, train_softmax
+from .softmax import Lane, label_table, softmax_, train_softmax
 
 Params = list[FloatArray]
 Sampling = Literal["poisson", "fixed"]
@@ -200,9 +200,6 @@ def predict_proba(params: Sequence[FloatArray], X: FloatArray) -> FloatArray:
         return _proba(X @ params[0] + params[1])
     hidden = np.maximum(X @ params[0] + params[1], 0.0)
     return _proba(hidden @ params[2] + params[3])
-
-
-_softmax_step = softmax_step  # one step on its own (tests, red team)
 
 
 def _lane(data: LocalData, job: _Round) -> Lane:

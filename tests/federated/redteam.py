@@ -25,7 +25,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from defense_suite.federated.client import _softmax_step
 from defense_suite.federated.flower import (
     ClientFailure,
     ClientPrivacy,
@@ -41,6 +40,7 @@ from defense_suite.federated.flower.app import (
     test_set,
 )
 from defense_suite.federated.flower.config import AppConfig
+from defense_suite.federated.softmax import softmax_step
 from tests.federated.loopback import LoopbackGrid, node_contexts
 
 DELTA = 1e-5
@@ -214,7 +214,7 @@ def replay_residual(grid: LoopbackGrid, config: AppConfig = CONFIG) -> float:
         n, q = len(data), float(cfg[records.RATE])
         rng = np.random.default_rng([config.seed, pid, 1])
         batch = np.flatnonzero(rng.random(n) < q)
-        gW, gb = _softmax_step(W0, b0, data.X[batch], data.y[batch], config.clip)
+        gW, gb = softmax_step(W0, b0, data.X[batch], data.y[batch], config.clip)
         clipped = np.concatenate([gW.ravel(), gb])
         noise = rng.normal(0.0, config.sigma * config.clip, size=clipped.shape)
         W1, b1 = reply.content["arrays"].to_numpy_ndarrays()

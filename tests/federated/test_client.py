@@ -7,7 +7,6 @@ from hypothesis.extra.numpy import arrays
 from defense_suite.federated.client import (
     LocalData,
     StepPlan,
-    _softmax_step,
     fixed_batches,
     init_params,
     local_train,
@@ -16,6 +15,7 @@ from defense_suite.federated.client import (
     privatize,
     record_inclusion,
 )
+from defense_suite.federated.softmax import softmax_step
 
 
 def clip_rows(grads, clip):
@@ -45,7 +45,7 @@ def test_fast_clipped_sum_equals_explicit_per_example_clipping(X, clip):
     y = np.array([0, 1, 2, 0, 1, 2])
     params = [np.linspace(-1, 1, 12).reshape(4, 3), np.array([0.1, -0.2, 0.3])]
     reference = clip_rows(_softmax_grads(params, X, y), clip).sum(axis=0)
-    gW, gb = _softmax_step(params[0], params[1], X, y, clip)
+    gW, gb = softmax_step(params[0], params[1], X, y, clip)
     np.testing.assert_allclose(np.concatenate([gW.ravel(), gb]), reference, atol=1e-9)
     clipped = clip_rows(_softmax_grads(params, X, y), clip)
     assert np.all(np.linalg.norm(clipped, axis=1) <= clip * (1 + 1e-9))

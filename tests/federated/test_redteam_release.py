@@ -11,7 +11,6 @@ from flwr.common.logger import log
 from defense_suite.federated.client import (
     LocalData,
     StepPlan,
-    _softmax_step,
     local_train,
 )
 from defense_suite.federated.flower import BudgetSpent, TimeAdaptiveMod
@@ -21,6 +20,7 @@ from defense_suite.federated.flower.console import OneLineFailure, one_line_fail
 from defense_suite.federated.ledger import ClientPrivacy, Grant, PrivacyLedger
 from defense_suite.federated.padding import padded_rows
 from defense_suite.federated.private_optimizer import SanitizingDPOptimizer
+from defense_suite.federated.softmax import softmax_step
 from tests.federated import redteam
 from tests.federated import redteam_release as rr
 from tests.federated import redteam_timing as timing
@@ -63,8 +63,8 @@ def test_a_nonfinite_gradient_contributes_zero_before_clipping():
     data = client_data(rr.PROBE_CONFIG, 0, 2)
     (W, b), target = rr.crafted(data, "one record")
     keep = np.arange(len(data)) != target
-    gW, gb = _softmax_step(W, b, data.X, data.y, 1.0)
-    hW, hb = _softmax_step(W, b, data.X[keep], data.y[keep], 1.0)
+    gW, gb = softmax_step(W, b, data.X, data.y, 1.0)
+    hW, hb = softmax_step(W, b, data.X[keep], data.y[keep], 1.0)
     assert np.isfinite(gW).all()
     np.testing.assert_allclose(gW, hW, atol=1e-12)
     np.testing.assert_allclose(gb, hb, atol=1e-12)
