@@ -47,7 +47,6 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-import numpy.typing as npt
 
 from defenses.arrays import FloatArray
 
@@ -67,32 +66,6 @@ def fp_quiet() -> np.errstate:
     return np.errstate(over="ignore", invalid="ignore", divide="ignore")
 
 
-def _zero_bad_rows(rows: FloatArray, bad: npt.NDArray[np.bool_]) -> None:
-    """Set the rows flagged by ``bad`` to zero, in place (the sanitizing rule)."""
-    rows[bad] = 0.0
-
-
-def sanitize_rows(rows: FloatArray) -> FloatArray:
-    """``rows`` with every row holding a non-finite value replaced by zeros."""
-    out = np.array(rows, dtype=np.float64, copy=True)
-    if out.size:
-        bad = ~np.isfinite(out.reshape(out.shape[0], -1)).all(axis=1)
-        _zero_bad_rows(out, np.asarray(bad))
-    return out
-
-
-def _factors(norms: FloatArray, clip: float) -> FloatArray:
-    r""":math:`\min(1, C/\max(\lVert g\rVert, 10^{-300}))`, NaN for a NaN norm."""
-    return np.minimum(1.0, clip / np.maximum(norms, TINY_NORM))
-
-
-def clip_factors(norms: FloatArray, clip: float) -> FloatArray:
-    r"""Per-example factors :math:`\min(1, C/\lVert g\rVert)`; 0 where not finite."""
-    with fp_quiet():
-        factor = _factors(norms, clip)
-    return np.where(np.isfinite(norms) & np.isfinite(factor), factor, 0.0)
-
-
 def clip_rows(rows: FloatArray, scale: FloatArray, clip: float) -> FloatArray:
     r"""Sanitize and clip per-example rows in place (fused); returns ``rows``.
 
@@ -100,18 +73,18 @@ def clip_rows(rows: FloatArray, scale: FloatArray, clip: float) -> FloatArray:
     :math:`\lVert r_i\rVert s_i` (``scale`` :math:`s_i > 0`; the softmax step's
     :math:`\sqrt{\lVert x_i\rVert^2 + 1}`). It becomes
     :math:`r_i \min(1, C / (\lVert r_i\rVert s_i))` if that norm is finite, else
-    zero. A row holding NaN or inf has a non-finite norm, so this is
-    :func:`sanitize_rows` then :func:`clip_factors` with one pass and no copy:
-    the same values (a finite row whose norm overflows is zero here and
-    :math:`r_i \cdot 0` there, the same zero up to its sign), every row finite
-    with norm :math:`\le C`. Constant work: no branch on the values. Run it
+    zero. A row holding NaN or inf has a non-finite norm, so this sanitizes
+    (a non-finite row becomes zero) and clips (factor 0 for a norm that is not
+    finite) in one pass and no copy: every row finite with norm :math:`\le C`
+    (a finite row whose norm overflows is +0.0, where multiplying it by factor 0
+    gave zeros of either sign). Constant work: no branch on the values. Run it
     under :func:`fp_quiet` (its values are the same under any floating-point
     state that does not raise).
     """
     norms = np.sqrt(np.add.reduce(rows * rows, axis=1))
     norms *= scale
-    rows *= _factors(norms, clip)[:, None]
-    _zero_bad_rows(rows, ~np.isfinite(norms))
+    rows *= np.minimum(1.0, clip / np.maximum(norms, TINY_NORM))[:, None]
+    rows[~np.isfinite(norms)] = 0.0
     return rows
 
 
