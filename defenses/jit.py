@@ -53,6 +53,8 @@ import numba
 import numpy as np
 from numba.core.dispatcher import Dispatcher
 
+from defenses.wide_vectors import PIPELINE
+
 caching: Any = importlib.import_module("numba.core.caching")
 event: Any = importlib.import_module("numba.core.event")
 
@@ -239,8 +241,9 @@ class KernelCache(caching.FunctionCache):  # type: ignore[misc]
 
     _impl_class = _Impl
 
-    def __init__(self, py_func: Callable[..., Any]) -> None:
+    def __init__(self, py_func: Callable[..., Any], tag: str = "") -> None:
         self._name = repr(py_func)
+        self._tag = tag  # compile options that change the code: part of the stamp
         self._py_func = py_func
         self._impl = self._impl_class(py_func)
         self._source = self._impl.locator._py_file
@@ -250,7 +253,8 @@ class KernelCache(caching.FunctionCache):  # type: ignore[misc]
     def _files(self, folders: list[Path]) -> list[caching.IndexDataCacheFile]:
         stamp = _STAMPS.get(id(self._py_func))
         if stamp is None:
-            stamp = _STAMPS[id(self._py_func)] = _stamp(self._py_func)
+            stamp = _stamp(self._py_func) + self._tag.encode()
+            _STAMPS[id(self._py_func)] = stamp
         return [
             caching.IndexDataCacheFile(
                 cache_path=str(folder),
@@ -330,9 +334,12 @@ class _CompileNotice(event.Listener):  # type: ignore[misc]
 event.register("numba:compile", _CompileNotice())
 
 
-def _njit(function: Kernel, **options: Any) -> Kernel:
+def _njit(function: Kernel, wide: bool = False, **options: Any) -> Kernel:
+    tag = ""
+    if wide and PIPELINE is not None:
+        options["pipeline_class"], tag = PIPELINE, "wide"
     dispatcher = numba.njit(nogil=True, **options)(function)
-    dispatcher._cache = KernelCache(function)  # what cache=True does, our class
+    dispatcher._cache = KernelCache(function, tag)  # what cache=True does, our class
     _OURS.add(id(function))
     return cast(Kernel, dispatcher)
 
@@ -352,16 +359,17 @@ def inlined(function: Kernel) -> Kernel:
     return _njit(function, inline="always")
 
 
-def vectorizable(function: Kernel, inline: bool = False) -> Kernel:
+def vectorizable(function: Kernel, inline: bool = False, wide: bool = False) -> Kernel:
     """:func:`compiled` (or :func:`inlined`) with numpy's error model.
 
     Under Python's error model every float division tests its divisor for zero and
     raises, a branch per element that keeps the compiler from vectorizing a loop;
     under numpy's a zero divisor gives inf or NaN, which the callers' checks catch.
+    ``wide``: 512-bit vectors where the CPU has them (:mod:`defenses.wide_vectors`).
     """
     if inline:
-        return _njit(function, error_model="numpy", inline="always")
-    return _njit(function, error_model="numpy")
+        return _njit(function, wide, error_model="numpy", inline="always")
+    return _njit(function, wide, error_model="numpy")
 
 
 _in_call = threading.local()

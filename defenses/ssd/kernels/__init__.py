@@ -38,6 +38,11 @@ def simd(function: Kernel) -> Kernel:
     return vectorizable(function)
 
 
+def simd_wide(function: Kernel) -> Kernel:
+    """``simd`` with 512-bit vectors where the CPU has them (see ``wide_vectors``)."""
+    return vectorizable(function, wide=True)
+
+
 def simd_inlined(function: Kernel) -> Kernel:
     """Compile a helper of kernels, inlined into each caller (see ``simd``)."""
     return vectorizable(function, inline=True)

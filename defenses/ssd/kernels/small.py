@@ -36,7 +36,7 @@ it lives instead in the answer's rows that are written last: the 64-row blocks r
 up to the last :func:`tail_rows` rows of the range and keep their scratch there;
 those rows run in 8-row blocks the same way
 (scratch of (3 K + 31) x 8 floats in the last rows again), and the last few rows
-(49 at K = 10 in float64) in the row kernel, which needs only 7 K floats. Each
+(50 at K = 10 in float64) in the row kernel, which needs only 7 K floats. Each
 thread's range is done so within itself, so a call allocates the answer and a few
 hundred bytes.
 """
@@ -50,7 +50,7 @@ import numpy.typing as npt
 from numba.misc.special import literally
 
 from defenses.arrays import FloatArray, IntArray
-from defenses.ssd.kernels import simd, simd_inlined
+from defenses.ssd.kernels import simd_inlined, simd_wide
 from defenses.ssd.kernels.elementary import (
     INVERSE_CAP,
     counter_uniform,
@@ -68,6 +68,8 @@ TAIL_BLOCK_ROWS = 8
 """Rows per block for the rows whose answers hold the 64-row blocks' scratch."""
 PER_ROW = 31
 """Per-row vectors of a block in the scratch (sums, lockstep lanes, labels, levels)."""
+ALIGNMENT = 64
+"""Bytes: the scratch in the answer starts on a cache-line boundary (see below)."""
 
 
 @simd_inlined
@@ -80,15 +82,30 @@ def scratch_words(k: int, block_rows: int) -> int:
 def tail_rows(k: int, itemsize: int, block_rows: int) -> int:
     """Answer rows (of ``itemsize`` bytes per entry) that hold one block's scratch.
 
-    The scratch starts at the first 8-byte boundary of the answer (counted from the
-    answer's start) at or after the tail's first row, hence one float64 more.
+    The scratch starts at the first :data:`ALIGNMENT`-byte boundary at or after the
+    tail's first row (:func:`scratch_start`), hence ``ALIGNMENT`` bytes more.
     """
-    per_word = 8 // itemsize
-    entries = (scratch_words(k, block_rows) + 1) * per_word
+    entries = (8 * scratch_words(k, block_rows) + ALIGNMENT) // itemsize
     return -(-entries // k)
 
 
-@simd
+@simd_inlined
+def scratch_start(out: npt.NDArray[np.floating[Any]], first_row: int) -> int:
+    """The flat answer's first index on an :data:`ALIGNMENT` boundary from a row on.
+
+    The boundary is the first at or after row ``first_row``. Every column of a
+    block then starts on a 32-byte boundary (64 and 8 rows of float64 are 512 and
+    64 bytes). Where the answer put the scratch decided it before: with a column 16
+    bytes off a 32-byte boundary every 4-wide load and store of the lanes crossed
+    one, and the kernel took 1.2x its time (K = 10: 118 against 98 ns a row; two of
+    the eight offsets of a float64 answer were fast).
+    """
+    first = first_row * out.shape[1]
+    shift = -int(out.ctypes.data + first * out.itemsize) % ALIGNMENT
+    return int(first + shift // out.itemsize)
+
+
+@simd_wide
 def _lanes(
     f: npt.NDArray[np.floating[Any]],
     prototypes: FloatArray,
@@ -385,7 +402,7 @@ def _tail_phase(
     if stop - start <= tail:
         return start
     per_word = 8 // out.itemsize
-    first = -(-(stop - tail) * k // per_word) * per_word
+    first = scratch_start(out, stop - tail)
     words = scratch_words(k, block_rows)
     scratch = out.reshape(-1)[first : first + words * per_word].view(np.float64)
     part = _lanes(
@@ -396,7 +413,7 @@ def _tail_phase(
     return stop - tail
 
 
-@simd
+@simd_wide
 def shield_rows_small(
     f: npt.NDArray[np.floating[Any]],
     prototypes: FloatArray,

@@ -22,6 +22,7 @@ from defenses.ssd.kernels.small import (
     BLOCK_ROWS,
     SMALL_K,
     TAIL_BLOCK_ROWS,
+    scratch_start,
     scratch_words,
     shield_rows_small,
     tail_rows,
@@ -164,11 +165,40 @@ def test_rows_around_the_scratch_tails_agree(k, dtype):
         assert (out[17 + n :] == -7.0).all()
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_scratch_starts_on_a_cache_line_wherever_the_answer_starts(dtype):
+    # the answer at every offset its dtype allows within a cache line: the scratch
+    # starts on a 64-byte boundary inside the tail rows, and the answers, labels and
+    # statistics are the row kernel's
+    k, n = 10, 1000
+    itemsize = np.dtype(dtype).itemsize
+    f = np.random.default_rng(7).dirichlet(np.full(k, 0.3), n).astype(dtype)
+    case = _whole(f, np.full((k, k), 1.0 / k), np.array([0.5, -1.0, 0.3, FLOOR]))
+    row_stats, row_out, _ = _run(shield_rows, case, True)
+    buffer = np.empty(n * k + 128 // itemsize, dtype=dtype)
+    aligned = -buffer.ctypes.data % 64 // itemsize
+    for offset in range(64 // itemsize):
+        out = buffer[aligned + offset :][: n * k].reshape(n, k)
+        for block_rows in (BLOCK_ROWS, TAIL_BLOCK_ROWS):
+            first_row = n - tail_rows(k, itemsize, block_rows)
+            first = scratch_start(out, first_row)
+            assert (out.ctypes.data + first * itemsize) % 64 == 0
+            assert first_row * k <= first
+            assert first + 8 * scratch_words(k, block_rows) // itemsize <= n * k
+        labels = np.empty(0, dtype=np.int64)
+        stats = shield_rows_small(
+            f, case["prototypes"], case["uniforms"], case["key"], case["counter"],
+            case["settings"], MAX_NEWTON_STEPS, 0, n, out, labels,
+        )  # fmt: skip
+        np.testing.assert_array_equal(stats, row_stats)
+        np.testing.assert_array_equal(out, row_out)
+
+
 @pytest.mark.parametrize("nan_in_tail", [False, True])
 def test_the_checks_fold_across_the_phases(nan_in_tail):
     # the largest deviation and the first NaN row come out of whichever phase
-    # holds them (at K = 10, float64: rows 0-1480 in 64-row blocks, 1481-1934 in
-    # 8-row blocks, the last 65 in the row kernel)
+    # holds them (at K = 10, float64: rows 0-1607 in 64-row blocks, 1608-1949 in
+    # 8-row blocks, the last 50 in the row kernel)
     k, n = 10, 2000
     f = np.random.default_rng(5).dirichlet(np.full(k, 0.3), n)
     f[100] *= 1.001
