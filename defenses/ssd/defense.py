@@ -47,6 +47,7 @@ number of threads or blocks.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
 
@@ -301,6 +302,7 @@ class StealthyShield:
         return float(self.epsilon) * entropy(f)
 
     @staticmethod
+    @functools.cache
     def _tolerance(given: np.dtype[Any] | torch.dtype, k: int) -> float:
         return max(sum_tolerance(np.dtype(np.float32), k), sum_tolerance(given, k))
 
@@ -326,19 +328,13 @@ class StealthyShield:
         out = np.empty((n if answers else 0, k), dtype=rows.dtype)
         labels = np.empty(0 if answers else n, dtype=np.int64)
 
-        from defenses.ssd.kernels import plain
-        from defenses.ssd.kernels.background import pick
-        from defenses.ssd.kernels.shield import shield_rows  # imports numba
-        from defenses.ssd.kernels.small import SMALL_K, shield_rows_small
+        from defenses.ssd.kernels.calls import shield_kernel  # imports numba
 
-        small = k <= min(SMALL_K, MAX_NEWTON_STEPS)
         args = (
             frozen(rows), frozen(prototypes), frozen(uniforms), self.key_,
             self.counter_, settings, MAX_NEWTON_STEPS, 0, n, out, labels,
         )  # fmt: skip
-        kernel = pick(
-            shield_rows_small if small else shield_rows, plain.shield_rows, args
-        )
+        kernel = shield_kernel(args)
 
         def block(bounds: tuple[int, int]) -> FloatArray:
             result: FloatArray = kernel(*args[:7], bounds[0], bounds[1], *args[9:])

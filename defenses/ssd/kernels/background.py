@@ -213,13 +213,21 @@ def _inline() -> bool:
     return os.environ.get(MODE_ENV, "") == "inline" or jit.compiling_in_call()
 
 
-def pick(kernel: Any, fallback: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+def pick(
+    kernel: Any,
+    fallback: Callable[..., Any],
+    args: tuple[Any, ...],
+    types: tuple[Any, ...] | None = None,
+) -> Any:
     """``kernel`` if its machine code for ``args`` is at hand, else ``fallback``.
 
     ``fallback`` must return what ``kernel`` returns for every input (see
     :mod:`.plain`). See the module's docstring for when the kernel compiles.
+    ``types``: what decides numba's types of ``args``, from a caller that builds
+    them the same way every call (it must differ whenever those types do); read
+    from ``args`` otherwise (2-3 us a call of 11 arguments).
     """
-    key = (id(kernel), _arg_key(args))
+    key = (id(kernel), _arg_key(args) if types is None else types)
     if key in _READY:
         return kernel
     with _LOCK:
