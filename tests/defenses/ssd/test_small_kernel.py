@@ -17,13 +17,11 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from defenses.ssd.kernels.lanes import BLOCK_ROWS, TAIL_BLOCK_ROWS, scratch_words
 from defenses.ssd.kernels.shield import shield_rows
 from defenses.ssd.kernels.small import (
-    BLOCK_ROWS,
     SMALL_K,
-    TAIL_BLOCK_ROWS,
     scratch_start,
-    scratch_words,
     shield_rows_small,
     tail_rows,
 )
