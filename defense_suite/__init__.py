@@ -8,6 +8,6 @@ name). The suite's federated and crypto packages are installed as
 ``crypto`` and ``federated`` belong to other distributions on PyPI.
 """
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 """The distribution's version (the same as :data:`defenses.__version__`; a test
 checks that the two and the installed metadata agree)."""

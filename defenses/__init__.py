@@ -59,4 +59,4 @@ __all__ = [
     "summarize",
     "write_jsonl",
 ]
-__version__ = "0.4.0"
+__version__ = "0.5.0"
