@@ -59,11 +59,11 @@ def scratch_start(out: npt.NDArray[np.floating[Any]], first_row: int) -> int:
     """The flat answer's first index on an :data:`ALIGNMENT` boundary from a row on.
 
     The boundary is the first at or after row ``first_row``. Every column of a
-    block then starts on a 32-byte boundary (64 and 8 rows of float64 are 512 and
-    64 bytes). Where the answer put the scratch decided it before: with a column 16
-    bytes off a 32-byte boundary every 4-wide load and store of the lanes crossed
-    one, and the kernel took 1.2x its time (K = 10: 118 against 98 ns a row; two of
-    the eight offsets of a float64 answer were fast).
+    block then starts on a cache line, the width of a 512-bit vector (64 and 8 rows
+    of float64 are 512 and 64 bytes). Where the answer put the scratch decided it
+    before: with a column 16 bytes off a 32-byte boundary every 4-wide load and
+    store of the lanes crossed one, and the kernel took 1.2x its time (K = 10: 118
+    against 98 ns a row; two of the eight offsets of a float64 answer were fast).
     """
     first = first_row * out.shape[1]
     shift = -int(out.ctypes.data + first * out.itemsize) % ALIGNMENT
