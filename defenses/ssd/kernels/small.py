@@ -16,6 +16,12 @@ the rows left run in whole 8-row blocks the same way (scratch of (3 K + 31) x 8
 floats in the last rows again), and the last few rows (50 to 57 at K = 10 in
 float64) in the row kernel, which needs only 7 K floats. Each thread's range is
 done so within itself, so a call allocates the answer and a few hundred bytes.
+The rows in those tails run slower (8-row blocks take about twice a 64-row
+block's time a row, the row kernel three times), so a batch shorter than
+:data:`LARGE_BATCH_TAILS` tails (3,920 rows at K = 10 in float64), where they
+would be 10 % of the rows or more, allocates one 64-row scratch instead: its
+extra memory is the answer and that scratch (31 KB at K = 10), and a 256-row call
+takes 0.45x the time it took with the scratch in its answer.
 Whole blocks only, so that every loop over a block's rows has a count known when
 compiling (the kernel 0.97x its time with the last block's count read at run time).
 """
@@ -40,7 +46,9 @@ from defenses.ssd.kernels.shield import shield_rows
 SMALL_K = 16
 """Largest K served by this kernel (above it the row kernel is faster)."""
 ALIGNMENT = 64
-"""Bytes: the scratch in the answer starts on a cache-line boundary (see below)."""
+"""Bytes: a block scratch starts on a cache-line boundary (see ``scratch_start``)."""
+LARGE_BATCH_TAILS = 10
+"""A range of at least this many 64-row tails keeps its scratch in the answer."""
 
 
 @simd_inlined
@@ -68,6 +76,14 @@ def scratch_start(out: npt.NDArray[np.floating[Any]], first_row: int) -> int:
     first = first_row * out.shape[1]
     shift = -int(out.ctypes.data + first * out.itemsize) % ALIGNMENT
     return int(first + shift // out.itemsize)
+
+
+@simd_inlined
+def aligned_scratch(words: int) -> FloatArray:
+    """``words`` new float64s starting on an :data:`ALIGNMENT` boundary."""
+    buffer = np.empty(words + ALIGNMENT // 8)
+    shift = -int(buffer.ctypes.data) % ALIGNMENT // 8
+    return buffer[shift : shift + words]
 
 
 @simd_inlined
@@ -167,17 +183,21 @@ def shield_rows_small(
     """SSD on rows ``start:stop`` of ``f``: :func:`~.shield.shield_rows`, row-batched.
 
     Same arguments, answers, labels and returned statistics, bit for bit, for
-    ``K <= min(SMALL_K, max_steps)``. With answers, the blocks' scratch lives in the
-    answer rows not yet written: 64-row blocks up to the last :func:`tail_rows`
-    rows, whose answers hold their scratch; then 8-row blocks the same way; the
-    last few rows by the row kernel. Nothing of the size of a block is allocated.
-    Without answers (labels only) one 64-row scratch is allocated for both phases.
+    ``K <= min(SMALL_K, max_steps)``. In an answer of at least
+    :data:`LARGE_BATCH_TAILS` tails, each range (a thread's chunk) keeps the
+    blocks' scratch in its answer rows not yet written: 64-row blocks up to the last
+    :func:`tail_rows` rows, whose answers hold their scratch; then 8-row blocks the
+    same way; the last few rows by the row kernel. Nothing of the size of a block is
+    allocated. Otherwise (labels only, or a smaller batch, whose tails' slower
+    phases would take 10 % of the rows or more) one 64-row scratch is allocated for
+    the range's 64-row and then its 8-row blocks.
     """
     k = f.shape[1]
     result = np.zeros(3)
     result[1] = start
-    if not out.shape[0]:
-        scratch = np.empty(scratch_words(k, BLOCK_ROWS))
+    tail = tail_rows(k, out.itemsize, BLOCK_ROWS)
+    if out.shape[0] < LARGE_BATCH_TAILS * tail:  # labels only, or a small batch
+        scratch = aligned_scratch(scratch_words(k, BLOCK_ROWS))
         lo = _blocks(
             f, prototypes, uniforms, key, counter, settings, max_steps, start, stop,
             BLOCK_ROWS, scratch, out, labels, result,

@@ -12,6 +12,7 @@ scratch.
 
 from __future__ import annotations
 
+import itertools
 import tracemalloc
 
 import numpy as np
@@ -20,7 +21,9 @@ import pytest
 from defenses.ssd.kernels.lanes import BLOCK_ROWS, TAIL_BLOCK_ROWS, scratch_words
 from defenses.ssd.kernels.shield import shield_rows
 from defenses.ssd.kernels.small import (
+    LARGE_BATCH_TAILS,
     SMALL_K,
+    aligned_scratch,
     scratch_start,
     shield_rows_small,
     tail_rows,
@@ -126,25 +129,37 @@ def test_rows_whose_projection_ends_at_its_start_agree():
 
 
 def _tail_lengths(k: int, itemsize: int) -> list[int]:
-    """Row counts below, at and above each phase's tail (64- and 8-row blocks)."""
-    lengths = {1, BLOCK_ROWS}
+    """Row counts for both places of the scratch, around each phase's whole blocks.
+
+    Below ``LARGE_BATCH_TAILS`` 64-row tails the scratch is allocated; from there on
+    it is the answer's last rows, and lengths one and a few rows apart give the
+    8-row phase and the row kernel different shares.
+    """
+    large = LARGE_BATCH_TAILS * tail_rows(k, itemsize, BLOCK_ROWS)
+    lengths = {1, 7, 8, 63, 64, 65, BLOCK_ROWS + TAIL_BLOCK_ROWS + 3, large - 1}
+    for extra in (0, 1, 2, TAIL_BLOCK_ROWS - 1, BLOCK_ROWS - 1, BLOCK_ROWS + 3):
+        lengths.add(large + extra)
     for block_rows in (BLOCK_ROWS, TAIL_BLOCK_ROWS):
         tail = tail_rows(k, itemsize, block_rows)
-        lengths |= {tail - 1, tail, tail + 1, tail + 2, tail + block_rows + 3}
+        lengths |= {tail - 1, tail, tail + 1, tail + block_rows + 3}
     return sorted(lengths)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 10, 16])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_rows_around_the_scratch_tails_agree(k, dtype):
-    # with answers the blocks' scratch is the answer's last rows: ranges shorter
-    # than, as long as and longer than each tail, starting inside the array (a
-    # thread's chunk), give the row kernel's bits
+    # ranges starting inside the array (a thread's chunk), in a batch of their own
+    # size (an allocated scratch below LARGE_BATCH_TAILS tails) and in a large one
+    # (the scratch in the range's last rows, however short it is), give the row
+    # kernel's bits
     rng = np.random.default_rng(k)
     prototypes = np.maximum(rng.dirichlet(np.full(k, 0.3), k), FLOOR)
     prototypes /= prototypes.sum(axis=1, keepdims=True)
-    for n in _tail_lengths(k, np.dtype(dtype).itemsize):
-        f = rng.dirichlet(np.full(k, 0.3), n + 40).astype(dtype)
+    itemsize = np.dtype(dtype).itemsize
+    large = LARGE_BATCH_TAILS * tail_rows(k, itemsize, BLOCK_ROWS)
+    for n, rows in itertools.product(_tail_lengths(k, itemsize), ("own", "large")):
+        batch = n + 40 if rows == "own" else max(n, large) + 40
+        f = rng.dirichlet(np.full(k, 0.3), batch).astype(dtype)
         case = {
             "f": f,
             "prototypes": prototypes,
@@ -168,8 +183,9 @@ def test_the_scratch_starts_on_a_cache_line_wherever_the_answer_starts(dtype):
     # the answer at every offset its dtype allows within a cache line: the scratch
     # starts on a 64-byte boundary inside the tail rows, and the answers, labels and
     # statistics are the row kernel's
-    k, n = 10, 1000
+    k = 10
     itemsize = np.dtype(dtype).itemsize
+    n = LARGE_BATCH_TAILS * tail_rows(k, itemsize, BLOCK_ROWS) + 5
     f = np.random.default_rng(7).dirichlet(np.full(k, 0.3), n).astype(dtype)
     case = _whole(f, np.full((k, k), 1.0 / k), np.array([0.5, -1.0, 0.3, FLOOR]))
     row_stats, row_out, _ = _run(shield_rows, case, True)
@@ -195,9 +211,9 @@ def test_the_scratch_starts_on_a_cache_line_wherever_the_answer_starts(dtype):
 @pytest.mark.parametrize("nan_in_tail", [False, True])
 def test_the_checks_fold_across_the_phases(nan_in_tail):
     # the largest deviation and the first NaN row come out of whichever phase
-    # holds them (at K = 10, float64: rows 0-1607 in 64-row blocks, 1608-1949 in
-    # 8-row blocks, the last 50 in the row kernel)
-    k, n = 10, 2000
+    # holds them (at K = 10, float64: rows 0-3583 in 64-row blocks, 3584-3943 in
+    # 8-row blocks, the last 56 in the row kernel)
+    k, n = 10, 4000
     f = np.random.default_rng(5).dirichlet(np.full(k, 0.3), n)
     f[100] *= 1.001
     f[n - 3] *= 1.002
@@ -242,6 +258,33 @@ def test_the_answer_holds_the_scratch(dtype):
     finally:
         tracemalloc.stop()
     assert peak < 8 * scratch_words(k, TAIL_BLOCK_ROWS) / 2
+
+
+def test_a_small_batch_allocates_one_block_scratch():
+    # below LARGE_BATCH_TAILS tails the 64-row scratch is allocated (once, for both
+    # phases), on a cache line
+    k, n = 10, 256
+    case = _whole(
+        np.random.default_rng(8).dirichlet(np.full(k, 0.3), n),
+        np.full((k, k), 1.0 / k),
+        np.array([0.5, -1.0, 0.3, FLOOR]),
+    )
+    _run(shield_rows_small, case, True)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        _run(shield_rows_small, case, True)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    answer = n * k * 8
+    assert answer + 8 * scratch_words(k, BLOCK_ROWS) <= peak
+    assert peak < answer + 8 * scratch_words(k, BLOCK_ROWS) + 2048
+    for words in (1, 7, 100, scratch_words(k, BLOCK_ROWS)):
+        scratch = aligned_scratch(words)
+        assert scratch.shape == (words,)
+        assert scratch.ctypes.data % 64 == 0
 
 
 def _newton_steps(f_row, q_row, h: float, sign: float) -> int:
