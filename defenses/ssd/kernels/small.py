@@ -63,6 +63,16 @@ def tail_rows(k: int, itemsize: int, block_rows: int) -> int:
 
 
 @simd_inlined
+def _aligned_index(flat: npt.NDArray[np.floating[Any]], first: int) -> int:
+    """Index of the first entry of ``flat`` on an :data:`ALIGNMENT` boundary.
+
+    The first such entry at or after entry ``first``.
+    """
+    shift = -int(flat.ctypes.data + first * flat.itemsize) % ALIGNMENT
+    return int(first + shift // flat.itemsize)
+
+
+@simd_inlined
 def scratch_start(out: npt.NDArray[np.floating[Any]], first_row: int) -> int:
     """The flat answer's first index on an :data:`ALIGNMENT` boundary from a row on.
 
@@ -73,17 +83,15 @@ def scratch_start(out: npt.NDArray[np.floating[Any]], first_row: int) -> int:
     store of the lanes crossed one, and the kernel took 1.2x its time (K = 10: 118
     against 98 ns a row; two of the eight offsets of a float64 answer were fast).
     """
-    first = first_row * out.shape[1]
-    shift = -int(out.ctypes.data + first * out.itemsize) % ALIGNMENT
-    return int(first + shift // out.itemsize)
+    return _aligned_index(out.reshape(-1), first_row * out.shape[1])
 
 
 @simd_inlined
 def aligned_scratch(words: int) -> FloatArray:
     """``words`` new float64s starting on an :data:`ALIGNMENT` boundary."""
     buffer = np.empty(words + ALIGNMENT // 8)
-    shift = -int(buffer.ctypes.data) % ALIGNMENT // 8
-    return buffer[shift : shift + words]
+    first = _aligned_index(buffer, 0)
+    return buffer[first : first + words]
 
 
 @simd_inlined
