@@ -135,10 +135,22 @@ def shard_probabilities(
     prefix: Order,
     X: Tensor,
 ) -> Tensor:
-    """Class probabilities (float64 softmax) of the model one shard serves."""
+    """Class probabilities (float64 softmax) of the model one shard serves.
+
+    Rows whose logits are not finite (finite features large enough that the model's
+    forward pass overflows) have no probabilities: they are refused, naming ``X``.
+    """
     adapters, head = served_model(stages, prefix)
     with torch.no_grad(), single_thread():
         logits = model.logits(X, adapters, head)
+    finite = torch.isfinite(logits).all(dim=1)
+    if not bool(finite.all()):
+        bad = torch.nonzero(~finite).flatten()
+        raise ValueError(
+            f"X: the served model's logits hold NaN or inf on {bad.numel()} row(s) "
+            f"(the first: row {int(bad[0])}); its forward pass overflows on these "
+            "features: scale them as the training data were"
+        )
     return torch.softmax(logits.double(), dim=1)
 
 
